@@ -1,0 +1,43 @@
+//! Pieces every benchmark shares: progress bars and latency summaries.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// A progress bar over `total` operations, drawn only when stderr is a terminal.
+pub fn progress(total: u64, label: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    let style = ProgressStyle::with_template(
+        "{prefix:>12} [{elapsed_precise}] {wide_bar} {pos}/{len} ({per_sec}, eta {eta})",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_prefix(label.to_string());
+    bar
+}
+
+/// A latency histogram in nanoseconds, 1 ns to 100 s, 3 significant digits.
+pub fn latency_histogram() -> Histogram<u64> {
+    // The bounds are constants inside hdrhistogram's accepted range.
+    match Histogram::new_with_bounds(1, 100_000_000_000, 3) {
+        Ok(h) => h,
+        Err(e) => unreachable!("constant histogram bounds are valid: {e}"),
+    }
+}
+
+/// Formats p50/p99/p999 of a nanosecond histogram in microseconds.
+pub fn latency_summary(h: &Histogram<u64>) -> String {
+    let us = |q: f64| Duration::from_nanos(h.value_at_quantile(q)).as_secs_f64() * 1e6;
+    format!(
+        "p50 {:.1} us, p99 {:.1} us, p999 {:.1} us, max {:.1} us",
+        us(0.50),
+        us(0.99),
+        us(0.999),
+        Duration::from_nanos(h.max()).as_secs_f64() * 1e6
+    )
+}

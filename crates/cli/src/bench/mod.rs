@@ -1,0 +1,31 @@
+//! `phoenix bench ...`: benchmarks, each printing figures comparable with its peer tool.
+
+pub mod common;
+pub mod engine;
+pub mod log;
+pub mod raft;
+
+use clap::Subcommand;
+
+/// Error of a benchmark run: a message for the user.
+pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Which benchmark to run.
+#[derive(Debug, Subcommand)]
+pub enum BenchCmd {
+    /// The LSM engine alone, with db_bench's flags and output format.
+    Engine(engine::Args),
+    /// The shared log store alone: durable appends from many writers.
+    Log(log::Args),
+    /// The consensus core alone, in memory: proposals committed per second.
+    Raft(raft::Args),
+}
+
+/// Runs the chosen benchmark.
+pub fn run(cmd: BenchCmd) -> Result<(), BenchError> {
+    match cmd {
+        BenchCmd::Engine(args) => engine::run(args),
+        BenchCmd::Log(args) => log::run(args),
+        BenchCmd::Raft(args) => raft::run(args),
+    }
+}

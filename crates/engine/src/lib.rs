@@ -1,0 +1,7 @@
+//! phoenix-engine: PhoenixKV's LSM-tree storage engine.
+
+pub mod error;
+pub mod iter;
+pub mod key;
+
+pub use error::{Error, Result};
