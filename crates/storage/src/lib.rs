@@ -23,6 +23,7 @@
 mod error;
 mod local;
 mod mem;
+mod util;
 
 use std::path::Path;
 use std::sync::Arc;
