@@ -795,7 +795,6 @@ impl FileSystem for MemFs {
                     "target directory is not empty",
                 ))
             }
-            (Node::File(a), Some(Node::File(b))) if Arc::ptr_eq(a, b) => return Ok(()),
             _ => {}
         }
         st.dir_mut(from_pid).cur.remove(&from_name);
