@@ -3,5 +3,6 @@
 pub mod error;
 pub mod iter;
 pub mod key;
+pub mod table;
 
 pub use error::{Error, Result};

@@ -1,0 +1,455 @@
+//! Reads a table file: point lookups through the bloom filter and the index, and a
+//! two-level iterator (index block → data blocks) over all entries.
+//!
+//! The index block, the filter, the properties and the range tombstones are decoded at
+//! open and kept with the table; data blocks go through the block cache when there is
+//! one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use phoenix_storage::ReadableFile;
+
+use crate::error::{Error, Result};
+use crate::iter::InternalIterator;
+use crate::key::{self, compare_internal, parse_internal_key, RangeTombstone, ValueKind};
+use crate::table::block::{bytewise, Block, BlockIter};
+use crate::table::cache::BlockCache;
+use crate::table::filter::Filter;
+use crate::table::format::{read_block, BlockHandle, Footer, FOOTER_LEN};
+use crate::table::{clone_error, TableProperties, META_BLOOM, META_PROPERTIES, META_RANGE_DEL};
+
+/// An open table. `Send + Sync`; shared as `Arc<Table>`.
+#[derive(Debug)]
+pub struct Table {
+    file: Arc<dyn ReadableFile>,
+    path: Arc<PathBuf>,
+    number: u64,
+    size: u64,
+    cache: Option<Arc<BlockCache>>,
+    cache_id: u64,
+    index: Arc<Block>,
+    filter: Option<Filter>,
+    props: TableProperties,
+    tombstones: Vec<RangeTombstone>,
+}
+
+impl Table {
+    /// Opens table `number` whose file holds `size` bytes.
+    pub fn open(
+        file: Arc<dyn ReadableFile>,
+        number: u64,
+        size: u64,
+        cache: Option<Arc<BlockCache>>,
+    ) -> Result<Table> {
+        let path = Arc::new(file.path().to_path_buf());
+        if size < FOOTER_LEN as u64 {
+            return Err(Error::corruption(
+                path.as_path(),
+                0,
+                format!("file of {size} bytes is too short to be a table"),
+            ));
+        }
+        let footer_at = size - FOOTER_LEN as u64;
+        let mut fbuf = [0u8; FOOTER_LEN];
+        file.read_exact_at(footer_at, &mut fbuf)?;
+        let footer = Footer::decode(&fbuf, &path, footer_at)?;
+
+        let read = |h: BlockHandle| -> Result<Arc<Block>> {
+            let data = read_block(&*file, size, h, &path)?;
+            Ok(Arc::new(Block::new(data, Arc::clone(&path), h.offset)?))
+        };
+        let metaindex = read(footer.metaindex)?;
+        let mut meta = metaindex.iter(bytewise, 0);
+        let mut bloom = None;
+        let mut props = None;
+        let mut range_del = None;
+        meta.seek_to_first();
+        while meta.valid() {
+            let slot = match meta.key() {
+                k if k == META_BLOOM => &mut bloom,
+                k if k == META_PROPERTIES => &mut props,
+                k if k == META_RANGE_DEL => &mut range_del,
+                // Unknown meta blocks are skipped (a later format may add some).
+                _ => {
+                    meta.next();
+                    continue;
+                }
+            };
+            let h = BlockHandle::decode_exact(meta.value()).ok_or_else(|| {
+                Error::corruption(path.as_path(), meta.file_offset(), "bad metaindex handle")
+            })?;
+            *slot = Some(h);
+            meta.next();
+        }
+        meta.status()?;
+
+        let props_handle = props.ok_or_else(|| {
+            Error::corruption(
+                path.as_path(),
+                footer.metaindex.offset,
+                "table has no properties block",
+            )
+        })?;
+        let pdata = read_block(&*file, size, props_handle, &path)?;
+        let props = TableProperties::decode(&pdata).map_err(|(at, what)| {
+            Error::corruption(
+                path.as_path(),
+                props_handle.offset + at as u64,
+                format!("properties: {what}"),
+            )
+        })?;
+
+        let filter = match bloom {
+            None => None,
+            Some(h) => {
+                let data = read_block(&*file, size, h, &path)?;
+                Some(Filter::new(data).map_err(|what| {
+                    Error::corruption(path.as_path(), h.offset, format!("filter: {what}"))
+                })?)
+            }
+        };
+
+        let mut tombstones = Vec::new();
+        if let Some(h) = range_del {
+            let block = read(h)?;
+            let mut it = block.iter(compare_internal, key::TRAILER_LEN);
+            it.seek_to_first();
+            while it.valid() {
+                let bad = |what: &str| Error::corruption(path.as_path(), it.file_offset(), what);
+                let p = parse_internal_key(it.key())
+                    .filter(|p| p.kind == ValueKind::RangeDelete)
+                    .ok_or_else(|| bad("range-deletion entry is not a range-deletion key"))?;
+                if p.user_key >= it.value() {
+                    return Err(bad("range tombstone with start >= end"));
+                }
+                tombstones.push(RangeTombstone {
+                    start: p.user_key.to_vec(),
+                    end: it.value().to_vec(),
+                    seq: p.seq,
+                });
+                it.next();
+            }
+            it.status()?;
+        }
+        if tombstones.len() as u64 != props.num_range_deletions {
+            return Err(Error::corruption(
+                path.as_path(),
+                props_handle.offset,
+                format!(
+                    "properties count {} range deletions, the table holds {}",
+                    props.num_range_deletions,
+                    tombstones.len()
+                ),
+            ));
+        }
+
+        let index = read(footer.index)?;
+        let cache_id = cache.as_ref().map_or(0, |c| c.new_id());
+        Ok(Table {
+            file,
+            path,
+            number,
+            size,
+            cache,
+            cache_id,
+            index,
+            filter,
+            props,
+            tombstones,
+        })
+    }
+
+    /// The data block `h`, from the cache when it is there.
+    fn block(&self, h: BlockHandle) -> Result<Arc<Block>> {
+        if let Some(c) = &self.cache {
+            if let Some(b) = c.get(self.cache_id, h.offset) {
+                return Ok(b);
+            }
+        }
+        let data = read_block(&*self.file, self.size, h, &self.path)?;
+        let block = Arc::new(Block::new(data, Arc::clone(&self.path), h.offset)?);
+        if let Some(c) = &self.cache {
+            c.insert(self.cache_id, h.offset, Arc::clone(&block));
+        }
+        Ok(block)
+    }
+
+    fn handle_at(&self, index: &BlockIter) -> Result<BlockHandle> {
+        BlockHandle::decode_exact(index.value()).ok_or_else(|| {
+            Error::corruption(
+                self.path.as_path(),
+                index.file_offset(),
+                "bad data block handle in the index",
+            )
+        })
+    }
+
+    /// The first entry `>= seek_key` whose user key equals `seek_key`'s, if any (the
+    /// bloom filter is checked first). Range tombstones are not applied here.
+    pub fn get(&self, seek_key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        if seek_key.len() < key::TRAILER_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "seek key of {} bytes is shorter than a trailer",
+                seek_key.len()
+            )));
+        }
+        let uk = key::user_key(seek_key);
+        if let Some(f) = &self.filter {
+            if !f.may_contain(uk) {
+                return Ok(None);
+            }
+        }
+        let mut ix = self.index.iter(compare_internal, key::TRAILER_LEN);
+        ix.seek(seek_key);
+        if !ix.valid() {
+            ix.status()?;
+            return Ok(None);
+        }
+        let h = self.handle_at(&ix)?;
+        let block = self.block(h)?;
+        let mut it = block.iter(compare_internal, key::TRAILER_LEN);
+        it.seek(seek_key);
+        it.status()?;
+        if it.valid() && key::user_key(it.key()) == uk {
+            return Ok(Some((it.key().to_vec(), it.value().to_vec())));
+        }
+        Ok(None)
+    }
+
+    /// A cursor over the table's point entries.
+    pub fn iter(self: &Arc<Self>) -> TableIter {
+        TableIter {
+            index: self.index.iter(compare_internal, key::TRAILER_LEN),
+            table: Arc::clone(self),
+            data: None,
+            data_offset: 0,
+            err: None,
+        }
+    }
+
+    /// The table's range tombstones, ordered by start key then newest first.
+    pub fn range_tombstones(&self) -> &[RangeTombstone] {
+        &self.tombstones
+    }
+
+    /// The table's properties.
+    pub fn properties(&self) -> &TableProperties {
+        &self.props
+    }
+
+    /// The table's file number.
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+
+    /// The table's file size.
+    pub fn file_size(&self) -> u64 {
+        self.size
+    }
+
+    /// The table's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// About how many bytes of the file precede `ikey`'s entry (the offset of the data
+    /// block that would hold it; the end of the data for keys past the last).
+    pub fn approximate_offset_of(&self, ikey: &[u8]) -> u64 {
+        let mut ix = self.index.iter(compare_internal, key::TRAILER_LEN);
+        ix.seek(ikey);
+        if ix.valid() {
+            if let Ok(h) = self.handle_at(&ix) {
+                return h.offset;
+            }
+        }
+        self.props.data_bytes
+    }
+}
+
+/// A two-level cursor over a table: the index block picks data blocks.
+#[derive(Debug)]
+pub struct TableIter {
+    table: Arc<Table>,
+    index: BlockIter,
+    data: Option<BlockIter>,
+    data_offset: u64,
+    err: Option<Error>,
+}
+
+impl TableIter {
+    fn set_error(&mut self, e: Error) {
+        if self.err.is_none() {
+            self.err = Some(e);
+        }
+        self.data = None;
+    }
+
+    /// Points `data` at the block named by the index's current entry.
+    fn load(&mut self) -> bool {
+        if !self.index.valid() {
+            self.data = None;
+            if let Err(e) = self.index.status() {
+                self.set_error(e);
+            }
+            return false;
+        }
+        let h = match self.table.handle_at(&self.index) {
+            Ok(h) => h,
+            Err(e) => {
+                self.set_error(e);
+                return false;
+            }
+        };
+        if self.data.is_some() && self.data_offset == h.offset {
+            return true;
+        }
+        match self.table.block(h) {
+            Ok(b) => {
+                self.data = Some(b.iter(compare_internal, key::TRAILER_LEN));
+                self.data_offset = h.offset;
+                true
+            }
+            Err(e) => {
+                self.set_error(e);
+                false
+            }
+        }
+    }
+
+    /// Whether the data cursor is done: on an entry (false) or exhausted (true). Moves a
+    /// data-block error to `err`.
+    fn data_exhausted(&mut self) -> Option<bool> {
+        if self.err.is_some() {
+            return None;
+        }
+        let d = self.data.as_ref()?;
+        if d.valid() {
+            return Some(false);
+        }
+        if let Err(e) = d.status() {
+            self.set_error(e);
+            return None;
+        }
+        Some(true)
+    }
+
+    fn skip_forward(&mut self) {
+        while let Some(true) = self.data_exhausted() {
+            self.index.next();
+            if !self.load() {
+                return;
+            }
+            if let Some(d) = &mut self.data {
+                d.seek_to_first();
+            }
+        }
+    }
+
+    fn skip_backward(&mut self) {
+        while let Some(true) = self.data_exhausted() {
+            self.index.prev();
+            if !self.load() {
+                return;
+            }
+            if let Some(d) = &mut self.data {
+                d.seek_to_last();
+            }
+        }
+    }
+}
+
+impl InternalIterator for TableIter {
+    #[inline]
+    fn valid(&self) -> bool {
+        self.err.is_none() && self.data.as_ref().is_some_and(|d| d.valid())
+    }
+
+    fn seek_to_first(&mut self) {
+        self.index.seek_to_first();
+        if self.load() {
+            if let Some(d) = &mut self.data {
+                d.seek_to_first();
+            }
+        }
+        self.skip_forward();
+    }
+
+    fn seek_to_last(&mut self) {
+        self.index.seek_to_last();
+        if self.load() {
+            if let Some(d) = &mut self.data {
+                d.seek_to_last();
+            }
+        }
+        self.skip_backward();
+    }
+
+    fn seek(&mut self, target: &[u8]) {
+        self.index.seek(target);
+        if self.load() {
+            if let Some(d) = &mut self.data {
+                d.seek(target);
+            }
+        }
+        self.skip_forward();
+    }
+
+    fn seek_for_prev(&mut self, target: &[u8]) {
+        self.index.seek(target);
+        if !self.index.valid() {
+            if let Err(e) = self.index.status() {
+                self.set_error(e);
+                return;
+            }
+            self.index.seek_to_last();
+        }
+        if self.load() {
+            if let Some(d) = &mut self.data {
+                d.seek_for_prev(target);
+            }
+        }
+        self.skip_backward();
+    }
+
+    #[inline]
+    fn next(&mut self) {
+        debug_assert!(self.valid());
+        if let Some(d) = &mut self.data {
+            d.next();
+            if d.valid() {
+                return;
+            }
+        }
+        self.skip_forward();
+    }
+
+    fn prev(&mut self) {
+        debug_assert!(self.valid());
+        if let Some(d) = &mut self.data {
+            d.prev();
+        }
+        self.skip_backward();
+    }
+
+    #[inline]
+    fn key(&self) -> &[u8] {
+        self.data.as_ref().map_or(&[], |d| d.key())
+    }
+
+    #[inline]
+    fn value(&self) -> &[u8] {
+        self.data.as_ref().map_or(&[], |d| d.value())
+    }
+
+    fn status(&self) -> Result<()> {
+        if let Some(e) = &self.err {
+            return Err(clone_error(e));
+        }
+        self.index.status()?;
+        match &self.data {
+            Some(d) => d.status(),
+            None => Ok(()),
+        }
+    }
+}
