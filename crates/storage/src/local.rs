@@ -1,20 +1,7 @@
 //! [`LocalFs`]: the [`FileSystem`] on the local disk, through `std::fs` and a few `libc`
 //! calls (`fallocate`, `O_DIRECT`).
 //!
-//! Mapping of the trait onto POSIX:
-//! - `create`/`reopen` open a descriptor and write with `pwrite` at a position the writer
-//!   tracks itself, so `reopen` can overwrite a preallocated segment from any offset.
-//! - `sync_data` = `fdatasync`, `sync_all` = `fsync`, `sync_dir` = `fsync` of the directory.
-//! - `preallocate(len)` = `fallocate(fd, 0, 0, len)` (extends the size, zero-filled), falling
-//!   back to writing zeros where the file system does not support it, then `fsync` so the
-//!   new size is durable.
-//! - `direct_io` opens with `O_DIRECT`; every append must then be aligned to
-//!   [`DIRECT_IO_ALIGN`] in address, length and offset, or it fails with
-//!   [`Error::InvalidArgument`] before touching the file.
-//! - `create_dir_all` fsyncs the parent of every directory it creates; `write_atomic`
-//!   writes `<path>.tmp`, fsyncs it, renames it over `path` and fsyncs the directory.
-//! - `lock` takes an exclusive `flock` (`File::try_lock`) and also refuses a second lock on
-//!   the same file from this process.
+//! The mapping onto POSIX calls is documented on [`LocalFs`].
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -30,6 +17,21 @@ use crate::util::{check_direct_append, parent_dir, write_atomic_via};
 use crate::{Error, FileLock, FileSystem, IoOp, ReadableFile, Result, WritableFile, WriteOptions};
 
 /// The local disk. Stateless; cheap to create and clone.
+///
+/// Mapping of the trait onto POSIX:
+/// - `create`/`reopen` open a descriptor and write with `pwrite` at a position the writer
+///   tracks itself, so `reopen` can overwrite a preallocated segment from any offset.
+/// - `sync_data` = `fdatasync`, `sync_all` = `fsync`, `sync_dir` = `fsync` of the directory.
+/// - `preallocate(len)` = `fallocate(fd, 0, 0, len)` (extends the size, zero-filled), falling
+///   back to writing zeros where the file system does not support it, then `fsync` so the
+///   new size is durable.
+/// - `direct_io` opens with `O_DIRECT`; every append must then be aligned to
+///   [`DIRECT_IO_ALIGN`](crate::DIRECT_IO_ALIGN) in address, length and offset, or it fails with
+///   [`Error::InvalidArgument`] before touching the file.
+/// - `create_dir_all` fsyncs the parent of every directory it creates; `write_atomic`
+///   writes `<path>.tmp`, fsyncs it, renames it over `path` and fsyncs the directory.
+/// - `lock` takes an exclusive `flock` (`File::try_lock`) and also refuses a second lock on
+///   the same file from this process.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LocalFs;
 
@@ -229,7 +231,12 @@ impl FileSystem for LocalFs {
     }
 
     fn sync_dir(&self, dir: &Path) -> Result<()> {
-        let f = File::open(dir).map_err(|e| Error::io(IoOp::Sync, dir, e))?;
+        // O_DIRECTORY: syncing a file by mistake must fail, not silently succeed.
+        let f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(dir)
+            .map_err(|e| Error::io(IoOp::Sync, dir, e))?;
         f.sync_all().map_err(|e| Error::io(IoOp::Sync, dir, e))
     }
 

@@ -1,58 +1,7 @@
 //! [`MemFs`]: an in-memory [`FileSystem`] for tests that can crash and fail on command.
 //!
-//! # The model
-//!
-//! - **Tree.** Directories hold entries `name -> node`; a node is a directory or a file
-//!   *inode*. Handles hold the inode, not the name, so an open file survives a rename or
-//!   delete of its name, as on POSIX. The root always exists and is always durable.
-//! - **Files.** Every inode has *current* bytes (what reads see) and *durable* bytes (what
-//!   survives a crash). `sync_data` and `sync_all` make the current bytes durable (both:
-//!   the model does not tell data from size). `preallocate` extends with zeros and then
-//!   syncs the whole file, exactly like `fallocate` + `fsync` in `LocalFs`. `create` on an
-//!   existing file truncates the same inode; the truncation too is durable only once the
-//!   file is synced. A sync copies only the range written since the last sync (the hull of
-//!   the writes), so syncing a long log costs the size of the new records.
-//! - **Directories.** Every directory has *current* entries and *durable* entries.
-//!   `sync_dir(d)` makes `d`'s current entry set durable (names -> inodes). A created,
-//!   renamed or deleted name is durable only after `sync_dir` of its parent: a file
-//!   created and synced whose directory was never synced is lost by a crash.
-//!   `create_dir_all` syncs the parent of every directory it creates; `write_atomic` is
-//!   the same recipe as `LocalFs` (create `<path>.tmp`, append, `sync_all`, rename,
-//!   `sync_dir`), made of those individual operations, so a crash or a fault can hit it
-//!   between any two of them. Durability is per directory: a rename across two
-//!   directories of which only one was synced leaves, after a crash, the entry in both
-//!   or in neither (stricter file systems journal the pair together).
-//! - **Crash.** [`MemFs::crash`] keeps exactly what is reachable from the root through
-//!   durable entries; every such directory's entries and every such file's bytes revert to
-//!   their durable state. The epoch is bumped: every handle opened before (writers,
-//!   readers) fails every later operation with an `Error::Io` saying it is stale. All
-//!   locks are released and all faults are cleared (the machine rebooted).
-//!   [`MemFs::crash_torn`] is the same, except that for every surviving file written since
-//!   its last sync (and not truncated since), a seeded-random prefix (0 to all bytes) of
-//!   the written range is kept: a torn write where some sectors made it. Files are
-//!   visited in a fixed order, so a seed always tears the same way.
-//! - **Faults.** Every operation belongs to one class ([`FaultKind`]), and every class
-//!   keeps a counter of the operations attempted so far ([`MemFs::op_count`]):
-//!   `Write` = `append`, `preallocate`; `Sync` = `sync_data`, `sync_all`, `sync_dir`;
-//!   `Meta` = `create`, `reopen`, `rename`, `delete`, each directory `create_dir_all`
-//!   makes; `Read` = `open`, `read_at`, `read_exact_at`, `list`, `exists`, `file_size`.
-//!   `Any` counts every operation of `Write`, `Sync` and `Meta` (the mutating ones).
-//!   `write_atomic` and `create_dir_all` count as the operations they are made of.
-//!   `lock` is never counted nor failed. [`MemFs::inject`] makes the nth operation of a
-//!   class from now fail (and, if sticky, every later one); a failed operation has no
-//!   effect at all. [`MemFs::freeze_after`] stops the world: after n more mutating
-//!   operations every mutating operation fails, which is how a crash test halts a run
-//!   "mid-flush" before calling `crash`.
-//! - **Locks** are in memory: a second `lock` of a path fails with `Error::Locked` until
-//!   the guard is dropped or the file system crashes.
-//!
-//! Paths: absolute and relative paths both start at the root; `.` is ignored and `..` is
-//! refused, as are names that are not UTF-8. Error kinds follow POSIX (`NotFound`,
-//! `NotADirectory`, `IsADirectory`, `DirectoryNotEmpty`).
-//!
-//! Concurrency: one mutex guards the tree, the counters and the faults; each inode has
-//! its own mutex, always taken after the tree's. Every operation is atomic with respect
-//! to the others.
+//! The model it implements is documented on [`MemFs`] itself, so that it shows in the
+//! crate's API docs.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -65,7 +14,7 @@ use parking_lot::Mutex;
 use crate::util::{check_direct_append, write_atomic_via};
 use crate::{Error, FileLock, FileSystem, IoOp, ReadableFile, Result, WritableFile, WriteOptions};
 
-/// A class of operations, for fault injection and operation counts (see the module docs).
+/// A class of operations, for fault injection and operation counts (see [`MemFs`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FaultKind {
     /// Data writes: `append`, `preallocate`.
@@ -412,7 +361,7 @@ impl State {
         id
     }
 
-    /// Reverts everything to its durable state (see the module docs).
+    /// Reverts everything to its durable state (see [`MemFs`]).
     fn crash(&mut self, mut torn: Option<&mut SplitMix64>) {
         self.epoch += 1;
         self.faults.clear();
@@ -497,10 +446,68 @@ struct Shared {
     state: Mutex<State>,
 }
 
-/// An in-memory file system that can crash and fail on command (see the module docs).
+/// An in-memory file system that can crash and fail on command.
 ///
 /// Cloning gives another handle on the same file system, so a test can keep one while the
 /// code under test holds an `Arc<dyn FileSystem>`.
+///
+/// # The model
+///
+/// - **Tree.** Directories hold entries `name -> node`; a node is a directory or a file
+///   *inode*. Handles hold the inode, not the name, so an open file survives a rename or
+///   delete of its name, as on POSIX. The root always exists and is always durable.
+/// - **Files.** Every inode has *current* bytes (what reads see) and *durable* bytes (what
+///   survives a crash). `sync_data` and `sync_all` make the current bytes durable (both:
+///   the model does not tell data from size). `preallocate` extends with zeros and then
+///   syncs the whole file, exactly like `fallocate` + `fsync` in `LocalFs`. `create` on an
+///   existing file truncates the same inode; the truncation too is durable only once the
+///   file is synced. A sync copies only the range written since the last sync (the hull of
+///   the writes), so syncing a long log costs the size of the new records.
+/// - **Directories.** Every directory has *current* entries and *durable* entries.
+///   `sync_dir(d)` makes `d`'s current entry set durable (names -> inodes). A created,
+///   renamed or deleted name is durable only after `sync_dir` of its parent: a file
+///   created and synced whose directory was never synced is lost by a crash.
+///   `create_dir_all` syncs the parent of every directory it creates; `write_atomic` is
+///   the same recipe as `LocalFs` (create `<path>.tmp`, append, `sync_all`, rename,
+///   `sync_dir`), made of those individual operations, so a crash or a fault can hit it
+///   between any two of them. Durability is per directory: a rename across two
+///   directories of which only one was synced leaves, after a crash, the entry in both
+///   or in neither (stricter file systems journal the pair together). Two names left on
+///   one inode that way are two names: writes through one show through the other, and
+///   renaming one over the other removes the source name.
+///   Directories are synced only by name: `sync_dir` does not sync the files in them.
+/// - **Crash.** [`MemFs::crash`] keeps exactly what is reachable from the root through
+///   durable entries; every such directory's entries and every such file's bytes revert to
+///   their durable state. The epoch is bumped: every handle opened before (writers,
+///   readers) fails every later operation with an `Error::Io` saying it is stale. All
+///   locks are released and all faults are cleared (the machine rebooted).
+///   [`MemFs::crash_torn`] is the same, except that for every surviving file written since
+///   its last sync (and not truncated since), a seeded-random prefix (0 to all bytes) of
+///   the written range is kept: a torn write where some sectors made it (this covers
+///   appends past the durable end and overwrites inside a preallocated region alike).
+///   Files are visited in a fixed order, so a seed always tears the same way.
+/// - **Faults.** Every operation belongs to one class ([`FaultKind`]), and every class
+///   keeps a counter of the operations attempted so far ([`MemFs::op_count`]):
+///   `Write` = `append`, `preallocate`; `Sync` = `sync_data`, `sync_all`, `sync_dir`;
+///   `Meta` = `create`, `reopen`, `rename`, `delete`, each directory `create_dir_all`
+///   makes; `Read` = `open`, `read_at`, `read_exact_at`, `list`, `exists`, `file_size`.
+///   `Any` counts every operation of `Write`, `Sync` and `Meta` (the mutating ones).
+///   `write_atomic` and `create_dir_all` count as the operations they are made of.
+///   `lock` is never counted nor failed. [`MemFs::inject`] makes the nth operation of a
+///   class from now fail (and, if sticky, every later one); a failed operation has no
+///   effect at all. [`MemFs::freeze_after`] stops the world: after n more mutating
+///   operations every mutating operation fails, which is how a crash test halts a run
+///   "mid-flush" before calling `crash`.
+/// - **Locks** are in memory: a second `lock` of a path fails with `Error::Locked` until
+///   the guard is dropped or the file system crashes.
+///
+/// Paths: absolute and relative paths both start at the root; `.` is ignored and `..` is
+/// refused, as are names that are not UTF-8. Error kinds follow POSIX (`NotFound`,
+/// `NotADirectory`, `IsADirectory`, `DirectoryNotEmpty`).
+///
+/// Concurrency: one mutex guards the tree, the counters and the faults; each inode has
+/// its own mutex, always taken after the tree's. Every operation is atomic with respect
+/// to the others.
 #[derive(Clone)]
 pub struct MemFs {
     shared: Arc<Shared>,

@@ -55,6 +55,8 @@ on_both!(
     direct_io_checks_alignment,
     direct_io_aligned_roundtrip,
     zero_length_operations,
+    sync_dir_of_a_file_fails,
+    rename_directories,
 );
 
 fn write_file(fs: &dyn FileSystem, path: &Path, data: &[u8]) {
@@ -434,4 +436,72 @@ fn mem_handles_share_one_file_system() {
     shared.write_atomic(Path::new("/d/f"), b"x").unwrap();
     assert_eq!(clone.read_all(Path::new("/d/f")).unwrap(), b"x");
     assert_eq!(clone.total_file_bytes(Path::new("/")), 1);
+}
+
+fn sync_dir_of_a_file_fails(fs: &dyn FileSystem, root: &Path) {
+    let p = root.join("f");
+    write_file(fs, &p, b"x");
+    let err = fs.sync_dir(&p).unwrap_err();
+    assert_eq!(err.io_kind(), Some(ErrorKind::NotADirectory), "{err}");
+    fs.sync_dir(root).unwrap();
+}
+
+fn rename_directories(fs: &dyn FileSystem, root: &Path) {
+    fs.create_dir_all(&root.join("a/inner")).unwrap();
+    write_file(fs, &root.join("a/inner/f"), b"1");
+    fs.rename(&root.join("a"), &root.join("b")).unwrap();
+    assert_eq!(fs.read_all(&root.join("b/inner/f")).unwrap(), b"1");
+    assert!(!fs.exists(&root.join("a")).unwrap());
+    // Not into itself, not over a non-empty directory, not over a file.
+    assert!(fs.rename(&root.join("b"), &root.join("b/inner/x")).is_err());
+    fs.create_dir_all(&root.join("c/d")).unwrap();
+    let err = fs.rename(&root.join("b"), &root.join("c")).unwrap_err();
+    assert_eq!(err.io_kind(), Some(ErrorKind::DirectoryNotEmpty), "{err}");
+    write_file(fs, &root.join("file"), b"2");
+    let err = fs.rename(&root.join("b"), &root.join("file")).unwrap_err();
+    assert_eq!(err.io_kind(), Some(ErrorKind::NotADirectory), "{err}");
+    let err = fs.rename(&root.join("file"), &root.join("c")).unwrap_err();
+    assert_eq!(err.io_kind(), Some(ErrorKind::IsADirectory), "{err}");
+    // Over an empty directory is fine.
+    fs.rename(&root.join("b"), &root.join("c/d")).unwrap();
+    assert_eq!(fs.read_all(&root.join("c/d/inner/f")).unwrap(), b"1");
+    assert_eq!(fs.list(root).unwrap(), ["c", "file"]);
+}
+
+#[test]
+fn local_lock_takes_a_real_flock() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("LOCK");
+    let g = LocalFs::new().lock(&p).unwrap();
+    // Another open file description on the same file (as another process would have).
+    let other = std::fs::File::open(&p).unwrap();
+    assert!(matches!(
+        other.try_lock(),
+        Err(std::fs::TryLockError::WouldBlock)
+    ));
+    drop(g);
+    other.try_lock().unwrap();
+    // Held elsewhere: LocalFs reports Locked.
+    assert!(matches!(
+        LocalFs::new().lock(&p).unwrap_err(),
+        Error::Locked { .. }
+    ));
+}
+
+#[test]
+fn local_direct_io_refusal_is_explained() {
+    // tmpfs refused O_DIRECT before Linux 6.6; where it still does, the error must say so.
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let p = dir.path().join("direct");
+    match LocalFs::new().create(&p, WriteOptions { direct_io: true }) {
+        Ok(_) => {} // This kernel's tmpfs supports O_DIRECT.
+        Err(err) => {
+            assert!(err.to_string().contains("O_DIRECT"), "{err}");
+            assert!(matches!(err, Error::Io { op: IoOp::Open, .. }), "{err}");
+        }
+    }
 }

@@ -110,6 +110,8 @@ struct Run<'a> {
     readers: Vec<Reader>,
     rng: ChaCha8Rng,
     log: Vec<String>,
+    /// Files a torn crash left with some unsynced bytes (so the test shows tearing).
+    torn_files: u64,
 }
 
 impl Run<'_> {
@@ -331,9 +333,24 @@ impl Run<'_> {
                 let Some(mem) = self.mem else {
                     return;
                 };
-                self.log.push("crash".to_string());
-                mem.crash();
+                let torn = self.rng.gen_bool(0.5).then(|| self.rng.gen::<u64>());
+                self.log.push(format!("crash (torn seed {torn:?})"));
+                // What each surviving inode held before, for judging torn content.
+                let mut before = BTreeMap::new();
+                for d in &self.model.dirs {
+                    for &ino in d.durable.values() {
+                        let f = &self.model.inodes[ino];
+                        before.insert(ino, (f.durable.clone(), f.cur.clone()));
+                    }
+                }
+                match torn {
+                    Some(seed) => mem.crash_torn(seed),
+                    None => mem.crash(),
+                }
                 self.model.crash();
+                if torn.is_some() {
+                    self.adopt_torn(&before);
+                }
                 for h in &mut self.handles {
                     let err = h.w.append(b"x").unwrap_err();
                     assert!(err.to_string().contains("stale"), "{err}");
@@ -343,6 +360,42 @@ impl Run<'_> {
                 }
                 self.handles.clear();
                 self.readers.clear();
+            }
+        }
+    }
+
+    /// After a torn crash every surviving file holds its durable bytes with some of its
+    /// unsynced bytes on top: never shorter than durable, never longer than it was, and
+    /// every byte is either the durable or the current one. The model then adopts it.
+    fn adopt_torn(&mut self, before: &BTreeMap<usize, (Vec<u8>, Vec<u8>)>) {
+        for d in 0..DIRS.len() {
+            let entries: Vec<(String, usize)> = self.model.dirs[d]
+                .cur
+                .iter()
+                .map(|(n, &i)| (n.clone(), i))
+                .collect();
+            for (name, ino) in entries {
+                let got = self.fs.read_all(&self.path(d, &name)).unwrap();
+                let (dur, cur) = &before[&ino];
+                assert!(
+                    got.len() >= dur.len() && got.len() <= dur.len().max(cur.len()),
+                    "torn {name}: {} bytes, durable {}, current {}",
+                    got.len(),
+                    dur.len(),
+                    cur.len()
+                );
+                for (i, b) in got.iter().enumerate() {
+                    assert!(
+                        dur.get(i) == Some(b) || cur.get(i) == Some(b),
+                        "torn {name}: byte {i} is neither durable nor current"
+                    );
+                }
+                if got != *dur {
+                    self.torn_files += 1;
+                }
+                let f = &mut self.model.inodes[ino];
+                f.cur = got.clone();
+                f.durable = got;
             }
         }
     }
@@ -397,7 +450,8 @@ impl Run<'_> {
     }
 }
 
-fn run_case(fs: &dyn FileSystem, mem: Option<&MemFs>, root: &Path, seed: u64, ops: usize) {
+/// Runs one case; returns how many files torn crashes left partly written.
+fn run_case(fs: &dyn FileSystem, mem: Option<&MemFs>, root: &Path, seed: u64, ops: usize) -> u64 {
     fs.create_dir_all(&root.join("sub")).unwrap();
     let mut run = Run {
         fs,
@@ -408,6 +462,7 @@ fn run_case(fs: &dyn FileSystem, mem: Option<&MemFs>, root: &Path, seed: u64, op
         readers: Vec::new(),
         rng: ChaCha8Rng::seed_from_u64(seed),
         log: Vec::new(),
+        torn_files: 0,
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         for _ in 0..ops {
@@ -427,6 +482,7 @@ fn run_case(fs: &dyn FileSystem, mem: Option<&MemFs>, root: &Path, seed: u64, op
         );
         std::panic::resume_unwind(panic);
     }
+    run.torn_files
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -452,9 +508,14 @@ fn seeds(default_cases: u64, base: u64) -> Vec<u64> {
 #[test]
 fn memfs_matches_model_with_crashes_and_faults() {
     let ops = env_u64("PHOENIX_STORAGE_OPS", 300) as usize;
-    for seed in seeds(150, 0) {
+    let seeds = seeds(150, 0);
+    let mut torn_files = 0;
+    for &seed in &seeds {
         let fs = MemFs::new();
-        run_case(&fs, Some(&fs), Path::new("/db"), seed, ops);
+        torn_files += run_case(&fs, Some(&fs), Path::new("/db"), seed, ops);
+    }
+    if seeds.len() >= 20 && ops >= 100 {
+        assert!(torn_files > 0, "no torn crash ever kept unsynced bytes");
     }
 }
 
@@ -463,6 +524,7 @@ fn localfs_matches_model() {
     let ops = env_u64("PHOENIX_STORAGE_OPS", 300) as usize;
     for seed in seeds(15, 0) {
         let dir = tempfile::tempdir().unwrap();
-        run_case(&LocalFs::new(), None, dir.path(), seed, ops);
+        let torn = run_case(&LocalFs::new(), None, dir.path(), seed, ops);
+        assert_eq!(torn, 0);
     }
 }
