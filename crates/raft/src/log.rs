@@ -43,7 +43,9 @@ impl Unstable {
                 .filter(|s| s.meta.index == index)
                 .map(|s| s.meta.term);
         }
-        self.entries.get((index - self.offset) as usize).map(|e| e.term)
+        self.entries
+            .get((index - self.offset) as usize)
+            .map(|e| e.term)
     }
 
     /// Drops entries up to `index` once they are durable, if the entry there still has
@@ -111,7 +113,11 @@ impl<S: Storage> RaftLog<S> {
         }
         Ok(RaftLog {
             store,
-            unstable: Unstable { offset: last + 1, in_progress: last + 1, ..Unstable::default() },
+            unstable: Unstable {
+                offset: last + 1,
+                in_progress: last + 1,
+                ..Unstable::default()
+            },
             committed: commit,
             persisted: last,
             applying: first - 1,
@@ -187,11 +193,17 @@ impl<S: Storage> RaftLog<S> {
         }
         let first = self.first_index()?;
         if lo < first {
-            return Err(StorageError::Compacted { index: lo, first_index: first }.into());
+            return Err(StorageError::Compacted {
+                index: lo,
+                first_index: first,
+            }
+            .into());
         }
         let last = self.last_index()?;
         if hi > last + 1 {
-            return Err(Error::Invariant(format!("slice [{lo}, {hi}) beyond last index {last}")));
+            return Err(Error::Invariant(format!(
+                "slice [{lo}, {hi}) beyond last index {last}"
+            )));
         }
         let mut out = Vec::new();
         let uoff = self.unstable.offset;
@@ -208,7 +220,9 @@ impl<S: Storage> RaftLog<S> {
                 .unstable
                 .entries
                 .get((from - uoff) as usize..(hi - uoff) as usize)
-                .ok_or_else(|| Error::Invariant(format!("unstable slice [{from}, {hi}) missing")))?;
+                .ok_or_else(|| {
+                    Error::Invariant(format!("unstable slice [{from}, {hi}) missing"))
+                })?;
             if out.is_empty() {
                 out.extend_from_slice(limit_size(ents, max_size));
             } else {
@@ -227,7 +241,9 @@ impl<S: Storage> RaftLog<S> {
 
     /// Appends entries the leader created; returns the new last index.
     pub(crate) fn append(&mut self, ents: &[Entry]) -> Result<u64, Error> {
-        let Some(first) = ents.first() else { return self.last_index() };
+        let Some(first) = ents.first() else {
+            return self.last_index();
+        };
         if first.index <= self.committed {
             return Err(Error::Invariant(format!(
                 "append at {} would overwrite committed index {}",
@@ -326,7 +342,10 @@ impl<S: Storage> RaftLog<S> {
 
     /// Entries not yet handed out for persistence.
     pub(crate) fn next_unstable_entries(&self) -> &[Entry] {
-        let start = self.unstable.in_progress.saturating_sub(self.unstable.offset) as usize;
+        let start = self
+            .unstable
+            .in_progress
+            .saturating_sub(self.unstable.offset) as usize;
         self.unstable.entries.get(start..).unwrap_or(&[])
     }
 
@@ -354,7 +373,12 @@ impl<S: Storage> RaftLog<S> {
 
     /// The application made the snapshot at `index` durable.
     pub(crate) fn stable_snap_to(&mut self, index: u64) {
-        if self.unstable.snapshot.as_ref().is_some_and(|s| s.meta.index == index) {
+        if self
+            .unstable
+            .snapshot
+            .as_ref()
+            .is_some_and(|s| s.meta.index == index)
+        {
             self.unstable.snapshot = None;
             self.unstable.snapshot_in_progress = false;
             self.persisted = self.persisted.max(index);
@@ -396,7 +420,10 @@ impl<S: Storage> RaftLog<S> {
         let u = &self.unstable;
         for (k, e) in u.entries.iter().enumerate() {
             if e.index != u.offset + k as u64 {
-                return Err(Error::Invariant(format!("unstable entry {} at slot {k} (offset {})", e.index, u.offset)));
+                return Err(Error::Invariant(format!(
+                    "unstable entry {} at slot {k} (offset {})",
+                    e.index, u.offset
+                )));
             }
         }
         if self.applied > self.applying || self.applying > self.committed {

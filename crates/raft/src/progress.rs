@@ -27,7 +27,10 @@ pub struct Inflights {
 impl Inflights {
     /// A window of at most `cap` messages.
     pub fn new(cap: usize) -> Inflights {
-        Inflights { queue: VecDeque::new(), cap }
+        Inflights {
+            queue: VecDeque::new(),
+            cap,
+        }
     }
 
     /// Whether no more appends may be sent.

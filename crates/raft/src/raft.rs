@@ -75,13 +75,17 @@ impl Config {
             return Err(Error::InvalidConfig("node id 0 is reserved"));
         }
         if self.heartbeat_tick == 0 || self.election_tick <= self.heartbeat_tick {
-            return Err(Error::InvalidConfig("need 0 < heartbeat_tick < election_tick"));
+            return Err(Error::InvalidConfig(
+                "need 0 < heartbeat_tick < election_tick",
+            ));
         }
         if self.max_inflight_msgs == 0 {
             return Err(Error::InvalidConfig("max_inflight_msgs must be positive"));
         }
         if self.read_only_option == ReadOnlyOption::LeaseBased && !self.check_quorum {
-            return Err(Error::InvalidConfig("lease-based reads require check_quorum"));
+            return Err(Error::InvalidConfig(
+                "lease-based reads require check_quorum",
+            ));
         }
         Ok(())
     }
@@ -186,7 +190,9 @@ impl<S: Storage> Raft<S> {
         if cfg.applied > 0 {
             let applied = cfg.applied.max(r.log.applied);
             if applied > r.log.committed {
-                return Err(Error::InvalidConfig("applied index beyond the stored commit index"));
+                return Err(Error::InvalidConfig(
+                    "applied index beyond the stored commit index",
+                ));
             }
             r.log.applying = applied;
             r.log.applied = applied;
@@ -249,11 +255,18 @@ impl<S: Storage> Raft<S> {
     }
 
     pub(crate) fn hard_state(&self) -> HardState {
-        HardState { term: self.term, vote: self.vote, commit: self.log.committed }
+        HardState {
+            term: self.term,
+            vote: self.vote,
+            commit: self.log.committed,
+        }
     }
 
     pub(crate) fn soft_state(&self) -> SoftState {
-        SoftState { leader: self.lead, role: self.role }
+        SoftState {
+            leader: self.lead,
+            role: self.role,
+        }
     }
 
     fn promotable(&self) -> bool {
@@ -271,11 +284,17 @@ impl<S: Storage> Raft<S> {
         self.prs.retain(|id, _| conf.contains(*id));
         for &v in &conf.voters {
             let cap = self.max_inflight;
-            self.prs.entry(v).or_insert_with(|| Progress::new(next, cap, false)).is_learner = false;
+            self.prs
+                .entry(v)
+                .or_insert_with(|| Progress::new(next, cap, false))
+                .is_learner = false;
         }
         for &l in &conf.learners {
             let cap = self.max_inflight;
-            self.prs.entry(l).or_insert_with(|| Progress::new(next, cap, true)).is_learner = true;
+            self.prs
+                .entry(l)
+                .or_insert_with(|| Progress::new(next, cap, true))
+                .is_learner = true;
         }
         self.conf = conf;
     }
@@ -303,7 +322,9 @@ impl<S: Storage> Raft<S> {
         if conf.voters.is_empty() {
             // The leader refuses such proposals, so a committed one is a bug upstream;
             // keep the old membership rather than lose the group.
-            return Err(Error::Invariant(format!("conf change {cc:?} would remove the last voter")));
+            return Err(Error::Invariant(format!(
+                "conf change {cc:?} would remove the last voter"
+            )));
         }
         self.set_conf(conf);
         if self.role == StateRole::Leader {
@@ -320,13 +341,16 @@ impl<S: Storage> Raft<S> {
                     self.bcast_append()?;
                 } else {
                     // New members need the log.
-                    let peers: Vec<NodeId> = self.prs.keys().copied().filter(|&p| p != self.id).collect();
+                    let peers: Vec<NodeId> =
+                        self.prs.keys().copied().filter(|&p| p != self.id).collect();
                     for p in peers {
                         self.maybe_send_append(p, false)?;
                     }
                 }
             }
-        } else if matches!(self.role, StateRole::Candidate | StateRole::PreCandidate) && !self.promotable() {
+        } else if matches!(self.role, StateRole::Candidate | StateRole::PreCandidate)
+            && !self.promotable()
+        {
             let term = self.term;
             self.become_follower(term, NONE);
         }
@@ -426,11 +450,17 @@ impl<S: Storage> Raft<S> {
     /// Sends an append (or a snapshot) to `to` if flow control allows; returns whether
     /// something was sent. With `send_if_empty` false, an append without entries is not
     /// sent (used for pipelining).
-    pub(crate) fn maybe_send_append(&mut self, to: NodeId, send_if_empty: bool) -> Result<bool, Error> {
+    pub(crate) fn maybe_send_append(
+        &mut self,
+        to: NodeId,
+        send_if_empty: bool,
+    ) -> Result<bool, Error> {
         if to == self.id {
             return Ok(false);
         }
-        let Some(pr) = self.prs.get(&to) else { return Ok(false) };
+        let Some(pr) = self.prs.get(&to) else {
+            return Ok(false);
+        };
         if pr.is_paused() {
             return Ok(false);
         }
@@ -467,13 +497,19 @@ impl<S: Storage> Raft<S> {
     }
 
     fn send_snapshot(&mut self, to: NodeId) -> Result<bool, Error> {
-        let snap = match self.log.store.snapshot(self.prs.get(&to).map_or(0, |p| p.next_idx)) {
+        let snap = match self
+            .log
+            .store
+            .snapshot(self.prs.get(&to).map_or(0, |p| p.next_idx))
+        {
             Ok(s) => s,
             Err(StorageError::SnapshotTemporarilyUnavailable) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
         if snap.meta.index == 0 {
-            return Err(Error::Invariant(format!("node {to} needs compacted entries but no snapshot exists")));
+            return Err(Error::Invariant(format!(
+                "node {to} needs compacted entries but no snapshot exists"
+            )));
         }
         let idx = snap.meta.index;
         let mut m = self.new_msg(MessageType::Snapshot, to);
@@ -644,10 +680,18 @@ impl<S: Storage> Raft<S> {
     fn run_campaign(&mut self, pre: bool, transfer: bool) -> Result<(), Error> {
         let (kind, resp_kind, term) = if pre {
             self.become_pre_candidate();
-            (MessageType::RequestPreVote, MessageType::RequestPreVoteResponse, self.term + 1)
+            (
+                MessageType::RequestPreVote,
+                MessageType::RequestPreVoteResponse,
+                self.term + 1,
+            )
         } else {
             self.become_candidate();
-            (MessageType::RequestVote, MessageType::RequestVoteResponse, self.term)
+            (
+                MessageType::RequestVote,
+                MessageType::RequestVoteResponse,
+                self.term,
+            )
         };
         // Our own vote counts only once the term and vote are durable (a crash before
         // that could let us vote twice in this term).
@@ -656,7 +700,13 @@ impl<S: Storage> Raft<S> {
         self.msgs_after_append.push(own);
         let last = self.log.last_index()?;
         let last_term = self.log.last_term()?;
-        let voters: Vec<NodeId> = self.conf.voters.iter().copied().filter(|&v| v != self.id).collect();
+        let voters: Vec<NodeId> = self
+            .conf
+            .voters
+            .iter()
+            .copied()
+            .filter(|&v| v != self.id)
+            .collect();
         for v in voters {
             let mut m = Message::new(kind, self.id, v, term);
             m.index = last;
@@ -688,35 +738,50 @@ impl<S: Storage> Raft<S> {
         // A member accepts messages from members only; a node outside its own
         // configuration (just added, not yet caught up) accepts them from anyone.
         if self.is_member() && !self.conf.contains(m.from) {
-            return Err(Error::UnknownPeer { kind: m.kind, from: m.from, to: self.id });
+            return Err(Error::UnknownPeer {
+                kind: m.kind,
+                from: m.from,
+                to: self.id,
+            });
         }
         match m.kind {
             MessageType::Append => {
                 let mut prev_term = m.log_term;
                 for (k, e) in m.entries.iter().enumerate() {
                     if e.index != m.index + 1 + k as u64 {
-                        return Err(Error::Malformed("append entries are not contiguous after index"));
+                        return Err(Error::Malformed(
+                            "append entries are not contiguous after index",
+                        ));
                     }
                     if e.term < prev_term || e.term > m.term {
-                        return Err(Error::Malformed("append entry terms must rise and not exceed the message term"));
+                        return Err(Error::Malformed(
+                            "append entry terms must rise and not exceed the message term",
+                        ));
                     }
                     prev_term = e.term;
                 }
                 if m.index == 0 && m.log_term != 0 {
-                    return Err(Error::Malformed("append at index 0 with a nonzero log term"));
+                    return Err(Error::Malformed(
+                        "append at index 0 with a nonzero log term",
+                    ));
                 }
             }
             MessageType::Snapshot => {
-                let s = m.snapshot.as_ref().ok_or(Error::Malformed("snapshot message without snapshot"))?;
+                let s = m
+                    .snapshot
+                    .as_ref()
+                    .ok_or(Error::Malformed("snapshot message without snapshot"))?;
                 s.meta.conf.validate()?;
                 if s.meta.index == 0 || s.meta.term == 0 || s.meta.term > m.term {
-                    return Err(Error::Malformed("snapshot with index/term 0 or from a later term"));
+                    return Err(Error::Malformed(
+                        "snapshot with index/term 0 or from a later term",
+                    ));
                 }
             }
-            MessageType::RequestVote | MessageType::RequestPreVote => {
-                if m.log_term > m.term {
-                    return Err(Error::Malformed("vote request whose last log term exceeds its term"));
-                }
+            MessageType::RequestVote | MessageType::RequestPreVote if m.log_term > m.term => {
+                return Err(Error::Malformed(
+                    "vote request whose last log term exceeds its term",
+                ));
             }
             _ => {}
         }
@@ -740,9 +805,13 @@ impl<S: Storage> Raft<S> {
             self.wake();
         }
         if m.term > self.term {
-            if matches!(m.kind, MessageType::RequestVote | MessageType::RequestPreVote) {
-                let in_lease =
-                    self.check_quorum && self.lead != NONE && self.election_elapsed < self.election_tick;
+            if matches!(
+                m.kind,
+                MessageType::RequestVote | MessageType::RequestPreVote
+            ) {
+                let in_lease = self.check_quorum
+                    && self.lead != NONE
+                    && self.election_elapsed < self.election_tick;
                 if in_lease && !m.leader_transfer {
                     // We heard from a leader recently: a disruptive node must not depose
                     // it (thesis §4.2.3).
@@ -752,7 +821,10 @@ impl<S: Storage> Raft<S> {
             match m.kind {
                 MessageType::RequestPreVote => {}
                 MessageType::RequestPreVoteResponse if !m.reject => {}
-                MessageType::Append | MessageType::Heartbeat | MessageType::Snapshot | MessageType::Hibernate => {
+                MessageType::Append
+                | MessageType::Heartbeat
+                | MessageType::Snapshot
+                | MessageType::Hibernate => {
                     self.become_follower(m.term, m.from);
                 }
                 _ => self.become_follower(m.term, NONE),
@@ -779,8 +851,11 @@ impl<S: Storage> Raft<S> {
                 let can_vote = self.vote == m.from
                     || (self.vote == NONE && self.lead == NONE)
                     || (pre && m.term > self.term);
-                let resp_kind =
-                    if pre { MessageType::RequestPreVoteResponse } else { MessageType::RequestVoteResponse };
+                let resp_kind = if pre {
+                    MessageType::RequestPreVoteResponse
+                } else {
+                    MessageType::RequestVoteResponse
+                };
                 if can_vote && self.log.is_up_to_date(m.index, m.log_term)? {
                     // The response carries the requested term so that a pre-candidate
                     // counts it (it has not raised its own term yet).
@@ -812,7 +887,9 @@ impl<S: Storage> Raft<S> {
             MessageType::HeartbeatResponse => {
                 let from = m.from;
                 let last = self.log.last_index()?;
-                let Some(pr) = self.prs.get_mut(&from) else { return Ok(()) };
+                let Some(pr) = self.prs.get_mut(&from) else {
+                    return Ok(());
+                };
                 pr.recent_active = true;
                 pr.probe_sent = false;
                 if pr.state == ProgressState::Replicate && pr.inflights.full() {
@@ -837,7 +914,9 @@ impl<S: Storage> Raft<S> {
         let from = m.from;
         let last = self.log.last_index()?;
         if m.index > last && !m.reject {
-            return Err(Error::Malformed("append response acknowledges beyond the leader's log"));
+            return Err(Error::Malformed(
+                "append response acknowledges beyond the leader's log",
+            ));
         }
         if !self.prs.contains_key(&from) {
             return Ok(());
@@ -847,7 +926,9 @@ impl<S: Storage> Raft<S> {
             if m.log_term > 0 {
                 next_probe = self.log.find_conflict_by_term(m.reject_hint, m.log_term)?.0;
             }
-            let Some(pr) = self.prs.get_mut(&from) else { return Ok(()) };
+            let Some(pr) = self.prs.get_mut(&from) else {
+                return Ok(());
+            };
             pr.recent_active = true;
             if pr.maybe_decr_to(m.index, next_probe) {
                 if pr.state == ProgressState::Replicate {
@@ -857,7 +938,9 @@ impl<S: Storage> Raft<S> {
             }
             return Ok(());
         }
-        let Some(pr) = self.prs.get_mut(&from) else { return Ok(()) };
+        let Some(pr) = self.prs.get_mut(&from) else {
+            return Ok(());
+        };
         pr.recent_active = true;
         let was_paused = pr.is_paused();
         if !pr.maybe_update(m.index) {
@@ -892,7 +975,8 @@ impl<S: Storage> Raft<S> {
     /// Commits what a quorum has, if it is of this term. Returns whether commit moved.
     pub(crate) fn maybe_commit(&mut self) -> Result<bool, Error> {
         let prs = &self.prs;
-        let mci = quorum::committed_index(&self.conf.voters, |v| prs.get(&v).map_or(0, |p| p.matched));
+        let mci =
+            quorum::committed_index(&self.conf.voters, |v| prs.get(&v).map_or(0, |p| p.matched));
         let term = self.term;
         let moved = self.log.maybe_commit(mci, term)?;
         if moved && !self.pending_reads.is_empty() {
@@ -980,7 +1064,10 @@ impl<S: Storage> Raft<S> {
             // ReadIndex from a peer that took us for the leader is dropped.
             MessageType::ReadIndex => Ok(()),
             MessageType::ReadIndexResponse => {
-                self.read_states.push(ReadState { index: m.index, context: m.context });
+                self.read_states.push(ReadState {
+                    index: m.index,
+                    context: m.context,
+                });
                 Ok(())
             }
             _ => Ok(()),
@@ -994,12 +1081,16 @@ impl<S: Storage> Raft<S> {
             self.send(r);
             return Ok(());
         }
-        match self.log.maybe_append(m.index, m.log_term, m.commit, &m.entries)? {
+        match self
+            .log
+            .maybe_append(m.index, m.log_term, m.commit, &m.entries)?
+        {
             Some(last_new) => {
                 r.index = last_new;
             }
             None => {
-                let (hint_index, hint_term) = self.log.find_conflict_by_term(m.index, m.log_term)?;
+                let (hint_index, hint_term) =
+                    self.log.find_conflict_by_term(m.index, m.log_term)?;
                 r.index = m.index;
                 r.reject = true;
                 r.reject_hint = hint_index;
@@ -1020,10 +1111,16 @@ impl<S: Storage> Raft<S> {
     }
 
     fn handle_snapshot(&mut self, m: Message) -> Result<(), Error> {
-        let Some(snap) = m.snapshot else { return Err(Error::Malformed("snapshot message without snapshot")) };
+        let Some(snap) = m.snapshot else {
+            return Err(Error::Malformed("snapshot message without snapshot"));
+        };
         let restored = self.restore(*snap)?;
         let mut r = self.new_msg(MessageType::AppendResponse, m.from);
-        r.index = if restored { self.log.last_index()? } else { self.log.committed };
+        r.index = if restored {
+            self.log.last_index()?
+        } else {
+            self.log.committed
+        };
         self.send(r);
         Ok(())
     }
@@ -1065,13 +1162,22 @@ impl<S: Storage> Raft<S> {
     /// index of the last one.
     pub fn propose_entries(&mut self, ents: Vec<Entry>) -> Result<u64, Error> {
         if self.role != StateRole::Leader {
-            return Err(Error::ProposalDropped { reason: "not the leader", leader: self.lead });
+            return Err(Error::ProposalDropped {
+                reason: "not the leader",
+                leader: self.lead,
+            });
         }
         if self.lead_transferee != NONE {
-            return Err(Error::ProposalDropped { reason: "leader transfer in progress", leader: self.lead });
+            return Err(Error::ProposalDropped {
+                reason: "leader transfer in progress",
+                leader: self.lead,
+            });
         }
         if ents.is_empty() {
-            return Err(Error::ProposalDropped { reason: "empty proposal", leader: self.lead });
+            return Err(Error::ProposalDropped {
+                reason: "empty proposal",
+                leader: self.lead,
+            });
         }
         self.wake();
         let mut conf_changes = 0;
@@ -1083,7 +1189,10 @@ impl<S: Storage> Raft<S> {
             }
         }
         if conf_changes > 1 {
-            return Err(Error::ProposalDropped { reason: "one membership change at a time", leader: self.lead });
+            return Err(Error::ProposalDropped {
+                reason: "one membership change at a time",
+                leader: self.lead,
+            });
         }
         let last = self.append_entries(ents)?;
         if conf_changes == 1 {
@@ -1098,7 +1207,10 @@ impl<S: Storage> Raft<S> {
     fn check_conf_change(&self, cc: ConfChange) -> Result<(), Error> {
         let lead = self.lead;
         if self.pending_conf_index > self.log.applied {
-            return Err(Error::ProposalDropped { reason: "a membership change is not applied yet", leader: lead });
+            return Err(Error::ProposalDropped {
+                reason: "a membership change is not applied yet",
+                leader: lead,
+            });
         }
         if self.log.term(self.log.committed)? != self.term {
             return Err(Error::ProposalDropped {
@@ -1107,7 +1219,10 @@ impl<S: Storage> Raft<S> {
             });
         }
         if Self::changed_conf(&self.conf, cc).voters.is_empty() {
-            return Err(Error::ProposalDropped { reason: "the change would leave no voter", leader: lead });
+            return Err(Error::ProposalDropped {
+                reason: "the change would leave no voter",
+                leader: lead,
+            });
         }
         Ok(())
     }
@@ -1125,7 +1240,10 @@ impl<S: Storage> Raft<S> {
                 self.msgs.push(m);
                 Ok(())
             }
-            _ => Err(Error::ProposalDropped { reason: "no leader for read index", leader: NONE }),
+            _ => Err(Error::ProposalDropped {
+                reason: "no leader for read index",
+                leader: NONE,
+            }),
         }
     }
 
@@ -1178,10 +1296,16 @@ impl<S: Storage> Raft<S> {
     /// abandoned after an election timeout.
     pub fn transfer_leader(&mut self, target: NodeId) -> Result<(), Error> {
         if self.role != StateRole::Leader {
-            return Err(Error::ProposalDropped { reason: "not the leader", leader: self.lead });
+            return Err(Error::ProposalDropped {
+                reason: "not the leader",
+                leader: self.lead,
+            });
         }
         if target == self.id || self.conf.voters.binary_search(&target).is_err() {
-            return Err(Error::ProposalDropped { reason: "transfer target is not another voter", leader: self.lead });
+            return Err(Error::ProposalDropped {
+                reason: "transfer target is not another voter",
+                leader: self.lead,
+            });
         }
         self.wake();
         if self.lead_transferee == target {
@@ -1235,10 +1359,16 @@ impl<S: Storage> Raft<S> {
     pub fn check_invariants(&self) -> Result<(), Error> {
         self.log.check_invariants()?;
         if self.role == StateRole::Leader && self.lead != self.id {
-            return Err(Error::Invariant(format!("leader {} believes the leader is {}", self.id, self.lead)));
+            return Err(Error::Invariant(format!(
+                "leader {} believes the leader is {}",
+                self.id, self.lead
+            )));
         }
         if self.role == StateRole::Candidate && self.vote != self.id {
-            return Err(Error::Invariant(format!("candidate {} voted for {}", self.id, self.vote)));
+            return Err(Error::Invariant(format!(
+                "candidate {} voted for {}",
+                self.id, self.vote
+            )));
         }
         for (id, pr) in &self.prs {
             if self.role == StateRole::Leader && pr.matched >= pr.next_idx {

@@ -103,7 +103,13 @@ impl<S: Storage> RawNode<S> {
         let raft = Raft::new(cfg, store)?;
         let prev_hs = raft.hard_state();
         let prev_ss = raft.soft_state();
-        Ok(RawNode { raft, prev_hs, prev_ss, next_number: 1, records: VecDeque::new() })
+        Ok(RawNode {
+            raft,
+            prev_hs,
+            prev_ss,
+            next_number: 1,
+            records: VecDeque::new(),
+        })
     }
 
     /// The consensus state (read-only).
@@ -146,7 +152,8 @@ impl<S: Storage> RawNode<S> {
     /// Proposes many commands as one batch (one append per follower); returns the index
     /// of the last.
     pub fn propose_batch(&mut self, data: impl IntoIterator<Item = Bytes>) -> Result<u64, Error> {
-        self.raft.propose_entries(data.into_iter().map(Entry::normal).collect())
+        self.raft
+            .propose_entries(data.into_iter().map(Entry::normal).collect())
     }
 
     /// Proposes prepared entries (e.g. carrying `conflict_keys`); returns the last index.
@@ -156,7 +163,11 @@ impl<S: Storage> RawNode<S> {
 
     /// Proposes a membership change; returns its index.
     pub fn propose_conf_change(&mut self, cc: ConfChange) -> Result<u64, Error> {
-        let e = Entry { kind: EntryKind::ConfChange, data: cc.encode(), ..Entry::default() };
+        let e = Entry {
+            kind: EntryKind::ConfChange,
+            data: cc.encode(),
+            ..Entry::default()
+        };
         self.raft.propose_entries(vec![e])
     }
 
@@ -226,7 +237,11 @@ impl<S: Storage> RawNode<S> {
         self.next_number += 1;
         let r = &mut self.raft;
         let entries = r.log.next_unstable_entries().to_vec();
-        let snapshot = if r.log.has_next_unstable_snapshot() { r.log.unstable.snapshot.clone() } else { None };
+        let snapshot = if r.log.has_next_unstable_snapshot() {
+            r.log.unstable.snapshot.clone()
+        } else {
+            None
+        };
         let hs = r.hard_state();
         let hard_state = (hs != self.prev_hs).then_some(hs);
         self.prev_hs = hs;
@@ -241,7 +256,9 @@ impl<S: Storage> RawNode<S> {
         let messages = std::mem::take(&mut r.msgs);
         let id = r.id;
         let (self_msgs, persisted_messages): (Vec<Message>, Vec<Message>) =
-            std::mem::take(&mut r.msgs_after_append).into_iter().partition(|m| m.to == id);
+            std::mem::take(&mut r.msgs_after_append)
+                .into_iter()
+                .partition(|m| m.to == id);
         let read_states = std::mem::take(&mut r.read_states);
         r.log.accept_unstable();
         self.records.push_back(ReadyRecord {
@@ -270,7 +287,9 @@ impl<S: Storage> RawNode<S> {
             return Err(Error::Misuse("on_persist_ready for a ready not handed out"));
         }
         while self.records.front().is_some_and(|r| r.number <= number) {
-            let Some(rec) = self.records.pop_front() else { break };
+            let Some(rec) = self.records.pop_front() else {
+                break;
+            };
             if let Some(idx) = rec.snapshot_index {
                 self.raft.log.stable_snap_to(idx);
             }

@@ -44,14 +44,30 @@ pub(crate) struct ReadOnly {
 
 impl ReadOnly {
     pub(crate) fn new(option: ReadOnlyOption) -> ReadOnly {
-        ReadOnly { option, queue: VecDeque::new(), next_seq: 1 }
+        ReadOnly {
+            option,
+            queue: VecDeque::new(),
+            next_seq: 1,
+        }
     }
 
     /// Registers a read; returns the heartbeat context to broadcast.
-    pub(crate) fn add(&mut self, context: Bytes, from: NodeId, index: u64, self_id: NodeId) -> Bytes {
+    pub(crate) fn add(
+        &mut self,
+        context: Bytes,
+        from: NodeId,
+        index: u64,
+        self_id: NodeId,
+    ) -> Bytes {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.queue.push_back(PendingRead { seq, context, from, index, acks: vec![self_id] });
+        self.queue.push_back(PendingRead {
+            seq,
+            context,
+            from,
+            index,
+            acks: vec![self_id],
+        });
         Bytes::copy_from_slice(&seq.to_be_bytes())
     }
 

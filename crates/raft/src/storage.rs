@@ -51,7 +51,14 @@ impl MemStorage {
     pub fn new_with_conf(conf: ConfState) -> MemStorage {
         MemStorage {
             conf_state: conf.clone(),
-            snapshot: Snapshot { meta: SnapshotMeta { index: 0, term: 0, conf }, data: Default::default() },
+            snapshot: Snapshot {
+                meta: SnapshotMeta {
+                    index: 0,
+                    term: 0,
+                    conf,
+                },
+                data: Default::default(),
+            },
             ..MemStorage::default()
         }
     }
@@ -93,15 +100,24 @@ impl MemStorage {
     /// be contiguous and must not leave a gap after the stored log; entries at or before
     /// the snapshot are skipped.
     pub fn append(&mut self, ents: &[Entry]) -> Result<(), StorageError> {
-        let Some(first) = ents.first() else { return Ok(()) };
+        let Some(first) = ents.first() else {
+            return Ok(());
+        };
         if first.index > self.last() + 1 {
             return Err(StorageError::Other(
-                format!("append at {} leaves a gap after last index {}", first.index, self.last()).into(),
+                format!(
+                    "append at {} leaves a gap after last index {}",
+                    first.index,
+                    self.last()
+                )
+                .into(),
             ));
         }
         let skip = (self.offset() + 1).saturating_sub(first.index) as usize;
         let ents = ents.get(skip..).unwrap_or(&[]);
-        let Some(first) = ents.first() else { return Ok(()) };
+        let Some(first) = ents.first() else {
+            return Ok(());
+        };
         let keep = (first.index - self.offset() - 1) as usize;
         self.entries.truncate(keep);
         self.entries.extend_from_slice(ents);
@@ -112,7 +128,12 @@ impl MemStorage {
     pub fn apply_snapshot(&mut self, snap: Snapshot) -> Result<(), StorageError> {
         if snap.meta.index < self.offset() {
             return Err(StorageError::Other(
-                format!("snapshot at {} is older than stored snapshot at {}", snap.meta.index, self.offset()).into(),
+                format!(
+                    "snapshot at {} is older than stored snapshot at {}",
+                    snap.meta.index,
+                    self.offset()
+                )
+                .into(),
             ));
         }
         self.hard_state.commit = self.hard_state.commit.max(snap.meta.index);
@@ -127,32 +148,52 @@ impl MemStorage {
 
     /// Makes a snapshot at `index` (≤ last index) with `conf` and `data`, and drops the
     /// entries it covers (the application calls this after applying up to `index`).
-    pub fn compact_to_snapshot(&mut self, index: u64, conf: ConfState, data: bytes::Bytes) -> Result<(), StorageError> {
+    pub fn compact_to_snapshot(
+        &mut self,
+        index: u64,
+        conf: ConfState,
+        data: bytes::Bytes,
+    ) -> Result<(), StorageError> {
         if index <= self.offset() {
             return Ok(());
         }
         if index > self.last() {
-            return Err(StorageError::Unavailable { index, last_index: self.last() });
+            return Err(StorageError::Unavailable {
+                index,
+                last_index: self.last(),
+            });
         }
         let term = self.term(index)?;
         let drop = (index - self.offset()) as usize;
         self.entries.drain(..drop);
-        self.snapshot = Snapshot { meta: SnapshotMeta { index, term, conf }, data };
+        self.snapshot = Snapshot {
+            meta: SnapshotMeta { index, term, conf },
+            data,
+        };
         Ok(())
     }
 }
 
 impl Storage for MemStorage {
     fn initial_state(&self) -> Result<RaftState, StorageError> {
-        Ok(RaftState { hard_state: self.hard_state, conf_state: self.conf_state.clone() })
+        Ok(RaftState {
+            hard_state: self.hard_state,
+            conf_state: self.conf_state.clone(),
+        })
     }
 
     fn entries(&self, lo: u64, hi: u64, max_size: u64) -> Result<Vec<Entry>, StorageError> {
         if lo <= self.offset() {
-            return Err(StorageError::Compacted { index: lo, first_index: self.offset() + 1 });
+            return Err(StorageError::Compacted {
+                index: lo,
+                first_index: self.offset() + 1,
+            });
         }
         if hi > self.last() + 1 {
-            return Err(StorageError::Unavailable { index: hi - 1, last_index: self.last() });
+            return Err(StorageError::Unavailable {
+                index: hi - 1,
+                last_index: self.last(),
+            });
         }
         let lo_i = (lo - self.offset() - 1) as usize;
         let hi_i = (hi - self.offset() - 1) as usize;
@@ -165,13 +206,19 @@ impl Storage for MemStorage {
             return Ok(self.snapshot.meta.term);
         }
         if index < self.offset() {
-            return Err(StorageError::Compacted { index, first_index: self.offset() + 1 });
+            return Err(StorageError::Compacted {
+                index,
+                first_index: self.offset() + 1,
+            });
         }
         let i = (index - self.offset() - 1) as usize;
         self.entries
             .get(i)
             .map(|e| e.term)
-            .ok_or(StorageError::Unavailable { index, last_index: self.last() })
+            .ok_or(StorageError::Unavailable {
+                index,
+                last_index: self.last(),
+            })
     }
 
     fn first_index(&self) -> Result<u64, StorageError> {

@@ -45,7 +45,10 @@ pub struct Entry {
 impl Entry {
     /// A normal entry with the given payload (index and term are set by the leader).
     pub fn normal(data: impl Into<Bytes>) -> Entry {
-        Entry { data: data.into(), ..Entry::default() }
+        Entry {
+            data: data.into(),
+            ..Entry::default()
+        }
     }
 
     /// Approximate size in bytes, used for message size limits.
@@ -82,7 +85,10 @@ impl ConfState {
         let mut v: Vec<NodeId> = voters.into_iter().collect();
         v.sort_unstable();
         v.dedup();
-        ConfState { voters: v, learners: Vec::new() }
+        ConfState {
+            voters: v,
+            learners: Vec::new(),
+        }
     }
 
     /// Whether `id` is a voter or a learner.
@@ -94,13 +100,21 @@ impl ConfState {
     pub fn validate(&self) -> Result<(), Error> {
         let sorted = |v: &[NodeId]| v.windows(2).all(|w| w[0] < w[1]);
         if !sorted(&self.voters) || !sorted(&self.learners) {
-            return Err(Error::InvalidConfig("conf state lists must be sorted and unique"));
+            return Err(Error::InvalidConfig(
+                "conf state lists must be sorted and unique",
+            ));
         }
         if self.voters.contains(&NONE) || self.learners.contains(&NONE) {
             return Err(Error::InvalidConfig("node id 0 is reserved"));
         }
-        if self.voters.iter().any(|v| self.learners.binary_search(v).is_ok()) {
-            return Err(Error::InvalidConfig("a node cannot be both voter and learner"));
+        if self
+            .voters
+            .iter()
+            .any(|v| self.learners.binary_search(v).is_ok())
+        {
+            return Err(Error::InvalidConfig(
+                "a node cannot be both voter and learner",
+            ));
         }
         Ok(())
     }
