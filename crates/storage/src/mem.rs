@@ -108,6 +108,7 @@ impl FileData {
             }
         }
         self.truncated = false;
+        debug_assert_eq!(self.durable.len(), self.cur.len());
     }
 
     /// Reverts to the durable bytes; with `torn`, first lets a random prefix of the
@@ -612,10 +613,21 @@ impl MemFs {
     /// The size `path` would have after a crash now, if its bytes were synced and its name
     /// is durable (`None` if a crash would lose the name). For assertions in tests.
     pub fn durable_size(&self, path: &Path) -> Option<u64> {
+        self.with_durable_file(path, |f| f.durable.len() as u64)
+    }
+
+    /// The bytes `path` would hold after a (non-torn) crash now (`None` if a crash would
+    /// lose the name). For assertions in tests.
+    pub fn durable_contents(&self, path: &Path) -> Option<Vec<u8>> {
+        self.with_durable_file(path, |f| f.durable.clone())
+    }
+
+    /// Runs `read` on the inode `path` names through durable entries only.
+    fn with_durable_file<T>(&self, path: &Path, read: impl FnOnce(&FileData) -> T) -> Option<T> {
         let st = self.shared.state.lock();
         let names = components(path, IoOp::Stat).ok()?;
-        let mut id = ROOT;
         let (last, parents) = names.split_last()?;
+        let mut id = ROOT;
         for name in parents {
             match st.dir(id).durable.get(name) {
                 Some(Node::Dir(child)) => id = *child,
@@ -623,7 +635,7 @@ impl MemFs {
             }
         }
         match st.dir(id).durable.get(last) {
-            Some(Node::File(f)) => Some(f.lock().durable.len() as u64),
+            Some(Node::File(f)) => Some(read(&f.lock())),
             _ => None,
         }
     }

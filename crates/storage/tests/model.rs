@@ -5,7 +5,7 @@
 //! crashes and injected faults; `LocalFs` runs the same sequences without them.
 //!
 //! Replay one case: `PHOENIX_SEED=<seed> cargo test -p phoenix-storage --test model`.
-//! More cases: `PHOENIX_STORAGE_CASES=<n>` (default 150), `PHOENIX_STORAGE_OPS=<n>` (300).
+//! More cases: `PHOENIX_STORAGE_CASES=<n>` (default 400 for MemFs, 8 for LocalFs), `PHOENIX_STORAGE_OPS=<n>` (300).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -437,6 +437,16 @@ impl Run<'_> {
                         "durable size of {}",
                         p.display()
                     );
+                    let want = dir
+                        .durable
+                        .get(name)
+                        .map(|&ino| &self.model.inodes[ino].durable);
+                    assert_eq!(
+                        mem.durable_contents(&p).as_ref(),
+                        want,
+                        "durable bytes of {}",
+                        p.display()
+                    );
                 }
             }
         }
@@ -508,7 +518,7 @@ fn seeds(default_cases: u64, base: u64) -> Vec<u64> {
 #[test]
 fn memfs_matches_model_with_crashes_and_faults() {
     let ops = env_u64("PHOENIX_STORAGE_OPS", 300) as usize;
-    let seeds = seeds(150, 0);
+    let seeds = seeds(400, 0);
     let mut torn_files = 0;
     for &seed in &seeds {
         let fs = MemFs::new();
@@ -522,7 +532,7 @@ fn memfs_matches_model_with_crashes_and_faults() {
 #[test]
 fn localfs_matches_model() {
     let ops = env_u64("PHOENIX_STORAGE_OPS", 300) as usize;
-    for seed in seeds(15, 0) {
+    for seed in seeds(8, 1_000_000) {
         let dir = tempfile::tempdir().unwrap();
         let torn = run_case(&LocalFs::new(), None, dir.path(), seed, ops);
         assert_eq!(torn, 0);
