@@ -488,7 +488,8 @@ struct Shared {
 ///   appends past the durable end and overwrites inside a preallocated region alike).
 ///   Files are visited in a fixed order, so a seed always tears the same way.
 /// - **Faults.** Every operation belongs to one class ([`FaultKind`]), and every class
-///   keeps a counter of the operations attempted so far ([`MemFs::op_count`]):
+///   keeps a counter of the operations attempted so far, failed ones included, stale
+///   handles' refused ones not ([`MemFs::op_count`]):
 ///   `Write` = `append`, `preallocate`; `Sync` = `sync_data`, `sync_all`, `sync_dir`;
 ///   `Meta` = `create`, `reopen`, `rename`, `delete`, each directory `create_dir_all`
 ///   makes; `Read` = `open`, `read_at`, `read_exact_at`, `list`, `exists`, `file_size`.

@@ -5,7 +5,8 @@
 //! crashes and injected faults; `LocalFs` runs the same sequences without them.
 //!
 //! Replay one case: `PHOENIX_SEED=<seed> cargo test -p phoenix-storage --test model`.
-//! More cases: `PHOENIX_STORAGE_CASES=<n>` (default 400 for MemFs, 8 for LocalFs), `PHOENIX_STORAGE_OPS=<n>` (300).
+//! More cases: `PHOENIX_STORAGE_CASES=<n>` (default 400 for MemFs, 8 for LocalFs);
+//! longer runs: `PHOENIX_STORAGE_OPS=<n>` (default 300).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
