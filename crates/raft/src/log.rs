@@ -131,6 +131,27 @@ impl<S: Storage> RaftLog<S> {
         &self.store
     }
 
+    /// Term of the entry at `index` in this node's log (durable or not), `None` if the
+    /// index is compacted or beyond the end.
+    pub fn entry_term(&self, index: u64) -> Result<Option<u64>, Error> {
+        self.term_opt(index)
+    }
+
+    /// Last index of this node's log (durable or not).
+    pub fn last_log_index(&self) -> Result<u64, Error> {
+        self.last_index()
+    }
+
+    /// Commit index.
+    pub fn commit_index(&self) -> u64 {
+        self.committed
+    }
+
+    /// Applied index (as acknowledged by the application).
+    pub fn applied_index(&self) -> u64 {
+        self.applied
+    }
+
     pub(crate) fn first_index(&self) -> Result<u64, Error> {
         if let Some(s) = &self.unstable.snapshot {
             return Ok(s.meta.index + 1);

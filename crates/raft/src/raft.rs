@@ -712,7 +712,7 @@ impl<S: Storage> Raft<S> {
             m.index = last;
             m.log_term = last_term;
             m.leader_transfer = transfer;
-            self.msgs.push(m);
+            self.send(m);
         }
         Ok(())
     }

@@ -35,7 +35,7 @@ pub struct Ready {
     /// which are safe before the leader's own append is durable).
     pub messages: Vec<Message>,
     /// Messages that may be sent only after this ready (and all before it) is durable:
-    /// votes and append acknowledgements.
+    /// vote requests, votes and append acknowledgements.
     pub persisted_messages: Vec<Message>,
     /// Entries to append to durable storage.
     pub entries: Vec<Entry>,

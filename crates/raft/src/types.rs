@@ -286,11 +286,15 @@ impl Message {
         }
     }
 
-    /// Whether this is a response whose sender must have persisted its state first.
+    /// Whether the sender must have made its state durable before this message leaves:
+    /// acknowledgements and votes promise something about durable state, and a vote
+    /// request must not leave before the candidate's new term and self-vote are durable
+    /// (else a crash could let it win the same term twice with different logs).
     pub fn needs_persistence(&self) -> bool {
         matches!(
             self.kind,
             MessageType::AppendResponse
+                | MessageType::RequestVote
                 | MessageType::RequestVoteResponse
                 | MessageType::RequestPreVoteResponse
         )

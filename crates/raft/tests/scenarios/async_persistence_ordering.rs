@@ -1,4 +1,5 @@
-//! Durability ordering: votes and append acknowledgements are handed out only in
+//! Durability ordering: vote requests, votes and append acknowledgements are handed
+//! out only in
 //! `persisted_messages`; a node's own vote and own append count only once its ready is
 //! reported durable; readies are numbered and may be acknowledged later, in batches.
 
@@ -20,10 +21,19 @@ fn vote_grant_waits_for_persistence_of_the_vote() {
     assert_eq!(rd.number(), 1);
     assert_eq!(rd.hard_state.map(|h| (h.term, h.vote)), Some((1, 1)));
     assert!(
-        rd.persisted_messages.is_empty(),
-        "own vote is stepped internally, not sent"
+        rd.persisted_messages.iter().all(|m| m.to != 1),
+        "own vote is stepped internally"
     );
-    let req = rd.messages.iter().find(|m| m.to == 2).unwrap().clone();
+    assert!(
+        rd.messages.is_empty(),
+        "vote requests wait for the durable term and vote"
+    );
+    let req = rd
+        .persisted_messages
+        .iter()
+        .find(|m| m.to == 2)
+        .unwrap()
+        .clone();
     assert_eq!(req.kind, MessageType::RequestVote);
     n2.step(req).unwrap();
     let rd2 = n2.ready().unwrap();
@@ -54,8 +64,14 @@ fn leader_appends_go_out_before_its_own_persistence_but_commit_waits_for_it() {
     let (mut n1, mut n2) = (node(1), node(2));
     n1.campaign().unwrap();
     let rd = n1.ready().unwrap();
-    n2.step(rd.messages.iter().find(|m| m.to == 2).unwrap().clone())
-        .unwrap();
+    n2.step(
+        rd.persisted_messages
+            .iter()
+            .find(|m| m.to == 2)
+            .unwrap()
+            .clone(),
+    )
+    .unwrap();
     let r2 = n2.ready().unwrap();
     n2.on_persist_ready(r2.number()).unwrap();
     n1.on_persist_ready(rd.number()).unwrap();
