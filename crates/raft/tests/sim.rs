@@ -609,27 +609,24 @@ impl Sim {
         step_ok(r)?;
         if accepted {
             if let ConfChange::AddLearner(x) = cc {
-                if !self.nodes.contains_key(&x) {
+                if let std::collections::btree_map::Entry::Vacant(slot) = self.nodes.entry(x) {
                     // The server creates the replica with the membership its addition
                     // produces (from the control plane), and an empty log.
                     let c = Raft::<MemStorage>::changed_conf(&conf, cc);
                     let store = MemStorage::new_with_conf(c.clone());
                     let raw = RawNode::new(&cfg(x, seed), store).map_err(|e| e.to_string())?;
-                    self.nodes.insert(
-                        x,
-                        SimNode {
-                            raw,
-                            alive: true,
-                            pending: VecDeque::new(),
-                            app: App {
-                                index: 0,
-                                digest: 0,
-                                conf: c,
-                            },
-                            reads: BTreeMap::new(),
-                            was_leader_term: 0,
+                    slot.insert(SimNode {
+                        raw,
+                        alive: true,
+                        pending: VecDeque::new(),
+                        app: App {
+                            index: 0,
+                            digest: 0,
+                            conf: c,
                         },
-                    );
+                        reads: BTreeMap::new(),
+                        was_leader_term: 0,
+                    });
                     self.spare_ids.retain(|&s| s != x);
                 }
             }
@@ -834,7 +831,7 @@ impl Sim {
                 r.is_hibernating(),
             ));
             if r.role() == StateRole::Leader {
-                for (&p, _) in &self.nodes {
+                for &p in self.nodes.keys() {
                     if let Some(pr) = r.progress(p) {
                         out.push_str(&format!("    progress {p}: {pr:?}\n"));
                     }
@@ -846,7 +843,7 @@ impl Sim {
 }
 
 fn run_seed(seed: u64, steps: u64) -> Result<(u64, Stats), String> {
-    let voters = if seed % 2 == 0 { 3 } else { 5 };
+    let voters = if seed & 1 == 0 { 3 } else { 5 };
     let mut sim = Sim::new(seed, voters);
     for _ in 0..steps {
         sim.random_step(seed)
