@@ -5,4 +5,24 @@ pub mod iter;
 pub mod key;
 pub mod table;
 
+pub mod compaction;
+pub mod db;
+pub mod db_iter;
+pub mod filename;
+pub mod memtable;
+pub mod merge;
+pub mod options;
+pub mod range_del;
+pub mod sst_writer;
+pub mod version;
+pub mod version_edit;
+pub mod version_set;
+pub mod wal;
+pub mod write_batch;
+
+pub use db::{Db, LevelStats, Snapshot, Stats};
+pub use db_iter::DbIterator;
 pub use error::{Error, Result};
+pub use options::{Options, ReadOptions, WalMode, WriteOptions};
+pub use sst_writer::SstWriter;
+pub use write_batch::WriteBatch;

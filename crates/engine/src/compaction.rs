@@ -1,0 +1,630 @@
+//! Compaction: the policy that picks what to compact ([`pick`], pure: a version and the
+//! options in, a [`Compaction`] out) and the executor that merges input tables into
+//! output tables ([`run`]) and the flush of a memtable into an L0 table ([`build_l0`]).
+//!
+//! Policy (leveled, as in LevelDB/RocksDB): L0's score is its file count over
+//! `level0_file_num_compaction_trigger`; level `l >= 1` scores its bytes over
+//! `max_bytes_for_level_base * multiplier^(l-1)`. The highest score `>= 1` wins. An L0
+//! compaction takes every L0 file (so no older L0 data is left above newer data in L1)
+//! plus the overlapping L1 files; a level-`l` compaction takes the file after the level's
+//! compact pointer plus the overlapping files of `l+1`.
+//!
+//! Execution keeps what live snapshots need: entries are split into "stripes" by the
+//! snapshots (the stripe of sequence `s` is the smallest snapshot `>= s`); within a stripe
+//! only the newest version of a key survives, and versions covered by a range tombstone
+//! of the same stripe are dropped. Point and range tombstones of the oldest stripe are
+//! dropped only at the bottom (no file below overlaps the compaction's key range).
+//!
+//! Output files are cut at the target file size (between user keys, so a key's versions
+//! never straddle two files) and, from L1 down, at group boundaries: an output file
+//! never mixes groups. Range tombstones are clipped to each file's interval (between the
+//! neighbouring files' first keys and within the file's group); tombstone pieces over
+//! stretches without point data go to tombstone-only files (which may span several
+//! groups that hold no data in this compaction).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use phoenix_storage::SharedFs;
+
+use crate::error::Result;
+use crate::filename;
+use crate::iter::InternalIterator;
+use crate::key::{
+    group_of, group_range, parse_internal_key, RangeTombstone, SequenceNumber, ValueKind,
+};
+use crate::memtable::MemTable;
+use crate::merge::{BoxIter, MergingIterator};
+use crate::options::Options;
+use crate::range_del::{Fragment, Fragments};
+use crate::table::{TableBuilder, TableCache, TableOptions};
+use crate::version::Version;
+use crate::version_edit::FileMeta;
+
+/// Why a compaction runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// L0 has too many files.
+    L0Files,
+    /// A level is over its target size.
+    LevelSize,
+    /// `compact_range` or `drop_group` asked for it.
+    Manual,
+}
+
+/// A chosen compaction.
+#[derive(Clone, Debug)]
+pub struct Compaction {
+    /// Level of the first input set.
+    pub level: usize,
+    /// Level the outputs go to.
+    pub output_level: usize,
+    /// Inputs at `level`.
+    pub inputs: Vec<Arc<FileMeta>>,
+    /// Inputs at `output_level`.
+    pub next_inputs: Vec<Arc<FileMeta>>,
+    /// Whether nothing below `output_level` overlaps the inputs.
+    pub bottommost: bool,
+    /// Why.
+    pub reason: Reason,
+}
+
+impl Compaction {
+    /// Whether the single input can be moved to the next level without rewriting.
+    pub fn is_trivial_move(&self) -> bool {
+        self.inputs.len() == 1
+            && self.next_inputs.is_empty()
+            && self.inputs[0].min_group == self.inputs[0].max_group
+    }
+
+    /// The user-key range `[smallest, largest]` of all inputs.
+    pub fn user_range(&self) -> (Vec<u8>, Vec<u8>) {
+        user_range(self.inputs.iter().chain(self.next_inputs.iter()))
+    }
+}
+
+fn user_range<'a>(files: impl Iterator<Item = &'a Arc<FileMeta>>) -> (Vec<u8>, Vec<u8>) {
+    let mut lo: Option<&[u8]> = None;
+    let mut hi: Option<&[u8]> = None;
+    for f in files {
+        let s = f.smallest_user_key();
+        let l = f.largest_user_key();
+        if lo.is_none_or(|x| s < x) {
+            lo = Some(s);
+        }
+        if hi.is_none_or(|x| l > x) {
+            hi = Some(l);
+        }
+    }
+    (
+        lo.unwrap_or_default().to_vec(),
+        hi.unwrap_or_default().to_vec(),
+    )
+}
+
+/// The user-key range `[start, end)` of group `g` (`end` is `None` for the last group).
+/// Unlike `key::group_range`, the bounds are the shortest keys of their groups (the
+/// 8-byte id with trailing zero bytes removed): keys shorter than 8 bytes are
+/// zero-padded into a group, so `b"ab"` belongs to the group `b"ab\0\0\0\0\0\0"` but
+/// sorts before that 8-byte key.
+pub fn group_key_range(g: u64) -> (Vec<u8>, Option<Vec<u8>>) {
+    fn strip(mut k: Vec<u8>) -> Vec<u8> {
+        while k.last() == Some(&0) {
+            k.pop();
+        }
+        k
+    }
+    let (s, e) = group_range(g);
+    (strip(s), e.map(strip))
+}
+
+/// Target bytes of `level` (>= 1).
+pub fn level_target(opts: &Options, level: usize) -> u64 {
+    let mut t = opts.max_bytes_for_level_base;
+    for _ in 1..level {
+        t = t.saturating_mul(opts.max_bytes_for_level_multiplier);
+    }
+    t
+}
+
+/// The compaction score of every level but the last.
+pub fn scores(v: &Version, opts: &Options) -> Vec<f64> {
+    (0..v.num_levels().saturating_sub(1))
+        .map(|l| {
+            if l == 0 {
+                v.files(0).len() as f64 / opts.level0_file_num_compaction_trigger as f64
+            } else {
+                v.level_bytes(l) as f64 / level_target(opts, l) as f64
+            }
+        })
+        .collect()
+}
+
+/// Fills in the next level's overlapping files and the bottommost flag.
+pub fn complete(
+    v: &Version,
+    level: usize,
+    inputs: Vec<Arc<FileMeta>>,
+    reason: Reason,
+) -> Compaction {
+    let output_level = (level + 1).min(v.num_levels() - 1);
+    let (lo, hi) = user_range(inputs.iter());
+    let next_inputs = if output_level == level {
+        Vec::new()
+    } else {
+        v.overlapping(output_level, Some(&lo), Some(&hi))
+    };
+    let mut c = Compaction {
+        level,
+        output_level,
+        inputs,
+        next_inputs,
+        bottommost: false,
+        reason,
+    };
+    let (lo, hi) = c.user_range();
+    c.bottommost = ((output_level + 1)..v.num_levels())
+        .all(|l| v.overlapping(l, Some(&lo), Some(&hi)).is_empty());
+    c
+}
+
+/// Picks the most urgent compaction, if any level needs one. `pointers[l]` is the
+/// largest key of the last level-`l` compaction (round-robin through the level).
+pub fn pick(v: &Version, opts: &Options, pointers: &[Vec<u8>]) -> Option<Compaction> {
+    let s = scores(v, opts);
+    let (level, score) = s
+        .iter()
+        .copied()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    if score < 1.0 {
+        return None;
+    }
+    if level == 0 {
+        let inputs = v.files(0).to_vec();
+        return Some(complete(v, 0, inputs, Reason::L0Files));
+    }
+    let files = v.files(level);
+    let ptr = pointers.get(level).map(|p| p.as_slice()).unwrap_or(&[]);
+    let f = files
+        .iter()
+        .find(|f| ptr.is_empty() || crate::key::compare_internal(&f.largest, ptr).is_gt())
+        .or_else(|| files.first())?;
+    Some(complete(v, level, vec![Arc::clone(f)], Reason::LevelSize))
+}
+
+/// What an executed compaction produced.
+#[derive(Debug, Default)]
+pub struct Output {
+    /// The new files.
+    pub files: Vec<Arc<FileMeta>>,
+    /// Bytes read from inputs.
+    pub bytes_read: u64,
+    /// Bytes written to outputs.
+    pub bytes_written: u64,
+    /// Entries dropped.
+    pub dropped: u64,
+}
+
+/// What the executor needs from the engine.
+pub struct Env<'a> {
+    /// The file system.
+    pub fs: &'a SharedFs,
+    /// The database directory.
+    pub dir: &'a Path,
+    /// How tables are built.
+    pub table: &'a TableOptions,
+    /// Open tables.
+    pub tables: &'a Arc<TableCache>,
+    /// Target output file size.
+    pub target_file_size: u64,
+    /// Hands out file numbers.
+    pub new_file_number: &'a dyn Fn() -> u64,
+}
+
+pub(crate) fn meta_from(number: u64, summary: &crate::table::TableSummary) -> Arc<FileMeta> {
+    let p = &summary.properties;
+    Arc::new(FileMeta {
+        number,
+        size: summary.file_size,
+        smallest: p.smallest_key.clone(),
+        largest: p.largest_key.clone(),
+        smallest_seq: p.smallest_seq,
+        largest_seq: p.largest_seq,
+        min_group: p.min_group,
+        max_group: p.max_group,
+        num_entries: p.num_entries + p.num_range_deletions,
+        num_range_deletions: p.num_range_deletions,
+    })
+}
+
+/// Writes an L0 table with everything in `mem`; `None` if the memtable is empty.
+pub fn build_l0(env: &Env<'_>, mem: &Arc<MemTable>) -> Result<Option<Arc<FileMeta>>> {
+    if mem.is_empty() {
+        return Ok(None);
+    }
+    let number = (env.new_file_number)();
+    let path = filename::table_path(env.dir, number);
+    let result = (|| {
+        let file = env.fs.create(&path, Default::default())?;
+        let mut b = TableBuilder::new(file, env.table);
+        let mut it = mem.iter();
+        it.seek_to_first();
+        while it.valid() {
+            b.add(it.key(), it.value())?;
+            it.next();
+        }
+        for t in mem.range_tombstones() {
+            b.add_range_tombstone(&t)?;
+        }
+        let summary = b.finish()?;
+        env.fs.sync_dir(env.dir)?;
+        Ok(meta_from(number, &summary))
+    })();
+    if result.is_err() {
+        // Best effort; a leftover is removed on the next open as not in the manifest.
+        let _ = env.fs.delete(&path);
+    }
+    result.map(Some)
+}
+
+/// Sorted snapshot sequences split entries into stripes.
+struct Stripes<'a> {
+    snapshots: &'a [SequenceNumber],
+}
+
+impl Stripes<'_> {
+    fn of(&self, seq: SequenceNumber) -> usize {
+        self.snapshots.partition_point(|&s| s < seq)
+    }
+    fn upper(&self, stripe: usize) -> SequenceNumber {
+        self.snapshots.get(stripe).copied().unwrap_or(u64::MAX)
+    }
+}
+
+/// A half-open user-key interval; `None` is unbounded.
+#[derive(Clone, Debug)]
+struct Interval {
+    lo: Option<Vec<u8>>,
+    hi: Option<Vec<u8>>,
+}
+
+fn max_lo(a: Option<Vec<u8>>, b: Option<Vec<u8>>) -> Option<Vec<u8>> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+fn min_hi(a: Option<Vec<u8>>, b: Option<Vec<u8>>) -> Option<Vec<u8>> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// Pieces of `frags` inside `iv`, as tombstones.
+fn clip(frags: &[Fragment], iv: &Interval) -> Vec<RangeTombstone> {
+    let mut out = Vec::new();
+    for f in frags {
+        let start = match &iv.lo {
+            Some(lo) if f.start < *lo => lo.clone(),
+            _ => f.start.clone(),
+        };
+        let end = match &iv.hi {
+            Some(hi) if f.end > *hi => hi.clone(),
+            _ => f.end.clone(),
+        };
+        if start < end {
+            for &seq in &f.seqs {
+                out.push(RangeTombstone {
+                    start: start.clone(),
+                    end: end.clone(),
+                    seq,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Pieces of `frags` outside every interval of `covered` (sorted, disjoint).
+fn gaps(frags: &[Fragment], covered: &[Interval]) -> Vec<Vec<RangeTombstone>> {
+    let mut out = Vec::new();
+    // Lower end of the current gap; `None` is minus infinity.
+    let mut gap_lo: Option<Vec<u8>> = None;
+    let push = |gap: Interval, out: &mut Vec<Vec<RangeTombstone>>| {
+        let pieces = clip(frags, &gap);
+        if !pieces.is_empty() {
+            out.push(pieces);
+        }
+    };
+    for iv in covered {
+        // An interval starting at minus infinity leaves no gap before it.
+        if let Some(hi) = &iv.lo {
+            if gap_lo.as_ref().is_none_or(|lo| lo < hi) {
+                push(
+                    Interval {
+                        lo: gap_lo.clone(),
+                        hi: Some(hi.clone()),
+                    },
+                    &mut out,
+                );
+            }
+        }
+        match &iv.hi {
+            Some(h) => gap_lo = Some(h.clone()),
+            None => return out,
+        }
+    }
+    push(
+        Interval {
+            lo: gap_lo,
+            hi: None,
+        },
+        &mut out,
+    );
+    out
+}
+
+struct OutputState<'a, 'e> {
+    env: &'a Env<'e>,
+    current: Option<(u64, PathBuf, TableBuilder)>,
+    file_lo: Option<Vec<u8>>,
+    file_group: u64,
+    intervals: Vec<Interval>,
+    frags: &'a [Fragment],
+    out: Output,
+    created: Vec<PathBuf>,
+}
+
+impl OutputState<'_, '_> {
+    fn open(&mut self, first_user_key: &[u8], lo: Option<Vec<u8>>) -> Result<()> {
+        let number = (self.env.new_file_number)();
+        let path = filename::table_path(self.env.dir, number);
+        self.created.push(path.clone());
+        let file = self.env.fs.create(&path, Default::default())?;
+        self.current = Some((number, path, TableBuilder::new(file, self.env.table)));
+        self.file_lo = lo;
+        self.file_group = group_of(first_user_key);
+        Ok(())
+    }
+
+    /// Finishes the open file; `next_key` is the first key of the next file, if any.
+    fn finish(&mut self, next_key: Option<&[u8]>) -> Result<()> {
+        let Some((number, _path, mut b)) = self.current.take() else {
+            return Ok(());
+        };
+        let (gs, ge) = group_key_range(self.file_group);
+        let iv = Interval {
+            lo: max_lo(self.file_lo.clone(), Some(gs)),
+            hi: min_hi(next_key.map(|k| k.to_vec()), ge),
+        };
+        for t in clip(self.frags, &iv) {
+            b.add_range_tombstone(&t)?;
+        }
+        self.intervals.push(iv);
+        let summary = b.finish()?;
+        self.out.bytes_written += summary.file_size;
+        self.out.files.push(meta_from(number, &summary));
+        Ok(())
+    }
+
+    fn write_tombstone_file(&mut self, ts: &[RangeTombstone]) -> Result<()> {
+        let number = (self.env.new_file_number)();
+        let path = filename::table_path(self.env.dir, number);
+        self.created.push(path.clone());
+        let file = self.env.fs.create(&path, Default::default())?;
+        let mut b = TableBuilder::new(file, self.env.table);
+        for t in ts {
+            b.add_range_tombstone(t)?;
+        }
+        let summary = b.finish()?;
+        self.out.bytes_written += summary.file_size;
+        self.out.files.push(meta_from(number, &summary));
+        Ok(())
+    }
+}
+
+/// Runs compaction `c`, writing its outputs; the caller installs them with a version
+/// edit. `snapshots` are the live snapshot sequences, ascending.
+pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Result<Output> {
+    let mut children: Vec<BoxIter> = Vec::new();
+    let mut tombstones = Vec::new();
+    let mut bytes_read = 0;
+    for f in c.inputs.iter().chain(c.next_inputs.iter()) {
+        let t = env.tables.get(f.number, f.size)?;
+        tombstones.extend_from_slice(t.range_tombstones());
+        bytes_read += f.size;
+        children.push(Box::new(t.iter()));
+    }
+    let stripes = Stripes { snapshots };
+    // Keep, per fragment, the newest tombstone of each stripe; drop the oldest stripe's
+    // at the bottom (nothing older remains below to hide).
+    let mut frags: Vec<Fragment> = Fragments::new(&tombstones, u64::MAX).fragments().to_vec();
+    for f in &mut frags {
+        let mut kept: Vec<SequenceNumber> = Vec::new();
+        let mut last_stripe = None;
+        for &s in &f.seqs {
+            let st = stripes.of(s);
+            if last_stripe == Some(st) {
+                continue;
+            }
+            last_stripe = Some(st);
+            if c.bottommost && st == 0 {
+                continue;
+            }
+            kept.push(s);
+        }
+        f.seqs = kept;
+    }
+    let all_frags = Fragments::new(&tombstones, u64::MAX);
+    frags.retain(|f| !f.seqs.is_empty());
+
+    let mut st = OutputState {
+        env,
+        current: None,
+        file_lo: None,
+        file_group: 0,
+        intervals: Vec::new(),
+        frags: &frags,
+        out: Output {
+            bytes_read,
+            ..Default::default()
+        },
+        created: Vec::new(),
+    };
+    let result = (|| -> Result<()> {
+        let mut it = MergingIterator::new(children);
+        it.seek_to_first();
+        let mut cur_key: Vec<u8> = Vec::new();
+        let mut have_key = false;
+        let mut last_stripe: Option<usize> = None;
+        while it.valid() {
+            let ikey = it.key();
+            let p = parse_internal_key(ikey).ok_or_else(|| {
+                crate::Error::corruption(
+                    env.dir,
+                    0,
+                    "compaction input holds a malformed internal key",
+                )
+            })?;
+            let new_key = !have_key || p.user_key != cur_key.as_slice();
+            if new_key {
+                // A user-key boundary: the place to cut output files.
+                let cut = match &st.current {
+                    Some((_, _, b)) => {
+                        b.estimated_file_size() >= env.target_file_size
+                            || group_of(p.user_key) != st.file_group
+                    }
+                    None => false,
+                };
+                if cut {
+                    st.finish(Some(p.user_key))?;
+                    st.file_lo = Some(p.user_key.to_vec());
+                }
+                cur_key.clear();
+                cur_key.extend_from_slice(p.user_key);
+                have_key = true;
+                last_stripe = None;
+            }
+            let stripe = stripes.of(p.seq);
+            let mut drop = last_stripe == Some(stripe);
+            last_stripe = Some(stripe);
+            if !drop {
+                let t = all_frags.max_covering_at(p.user_key, stripes.upper(stripe));
+                // Covered by a tombstone of its stripe, or a tombstone with nothing
+                // older left below it.
+                drop = t > p.seq || p.kind == ValueKind::Delete && c.bottommost && stripe == 0;
+            }
+            if drop {
+                st.out.dropped += 1;
+            } else {
+                if st.current.is_none() {
+                    let lo = st.file_lo.take();
+                    st.open(p.user_key, lo)?;
+                }
+                if let Some((_, _, b)) = st.current.as_mut() {
+                    b.add(it.key(), it.value())?;
+                }
+            }
+            it.next();
+        }
+        it.status()?;
+        st.finish(None)?;
+        let intervals = std::mem::take(&mut st.intervals);
+        for pieces in gaps(st.frags, &intervals) {
+            st.write_tombstone_file(&pieces)?;
+        }
+        env.fs.sync_dir(env.dir)?;
+        Ok(())
+    })();
+    match result {
+        Ok(()) => Ok(st.out),
+        Err(e) => {
+            drop(st.current.take());
+            for p in &st.created {
+                let _ = env.fs.delete(p);
+            }
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frag(s: &str, e: &str) -> Fragment {
+        Fragment {
+            start: s.as_bytes().to_vec(),
+            end: e.as_bytes().to_vec(),
+            seqs: vec![3],
+        }
+    }
+
+    #[test]
+    fn gaps_cover_what_files_do_not() {
+        let frags = vec![frag("a", "z")];
+        let ivs = vec![
+            Interval {
+                lo: Some(b"c".to_vec()),
+                hi: Some(b"f".to_vec()),
+            },
+            Interval {
+                lo: Some(b"f".to_vec()),
+                hi: Some(b"k".to_vec()),
+            },
+        ];
+        let g = gaps(&frags, &ivs);
+        let ranges: Vec<(Vec<u8>, Vec<u8>)> = g
+            .iter()
+            .flatten()
+            .map(|t| (t.start.clone(), t.end.clone()))
+            .collect();
+        assert_eq!(
+            ranges,
+            vec![
+                (b"a".to_vec(), b"c".to_vec()),
+                (b"k".to_vec(), b"z".to_vec())
+            ]
+        );
+        assert!(gaps(&frags, &[Interval { lo: None, hi: None }]).is_empty());
+    }
+
+    #[test]
+    fn group_key_range_holds_exactly_the_group() {
+        let g = group_of(b"ab");
+        let (s, e) = group_key_range(g);
+        assert_eq!(s, b"ab".to_vec());
+        let e = e.unwrap();
+        for k in [
+            &b"ab"[..],
+            b"ab\0",
+            b"ab\0\0\0\0\0\0\xff",
+            b"ab\0\0\0\0\0\0",
+        ] {
+            assert_eq!(group_of(k), g);
+            assert!(s.as_slice() <= k && k < e.as_slice());
+        }
+        for k in [&b"a"[..], b"ab\0\0\0\0\0\x01", b"ac"] {
+            assert_ne!(group_of(k), g);
+            assert!(!(s.as_slice() <= k && k < e.as_slice()));
+        }
+        assert_eq!(group_key_range(0).0, Vec::<u8>::new());
+    }
+
+    #[test]
+    fn stripes_split_by_snapshots() {
+        let s = Stripes {
+            snapshots: &[5, 10],
+        };
+        assert_eq!(s.of(1), 0);
+        assert_eq!(s.of(5), 0);
+        assert_eq!(s.of(6), 1);
+        assert_eq!(s.of(11), 2);
+        assert_eq!(s.upper(2), u64::MAX);
+    }
+}

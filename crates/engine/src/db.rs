@@ -1,0 +1,1253 @@
+//! The database: open and recovery, the write path, flushes, reads, snapshots,
+//! compaction scheduling, `drop_group` and `ingest`.
+//!
+//! Threads: callers write and read; one background thread flushes immutable memtables
+//! strictly in the order they became immutable; one background thread compacts
+//! (compactions, `compact_range` and `drop_group` are serialised by `compaction_lock`,
+//! so `max_background_jobs` beyond 2 adds nothing yet).
+//!
+//! Write path (group commit): writers queue up; the writer at the front is the leader.
+//! It merges the queued batches (same WAL setting, up to 1 MiB), makes room (switching
+//! the memtable if full, stalling on too many memtables or L0 files), takes the next
+//! sequence numbers, appends one WAL entry (fsynced if any writer of the group asked for
+//! sync), inserts the group into the memtable, publishes the last sequence, and wakes
+//! the group. Only a leader switches memtables, so one batch always lands in one memtable.
+//!
+//! Lock order: writer queue → state. No lock is held across table or WAL I/O except the
+//! state lock around manifest appends (rare, small).
+//!
+//! Durability: a flush or compaction is visible only after its manifest edit is synced
+//! (version_set.rs). With `WalMode::None` the persisted tables therefore always hold a
+//! prefix of the writes (every batch up to some point), which is what an outside log
+//! relies on (seed 000); `get_persisted` reads just them.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtOrd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use phoenix_storage::{FileLock, SharedFs};
+
+use crate::compaction::{self, Compaction, Reason};
+use crate::db_iter::DbIterator;
+use crate::error::{Error, Result};
+use crate::filename::{self, FileKind};
+use crate::iter::InternalIterator;
+use crate::key::{
+    compare_internal, group_range, parse_internal_key, SequenceNumber, ValueKind, MAX_SEQUENCE,
+};
+use crate::memtable::{MemGet, MemTable};
+use crate::merge::{clone_error, BoxIter, LevelIter, MergingIterator};
+use crate::options::{Options, ReadOptions, WalMode, WriteOptions, WRITE_GROUP_BYTES_MAX};
+use crate::range_del::Fragments;
+use crate::table::{BlockCache, Table, TableCache};
+use crate::version::{TableGet, Version};
+use crate::version_edit::{FileMeta, VersionEdit};
+use crate::version_set::VersionSet;
+use crate::wal::Wal;
+use crate::write_batch::{BatchRecord, WriteBatch};
+
+/// A consistent set of sources for a read: the memtables and the version.
+struct View {
+    mem: Arc<MemTable>,
+    /// Immutable memtables, newest first.
+    imms: Vec<Arc<MemTable>>,
+    version: Arc<Version>,
+}
+
+struct State {
+    mem: Arc<MemTable>,
+    /// Immutable memtables, oldest first (flush order).
+    imm: VecDeque<Arc<MemTable>>,
+    vset: VersionSet,
+    view: Arc<View>,
+    next_mem_id: u64,
+    bg_error: Option<String>,
+    closed: bool,
+    pointers: Vec<Vec<u8>>,
+}
+
+impl State {
+    fn refresh_view(&mut self) {
+        self.view = Arc::new(View {
+            mem: Arc::clone(&self.mem),
+            imms: self.imm.iter().rev().cloned().collect(),
+            version: self.vset.current(),
+        });
+    }
+}
+
+struct Slot {
+    state: Mutex<SlotState>,
+}
+
+struct SlotState {
+    batch: Option<WriteBatch>,
+    sync: bool,
+    disable_wal: bool,
+    force_switch: bool,
+    done: bool,
+    result: Option<Result<()>>,
+}
+
+#[derive(Default)]
+struct Counters {
+    user_bytes: AtomicU64,
+    flush_bytes: AtomicU64,
+    flushes: AtomicU64,
+    compaction_read: AtomicU64,
+    compaction_written: AtomicU64,
+    compactions: AtomicU64,
+    trivial_moves: AtomicU64,
+    stalls: AtomicU64,
+    stall_micros: AtomicU64,
+    slowdowns: AtomicU64,
+    wal_syncs: AtomicU64,
+}
+
+struct SnapshotList {
+    seqs: Mutex<BTreeMap<SequenceNumber, usize>>,
+}
+
+/// A point-in-time view for reads; released when dropped.
+pub struct Snapshot {
+    seq: SequenceNumber,
+    list: Arc<SnapshotList>,
+}
+
+impl Snapshot {
+    /// The sequence number the snapshot reads at.
+    pub fn sequence(&self) -> SequenceNumber {
+        self.seq
+    }
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot").field("seq", &self.seq).finish()
+    }
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        let mut seqs = self.list.seqs.lock();
+        if let Some(n) = seqs.get_mut(&self.seq) {
+            *n -= 1;
+            if *n == 0 {
+                seqs.remove(&self.seq);
+            }
+        }
+    }
+}
+
+/// Figures of one level.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LevelStats {
+    /// Files at the level.
+    pub files: usize,
+    /// Bytes of those files.
+    pub bytes: u64,
+}
+
+/// Engine figures.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Per level, L0 first.
+    pub levels: Vec<LevelStats>,
+    /// Bytes in the mutable memtable.
+    pub memtable_bytes: usize,
+    /// Immutable memtables waiting for flush.
+    pub immutable_memtables: usize,
+    /// Key and value bytes written by users.
+    pub user_bytes_written: u64,
+    /// Bytes of L0 tables written by flushes.
+    pub flush_bytes_written: u64,
+    /// Flushes done.
+    pub flushes: u64,
+    /// Bytes read by compactions.
+    pub compaction_bytes_read: u64,
+    /// Bytes written by compactions.
+    pub compaction_bytes_written: u64,
+    /// Compactions done (trivial moves included).
+    pub compactions: u64,
+    /// Compactions that only moved a file down.
+    pub trivial_moves: u64,
+    /// (flush + compaction bytes written) / user bytes written; the WAL is not counted.
+    pub write_amplification: f64,
+    /// Times a writer waited for a flush or an L0 compaction (stop conditions).
+    pub stall_count: u64,
+    /// Microseconds writers spent stalled or slowed down.
+    pub stall_micros: u64,
+    /// Writes delayed by the L0 slowdown trigger.
+    pub slowdown_count: u64,
+    /// Bytes held by the block cache.
+    pub block_cache_usage: usize,
+    /// Last sequence number published.
+    pub last_sequence: SequenceNumber,
+    /// Live snapshots.
+    pub snapshots: usize,
+}
+
+struct Inner {
+    fs: SharedFs,
+    dir: PathBuf,
+    opts: Options,
+    tables: Arc<TableCache>,
+    block_cache: Option<Arc<BlockCache>>,
+    state: Mutex<State>,
+    /// Signalled on every background state change (flush done, compaction done, error,
+    /// close, new immutable memtable).
+    bg_cv: Condvar,
+    queue: Mutex<VecDeque<Arc<Slot>>>,
+    queue_cv: Condvar,
+    last_seq: AtomicU64,
+    snapshots: Arc<SnapshotList>,
+    compaction_lock: Mutex<()>,
+    counters: Counters,
+    wal: Option<Wal>,
+    /// Next WAL entry index; only the write leader advances it.
+    wal_next: AtomicU64,
+    closing: AtomicBool,
+    _lock: Box<dyn FileLock>,
+}
+
+/// The LSM engine. `Send + Sync`; shared as `Arc<Db>`.
+pub struct Db {
+    inner: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db").field("dir", &self.inner.dir).finish()
+    }
+}
+
+fn bg_err(what: &str, e: &Error) -> String {
+    format!("{what}: {e}")
+}
+
+impl Db {
+    /// Opens (recovering) or creates the database in `dir`.
+    pub fn open(fs: SharedFs, dir: &Path, opts: Options) -> Result<Arc<Db>> {
+        opts.validate()?;
+        if opts.create_if_missing {
+            fs.create_dir_all(dir)?;
+        }
+        let lock = fs.lock(&filename::lock_path(dir))?;
+        let vset = VersionSet::open(
+            Arc::clone(&fs),
+            dir,
+            opts.num_levels,
+            opts.create_if_missing,
+        )?;
+        let version = vset.current();
+
+        // Files not in the manifest are half-written flush or compaction outputs (or
+        // leftovers of deletions that were not yet durable): remove them.
+        let live: std::collections::HashSet<u64> = version.live_files().collect();
+        let mut removed = false;
+        for name in fs.list(dir)? {
+            let stale = match filename::parse(&name) {
+                Some(FileKind::Table(n)) => !live.contains(&n),
+                Some(FileKind::Manifest(n)) => n != vset.manifest_number(),
+                Some(FileKind::Temp) => true,
+                _ => false,
+            };
+            if stale {
+                tracing::warn!(file = %name, dir = %dir.display(), "deleting a file the manifest does not reference");
+                fs.delete(&dir.join(&name))?;
+                removed = true;
+            }
+        }
+        if removed {
+            fs.sync_dir(dir)?;
+        }
+
+        let block_cache =
+            (opts.block_cache_size > 0).then(|| BlockCache::new(opts.block_cache_size));
+        let tables = Arc::new(TableCache::new(
+            Arc::clone(&fs),
+            dir.to_path_buf(),
+            opts.max_open_files,
+            block_cache.clone(),
+        ));
+
+        let mut last_seq = vset.last_sequence();
+        let mut mems: Vec<Arc<MemTable>> = vec![Arc::new(MemTable::new(1))];
+        let mut next_mem_id = 2;
+        let wal = match opts.wal {
+            WalMode::None => None,
+            WalMode::Log => Some(Wal::open(Arc::clone(&fs), &filename::wal_dir(dir))?),
+        };
+        let mut wal_next = 1;
+        if let Some(w) = &wal {
+            let wal_path = filename::wal_dir(dir);
+            let from = vset.log_number().max(1);
+            w.replay(from, &mut |index, data| {
+                let batch = WriteBatch::decode(data, &wal_path, index)?;
+                let cur = mems
+                    .last()
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(MemTable::new(0)));
+                if cur.approximate_memory_usage() >= opts.write_buffer_size {
+                    mems.push(Arc::new(MemTable::new(next_mem_id)));
+                    next_mem_id += 1;
+                }
+                let mem = mems.last().cloned().unwrap_or(cur);
+                mem.set_wal_first(index);
+                let seq = batch.sequence();
+                insert_batch(&mem, &batch, seq);
+                last_seq = last_seq.max(seq + u64::from(batch.count()).saturating_sub(1));
+                wal_next = index + 1;
+                Ok(())
+            })?;
+            wal_next = wal_next.max(w.next_index()).max(from);
+        }
+        let mem = mems.pop().unwrap_or_else(|| Arc::new(MemTable::new(0)));
+        let imm: VecDeque<Arc<MemTable>> = mems.into_iter().collect();
+        let num_levels = opts.num_levels;
+        let mut state = State {
+            mem,
+            imm,
+            vset,
+            view: Arc::new(View {
+                mem: Arc::new(MemTable::new(0)),
+                imms: Vec::new(),
+                version: Arc::new(Version::empty(num_levels)),
+            }),
+            next_mem_id,
+            bg_error: None,
+            closed: false,
+            pointers: vec![Vec::new(); num_levels],
+        };
+        state.refresh_view();
+
+        let inner = Arc::new(Inner {
+            fs,
+            dir: dir.to_path_buf(),
+            opts,
+            tables,
+            block_cache,
+            state: Mutex::new(state),
+            bg_cv: Condvar::new(),
+            queue: Mutex::new(VecDeque::new()),
+            queue_cv: Condvar::new(),
+            last_seq: AtomicU64::new(last_seq),
+            snapshots: Arc::new(SnapshotList {
+                seqs: Mutex::new(BTreeMap::new()),
+            }),
+            compaction_lock: Mutex::new(()),
+            counters: Counters::default(),
+            wal,
+            wal_next: AtomicU64::new(wal_next),
+            closing: AtomicBool::new(false),
+            _lock: lock,
+        });
+        let mut threads = Vec::new();
+        let spawn = |name: &str, f: fn(&Inner), inner: &Arc<Inner>| {
+            let inner = Arc::clone(inner);
+            std::thread::Builder::new()
+                .name(name.to_string())
+                .spawn(move || f(&inner))
+        };
+        threads.push(
+            spawn("phoenix-flush", Inner::flush_loop, &inner)
+                .map_err(|e| Error::Background(format!("cannot start the flush thread: {e}")))?,
+        );
+        threads.push(
+            spawn("phoenix-compact", Inner::compaction_loop, &inner).map_err(|e| {
+                Error::Background(format!("cannot start the compaction thread: {e}"))
+            })?,
+        );
+        let db = Arc::new(Db {
+            inner,
+            threads: Mutex::new(threads),
+        });
+        // Recovered memtables beyond the first are flushed in the background.
+        db.inner.bg_cv.notify_all();
+        Ok(db)
+    }
+
+    /// Sets `key` to `value`.
+    pub fn put(&self, wo: &WriteOptions, key: &[u8], value: &[u8]) -> Result<()> {
+        let mut b = WriteBatch::new();
+        b.put(key, value);
+        self.write(wo, b)
+    }
+
+    /// Deletes `key`.
+    pub fn delete(&self, wo: &WriteOptions, key: &[u8]) -> Result<()> {
+        let mut b = WriteBatch::new();
+        b.delete(key);
+        self.write(wo, b)
+    }
+
+    /// Deletes every key in `[start, end)`.
+    pub fn delete_range(&self, wo: &WriteOptions, start: &[u8], end: &[u8]) -> Result<()> {
+        let mut b = WriteBatch::new();
+        b.delete_range(start, end);
+        self.write(wo, b)
+    }
+
+    /// Applies `batch` atomically.
+    pub fn write(&self, wo: &WriteOptions, batch: WriteBatch) -> Result<()> {
+        batch.validate()?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.inner.write_slot(SlotState {
+            batch: Some(batch),
+            sync: wo.sync,
+            disable_wal: wo.disable_wal,
+            force_switch: false,
+            done: false,
+            result: None,
+        })
+    }
+
+    /// Reads `key`.
+    pub fn get(&self, ro: &ReadOptions<'_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let view = self.inner.view()?;
+        let snap = self.inner.read_seq(ro);
+        self.inner.get_in(&view, key, snap)
+    }
+
+    /// Reads several keys from one consistent view.
+    pub fn multi_get(&self, ro: &ReadOptions<'_>, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        let view = self.inner.view()?;
+        let snap = self.inner.read_seq(ro);
+        keys.iter()
+            .map(|k| self.inner.get_in(&view, k, snap))
+            .collect()
+    }
+
+    /// Reads `key` from the persisted tables only (what survives a crash with the WAL
+    /// off).
+    pub fn get_persisted(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let view = self.inner.view()?;
+        match view.version.get(&self.inner.tables, key, MAX_SEQUENCE, 0)? {
+            TableGet::Value(v) => Ok(Some(v)),
+            _ => Ok(None),
+        }
+    }
+
+    /// A cursor over the user keys visible at the read's snapshot, within its bounds.
+    pub fn iter(&self, ro: &ReadOptions<'_>) -> Result<DbIterator> {
+        self.inner.iter(ro)
+    }
+
+    /// Takes a snapshot of the current state.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut seqs = self.inner.snapshots.seqs.lock();
+        let seq = self.inner.last_seq.load(AtOrd::Acquire);
+        *seqs.entry(seq).or_insert(0) += 1;
+        Snapshot {
+            seq,
+            list: Arc::clone(&self.inner.snapshots),
+        }
+    }
+
+    /// Writes every memtable to L0 and waits until that is durable.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+
+    /// Compacts every file overlapping `[start, end]` down level by level.
+    pub fn compact_range(&self, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<()> {
+        self.inner.flush()?;
+        let _c = self.inner.compaction_lock.lock();
+        self.inner.compact_range_locked(start, end)
+    }
+
+    /// Drops every key of group `g` and frees its files at once: writes a range
+    /// tombstone over the group, flushes, compacts the group's L0 data into L1 (where
+    /// output files never mix groups), rewrites any file that mixes `g` with other
+    /// groups, then deletes every file holding only `g`. Files of other groups are not
+    /// touched. Meant for a group that is no longer written; snapshots taken before do
+    /// not keep the dropped data.
+    pub fn drop_group(&self, g: u64) -> Result<()> {
+        self.inner.drop_group(g)
+    }
+
+    /// Adds tables built with [`crate::SstWriter`]. Their entries carry sequence 0, so
+    /// their key ranges must hold nothing (no entry or tombstone in a memtable or table,
+    /// e.g. a group dropped with `drop_group`); otherwise `InvalidArgument`. The files
+    /// are moved (renamed) into the database and placed at the bottom level, the lowest
+    /// level where they overlap nothing. Snapshots taken before the ingest also see them.
+    pub fn ingest(&self, paths: &[PathBuf]) -> Result<()> {
+        self.inner.ingest(paths)
+    }
+
+    /// Engine figures.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+
+    /// The last sequence number published.
+    pub fn latest_sequence(&self) -> SequenceNumber {
+        self.inner.last_seq.load(AtOrd::Acquire)
+    }
+
+    /// Stops the background threads. With `WalMode::None` the memtables are flushed
+    /// first, so a clean close loses nothing. Later calls return `Closed`.
+    pub fn close(&self) -> Result<()> {
+        let mut first_err = None;
+        if !self.inner.closing.swap(true, AtOrd::AcqRel) && self.inner.opts.wal == WalMode::None {
+            if let Err(e) = self.inner.flush() {
+                first_err = Some(e);
+            }
+        }
+        {
+            let mut st = self.inner.state.lock();
+            st.closed = true;
+        }
+        self.inner.bg_cv.notify_all();
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for t in threads {
+            let _ = t.join();
+        }
+        if let Some(w) = &self.inner.wal {
+            if let Err(e) = w.close() {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if !self.threads.lock().is_empty() {
+            if let Err(e) = self.close() {
+                tracing::warn!(error = %e, "closing the engine on drop failed");
+            }
+        }
+    }
+}
+
+/// Inserts every record of `batch` (first sequence `seq`) into `mem`.
+fn insert_batch(mem: &MemTable, batch: &WriteBatch, seq: SequenceNumber) {
+    for (i, rec) in batch.iter().enumerate() {
+        let s = seq + i as u64;
+        match rec {
+            BatchRecord::Put(k, v) => mem.add(s, ValueKind::Put, k, v),
+            BatchRecord::Delete(k) => mem.add(s, ValueKind::Delete, k, &[]),
+            BatchRecord::RangeDelete(a, b) => mem.add(s, ValueKind::RangeDelete, a, b),
+        }
+    }
+}
+
+impl Inner {
+    fn view(&self) -> Result<Arc<View>> {
+        let st = self.state.lock();
+        if st.closed {
+            return Err(Error::Closed);
+        }
+        Ok(Arc::clone(&st.view))
+    }
+
+    fn read_seq(&self, ro: &ReadOptions<'_>) -> SequenceNumber {
+        match ro.snapshot {
+            Some(s) => s.seq,
+            None => self.last_seq.load(AtOrd::Acquire),
+        }
+    }
+
+    fn get_in(&self, view: &View, key: &[u8], snap: SequenceNumber) -> Result<Option<Vec<u8>>> {
+        let mut tomb = 0;
+        for m in std::iter::once(&view.mem).chain(view.imms.iter()) {
+            if m.has_range_tombstones() {
+                tomb = tomb.max(m.max_covering_tombstone(key, snap));
+            }
+            match m.get(key, snap) {
+                MemGet::Value(v, seq) => return Ok((seq > tomb).then_some(v)),
+                MemGet::Deleted(_) => return Ok(None),
+                MemGet::Absent if tomb > 0 => return Ok(None),
+                MemGet::Absent => {}
+            }
+        }
+        match view.version.get(&self.tables, key, snap, 0)? {
+            TableGet::Value(v) => Ok(Some(v)),
+            _ => Ok(None),
+        }
+    }
+
+    fn iter(&self, ro: &ReadOptions<'_>) -> Result<DbIterator> {
+        let view = self.view()?;
+        let snap = self.read_seq(ro);
+        let lower = ro.lower_bound.clone();
+        let upper = ro.upper_bound.clone();
+        let mut children: Vec<BoxIter> = Vec::new();
+        let mut tombstones = Vec::new();
+        for m in std::iter::once(&view.mem).chain(view.imms.iter()) {
+            children.push(Box::new(m.iter()));
+            tombstones.extend(m.range_tombstones());
+        }
+        let in_bounds = |f: &FileMeta| {
+            !(upper.as_deref().is_some_and(|u| f.smallest_user_key() >= u)
+                || lower.as_deref().is_some_and(|l| f.largest_user_key() < l))
+        };
+        for f in view.version.files(0) {
+            if !in_bounds(f) {
+                continue;
+            }
+            let t = self.tables.get(f.number, f.size)?;
+            tombstones.extend_from_slice(t.range_tombstones());
+            children.push(Box::new(t.iter()));
+        }
+        for level in 1..view.version.num_levels() {
+            let files = &view.version.levels[level];
+            if files.is_empty() {
+                continue;
+            }
+            for f in files.iter() {
+                if f.num_range_deletions > 0 && in_bounds(f) {
+                    let t = self.tables.get(f.number, f.size)?;
+                    tombstones.extend_from_slice(t.range_tombstones());
+                }
+            }
+            children.push(Box::new(LevelIter::new(
+                Arc::clone(&self.tables),
+                Arc::clone(files),
+            )));
+        }
+        let frags = Fragments::new(&tombstones, snap);
+        let pin: Arc<dyn std::any::Any + Send + Sync> = view;
+        Ok(DbIterator::new(
+            MergingIterator::new(children),
+            snap,
+            frags,
+            lower,
+            upper,
+            vec![pin],
+        ))
+    }
+
+    // ---- write path ----
+
+    fn write_slot(&self, slot_state: SlotState) -> Result<()> {
+        let slot = Arc::new(Slot {
+            state: Mutex::new(slot_state),
+        });
+        let mut q = self.queue.lock();
+        q.push_back(Arc::clone(&slot));
+        loop {
+            {
+                let mut s = slot.state.lock();
+                if s.done {
+                    return s.result.take().unwrap_or(Ok(()));
+                }
+            }
+            if q.front().is_some_and(|f| Arc::ptr_eq(f, &slot)) {
+                break;
+            }
+            self.queue_cv.wait(&mut q);
+        }
+        // Leader: gather the group.
+        let mut group: Vec<Arc<Slot>> = vec![Arc::clone(&slot)];
+        let (mut batch, mut sync, disable_wal, force) = {
+            let mut s = slot.state.lock();
+            (s.batch.take(), s.sync, s.disable_wal, s.force_switch)
+        };
+        if let Some(b) = batch.as_mut() {
+            let mut bytes = b.approximate_size();
+            let mut merged: Option<WriteBatch> = None;
+            for other in q.iter().skip(1) {
+                let mut o = other.state.lock();
+                if o.force_switch || o.disable_wal != disable_wal || bytes >= WRITE_GROUP_BYTES_MAX
+                {
+                    break;
+                }
+                let Some(ob) = o.batch.take() else { break };
+                bytes += ob.approximate_size();
+                sync |= o.sync;
+                merged.get_or_insert_with(|| b.clone()).append(&ob);
+                drop(o);
+                group.push(Arc::clone(other));
+            }
+            if let Some(m) = merged {
+                *b = m;
+            }
+        }
+        drop(q);
+
+        let result = match batch {
+            Some(b) => self.apply_group(b, sync, disable_wal),
+            None => self.make_room(force).map(|_| ()),
+        };
+
+        let mut q = self.queue.lock();
+        for member in &group {
+            let front = q.pop_front();
+            debug_assert!(front.is_some_and(|f| Arc::ptr_eq(&f, member)));
+            let mut s = member.state.lock();
+            s.done = true;
+            s.result = Some(match &result {
+                Ok(()) => Ok(()),
+                Err(e) => Err(clone_error(e)),
+            });
+        }
+        drop(q);
+        self.queue_cv.notify_all();
+        let mut s = slot.state.lock();
+        s.result.take().unwrap_or(Ok(()))
+    }
+
+    fn apply_group(&self, mut batch: WriteBatch, sync: bool, disable_wal: bool) -> Result<()> {
+        let mem = self.make_room(false)?;
+        let seq = self.last_seq.load(AtOrd::Acquire) + 1;
+        let count = u64::from(batch.count());
+        if seq + count > MAX_SEQUENCE {
+            return Err(Error::InvalidArgument("sequence numbers exhausted".into()));
+        }
+        batch.set_sequence(seq);
+        if let (Some(wal), false) = (&self.wal, disable_wal) {
+            let index = self.wal_next.load(AtOrd::SeqCst);
+            // Before the append, so a concurrent flush never computes a log number past
+            // an entry whose memtable it has not seen yet.
+            mem.set_wal_first(index);
+            self.wal_next.store(index + 1, AtOrd::SeqCst);
+            if let Err(e) = wal.append(index, batch.data().to_vec(), sync) {
+                let msg = bg_err("WAL append", &e);
+                self.set_bg_error(msg);
+                return Err(e);
+            }
+            if sync {
+                self.counters.wal_syncs.fetch_add(1, AtOrd::Relaxed);
+            }
+        }
+        insert_batch(&mem, &batch, seq);
+        self.counters
+            .user_bytes
+            .fetch_add(batch.approximate_size() as u64, AtOrd::Relaxed);
+        self.last_seq.store(seq + count - 1, AtOrd::Release);
+        Ok(())
+    }
+
+    fn set_bg_error(&self, msg: String) {
+        let mut st = self.state.lock();
+        if st.bg_error.is_none() {
+            tracing::error!(error = %msg, "engine turns read-only");
+            st.bg_error = Some(msg);
+        }
+        drop(st);
+        self.bg_cv.notify_all();
+    }
+
+    /// Returns the memtable to write into, switching it if full (or if `force` and it is
+    /// not empty) and stalling when too much waits for flush or compaction. Called only
+    /// by the write leader.
+    fn make_room(&self, mut force: bool) -> Result<Arc<MemTable>> {
+        let mut slowed = false;
+        let mut st = self.state.lock();
+        loop {
+            if st.closed {
+                return Err(Error::Closed);
+            }
+            if let Some(e) = &st.bg_error {
+                return Err(Error::Background(e.clone()));
+            }
+            let l0 = st.vset.current().files(0).len();
+            let auto = !self.opts.disable_auto_compactions;
+            if auto && !slowed && !force && l0 >= self.opts.level0_slowdown_writes_trigger {
+                slowed = true;
+                self.counters.slowdowns.fetch_add(1, AtOrd::Relaxed);
+                let t = Instant::now();
+                MutexGuard::unlocked(&mut st, || std::thread::sleep(Duration::from_millis(1)));
+                self.counters
+                    .stall_micros
+                    .fetch_add(t.elapsed().as_micros() as u64, AtOrd::Relaxed);
+                continue;
+            }
+            let full = st.mem.approximate_memory_usage() >= self.opts.write_buffer_size;
+            if !(full || force && !st.mem.is_empty()) {
+                return Ok(Arc::clone(&st.mem));
+            }
+            let too_many_imm = st.imm.len() + 1 >= self.opts.max_write_buffer_number;
+            let too_many_l0 = auto && l0 >= self.opts.level0_stop_writes_trigger;
+            if too_many_imm || too_many_l0 {
+                self.counters.stalls.fetch_add(1, AtOrd::Relaxed);
+                let t = Instant::now();
+                self.bg_cv.notify_all();
+                self.bg_cv.wait_for(&mut st, Duration::from_millis(100));
+                self.counters
+                    .stall_micros
+                    .fetch_add(t.elapsed().as_micros() as u64, AtOrd::Relaxed);
+                continue;
+            }
+            let id = st.next_mem_id;
+            st.next_mem_id += 1;
+            let old = std::mem::replace(&mut st.mem, Arc::new(MemTable::new(id)));
+            st.imm.push_back(old);
+            st.refresh_view();
+            force = false;
+            self.bg_cv.notify_all();
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.write_slot(SlotState {
+            batch: None,
+            sync: false,
+            disable_wal: false,
+            force_switch: true,
+            done: false,
+            result: None,
+        })?;
+        let mut st = self.state.lock();
+        let target = st.next_mem_id;
+        loop {
+            if let Some(e) = &st.bg_error {
+                return Err(Error::Background(e.clone()));
+            }
+            if st.imm.front().is_none_or(|m| m.id() >= target) {
+                return Ok(());
+            }
+            if st.closed {
+                return Err(Error::Closed);
+            }
+            self.bg_cv.wait_for(&mut st, Duration::from_millis(100));
+        }
+    }
+
+    // ---- background: flush ----
+
+    fn env<'a>(&'a self, alloc: &'a dyn Fn() -> u64) -> compaction::Env<'a> {
+        compaction::Env {
+            fs: &self.fs,
+            dir: &self.dir,
+            table: &self.opts.table,
+            tables: &self.tables,
+            target_file_size: self.opts.target_file_size_base,
+            new_file_number: alloc,
+        }
+    }
+
+    fn flush_loop(&self) {
+        loop {
+            let mem = {
+                let mut st = self.state.lock();
+                loop {
+                    if st.closed {
+                        return;
+                    }
+                    if st.bg_error.is_none() {
+                        if let Some(m) = st.imm.front() {
+                            break Arc::clone(m);
+                        }
+                    }
+                    self.bg_cv.wait(&mut st);
+                }
+            };
+            if let Err(e) = self.flush_one(&mem) {
+                self.set_bg_error(bg_err("flush", &e));
+            }
+        }
+    }
+
+    fn flush_one(&self, mem: &Arc<MemTable>) -> Result<()> {
+        let alloc = || self.state.lock().vset.new_file_number();
+        let env = self.env(&alloc);
+        let meta = compaction::build_l0(&env, mem)?;
+        // Read the WAL position before looking at the memtables (see apply_group).
+        let wal_next = self.wal_next.load(AtOrd::SeqCst);
+        let truncate_to;
+        {
+            let mut st = self.state.lock();
+            let front = st.imm.front().map(|m| m.id());
+            debug_assert_eq!(front, Some(mem.id()), "memtables flush in order");
+            let log_number = st
+                .imm
+                .iter()
+                .skip(1)
+                .chain(std::iter::once(&st.mem))
+                .map(|m| m.wal_first())
+                .find(|&w| w != 0)
+                .unwrap_or(wal_next);
+            let mut edit = VersionEdit {
+                last_sequence: Some(st.vset.last_sequence().max(mem.largest_seq())),
+                log_number: self.wal.as_ref().map(|_| log_number),
+                ..Default::default()
+            };
+            if let Some(m) = &meta {
+                edit.new_files.push((0, Arc::clone(m)));
+            }
+            st.vset.log_and_apply(edit)?;
+            st.imm.pop_front();
+            st.refresh_view();
+            truncate_to = log_number;
+        }
+        if let Some(m) = &meta {
+            self.counters.flush_bytes.fetch_add(m.size, AtOrd::Relaxed);
+        }
+        self.counters.flushes.fetch_add(1, AtOrd::Relaxed);
+        self.bg_cv.notify_all();
+        if let Some(w) = &self.wal {
+            w.truncate_prefix(truncate_to)?;
+        }
+        Ok(())
+    }
+
+    // ---- background: compaction ----
+
+    fn compaction_loop(&self) {
+        loop {
+            {
+                let mut st = self.state.lock();
+                loop {
+                    if st.closed {
+                        return;
+                    }
+                    if st.bg_error.is_none()
+                        && !self.opts.disable_auto_compactions
+                        && compaction::pick(&st.vset.current(), &self.opts, &st.pointers).is_some()
+                    {
+                        break;
+                    }
+                    self.bg_cv.wait(&mut st);
+                }
+            }
+            let _c = self.compaction_lock.lock();
+            let c = {
+                let st = self.state.lock();
+                if st.closed || st.bg_error.is_some() {
+                    continue;
+                }
+                compaction::pick(&st.vset.current(), &self.opts, &st.pointers)
+            };
+            if let Some(c) = c {
+                if let Err(e) = self.run_compaction(&c) {
+                    self.set_bg_error(bg_err("compaction", &e));
+                }
+            }
+        }
+    }
+
+    fn live_snapshots(&self) -> Vec<SequenceNumber> {
+        self.snapshots.seqs.lock().keys().copied().collect()
+    }
+
+    /// Executes `c` and installs its result. Caller holds `compaction_lock`.
+    fn run_compaction(&self, c: &Compaction) -> Result<()> {
+        let mut edit = VersionEdit::default();
+        for f in &c.inputs {
+            edit.deleted_files.push((c.level, f.number));
+        }
+        for f in &c.next_inputs {
+            edit.deleted_files.push((c.output_level, f.number));
+        }
+        if c.is_trivial_move() && c.level != c.output_level {
+            edit.new_files
+                .push((c.output_level, Arc::clone(&c.inputs[0])));
+            self.counters.trivial_moves.fetch_add(1, AtOrd::Relaxed);
+        } else {
+            let snaps = self.live_snapshots();
+            let alloc = || self.state.lock().vset.new_file_number();
+            let env = self.env(&alloc);
+            let out = compaction::run(&env, c, &snaps)?;
+            self.counters
+                .compaction_read
+                .fetch_add(out.bytes_read, AtOrd::Relaxed);
+            self.counters
+                .compaction_written
+                .fetch_add(out.bytes_written, AtOrd::Relaxed);
+            for f in out.files {
+                edit.new_files.push((c.output_level, f));
+            }
+        }
+        self.counters.compactions.fetch_add(1, AtOrd::Relaxed);
+        let mut st = self.state.lock();
+        if let Some(last) = c
+            .inputs
+            .iter()
+            .map(|f| &f.largest)
+            .max_by(|a, b| compare_internal(a, b))
+        {
+            st.pointers[c.level] = last.clone();
+        }
+        st.vset.log_and_apply(edit)?;
+        st.refresh_view();
+        for n in st.vset.delete_obsolete_files() {
+            self.tables.evict(n);
+        }
+        drop(st);
+        self.bg_cv.notify_all();
+        Ok(())
+    }
+
+    /// Compacts `[start, end]` down through the levels. Caller holds `compaction_lock`.
+    fn compact_range_locked(&self, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<()> {
+        let last = self.opts.num_levels - 1;
+        for level in 0..last {
+            let v = self.state.lock().vset.current();
+            let inputs = if level == 0 {
+                if v.overlapping(0, start, end).is_empty() {
+                    Vec::new()
+                } else {
+                    // Every L0 file: no older L0 data may stay above newer data in L1.
+                    v.files(0).to_vec()
+                }
+            } else {
+                v.overlapping(level, start, end)
+            };
+            if inputs.is_empty() {
+                continue;
+            }
+            let c = compaction::complete(&v, level, inputs, Reason::Manual);
+            self.run_compaction(&c)?;
+        }
+        Ok(())
+    }
+
+    fn drop_group(&self, g: u64) -> Result<()> {
+        let (gs, ge) = compaction::group_key_range(g);
+        let ge_key = ge.unwrap_or_else(|| vec![0xff; crate::options::KEY_LEN_MAX]);
+        let mut b = WriteBatch::new();
+        b.delete_range(&gs, &ge_key);
+        self.write_slot(SlotState {
+            batch: Some(b),
+            sync: true,
+            disable_wal: false,
+            force_switch: false,
+            done: false,
+            result: None,
+        })?;
+        self.flush()?;
+        let _c = self.compaction_lock.lock();
+        let last_key_of_group = {
+            let mut k = group_range(g).0;
+            k.extend_from_slice(&[0xff; 16]);
+            k
+        };
+        // L0 data of the group goes to L1, where files are cut at group boundaries.
+        let v = self.state.lock().vset.current();
+        if !v
+            .overlapping(0, Some(&gs), Some(&last_key_of_group))
+            .is_empty()
+        {
+            let c = compaction::complete(&v, 0, v.files(0).to_vec(), Reason::Manual);
+            self.run_compaction(&c)?;
+        }
+        // Files mixing g with other groups (ingested or tombstone-only ones): rewrite them
+        // down so the group's data meets the tombstone and is dropped or cut out.
+        let v = self.state.lock().vset.current();
+        let mixed = (1..v.num_levels()).any(|l| {
+            v.overlapping(l, Some(&gs), Some(&last_key_of_group))
+                .iter()
+                .any(|f| {
+                    f.num_entries > f.num_range_deletions && !(f.min_group == g && f.max_group == g)
+                })
+        });
+        if mixed {
+            self.compact_range_locked(Some(&gs), Some(&last_key_of_group))?;
+        }
+        let mut st = self.state.lock();
+        let v = st.vset.current();
+        let mut edit = VersionEdit::default();
+        for (level, f) in v.group_only_files(g) {
+            edit.deleted_files.push((level, f.number));
+        }
+        if edit.deleted_files.is_empty() {
+            return Ok(());
+        }
+        st.vset.log_and_apply(edit)?;
+        st.refresh_view();
+        for n in st.vset.delete_obsolete_files() {
+            self.tables.evict(n);
+        }
+        drop(st);
+        self.bg_cv.notify_all();
+        Ok(())
+    }
+
+    fn ingest(&self, paths: &[PathBuf]) -> Result<()> {
+        struct Prepared {
+            path: PathBuf,
+            props_meta: Arc<FileMeta>,
+        }
+        let mut prepared = Vec::new();
+        for path in paths {
+            let file = self.fs.open(path)?;
+            let size = file.size();
+            let table = Arc::new(Table::open(file, 0, size, None)?);
+            validate_ingest_table(&table, path)?;
+            let p = table.properties();
+            if p.num_entries == 0 && p.num_range_deletions == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{} holds no entries",
+                    path.display()
+                )));
+            }
+            let meta = Arc::new(FileMeta {
+                number: 0,
+                size,
+                smallest: p.smallest_key.clone(),
+                largest: p.largest_key.clone(),
+                smallest_seq: 0,
+                largest_seq: 0,
+                min_group: p.min_group,
+                max_group: p.max_group,
+                num_entries: p.num_entries + p.num_range_deletions,
+                num_range_deletions: p.num_range_deletions,
+            });
+            prepared.push(Prepared {
+                path: path.clone(),
+                props_meta: meta,
+            });
+        }
+        prepared.sort_by(|a, b| compare_internal(&a.props_meta.smallest, &b.props_meta.smallest));
+        for w in prepared.windows(2) {
+            if compare_internal(&w[0].props_meta.largest, &w[1].props_meta.smallest).is_ge() {
+                return Err(Error::InvalidArgument(format!(
+                    "ingested files {} and {} overlap",
+                    w[0].path.display(),
+                    w[1].path.display()
+                )));
+            }
+        }
+        let _c = self.compaction_lock.lock();
+        let view = self.view()?;
+        for p in &prepared {
+            let lo = p.props_meta.smallest_user_key();
+            let hi = p.props_meta.largest_user_key();
+            if memtables_overlap(&view, lo, hi) {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: its key range holds unflushed writes",
+                    p.path.display()
+                )));
+            }
+            for level in 0..view.version.num_levels() {
+                if !view
+                    .version
+                    .overlapping(level, Some(lo), Some(hi))
+                    .is_empty()
+                {
+                    return Err(Error::InvalidArgument(format!(
+                        "{}: its key range overlaps data at L{level}",
+                        p.path.display()
+                    )));
+                }
+            }
+        }
+        let level = self.opts.num_levels - 1;
+        let mut edit = VersionEdit::default();
+        for p in &prepared {
+            let number = self.state.lock().vset.new_file_number();
+            let dest = filename::table_path(&self.dir, number);
+            if self.fs.rename(&p.path, &dest).is_err() {
+                let data = self.fs.read_all(&p.path)?;
+                let mut f = self.fs.create(&dest, Default::default())?;
+                f.append(&data)?;
+                f.sync_all()?;
+            }
+            let mut m = (*p.props_meta).clone();
+            m.number = number;
+            edit.new_files.push((level, Arc::new(m)));
+        }
+        self.fs.sync_dir(&self.dir)?;
+        let mut st = self.state.lock();
+        st.vset.log_and_apply(edit)?;
+        st.refresh_view();
+        drop(st);
+        self.bg_cv.notify_all();
+        Ok(())
+    }
+
+    fn stats(&self) -> Stats {
+        let st = self.state.lock();
+        let v = st.vset.current();
+        let levels = (0..v.num_levels())
+            .map(|l| LevelStats {
+                files: v.files(l).len(),
+                bytes: v.level_bytes(l),
+            })
+            .collect();
+        let c = &self.counters;
+        let user = c.user_bytes.load(AtOrd::Relaxed);
+        let flush = c.flush_bytes.load(AtOrd::Relaxed);
+        let comp_w = c.compaction_written.load(AtOrd::Relaxed);
+        Stats {
+            levels,
+            memtable_bytes: st.mem.approximate_memory_usage(),
+            immutable_memtables: st.imm.len(),
+            user_bytes_written: user,
+            flush_bytes_written: flush,
+            flushes: c.flushes.load(AtOrd::Relaxed),
+            compaction_bytes_read: c.compaction_read.load(AtOrd::Relaxed),
+            compaction_bytes_written: comp_w,
+            compactions: c.compactions.load(AtOrd::Relaxed),
+            trivial_moves: c.trivial_moves.load(AtOrd::Relaxed),
+            write_amplification: if user == 0 {
+                0.0
+            } else {
+                (flush + comp_w) as f64 / user as f64
+            },
+            stall_count: c.stalls.load(AtOrd::Relaxed),
+            stall_micros: c.stall_micros.load(AtOrd::Relaxed),
+            slowdown_count: c.slowdowns.load(AtOrd::Relaxed),
+            block_cache_usage: self.block_cache.as_ref().map_or(0, |b| b.usage()),
+            last_sequence: self.last_seq.load(AtOrd::Acquire),
+            snapshots: self.snapshots.seqs.lock().values().sum(),
+        }
+    }
+}
+
+fn memtables_overlap(view: &View, lo: &[u8], hi: &[u8]) -> bool {
+    for m in std::iter::once(&view.mem).chain(view.imms.iter()) {
+        let mut it = m.iter();
+        it.seek(&crate::key::internal_key(
+            lo,
+            MAX_SEQUENCE,
+            ValueKind::RangeDelete,
+        ));
+        if it.valid() && crate::key::user_key(it.key()) <= hi {
+            return true;
+        }
+        if m.range_tombstones()
+            .iter()
+            .any(|t| t.start.as_slice() <= hi && lo < t.end.as_slice())
+        {
+            return true;
+        }
+    }
+    false
+}
+
+fn validate_ingest_table(table: &Arc<Table>, path: &Path) -> Result<()> {
+    let mut it = table.iter();
+    it.seek_to_first();
+    let mut prev: Option<Vec<u8>> = None;
+    while it.valid() {
+        let k = it.key();
+        let p = parse_internal_key(k)
+            .ok_or_else(|| Error::corruption(path, 0, "malformed internal key"))?;
+        if p.seq != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: entries must carry sequence 0 (build the file with SstWriter)",
+                path.display()
+            )));
+        }
+        if let Some(pk) = &prev {
+            if compare_internal(pk, k).is_ge() {
+                return Err(Error::corruption(path, 0, "keys out of order"));
+            }
+        }
+        prev = Some(k.to_vec());
+        it.next();
+    }
+    it.status()?;
+    if table.range_tombstones().iter().any(|t| t.seq != 0) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: range tombstones must carry sequence 0",
+            path.display()
+        )));
+    }
+    Ok(())
+}

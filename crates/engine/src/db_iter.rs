@@ -1,0 +1,274 @@
+//! The user-level iterator: turns the merged stream of internal entries into the user
+//! keys and values visible at one snapshot, hiding older versions, point tombstones and
+//! entries covered by range tombstones, within optional bounds, in both directions.
+//!
+//! Positions: going forward, the inner cursor sits on the entry being returned; going
+//! backward, it sits before every entry of the current user key and the key and value
+//! are held in `saved_*` (LevelDB's DBIter scheme).
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::iter::InternalIterator;
+use crate::key::{internal_key, parse_internal_key, SequenceNumber, ValueKind, MAX_SEQUENCE};
+use crate::merge::MergingIterator;
+use crate::range_del::Fragments;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Forward,
+    Reverse,
+}
+
+/// A cursor over user keys at a snapshot. Holds the sources it reads alive.
+pub struct DbIterator {
+    inner: MergingIterator,
+    snapshot: SequenceNumber,
+    tombstones: Fragments,
+    lower: Option<Vec<u8>>,
+    upper: Option<Vec<u8>>,
+    direction: Direction,
+    valid: bool,
+    saved_key: Vec<u8>,
+    saved_value: Vec<u8>,
+    /// Keeps the version, memtables and snapshot the iterator reads alive.
+    _pins: Vec<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl DbIterator {
+    pub(crate) fn new(
+        inner: MergingIterator,
+        snapshot: SequenceNumber,
+        tombstones: Fragments,
+        lower: Option<Vec<u8>>,
+        upper: Option<Vec<u8>>,
+        pins: Vec<Arc<dyn std::any::Any + Send + Sync>>,
+    ) -> Self {
+        DbIterator {
+            inner,
+            snapshot,
+            tombstones,
+            lower,
+            upper,
+            direction: Direction::Forward,
+            valid: false,
+            saved_key: Vec::new(),
+            saved_value: Vec::new(),
+            _pins: pins,
+        }
+    }
+
+    /// Whether the cursor is on a key.
+    pub fn valid(&self) -> bool {
+        self.valid
+    }
+
+    /// The current user key. Requires `valid()`.
+    pub fn key(&self) -> &[u8] {
+        debug_assert!(self.valid);
+        match self.direction {
+            Direction::Forward => crate::key::user_key(self.inner.key()),
+            Direction::Reverse => &self.saved_key,
+        }
+    }
+
+    /// The current value. Requires `valid()`.
+    pub fn value(&self) -> &[u8] {
+        debug_assert!(self.valid);
+        match self.direction {
+            Direction::Forward => self.inner.value(),
+            Direction::Reverse => &self.saved_value,
+        }
+    }
+
+    /// The first error met (a corrupt block stops the scan instead of skipping it).
+    pub fn status(&self) -> Result<()> {
+        self.inner.status()
+    }
+
+    /// Whether version `seq` of `user_key` is hidden by a range tombstone.
+    fn covered(&self, user_key: &[u8], seq: SequenceNumber) -> bool {
+        !self.tombstones.is_empty() && seq < self.tombstones.max_covering(user_key)
+    }
+
+    fn above_upper(&self, user_key: &[u8]) -> bool {
+        self.upper.as_deref().is_some_and(|u| user_key >= u)
+    }
+
+    fn below_lower(&self, user_key: &[u8]) -> bool {
+        self.lower.as_deref().is_some_and(|l| user_key < l)
+    }
+
+    /// Positions on the first key `>= target` (clamped to the lower bound).
+    pub fn seek(&mut self, target: &[u8]) {
+        let t = match self.lower.as_deref() {
+            Some(l) if target < l => l.to_vec(),
+            _ => target.to_vec(),
+        };
+        self.direction = Direction::Forward;
+        self.inner
+            .seek(&internal_key(&t, self.snapshot, ValueKind::RangeDelete));
+        self.find_next_user_entry(None);
+    }
+
+    /// Positions on the first key.
+    pub fn seek_to_first(&mut self) {
+        match self.lower.clone() {
+            Some(l) => self.seek(&l),
+            None => {
+                self.direction = Direction::Forward;
+                self.inner.seek_to_first();
+                self.find_next_user_entry(None);
+            }
+        }
+    }
+
+    /// Positions on the last key `<= target` (clamped below the upper bound).
+    pub fn seek_for_prev(&mut self, target: &[u8]) {
+        self.direction = Direction::Reverse;
+        match self.upper.as_deref() {
+            Some(u) if target >= u => {
+                let t = internal_key(u, MAX_SEQUENCE, ValueKind::RangeDelete);
+                self.inner.seek_for_prev(&t);
+            }
+            _ => {
+                let t = internal_key(target, 0, ValueKind::Delete);
+                self.inner.seek_for_prev(&t);
+            }
+        }
+        self.find_prev_user_entry();
+    }
+
+    /// Positions on the last key.
+    pub fn seek_to_last(&mut self) {
+        self.direction = Direction::Reverse;
+        match self.upper.clone() {
+            Some(u) => {
+                let t = internal_key(&u, MAX_SEQUENCE, ValueKind::RangeDelete);
+                self.inner.seek_for_prev(&t);
+            }
+            None => self.inner.seek_to_last(),
+        }
+        self.find_prev_user_entry();
+    }
+
+    /// Moves to the next key. Requires `valid()`.
+    pub fn next(&mut self) {
+        if !self.valid {
+            return;
+        }
+        if self.direction == Direction::Reverse {
+            // The inner cursor is before the current key's entries: step onto them.
+            self.direction = Direction::Forward;
+            if self.inner.valid() {
+                self.inner.next();
+            } else {
+                self.inner.seek_to_first();
+            }
+            let skip = std::mem::take(&mut self.saved_key);
+            self.find_next_user_entry(Some(skip));
+            return;
+        }
+        let skip = crate::key::user_key(self.inner.key()).to_vec();
+        self.inner.next();
+        self.find_next_user_entry(Some(skip));
+    }
+
+    /// Moves to the previous key. Requires `valid()`.
+    pub fn prev(&mut self) {
+        if !self.valid {
+            return;
+        }
+        if self.direction == Direction::Forward {
+            // Step back before every entry of the current key.
+            self.saved_key.clear();
+            self.saved_key
+                .extend_from_slice(crate::key::user_key(self.inner.key()));
+            loop {
+                self.inner.prev();
+                if !self.inner.valid() {
+                    break;
+                }
+                if crate::key::user_key(self.inner.key()) < self.saved_key.as_slice() {
+                    break;
+                }
+            }
+            self.direction = Direction::Reverse;
+        }
+        self.find_prev_user_entry();
+    }
+
+    /// Forward: settles on the first visible entry, skipping versions of `skip` and of
+    /// any key whose newest visible version is a deletion.
+    fn find_next_user_entry(&mut self, mut skip: Option<Vec<u8>>) {
+        while self.inner.valid() {
+            let Some(p) = parse_internal_key(self.inner.key()) else {
+                self.inner.next();
+                continue;
+            };
+            if self.above_upper(p.user_key) {
+                break;
+            }
+            if p.seq <= self.snapshot {
+                let skipping = skip.as_deref().is_some_and(|s| p.user_key <= s);
+                if !skipping {
+                    if p.kind == ValueKind::Put && !self.covered(p.user_key, p.seq) {
+                        self.valid = true;
+                        return;
+                    }
+                    // The newest visible version is deleted: skip the whole key.
+                    skip = Some(p.user_key.to_vec());
+                }
+            }
+            self.inner.next();
+        }
+        self.valid = false;
+    }
+
+    /// Reverse: walks back over the entries of the previous user key(s), remembering
+    /// the newest visible version, until a live key is found.
+    fn find_prev_user_entry(&mut self) {
+        let mut kind = ValueKind::Delete;
+        self.saved_key.clear();
+        self.saved_value.clear();
+        while self.inner.valid() {
+            let Some(p) = parse_internal_key(self.inner.key()) else {
+                self.inner.prev();
+                continue;
+            };
+            if p.seq <= self.snapshot {
+                if kind != ValueKind::Delete && p.user_key < self.saved_key.as_slice() {
+                    // A live version of `saved_key` is complete.
+                    break;
+                }
+                if self.below_lower(p.user_key) {
+                    break;
+                }
+                if self.above_upper(p.user_key) {
+                    self.inner.prev();
+                    continue;
+                }
+                let live = p.kind == ValueKind::Put && !self.covered(p.user_key, p.seq);
+                if live {
+                    kind = ValueKind::Put;
+                    self.saved_key.clear();
+                    self.saved_key.extend_from_slice(p.user_key);
+                    self.saved_value.clear();
+                    self.saved_value.extend_from_slice(self.inner.value());
+                } else {
+                    kind = ValueKind::Delete;
+                    self.saved_key.clear();
+                    self.saved_value.clear();
+                }
+            }
+            self.inner.prev();
+        }
+        if kind == ValueKind::Delete {
+            self.valid = false;
+            self.saved_key.clear();
+            self.saved_value.clear();
+        } else {
+            self.valid = true;
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Engine options and the limits the engine enforces, named in one place.
+
+use crate::db::Snapshot;
+use crate::table::TableOptions;
+
+/// Largest user key the engine accepts (bytes).
+pub const KEY_LEN_MAX: usize = 64 * 1024;
+/// Largest value the engine accepts (bytes).
+pub const VALUE_LEN_MAX: usize = 1 << 30;
+/// Largest encoded write batch (bytes); a batch is one WAL record and one memtable insert.
+pub const BATCH_BYTES_MAX: usize = 2 * VALUE_LEN_MAX;
+/// Most levels an LSM tree may have (the manifest rejects edits naming deeper levels).
+pub const LEVELS_MAX: usize = 16;
+/// Bytes a write group may gather from queued writers before the leader stops adding.
+pub const WRITE_GROUP_BYTES_MAX: usize = 1 << 20;
+
+const _: () = assert!(KEY_LEN_MAX <= VALUE_LEN_MAX && VALUE_LEN_MAX <= u32::MAX as usize);
+const _: () = assert!(BATCH_BYTES_MAX >= KEY_LEN_MAX + VALUE_LEN_MAX + 64);
+
+/// Where writes are made durable before they are acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WalMode {
+    /// The engine's own write-ahead log: stream 0 of a `phoenix-log` store in
+    /// `<db>/wal`.
+    Log,
+    /// No WAL: durability comes from an outside log (seed 000). One batch always lands in
+    /// one memtable, memtables flush in order, and a flush becomes visible only after its
+    /// manifest edit is durable, so the persisted SSTs are always a prefix of the writes.
+    None,
+}
+
+/// Options of an engine instance.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Create the directory and an empty database if none exists.
+    pub create_if_missing: bool,
+    /// Bytes a memtable may hold before it becomes immutable.
+    pub write_buffer_size: usize,
+    /// Memtables (mutable + immutable) held at most; writers stall beyond.
+    pub max_write_buffer_number: usize,
+    /// L0 files that trigger an L0 → L1 compaction.
+    pub level0_file_num_compaction_trigger: usize,
+    /// L0 files at which each write is delayed by a millisecond.
+    pub level0_slowdown_writes_trigger: usize,
+    /// L0 files at which writes wait for compaction.
+    pub level0_stop_writes_trigger: usize,
+    /// Target size of L1 in bytes.
+    pub max_bytes_for_level_base: u64,
+    /// Each level below L1 targets this many times the size of the level above.
+    pub max_bytes_for_level_multiplier: u64,
+    /// Target size of compaction output files.
+    pub target_file_size_base: u64,
+    /// Levels of the tree (L0 included).
+    pub num_levels: usize,
+    /// Background threads: one flushes, the others compact (at least one each).
+    pub max_background_jobs: usize,
+    /// How SST files are written.
+    pub table: TableOptions,
+    /// Bytes of decoded blocks cached (0 = no cache).
+    pub block_cache_size: usize,
+    /// Tables kept open at most.
+    pub max_open_files: usize,
+    /// Write-ahead log mode.
+    pub wal: WalMode,
+    /// Start no background compactions (tests of L0 behaviour; `compact_range` still works).
+    pub disable_auto_compactions: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            create_if_missing: true,
+            write_buffer_size: 64 << 20,
+            max_write_buffer_number: 2,
+            level0_file_num_compaction_trigger: 4,
+            level0_slowdown_writes_trigger: 20,
+            level0_stop_writes_trigger: 36,
+            max_bytes_for_level_base: 256 << 20,
+            max_bytes_for_level_multiplier: 10,
+            target_file_size_base: 64 << 20,
+            num_levels: 7,
+            max_background_jobs: 2,
+            table: TableOptions::default(),
+            block_cache_size: 8 << 20,
+            max_open_files: 1000,
+            wal: WalMode::Log,
+            disable_auto_compactions: false,
+        }
+    }
+}
+
+impl Options {
+    /// Checks the options against each other.
+    pub fn validate(&self) -> crate::Result<()> {
+        let bad = |what: &str| Err(crate::Error::InvalidArgument(what.to_string()));
+        if self.num_levels < 2 || self.num_levels > LEVELS_MAX {
+            return bad("num_levels must be in 2..=16");
+        }
+        if self.write_buffer_size < 1024 {
+            return bad("write_buffer_size must be at least 1 KiB");
+        }
+        if self.max_write_buffer_number < 2 {
+            return bad("max_write_buffer_number must be at least 2");
+        }
+        if self.level0_file_num_compaction_trigger == 0
+            || self.level0_slowdown_writes_trigger < self.level0_file_num_compaction_trigger
+            || self.level0_stop_writes_trigger < self.level0_slowdown_writes_trigger
+        {
+            return bad("need 0 < l0 compaction trigger <= slowdown trigger <= stop trigger");
+        }
+        if self.max_bytes_for_level_multiplier < 2 || self.max_bytes_for_level_base == 0 {
+            return bad("level sizes must grow (multiplier >= 2, base > 0)");
+        }
+        if self.target_file_size_base == 0 {
+            return bad("target_file_size_base must be positive");
+        }
+        if self.max_open_files < 8 {
+            return bad("max_open_files must be at least 8");
+        }
+        Ok(())
+    }
+}
+
+/// Options of one write.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriteOptions {
+    /// Return only after the write is durable in the WAL (fsync).
+    pub sync: bool,
+    /// Skip the WAL for this write (it is lost on a crash unless flushed first).
+    pub disable_wal: bool,
+}
+
+/// Options of one read.
+#[derive(Clone, Default)]
+pub struct ReadOptions<'a> {
+    /// Read as of this snapshot (default: the latest state).
+    pub snapshot: Option<&'a Snapshot>,
+    /// Iterators: first user key included.
+    pub lower_bound: Option<Vec<u8>>,
+    /// Iterators: first user key excluded.
+    pub upper_bound: Option<Vec<u8>>,
+    /// Advisory: whether blocks read should enter the block cache. The table layer
+    /// currently always caches what it reads.
+    pub fill_cache: bool,
+}

@@ -1,0 +1,83 @@
+//! Building tables outside the engine for [`crate::Db::ingest`] (snapshot install).
+//!
+//! Every entry is written with sequence number 0: an ingested file is placed where its
+//! key range holds nothing else, so no ordering against other versions is needed, and
+//! the file's bytes need no rewrite when it is moved into the database.
+
+use std::path::Path;
+
+use phoenix_storage::SharedFs;
+
+use crate::error::{Error, Result};
+use crate::key::{internal_key, ValueKind};
+use crate::options::KEY_LEN_MAX;
+use crate::table::{TableBuilder, TableOptions, TableProperties};
+
+/// Writes one ingestable table; keys must be added in strictly increasing order.
+pub struct SstWriter {
+    builder: TableBuilder,
+    last: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for SstWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SstWriter")
+            .field("entries", &self.builder.num_entries())
+            .finish()
+    }
+}
+
+impl SstWriter {
+    /// Creates the file `path`.
+    pub fn create(fs: &SharedFs, path: &Path, opts: &TableOptions) -> Result<SstWriter> {
+        let file = fs.create(path, Default::default())?;
+        Ok(SstWriter {
+            builder: TableBuilder::new(file, opts),
+            last: None,
+        })
+    }
+
+    fn check(&mut self, key: &[u8]) -> Result<()> {
+        if key.len() > KEY_LEN_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "key of {} bytes exceeds the limit of {KEY_LEN_MAX}",
+                key.len()
+            )));
+        }
+        if self.last.as_deref().is_some_and(|l| key <= l) {
+            return Err(Error::InvalidArgument(
+                "SstWriter keys must be strictly increasing".into(),
+            ));
+        }
+        self.last = Some(key.to_vec());
+        Ok(())
+    }
+
+    /// Adds `key` = `value`.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        if value.len() > crate::options::VALUE_LEN_MAX {
+            return Err(Error::InvalidArgument("value too large".into()));
+        }
+        self.check(key)?;
+        self.builder
+            .add(&internal_key(key, 0, ValueKind::Put), value)
+    }
+
+    /// Adds a deletion of `key` (useful only to document absence; nothing older exists).
+    pub fn delete(&mut self, key: &[u8]) -> Result<()> {
+        self.check(key)?;
+        self.builder
+            .add(&internal_key(key, 0, ValueKind::Delete), &[])
+    }
+
+    /// Entries added so far.
+    pub fn num_entries(&self) -> u64 {
+        self.builder.num_entries()
+    }
+
+    /// Writes the index, filter and footer and syncs the file; the caller syncs the
+    /// directory (or `ingest` moves the file and syncs the database directory).
+    pub fn finish(self) -> Result<TableProperties> {
+        Ok(self.builder.finish()?.properties)
+    }
+}

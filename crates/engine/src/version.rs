@@ -1,0 +1,257 @@
+//! An immutable version of the LSM tree: the live table files of every level.
+//!
+//! Invariants (checked by [`Version::apply`] and [`Version::check`]):
+//! 1. L0 files are ordered newest first (descending file number; flushes take numbers in
+//!    the order memtables became immutable). They may overlap.
+//! 2. From L1 down, files are sorted by smallest key and do not overlap: each file's
+//!    largest internal key is below the next file's smallest.
+//! 3. For any user key, newer versions (and range tombstones) live in newer L0 files or
+//!    higher levels than older ones; reads stop at the first source holding the key.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::key::{compare_internal, parse_internal_key, seek_key, SequenceNumber, ValueKind};
+use crate::table::TableCache;
+use crate::version_edit::{FileMeta, VersionEdit};
+
+/// The live files per level.
+#[derive(Clone, Debug, Default)]
+pub struct Version {
+    /// `levels[l]` holds level `l`'s files (see the module invariants).
+    pub levels: Vec<Arc<Vec<Arc<FileMeta>>>>,
+}
+
+/// What the persisted tables say about a key.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TableGet {
+    /// Found a value.
+    Value(Vec<u8>),
+    /// Found a deletion (point or range).
+    Deleted,
+    /// Nothing in the tables.
+    Absent,
+}
+
+impl Version {
+    /// An empty version with `num_levels` levels.
+    pub fn empty(num_levels: usize) -> Version {
+        Version {
+            levels: (0..num_levels).map(|_| Arc::new(Vec::new())).collect(),
+        }
+    }
+
+    /// The number of levels.
+    pub fn num_levels(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// Files at `level`.
+    pub fn files(&self, level: usize) -> &[Arc<FileMeta>] {
+        self.levels.get(level).map(|l| l.as_slice()).unwrap_or(&[])
+    }
+
+    /// Total bytes at `level`.
+    pub fn level_bytes(&self, level: usize) -> u64 {
+        self.files(level).iter().map(|f| f.size).sum()
+    }
+
+    /// Every live file number.
+    pub fn live_files(&self) -> impl Iterator<Item = u64> + '_ {
+        self.levels.iter().flat_map(|l| l.iter().map(|f| f.number))
+    }
+
+    /// Applies an edit, returning the next version or what is inconsistent.
+    pub fn apply(&self, edit: &VersionEdit) -> std::result::Result<Version, String> {
+        let mut levels: Vec<Vec<Arc<FileMeta>>> = self.levels.iter().map(|l| l.to_vec()).collect();
+        let n = levels.len();
+        for &(level, number) in &edit.deleted_files {
+            let files = levels
+                .get_mut(level)
+                .ok_or_else(|| format!("deleted file {number} at level {level} of {n}"))?;
+            let before = files.len();
+            files.retain(|f| f.number != number);
+            if files.len() == before {
+                return Err(format!("deleted file {number} is not at level {level}"));
+            }
+        }
+        for (level, f) in &edit.new_files {
+            let files = levels
+                .get_mut(*level)
+                .ok_or_else(|| format!("new file {} at level {level} of {n}", f.number))?;
+            files.push(Arc::clone(f));
+        }
+        levels[0].sort_by_key(|f| std::cmp::Reverse(f.number));
+        for files in levels.iter_mut().skip(1) {
+            files.sort_by(|a, b| compare_internal(&a.smallest, &b.smallest));
+        }
+        let v = Version {
+            levels: levels.into_iter().map(Arc::new).collect(),
+        };
+        v.check()?;
+        Ok(v)
+    }
+
+    /// Checks the ordering invariants.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let mut seen = std::collections::HashSet::new();
+        for (level, files) in self.levels.iter().enumerate() {
+            for f in files.iter() {
+                if !seen.insert(f.number) {
+                    return Err(format!("file {} appears twice", f.number));
+                }
+            }
+            if level == 0 {
+                continue;
+            }
+            for w in files.windows(2) {
+                if compare_internal(&w[0].largest, &w[1].smallest) != Ordering::Less {
+                    return Err(format!(
+                        "L{level} files {} and {} overlap",
+                        w[0].number, w[1].number
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Files at `level` whose user-key range intersects `[begin, end]` (inclusive;
+    /// `None` is unbounded). Conservative: a range-tombstone end sentinel counts as
+    /// inclusive.
+    pub fn overlapping(
+        &self,
+        level: usize,
+        begin: Option<&[u8]>,
+        end: Option<&[u8]>,
+    ) -> Vec<Arc<FileMeta>> {
+        self.files(level)
+            .iter()
+            .filter(|f| {
+                let before = end.is_some_and(|e| f.smallest_user_key() > e);
+                let after = begin.is_some_and(|b| f.largest_user_key() < b);
+                !before && !after
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Looks `user_key` up in the tables as of `snapshot`. `max_tombstone` carries the
+    /// newest covering range tombstone seen in newer sources (memtables).
+    pub fn get(
+        &self,
+        tables: &TableCache,
+        user_key: &[u8],
+        snapshot: SequenceNumber,
+        mut max_tombstone: SequenceNumber,
+    ) -> Result<TableGet> {
+        let target = seek_key(user_key, snapshot);
+        let probe =
+            |f: &FileMeta, max_tombstone: &mut SequenceNumber| -> Result<Option<TableGet>> {
+                let t = tables.get(f.number, f.size)?;
+                for rt in t.range_tombstones() {
+                    if rt.seq <= snapshot
+                        && rt.seq > *max_tombstone
+                        && rt.start.as_slice() <= user_key
+                        && user_key < rt.end.as_slice()
+                    {
+                        *max_tombstone = rt.seq;
+                    }
+                }
+                if let Some((ikey, value)) = t.get(&target)? {
+                    if let Some(p) = parse_internal_key(&ikey) {
+                        if p.user_key == user_key && p.seq <= snapshot {
+                            if p.seq < *max_tombstone || p.kind != ValueKind::Put {
+                                return Ok(Some(TableGet::Deleted));
+                            }
+                            return Ok(Some(TableGet::Value(value)));
+                        }
+                    }
+                }
+                if *max_tombstone > 0 {
+                    // A tombstone newer than anything below hides every older version.
+                    return Ok(Some(TableGet::Deleted));
+                }
+                Ok(None)
+            };
+        if max_tombstone > 0 {
+            return Ok(TableGet::Deleted);
+        }
+        for f in self.files(0) {
+            if f.smallest_user_key() <= user_key && user_key <= f.largest_user_key() {
+                if let Some(r) = probe(f, &mut max_tombstone)? {
+                    return Ok(r);
+                }
+            }
+        }
+        for level in 1..self.num_levels() {
+            let files = self.files(level);
+            let i =
+                files.partition_point(|f| compare_internal(&f.largest, &target) == Ordering::Less);
+            if let Some(f) = files.get(i) {
+                if f.smallest_user_key() <= user_key {
+                    if let Some(r) = probe(f, &mut max_tombstone)? {
+                        return Ok(r);
+                    }
+                }
+            }
+        }
+        Ok(TableGet::Absent)
+    }
+
+    /// Bytes of the files that hold only group `g` (and how many there are).
+    pub fn group_only_files(&self, g: u64) -> Vec<(usize, Arc<FileMeta>)> {
+        let mut out = Vec::new();
+        for (level, files) in self.levels.iter().enumerate() {
+            for f in files.iter() {
+                if f.min_group == g && f.max_group == g {
+                    out.push((level, Arc::clone(f)));
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::internal_key;
+
+    fn meta(number: u64, lo: &str, hi: &str) -> Arc<FileMeta> {
+        Arc::new(FileMeta {
+            number,
+            size: 100,
+            smallest: internal_key(lo.as_bytes(), 1, ValueKind::Put),
+            largest: internal_key(hi.as_bytes(), 1, ValueKind::Put),
+            smallest_seq: 1,
+            largest_seq: 1,
+            min_group: 0,
+            max_group: 0,
+            num_entries: 1,
+            num_range_deletions: 0,
+        })
+    }
+
+    #[test]
+    fn apply_sorts_and_rejects_overlap() {
+        let v = Version::empty(3);
+        let mut e = VersionEdit::default();
+        e.new_files.push((1, meta(2, "m", "p")));
+        e.new_files.push((1, meta(3, "a", "c")));
+        e.new_files.push((0, meta(4, "a", "z")));
+        e.new_files.push((0, meta(5, "a", "z")));
+        let v = v.apply(&e).unwrap();
+        assert_eq!(v.files(1)[0].number, 3);
+        assert_eq!(v.files(0)[0].number, 5);
+        let mut bad = VersionEdit::default();
+        bad.new_files.push((1, meta(6, "b", "n")));
+        assert!(v.apply(&bad).is_err());
+        let mut del = VersionEdit::default();
+        del.deleted_files.push((2, 2));
+        assert!(v.apply(&del).is_err());
+        assert_eq!(v.overlapping(1, Some(b"d"), Some(b"m")).len(), 1);
+        assert_eq!(v.overlapping(1, None, None).len(), 2);
+    }
+}

@@ -1,0 +1,428 @@
+//! The version set: the current [`Version`], the manifest that makes it durable, and
+//! the counters (next file number, last sequence, log number) that go with it.
+//!
+//! Manifest byte grammar (a log of version edits):
+//!
+//! ```text
+//! manifest := record*
+//! record   := len:u32le crc:u32le payload[len]      -- crc = crc32c(len bytes ‖ payload)
+//! payload  := version_edit (see version_edit.rs)
+//! ```
+//!
+//! Each open writes a fresh manifest whose first record is a snapshot of the whole
+//! version, syncs it, then points CURRENT at it with `write_atomic` (after a crash
+//! either the old or the new manifest is current, never a mix), then deletes the old
+//! one. Every later edit is appended and synced before the version it describes is
+//! installed, so a flush or compaction is visible only once durable.
+//!
+//! Recovery replays the records; a record cut short at the end of the file (a torn
+//! append that was never acknowledged) is dropped with a warning; a checksum mismatch
+//! anywhere before the end, or an edit that does not decode or apply, is corruption
+//! named by file and offset.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+
+use phoenix_storage::{SharedFs, WritableFile};
+
+use crate::error::{Error, Result};
+use crate::filename;
+use crate::key::SequenceNumber;
+use crate::version::Version;
+use crate::version_edit::VersionEdit;
+
+const RECORD_HEADER: usize = 8;
+
+/// Frames one manifest record.
+pub fn encode_record(payload: &[u8]) -> Vec<u8> {
+    let len = (payload.len() as u32).to_le_bytes();
+    let mut crc = crc32c::crc32c(&len);
+    crc = crc32c::crc32c_append(crc, payload);
+    let mut out = Vec::with_capacity(RECORD_HEADER + payload.len());
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Splits manifest bytes into edits. Returns the edits with their offsets and whether
+/// a torn tail was dropped.
+pub fn decode_manifest(file: &Path, data: &[u8]) -> Result<(Vec<(u64, VersionEdit)>, bool)> {
+    let mut pos = 0usize;
+    let mut edits = Vec::new();
+    while pos < data.len() {
+        let rest = data.len() - pos;
+        if rest < RECORD_HEADER {
+            return Ok((edits, true));
+        }
+        let mut b4 = [0u8; 4];
+        b4.copy_from_slice(&data[pos..pos + 4]);
+        let len = u32::from_le_bytes(b4) as usize;
+        b4.copy_from_slice(&data[pos + 4..pos + 8]);
+        let crc = u32::from_le_bytes(b4);
+        let end = pos + RECORD_HEADER + len;
+        if end > data.len() {
+            return Ok((edits, true));
+        }
+        let payload = &data[pos + RECORD_HEADER..end];
+        let actual = crc32c::crc32c_append(crc32c::crc32c(&data[pos..pos + 4]), payload);
+        if actual != crc {
+            if end == data.len() {
+                return Ok((edits, true));
+            }
+            return Err(Error::corruption(
+                file,
+                pos as u64,
+                format!(
+                    "manifest record checksum mismatch (stored {crc:#x}, computed {actual:#x})"
+                ),
+            ));
+        }
+        let edit = VersionEdit::decode(payload).map_err(|(at, what)| {
+            Error::corruption(
+                file,
+                (pos + RECORD_HEADER + at) as u64,
+                format!("version edit: {what}"),
+            )
+        })?;
+        edits.push((pos as u64, edit));
+        pos = end;
+    }
+    Ok((edits, false))
+}
+
+/// The current version and its manifest.
+pub struct VersionSet {
+    fs: SharedFs,
+    dir: PathBuf,
+    num_levels: usize,
+    current: Arc<Version>,
+    manifest: Option<Box<dyn WritableFile>>,
+    manifest_number: u64,
+    next_file_number: u64,
+    /// Largest sequence number made durable in a table (or present at open).
+    last_sequence: SequenceNumber,
+    log_number: u64,
+    live: Vec<Weak<Version>>,
+    /// Files removed from the current version, deleted once no live version holds them.
+    pending_deletes: Vec<u64>,
+    /// A manifest write failed: the in-memory and on-disk states may differ, so no
+    /// further edits are accepted.
+    broken: bool,
+}
+
+impl std::fmt::Debug for VersionSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VersionSet")
+            .field("manifest_number", &self.manifest_number)
+            .field("next_file_number", &self.next_file_number)
+            .field("last_sequence", &self.last_sequence)
+            .finish()
+    }
+}
+
+impl VersionSet {
+    /// Recovers from `<dir>/CURRENT` or, if there is none and `create` is set, starts
+    /// empty. Then writes a fresh manifest (see the module docs).
+    pub fn open(fs: SharedFs, dir: &Path, num_levels: usize, create: bool) -> Result<VersionSet> {
+        let current_path = filename::current_path(dir);
+        let mut vs = VersionSet {
+            fs: Arc::clone(&fs),
+            dir: dir.to_path_buf(),
+            num_levels,
+            current: Arc::new(Version::empty(num_levels)),
+            manifest: None,
+            manifest_number: 0,
+            next_file_number: 1,
+            last_sequence: 0,
+            log_number: 0,
+            live: Vec::new(),
+            pending_deletes: Vec::new(),
+            broken: false,
+        };
+        let mut old_manifest = None;
+        if fs.exists(&current_path)? {
+            let cur = fs.read_all(&current_path)?;
+            let name = std::str::from_utf8(&cur)
+                .ok()
+                .and_then(|s| s.strip_suffix('\n'))
+                .filter(|s| matches!(filename::parse(s), Some(filename::FileKind::Manifest(_))))
+                .ok_or_else(|| {
+                    Error::corruption(&current_path, 0, "CURRENT does not name a manifest")
+                })?;
+            let path = dir.join(name);
+            let data = fs.read_all(&path)?;
+            let (edits, torn) = decode_manifest(&path, &data)?;
+            if torn {
+                tracing::warn!(manifest = %path.display(), "dropping a torn record at the end of the manifest");
+            }
+            if edits.is_empty() {
+                return Err(Error::corruption(
+                    &path,
+                    0,
+                    "manifest holds no complete record",
+                ));
+            }
+            let mut v = Version::empty(num_levels);
+            for (offset, e) in &edits {
+                if e.new_files.iter().any(|(l, _)| *l >= num_levels)
+                    || e.deleted_files.iter().any(|(l, _)| *l >= num_levels)
+                {
+                    return Err(Error::corruption(
+                        &path,
+                        *offset,
+                        format!("edit names a level beyond num_levels = {num_levels}"),
+                    ));
+                }
+                v = v.apply(e).map_err(|what| {
+                    Error::corruption(&path, *offset, format!("edit does not apply: {what}"))
+                })?;
+                if let Some(n) = e.log_number {
+                    vs.log_number = n;
+                }
+                if let Some(n) = e.next_file_number {
+                    vs.next_file_number = n;
+                }
+                if let Some(s) = e.last_sequence {
+                    vs.last_sequence = s;
+                }
+            }
+            let max_file = v.live_files().max().unwrap_or(0);
+            if max_file >= vs.next_file_number {
+                return Err(Error::corruption(
+                    &path,
+                    0,
+                    format!(
+                        "file {max_file} is not below next_file_number {}",
+                        vs.next_file_number
+                    ),
+                ));
+            }
+            vs.current = Arc::new(v);
+            old_manifest = Some(path);
+        } else if !create {
+            return Err(Error::InvalidArgument(format!(
+                "{} holds no database and create_if_missing is off",
+                dir.display()
+            )));
+        }
+        vs.write_fresh_manifest()?;
+        if let Some(old) = old_manifest {
+            if old != filename::manifest_path(dir, vs.manifest_number) {
+                // Best effort: an unreferenced manifest is removed on the next open too.
+                if let Err(e) = fs.delete(&old) {
+                    tracing::warn!(error = %e, "could not delete the old manifest");
+                }
+            }
+        }
+        Ok(vs)
+    }
+
+    fn write_fresh_manifest(&mut self) -> Result<()> {
+        let number = self.next_file_number;
+        self.next_file_number += 1;
+        let path = filename::manifest_path(&self.dir, number);
+        let mut snap = VersionEdit {
+            log_number: Some(self.log_number),
+            next_file_number: Some(self.next_file_number),
+            last_sequence: Some(self.last_sequence),
+            ..Default::default()
+        };
+        for (level, files) in self.current.levels.iter().enumerate() {
+            for f in files.iter() {
+                snap.new_files.push((level, Arc::clone(f)));
+            }
+        }
+        let mut payload = Vec::new();
+        snap.encode(&mut payload);
+        let mut file = self.fs.create(&path, Default::default())?;
+        file.append(&encode_record(&payload))?;
+        file.sync_all()?;
+        self.fs.sync_dir(&self.dir)?;
+        let current = format!("{}\n", filename::manifest_name(number));
+        self.fs
+            .write_atomic(&filename::current_path(&self.dir), current.as_bytes())?;
+        self.manifest = Some(file);
+        self.manifest_number = number;
+        Ok(())
+    }
+
+    /// The current version.
+    pub fn current(&self) -> Arc<Version> {
+        Arc::clone(&self.current)
+    }
+
+    /// Hands out a new file number.
+    pub fn new_file_number(&mut self) -> u64 {
+        let n = self.next_file_number;
+        self.next_file_number += 1;
+        n
+    }
+
+    /// Largest sequence number recorded in the manifest.
+    pub fn last_sequence(&self) -> SequenceNumber {
+        self.last_sequence
+    }
+
+    /// First WAL entry not yet in a table.
+    pub fn log_number(&self) -> u64 {
+        self.log_number
+    }
+
+    /// The number of the manifest in use.
+    pub fn manifest_number(&self) -> u64 {
+        self.manifest_number
+    }
+
+    /// Makes `edit` durable in the manifest, then installs the version it produces.
+    /// On a write failure nothing is installed and the set refuses further edits.
+    pub fn log_and_apply(&mut self, mut edit: VersionEdit) -> Result<()> {
+        if self.broken {
+            return Err(Error::Background("an earlier manifest write failed".into()));
+        }
+        if edit.new_files.iter().any(|(l, _)| *l >= self.num_levels) {
+            return Err(Error::InvalidArgument(
+                "edit names a level beyond num_levels".into(),
+            ));
+        }
+        let next = self
+            .current
+            .apply(&edit)
+            .map_err(|what| Error::Background(format!("version edit does not apply: {what}")))?;
+        if let Some(s) = edit.last_sequence {
+            debug_assert!(s >= self.last_sequence, "last sequence moved backwards");
+        }
+        edit.next_file_number = Some(self.next_file_number);
+        let mut payload = Vec::new();
+        edit.encode(&mut payload);
+        let record = encode_record(&payload);
+        let written = match self.manifest.as_mut() {
+            Some(m) => m.append(&record).and_then(|_| m.sync_data()),
+            None => {
+                return Err(Error::Background("manifest is not open".into()));
+            }
+        };
+        if let Err(e) = written {
+            self.broken = true;
+            return Err(e.into());
+        }
+        if let Some(s) = edit.last_sequence {
+            self.last_sequence = self.last_sequence.max(s);
+        }
+        if let Some(n) = edit.log_number {
+            self.log_number = n;
+        }
+        self.pending_deletes
+            .extend(edit.deleted_files.iter().map(|&(_, n)| n));
+        let old = std::mem::replace(&mut self.current, Arc::new(next));
+        self.live.push(Arc::downgrade(&old));
+        Ok(())
+    }
+
+    /// Deletes the files removed by earlier edits that no live version holds any more;
+    /// returns their numbers (for the table cache to forget).
+    pub fn delete_obsolete_files(&mut self) -> Vec<u64> {
+        let mut deleted = Vec::new();
+        if self.pending_deletes.is_empty() {
+            return deleted;
+        }
+        self.live.retain(|w| w.strong_count() > 0);
+        let mut held = std::collections::HashSet::new();
+        held.extend(self.current.live_files());
+        for w in &self.live {
+            if let Some(v) = w.upgrade() {
+                held.extend(v.live_files());
+            }
+        }
+        let mut keep = Vec::new();
+        for n in std::mem::take(&mut self.pending_deletes) {
+            if held.contains(&n) {
+                keep.push(n);
+                continue;
+            }
+            let path = filename::table_path(&self.dir, n);
+            deleted.push(n);
+            if let Err(e) = self.fs.delete(&path) {
+                if !e.is_not_found() {
+                    tracing::warn!(file = %path.display(), error = %e, "could not delete an obsolete table");
+                }
+            }
+        }
+        self.pending_deletes = keep;
+        deleted
+    }
+
+    /// Whether some table files wait for old versions to be released.
+    pub fn has_pending_deletes(&self) -> bool {
+        !self.pending_deletes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{internal_key, ValueKind};
+    use crate::version_edit::FileMeta;
+    use phoenix_storage::MemFs;
+
+    fn meta(number: u64) -> Arc<FileMeta> {
+        Arc::new(FileMeta {
+            number,
+            size: 10,
+            smallest: internal_key(b"a", 1, ValueKind::Put),
+            largest: internal_key(b"b", 1, ValueKind::Put),
+            smallest_seq: 1,
+            largest_seq: 1,
+            min_group: 0,
+            max_group: 0,
+            num_entries: 1,
+            num_range_deletions: 0,
+        })
+    }
+
+    #[test]
+    fn recovers_after_reopen_and_crash() {
+        let mem = Arc::new(MemFs::new());
+        let fs: SharedFs = mem.clone();
+        let dir = Path::new("/db");
+        fs.create_dir_all(dir).unwrap();
+        {
+            let mut vs = VersionSet::open(Arc::clone(&fs), dir, 4, true).unwrap();
+            let n = vs.new_file_number();
+            let mut e = VersionEdit {
+                last_sequence: Some(10),
+                ..Default::default()
+            };
+            e.new_files.push((0, meta(n)));
+            vs.log_and_apply(e).unwrap();
+        }
+        mem.crash();
+        let vs = VersionSet::open(Arc::clone(&fs), dir, 4, false).unwrap();
+        assert_eq!(vs.current().files(0).len(), 1);
+        assert_eq!(vs.last_sequence(), 10);
+        let names = fs.list(dir).unwrap();
+        let manifests = names.iter().filter(|n| n.starts_with("MANIFEST-")).count();
+        assert_eq!(manifests, 1, "{names:?}");
+    }
+
+    #[test]
+    fn torn_tail_is_dropped_but_mid_file_damage_is_corruption() {
+        let e = VersionEdit {
+            last_sequence: Some(5),
+            ..Default::default()
+        };
+        let mut p = Vec::new();
+        e.encode(&mut p);
+        let rec = encode_record(&p);
+        let mut data = rec.clone();
+        data.extend_from_slice(&rec);
+        let (edits, torn) = decode_manifest(Path::new("M"), &data[..data.len() - 1]).unwrap();
+        assert_eq!((edits.len(), torn), (1, true));
+        let mut bad = data.clone();
+        bad[RECORD_HEADER] ^= 1;
+        let err = decode_manifest(Path::new("M"), &bad).unwrap_err();
+        assert!(err.to_string().contains("M at offset 0"), "{err}");
+        let (edits, torn) = decode_manifest(Path::new("M"), &data).unwrap();
+        assert_eq!((edits.len(), torn), (2, false));
+    }
+}

@@ -1,0 +1,214 @@
+//! Behaviour of the Db on MemFs: reads after writes, deletes, range deletes, snapshots,
+//! iterators both ways, flush, compaction, reopen, and the WAL off mode.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use phoenix_engine::{Db, Options, ReadOptions, WalMode, WriteBatch, WriteOptions};
+use phoenix_storage::{MemFs, SharedFs};
+
+fn small_opts(wal: WalMode) -> Options {
+    Options {
+        write_buffer_size: 16 << 10,
+        target_file_size_base: 8 << 10,
+        max_bytes_for_level_base: 64 << 10,
+        level0_file_num_compaction_trigger: 2,
+        wal,
+        ..Options::default()
+    }
+}
+
+fn fs() -> (Arc<MemFs>, SharedFs) {
+    let m = Arc::new(MemFs::new());
+    let s: SharedFs = m.clone();
+    (m, s)
+}
+
+fn scan(db: &Db, ro: &ReadOptions<'_>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut it = db.iter(ro).unwrap();
+    it.seek_to_first();
+    let mut out = Vec::new();
+    while it.valid() {
+        out.push((it.key().to_vec(), it.value().to_vec()));
+        it.next();
+    }
+    it.status().unwrap();
+    out
+}
+
+fn scan_rev(db: &Db, ro: &ReadOptions<'_>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut it = db.iter(ro).unwrap();
+    it.seek_to_last();
+    let mut out = Vec::new();
+    while it.valid() {
+        out.push((it.key().to_vec(), it.value().to_vec()));
+        it.prev();
+    }
+    it.status().unwrap();
+    out.reverse();
+    out
+}
+
+#[test]
+fn put_get_delete_and_range_delete() {
+    let (_m, fs) = fs();
+    let db = Db::open(fs, Path::new("/db"), small_opts(WalMode::None)).unwrap();
+    let wo = WriteOptions::default();
+    let ro = ReadOptions::default();
+    db.put(&wo, b"a", b"1").unwrap();
+    db.put(&wo, b"b", b"2").unwrap();
+    db.put(&wo, b"c", b"3").unwrap();
+    assert_eq!(db.get(&ro, b"b").unwrap(), Some(b"2".to_vec()));
+    db.delete(&wo, b"b").unwrap();
+    assert_eq!(db.get(&ro, b"b").unwrap(), None);
+    db.delete_range(&wo, b"a", b"c").unwrap();
+    assert_eq!(db.get(&ro, b"a").unwrap(), None);
+    assert_eq!(db.get(&ro, b"c").unwrap(), Some(b"3".to_vec()));
+    db.put(&wo, b"a", b"again").unwrap();
+    assert_eq!(db.get(&ro, b"a").unwrap(), Some(b"again".to_vec()));
+    db.flush().unwrap();
+    assert_eq!(db.get(&ro, b"a").unwrap(), Some(b"again".to_vec()));
+    assert_eq!(db.get(&ro, b"b").unwrap(), None);
+    assert_eq!(db.get_persisted(b"c").unwrap(), Some(b"3".to_vec()));
+    assert_eq!(
+        scan(&db, &ro),
+        vec![
+            (b"a".to_vec(), b"again".to_vec()),
+            (b"c".to_vec(), b"3".to_vec())
+        ]
+    );
+    let mut bad = WriteBatch::new();
+    bad.delete_range(b"z", b"a");
+    assert!(db.write(&wo, bad).is_err());
+    assert!(db.put(&wo, &vec![0u8; 70_000], b"").is_err());
+}
+
+#[test]
+fn snapshots_and_iterators_survive_flush_and_compaction() {
+    let (_m, fs) = fs();
+    let db = Db::open(fs, Path::new("/db"), small_opts(WalMode::None)).unwrap();
+    let wo = WriteOptions::default();
+    for i in 0..2000u32 {
+        db.put(
+            &wo,
+            format!("k{i:05}").as_bytes(),
+            format!("v1-{i}").as_bytes(),
+        )
+        .unwrap();
+    }
+    let snap = db.snapshot();
+    for i in (0..2000u32).step_by(2) {
+        db.put(
+            &wo,
+            format!("k{i:05}").as_bytes(),
+            format!("v2-{i}").as_bytes(),
+        )
+        .unwrap();
+    }
+    db.delete_range(&wo, b"k00100", b"k00200").unwrap();
+    db.compact_range(None, None).unwrap();
+    let ro = ReadOptions::default();
+    let old = ReadOptions {
+        snapshot: Some(&snap),
+        ..Default::default()
+    };
+    assert_eq!(db.get(&old, b"k00150").unwrap(), Some(b"v1-150".to_vec()));
+    assert_eq!(db.get(&ro, b"k00150").unwrap(), None);
+    assert_eq!(db.get(&ro, b"k00300").unwrap(), Some(b"v2-300".to_vec()));
+    assert_eq!(db.get(&ro, b"k00301").unwrap(), Some(b"v1-301".to_vec()));
+    let now = scan(&db, &ro);
+    assert_eq!(now.len(), 1900);
+    assert_eq!(scan_rev(&db, &ro), now);
+    let then = scan(&db, &old);
+    assert_eq!(then.len(), 2000);
+    assert!(then.iter().all(|(_, v)| v.starts_with(b"v1-")));
+    assert_eq!(scan_rev(&db, &old), then);
+    // Bounds.
+    let bounded = ReadOptions {
+        lower_bound: Some(b"k00190".to_vec()),
+        upper_bound: Some(b"k00205".to_vec()),
+        ..Default::default()
+    };
+    let b: Vec<_> = scan(&db, &bounded).into_iter().map(|(k, _)| k).collect();
+    let want: Vec<Vec<u8>> = (200..205)
+        .map(|i| format!("k{i:05}").into_bytes())
+        .collect();
+    assert_eq!(b, want);
+    assert_eq!(
+        scan_rev(&db, &bounded)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect::<Vec<_>>(),
+        want
+    );
+    let stats = db.stats();
+    assert!(
+        stats.levels.iter().skip(1).any(|l| l.files > 0),
+        "{stats:?}"
+    );
+    drop(snap);
+    db.compact_range(None, None).unwrap();
+    assert_eq!(scan(&db, &ro), now);
+}
+
+#[test]
+fn reopen_recovers_with_wal_and_without() {
+    for wal in [WalMode::Log, WalMode::None] {
+        let (m, fs) = fs();
+        {
+            let db = Db::open(fs.clone(), Path::new("/db"), small_opts(wal.clone())).unwrap();
+            let wo = WriteOptions {
+                sync: true,
+                ..Default::default()
+            };
+            for i in 0..500u32 {
+                db.put(&wo, format!("key{i}").as_bytes(), &[b'x'; 100])
+                    .unwrap();
+            }
+            db.delete(&wo, b"key7").unwrap();
+            if wal == WalMode::None {
+                db.flush().unwrap();
+            }
+            // Crash without a clean close.
+            m.crash();
+            std::mem::forget(db);
+        }
+        let db = Db::open(fs.clone(), Path::new("/db2"), small_opts(wal.clone()));
+        drop(db);
+        let db = Db::open(fs, Path::new("/db"), small_opts(wal.clone())).unwrap();
+        let ro = ReadOptions::default();
+        assert_eq!(
+            db.get(&ro, b"key8").unwrap(),
+            Some(vec![b'x'; 100]),
+            "{wal:?}"
+        );
+        assert_eq!(db.get(&ro, b"key7").unwrap(), None);
+        assert_eq!(db.get(&ro, b"key499").unwrap(), Some(vec![b'x'; 100]));
+        db.close().unwrap();
+    }
+}
+
+#[test]
+fn concurrent_writers_group_commit() {
+    let (_m, fs) = fs();
+    let db = Db::open(fs, Path::new("/db"), small_opts(WalMode::Log)).unwrap();
+    let mut hs = Vec::new();
+    for t in 0..4u32 {
+        let db = Arc::clone(&db);
+        hs.push(std::thread::spawn(move || {
+            for i in 0..500u32 {
+                let mut b = WriteBatch::new();
+                b.put(format!("t{t}-{i:04}").as_bytes(), b"a");
+                b.put(format!("u{t}-{i:04}").as_bytes(), b"b");
+                db.write(&WriteOptions::default(), b).unwrap();
+            }
+        }));
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    let all = scan(&db, &ReadOptions::default());
+    assert_eq!(all.len(), 4000);
+    assert_eq!(db.latest_sequence(), 4000);
+}
