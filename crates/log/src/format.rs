@@ -12,9 +12,14 @@
 //!                 crc = crc32c(seq u64 ‖ bytes 8..16 of the frame header ‖ payload), where
 //!                 seq is the segment's sequence number from its header
 //! type         := 1 (batch: payload is op*) | 2 (pad: payload is ignored)
+//!                 | 3 (seal: the segment ends here; payload ignored, anything after is
+//!                 stale)
 //! op           := kind u8 | flags u8 | 0 u16 | body_len u32 | stream u64 | opseq u64
 //!                 | first u64 | last u64 | [term u64 | vote u64 | commit u64 if flags & 1]
 //!                 | body[body_len]
+//! flags        := bit 0: a hard state follows; bit 1: the stream has no hard state after
+//!                 this op (set on removal, and on rewrites of a stream revived after a
+//!                 removal, so that the op that cleared it can be pinned and rewritten)
 //! kind         := 1 append | 2 truncate-prefix | 3 truncate-suffix | 4 assign | 5 remove
 //! append body  := base u64 | count u32 | 0 u32 | entry{count}
 //! entry        := term u64 | len u32 | crc u32 (crc32c of data) | data[len]
@@ -57,6 +62,8 @@ pub const FRAME_ALIGN: u64 = 8;
 pub const FRAME_BATCH: u8 = 1;
 /// Frame type: padding (direct I/O alignment).
 pub const FRAME_PAD: u8 = 2;
+/// Frame type: the segment's end; the queue moved on (payload ignored).
+pub const FRAME_SEAL: u8 = 3;
 /// Largest frame payload accepted (1 GiB); bigger lengths are corruption.
 pub const FRAME_LEN_MAX: u32 = 1 << 30;
 /// Size of an op header without hard state.
@@ -69,6 +76,7 @@ pub const APPEND_HEADER_LEN: usize = 16;
 pub const ENTRY_HEADER_LEN: usize = 16;
 
 const FLAG_HARD_STATE: u8 = 1;
+const FLAG_CLEAR_HARD_STATE: u8 = 2;
 
 /// The kind of a stream operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,6 +220,19 @@ pub enum FrameCheck {
     Invalid(String),
 }
 
+/// Encodes a seal frame for segment `seq`, `len` bytes long in total (16, or a whole
+/// direct-I/O block).
+pub fn seal_frame_bytes(seq: u64, len: usize) -> Vec<u8> {
+    assert!(
+        len >= FRAME_HEADER_LEN,
+        "a seal frame needs room for its header"
+    );
+    let mut b = vec![0u8; len];
+    let (hdr, rest) = b.split_at_mut(FRAME_HEADER_LEN);
+    seal_frame(seq, FRAME_SEAL, hdr, rest);
+    b
+}
+
 /// Checks the frame at the start of `b` for segment `seq`.
 pub fn check_frame(seq: u64, b: &[u8]) -> FrameCheck {
     if b.len() < FRAME_HEADER_LEN {
@@ -241,7 +262,7 @@ pub fn check_frame(seq: u64, b: &[u8]) -> FrameCheck {
         return FrameCheck::Invalid("frame checksum mismatch".into());
     }
     let frame_type = hdr[12];
-    if frame_type != FRAME_BATCH && frame_type != FRAME_PAD {
+    if !matches!(frame_type, FRAME_BATCH | FRAME_PAD | FRAME_SEAL) {
         return FrameCheck::Invalid(format!("unknown frame type {frame_type}"));
     }
     FrameCheck::Valid { frame_type, len }
@@ -275,6 +296,8 @@ pub struct Op {
     pub last: u64,
     /// The hard state saved with the op.
     pub hard_state: Option<HardState>,
+    /// The op leaves the stream without a hard state.
+    pub clears_hard_state: bool,
     /// For appends: index of the first entry.
     pub base: u64,
     /// For appends: the entries, in index order from `base`.
@@ -300,6 +323,8 @@ pub struct OpHead {
     pub last: u64,
     /// Hard state to save.
     pub hard_state: Option<HardState>,
+    /// The op leaves the stream without a hard state (exclusive with `hard_state`).
+    pub clears_hard_state: bool,
 }
 
 /// Size of an encoded op.
@@ -340,8 +365,14 @@ pub fn encode_op<'a>(
     };
     assert!(body_len <= FRAME_LEN_MAX as usize, "op body too large");
     out.push(head.kind as u8);
+    assert!(
+        !(head.clears_hard_state && head.hard_state.is_some()),
+        "an op cannot both set and clear the hard state"
+    );
     out.push(if head.hard_state.is_some() {
         FLAG_HARD_STATE
+    } else if head.clears_hard_state {
+        FLAG_CLEAR_HARD_STATE
     } else {
         0
     });
@@ -397,8 +428,10 @@ pub fn decode_batch(
         let kind =
             OpKind::from_u8(rest[0]).ok_or_else(|| (at, format!("unknown op kind {}", rest[0])))?;
         let flags = rest[1];
-        if flags & !FLAG_HARD_STATE != 0 {
-            return Err((at, format!("unknown op flags {flags:#x}")));
+        if flags & !(FLAG_HARD_STATE | FLAG_CLEAR_HARD_STATE) != 0
+            || flags == FLAG_HARD_STATE | FLAG_CLEAR_HARD_STATE
+        {
+            return Err((at, format!("invalid op flags {flags:#x}")));
         }
         let body_len = le_u32(rest, 4) as usize;
         let stream = le_u64(rest, 8);
@@ -480,6 +513,7 @@ pub fn decode_batch(
             first,
             last,
             hard_state,
+            clears_hard_state: flags & FLAG_CLEAR_HARD_STATE != 0,
             base,
             entries,
             offset: at,
@@ -526,6 +560,7 @@ mod tests {
                 vote: 3,
                 commit: 1,
             }),
+            clears_hard_state: false,
         };
         encode_op(
             &mut payload,
@@ -577,6 +612,7 @@ mod tests {
             first: 5,
             last: 6,
             hard_state: None,
+            clears_hard_state: false,
         };
         let mut offs = Vec::new();
         encode_op(

@@ -61,6 +61,9 @@ fn drop_tombstones(inner: &Inner) {
         if let Some(l) = st.latest_seg.take() {
             l.release(0, 1);
         }
+        if let Some(h) = st.hs_seg.take() {
+            h.release(0, 1);
+        }
         st.rec_segs.clear();
         false
     });

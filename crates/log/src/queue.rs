@@ -464,7 +464,9 @@ fn write_batch(inner: &Inner, q: &Queue, w: &mut Writer, batch: &mut Batch) -> R
             None => true,
         };
         if switch {
-            // Invariant 2: the old segment is durable before the new one gets a frame.
+            // Invariant 2: the old segment is sealed and durable before the new one gets a
+            // frame.
+            write_seal(inner, w)?;
             sync_cur(inner, w)?;
             if let Some((old, _)) = w.cur.take() {
                 old.sealed.store(true, Ordering::Release);
@@ -516,6 +518,28 @@ fn write_batch(inner: &Inner, q: &Queue, w: &mut Writer, batch: &mut Batch) -> R
     Ok(need_sync)
 }
 
+/// Ends the open segment with a seal frame (not synced here): recovery then knows that
+/// whatever follows is stale, not a torn write.
+fn write_seal(inner: &Inner, w: &mut Writer) -> Result<()> {
+    let Some((seg, f)) = w.cur.as_mut() else {
+        return Ok(());
+    };
+    let len = if inner.opts.direct_io {
+        DIRECT_IO_ALIGN
+    } else {
+        FRAME_HEADER_LEN
+    };
+    let bytes = format::seal_frame_bytes(seg.seq, len);
+    if inner.opts.direct_io {
+        write_aligned(f.as_mut(), &bytes)?;
+    } else {
+        f.append(&bytes)?;
+    }
+    w.dirty = true;
+    seg.written.store(f.position(), Ordering::Release);
+    Ok(())
+}
+
 /// Appends `bytes` (a multiple of the direct-I/O block) from a block-aligned buffer.
 fn write_aligned(f: &mut dyn WritableFile, bytes: &[u8]) -> Result<()> {
     let align = DIRECT_IO_ALIGN;
@@ -539,7 +563,7 @@ fn finish(inner: &std::sync::Weak<Inner>, q: &Queue, w: &mut Writer) {
     };
     let failed = q.state.lock().failed.is_some();
     if !failed {
-        match sync_cur(&inner, w) {
+        match write_seal(&inner, w).and_then(|()| sync_cur(&inner, w)) {
             Ok(_) => {
                 let mut releases = Vec::new();
                 {

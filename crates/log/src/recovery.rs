@@ -6,9 +6,14 @@
 //! - an invalid frame with a valid frame of this segment somewhere after it: corruption,
 //!   reported with the segment and offset (a queue syncs a frame before writing the next,
 //!   so a damaged frame followed by a good one is not a torn write);
+//! - a seal frame: the clean end of a segment its queue moved on from (what follows is
+//!   stale bytes of the file's earlier lives);
 //! - otherwise the end: stale frames of the file's previous life (they check against the
 //!   header's `prev_seq`) end it quietly, anything else is a torn tail, cut and reported
 //!   with `tracing::warn!`.
+//!
+//! Every segment found without a seal (the ones being written at the crash) is sealed at
+//! the end of its valid frames and synced, so a torn tail is cut once and for all.
 //!
 //! Then every stream's ops (from all segments: a stream may have changed queue) are
 //! replayed in `opseq` order, clamping the stream to the op's `[first, last]` after each
@@ -25,7 +30,7 @@ use phoenix_storage::SharedFs;
 use crate::error::{Error, Result};
 use crate::format::{
     self, align_up, FrameCheck, Op, OpKind, SegmentHeader, ENTRY_HEADER_LEN, FRAME_ALIGN,
-    FRAME_BATCH, FRAME_HEADER_LEN, HEADER_LEN,
+    FRAME_BATCH, FRAME_HEADER_LEN, FRAME_SEAL, HEADER_LEN,
 };
 use crate::segment::{parse_name, FreeFile, Segment};
 use crate::store::{EntryMeta, StreamState};
@@ -48,6 +53,8 @@ pub struct ScanResult {
     pub end: u64,
     /// Whether a torn tail was cut at `end`.
     pub torn: Option<String>,
+    /// Whether the segment ends with a seal frame (at `end`).
+    pub sealed: bool,
 }
 
 /// Scans the frames of a segment whose bytes are `data` (the whole file). Public for the
@@ -63,8 +70,16 @@ pub fn scan_segment(path: &Path, data: &[u8]) -> Result<(SegmentHeader, ScanResu
     let mut ops = Vec::new();
     let mut pos = HEADER_LEN as usize;
     let mut torn = None;
+    let mut sealed = false;
     while pos < data.len() {
         match format::check_frame(seq, &data[pos..]) {
+            FrameCheck::Valid {
+                frame_type: FRAME_SEAL,
+                ..
+            } => {
+                sealed = true;
+                break;
+            }
             FrameCheck::Valid { frame_type, len } => {
                 let payload_at = pos + FRAME_HEADER_LEN;
                 let payload = &data[payload_at..payload_at + len as usize];
@@ -117,6 +132,7 @@ pub fn scan_segment(path: &Path, data: &[u8]) -> Result<(SegmentHeader, ScanResu
             ops,
             end: pos.min(data.len()) as u64,
             torn,
+            sealed,
         },
     ))
 }
@@ -172,11 +188,23 @@ pub(crate) fn recover(fs: &SharedFs, dir: &Path, queues: usize) -> Result<Recove
     seg_seqs.sort_unstable();
     let mut segments = BTreeMap::new();
     let mut per_stream: HashMap<u64, Vec<PendingOp>> = HashMap::new();
-    let mut newest_of_queue: HashMap<u32, u64> = HashMap::new();
-    let mut torn_tails: Vec<(u64, u64, String)> = Vec::new();
+    let mut unsealed: Vec<(u64, u64, Option<String>)> = Vec::new();
     for &seq in &seg_seqs {
         let path = crate::segment::seg_path(dir, seq);
         let data = fs.read_all(&path)?;
+        if let Ok(h) = SegmentHeader::decode(&data) {
+            if h.seq > seq {
+                // A dead segment being recycled: its new header was synced but the renames
+                // (to `.free`, then to the new name) were not durable. Nothing was written
+                // in its new life, so it is a free file (its frames are from life `seq`).
+                max_seq = max_seq.max(h.seq);
+                free.push(FreeFile {
+                    path,
+                    prev_seq: seq,
+                });
+                continue;
+            }
+        }
         let (header, scan) = scan_segment(&path, &data)?;
         if header.seq != seq {
             return Err(Error::Corruption {
@@ -192,10 +220,8 @@ pub(crate) fn recover(fs: &SharedFs, dir: &Path, queues: usize) -> Result<Recove
         max_opseq = max_opseq.max(header.opseq_base);
         let seg = Arc::new(Segment::new(dir, seq, header.queue, scan.end));
         seg.sealed.store(true, Ordering::Release);
-        let e = newest_of_queue.entry(header.queue).or_insert(seq);
-        *e = (*e).max(seq);
-        if let Some(reason) = scan.torn {
-            torn_tails.push((seq, scan.end, reason));
+        if !scan.sealed {
+            unsealed.push((seq, scan.end, scan.torn));
         }
         for op in scan.ops {
             max_opseq = max_opseq.max(op.opseq);
@@ -206,39 +232,22 @@ pub(crate) fn recover(fs: &SharedFs, dir: &Path, queues: usize) -> Result<Recove
         }
         segments.insert(seq, seg);
     }
-    for (seq, off, reason) in torn_tails {
+    for (seq, off, torn) in unsealed {
         let path = crate::segment::seg_path(dir, seq);
-        let newest = segments
-            .get(&seq)
-            .is_some_and(|s| newest_of_queue.get(&s.queue) == Some(&seq));
-        if !newest {
-            // Frames of an older segment of a queue were synced before the queue moved on.
-            return Err(Error::Corruption {
-                path,
-                offset: off,
-                reason: format!("{reason} in a segment that is not its queue's newest"),
-            });
+        if let Some(reason) = torn {
+            tracing::warn!(
+                segment = %path.display(),
+                offset = off,
+                "log recovery: cutting torn tail ({reason}); ops after it were never acknowledged"
+            );
         }
-        tracing::warn!(
-            segment = %path.display(),
-            offset = off,
-            "log recovery: cutting torn tail ({reason}); ops after it were never acknowledged"
-        );
-        // Zero the torn frame's header so that the segment now ends cleanly there: new
-        // segments will follow it, and a later recovery must not mistake the old torn tail
-        // of a no longer newest segment for damage.
+        // Seal the segment where its valid frames end (over the torn bytes, if any) and
+        // sync it: what was recovered is durable before new ops, possibly of other queues,
+        // follow it, and a later recovery stops at the seal instead of meeting the torn
+        // bytes again.
         let mut f = fs.reopen(&path, off, phoenix_storage::WriteOptions::default())?;
-        f.append(&[0u8; FRAME_HEADER_LEN])?;
+        f.append(&format::seal_frame_bytes(seq, FRAME_HEADER_LEN))?;
         f.sync_data()?;
-    }
-    // Make what was recovered durable before new ops (possibly on other queues) follow it.
-    for (&queue, &seq) in &newest_of_queue {
-        let _ = queue;
-        if let Some(seg) = segments.get(&seq) {
-            let size = fs.file_size(&seg.path)?;
-            let mut f = fs.reopen(&seg.path, size, phoenix_storage::WriteOptions::default())?;
-            f.sync_data()?;
-        }
     }
     let mut streams = HashMap::new();
     for (id, mut ops) in per_stream {
@@ -291,15 +300,13 @@ fn replay(id: u64, ops: Vec<PendingOp>, queues: usize) -> Result<Option<StreamSt
             }
             OpKind::Remove => {
                 entries.clear();
-                hs = None;
-                hs_seg = None;
                 removed = true;
             }
             OpKind::TruncatePrefix | OpKind::TruncateSuffix | OpKind::Assign => {
                 removed = false;
             }
         }
-        if op.hard_state.is_some() {
+        if op.hard_state.is_some() || op.clears_hard_state {
             hs = op.hard_state;
             hs_seg = Some(p.seg.clone());
         }
@@ -326,7 +333,11 @@ fn replay(id: u64, ops: Vec<PendingOp>, queues: usize) -> Result<Option<StreamSt
             return Ok(None);
         }
         latest.pins.fetch_add(1, Ordering::AcqRel);
+        if let Some(s) = &hs_seg {
+            s.pins.fetch_add(1, Ordering::AcqRel);
+        }
         st.removed = true;
+        st.hs_seg = hs_seg;
         st.latest_seg = Some(latest);
         st.rec_segs = rec_segs;
         return Ok(Some(st));

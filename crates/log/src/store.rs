@@ -501,6 +501,11 @@ impl Inner {
             }
         }
         let opseq = self.next_opseq.fetch_add(1, Ordering::AcqRel);
+        // The op that establishes the stream's hard state (or its absence after a removal)
+        // is pinned, so that a deleted segment cannot bring an older hard state back.
+        let clears_hs =
+            hs.is_none() && (kind == OpKind::Remove || (st.hs.is_none() && st.hs_seg.is_some()));
+        let sets_hs = hs.is_some() || clears_hs;
         let head = OpHead {
             kind,
             stream: st.id,
@@ -508,13 +513,14 @@ impl Inner {
             first,
             last,
             hard_state: hs,
+            clears_hard_state: clears_hs,
         };
         let append = kind == OpKind::Append;
         let size = format::op_size(hs.is_some(), entries.iter().map(|e| e.1.len()), append);
         if let Some(old) = st.latest_seg.take() {
             push_release(&mut releases, &old, 0, 1);
         }
-        if hs.is_some() {
+        if sets_hs {
             if let Some(old) = st.hs_seg.take() {
                 push_release(&mut releases, &old, 0, 1);
             }
@@ -523,7 +529,7 @@ impl Inner {
             .iter()
             .map(|e| ENTRY_HEADER_LEN as u64 + e.1.len() as u64)
             .sum();
-        let pins = 1 + i64::from(hs.is_some());
+        let pins = 1 + i64::from(sets_hs);
         let placed = q.enqueue(
             self,
             size,
@@ -550,8 +556,8 @@ impl Inner {
         };
         self.stats.appends.fetch_add(1, Ordering::Relaxed);
         st.latest_seg = Some(placed.seg.clone());
-        if let Some(h) = hs {
-            st.hs = Some(h);
+        if sets_hs {
+            st.hs = hs;
             st.hs_seg = Some(placed.seg.clone());
         }
         st.note_segment(&placed.seg);
@@ -746,9 +752,6 @@ impl Inner {
         let mut releases = Vec::new();
         let first = st.first;
         st.pop_back_from(first, &mut releases);
-        if let Some(old) = st.hs_seg.take() {
-            push_release(&mut releases, &old, 0, 1);
-        }
         st.hs = None;
         st.removed = true;
         let first = st.first;

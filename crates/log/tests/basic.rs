@@ -197,7 +197,10 @@ fn torn_tail_is_cut_and_reported_but_damage_before_it_is_an_error() {
         let log = LogStore::open(fs.clone(), dir(), opts()).unwrap();
         log.append(1, entries(1..5, 1), None).wait().unwrap();
         log.append(1, entries(5..6, 1), None).wait().unwrap();
+        // Power loss: the store cannot seal its segment on the way down.
+        mem.freeze_after(0);
     }
+    mem.crash();
     // Damage the last frame: recovery cuts it (it could be a torn write).
     let seg = segment_files(&mem)[0].clone();
     let data = mem.read_all(&seg).unwrap();
