@@ -268,9 +268,9 @@ fn run_seed(seed: u64, cov: &mut Coverage) -> Result<(), String> {
             .map_err(|e| format!("round {round}: recovery failed: {e}"))?;
         for (&s, h) in &hist {
             let got = recovered(&log, s);
-            let ok = h.states[h.acked..].iter().any(|st| *st == got);
+            let ok = h.states[h.acked..].contains(&got);
             if !ok {
-                let want: Vec<String> = h.states[h.acked..].iter().map(|st| summary(st)).collect();
+                let want: Vec<String> = h.states[h.acked..].iter().map(summary).collect();
                 return Err(format!(
                     "round {round}: stream {s} recovered as {} but must be one of [{}] \
                      (acked op {} of {})",
