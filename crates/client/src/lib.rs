@@ -1,0 +1,1 @@
+//! phoenix-client (under construction).

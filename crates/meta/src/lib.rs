@@ -1,0 +1,1 @@
+//! phoenix-meta (under construction).

@@ -1,0 +1,1 @@
+//! phoenix-proto (under construction).

@@ -1,0 +1,1 @@
+//! phoenix-server (under construction).
