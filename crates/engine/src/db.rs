@@ -281,7 +281,11 @@ impl Db {
         let mut next_mem_id = 2;
         let wal = match opts.wal {
             WalMode::None => None,
-            WalMode::Log => Some(Wal::open(Arc::clone(&fs), &filename::wal_dir(dir))?),
+            WalMode::Log => Some(Wal::open(
+                Arc::clone(&fs),
+                &filename::wal_dir(dir),
+                opts.wal_segment_size,
+            )?),
         };
         let mut wal_next = 1;
         if let Some(w) = &wal {
@@ -305,6 +309,11 @@ impl Db {
                 wal_next = index + 1;
                 Ok(())
             })?;
+            if w.next_index() < from {
+                // Entries below the log number are in tables; the log lost its unsynced
+                // tail of them. Move the stream past them so appends stay consecutive.
+                w.truncate_prefix(from)?;
+            }
             wal_next = wal_next.max(w.next_index()).max(from);
         }
         let mem = mems.pop().unwrap_or_else(|| Arc::new(MemTable::new(0)));
@@ -348,27 +357,34 @@ impl Db {
             _lock: lock,
         });
         let mut threads = Vec::new();
+        let background = !inner.opts.inline_background;
         let spawn = |name: &str, f: fn(&Inner), inner: &Arc<Inner>| {
             let inner = Arc::clone(inner);
             std::thread::Builder::new()
                 .name(name.to_string())
                 .spawn(move || f(&inner))
         };
-        threads.push(
-            spawn("phoenix-flush", Inner::flush_loop, &inner)
-                .map_err(|e| Error::Background(format!("cannot start the flush thread: {e}")))?,
-        );
-        threads.push(
-            spawn("phoenix-compact", Inner::compaction_loop, &inner).map_err(|e| {
-                Error::Background(format!("cannot start the compaction thread: {e}"))
-            })?,
-        );
+        if background {
+            threads.push(
+                spawn("phoenix-flush", Inner::flush_loop, &inner).map_err(|e| {
+                    Error::Background(format!("cannot start the flush thread: {e}"))
+                })?,
+            );
+            threads.push(
+                spawn("phoenix-compact", Inner::compaction_loop, &inner).map_err(|e| {
+                    Error::Background(format!("cannot start the compaction thread: {e}"))
+                })?,
+            );
+        }
         let db = Arc::new(Db {
             inner,
             threads: Mutex::new(threads),
         });
         // Recovered memtables beyond the first are flushed in the background.
         db.inner.bg_cv.notify_all();
+        if !background {
+            db.inner.run_background_inline()?;
+        }
         Ok(db)
     }
 
@@ -496,7 +512,10 @@ impl Db {
     /// first, so a clean close loses nothing. Later calls return `Closed`.
     pub fn close(&self) -> Result<()> {
         let mut first_err = None;
-        if !self.inner.closing.swap(true, AtOrd::AcqRel) && self.inner.opts.wal == WalMode::None {
+        if self.inner.closing.swap(true, AtOrd::AcqRel) {
+            return Err(Error::Closed);
+        }
+        if self.inner.opts.wal == WalMode::None {
             if let Err(e) = self.inner.flush() {
                 first_err = Some(e);
             }
@@ -524,7 +543,7 @@ impl Db {
 
 impl Drop for Db {
     fn drop(&mut self) {
-        if !self.threads.lock().is_empty() {
+        if !self.inner.state.lock().closed {
             if let Err(e) = self.close() {
                 tracing::warn!(error = %e, "closing the engine on drop failed");
             }
@@ -789,6 +808,36 @@ impl Inner {
             st.refresh_view();
             force = false;
             self.bg_cv.notify_all();
+            if self.opts.inline_background {
+                MutexGuard::unlocked(&mut st, || self.run_background_inline())?;
+            }
+        }
+    }
+
+    /// Inline mode: flushes every immutable memtable, then compacts while needed.
+    fn run_background_inline(&self) -> Result<()> {
+        loop {
+            let front = self.state.lock().imm.front().cloned();
+            let Some(mem) = front else { break };
+            if let Err(e) = self.flush_one(&mem) {
+                self.set_bg_error(bg_err("flush", &e));
+                return Err(e);
+            }
+        }
+        if self.opts.disable_auto_compactions {
+            return Ok(());
+        }
+        let _c = self.compaction_lock.lock();
+        loop {
+            let c = {
+                let st = self.state.lock();
+                compaction::pick(&st.vset.current(), &self.opts, &st.pointers)
+            };
+            let Some(c) = c else { return Ok(()) };
+            if let Err(e) = self.run_compaction(&c) {
+                self.set_bg_error(bg_err("compaction", &e));
+                return Err(e);
+            }
         }
     }
 

@@ -62,8 +62,14 @@ pub struct Options {
     pub max_open_files: usize,
     /// Write-ahead log mode.
     pub wal: WalMode,
+    /// Size of the WAL's segment files (`WalMode::Log`).
+    pub wal_segment_size: u64,
     /// Start no background compactions (tests of L0 behaviour; `compact_range` still works).
     pub disable_auto_compactions: bool,
+    /// Run flushes and compactions on the writing thread when a memtable fills, with no
+    /// background threads: slower, but every run with the same inputs does the same file
+    /// operations in the same order (deterministic crash tests and simulation).
+    pub inline_background: bool,
 }
 
 impl Default for Options {
@@ -84,7 +90,9 @@ impl Default for Options {
             block_cache_size: 8 << 20,
             max_open_files: 1000,
             wal: WalMode::Log,
+            wal_segment_size: 64 << 20,
             disable_auto_compactions: false,
+            inline_background: false,
         }
     }
 }

@@ -36,11 +36,11 @@ impl std::fmt::Debug for Wal {
 
 impl Wal {
     /// Opens (recovering) the log in `dir`.
-    pub fn open(fs: SharedFs, dir: &Path) -> Result<Wal> {
+    pub fn open(fs: SharedFs, dir: &Path, segment_size: u64) -> Result<Wal> {
         fs.create_dir_all(dir)?;
         let opts = LogOptions {
             queues: 1,
-            segment_size: 64 << 20,
+            segment_size,
             sync: false,
             ..LogOptions::default()
         };

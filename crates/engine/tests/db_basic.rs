@@ -15,6 +15,7 @@ fn small_opts(wal: WalMode) -> Options {
         max_bytes_for_level_base: 64 << 10,
         level0_file_num_compaction_trigger: 2,
         wal,
+        wal_segment_size: 256 << 10,
         ..Options::default()
     }
 }

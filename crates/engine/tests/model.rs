@@ -1,0 +1,303 @@
+//! Model-based test: seeded random operations on the Db and on a `BTreeMap`, compared
+//! after every read — gets, multi-gets, iterators in both directions with bounds, at the
+//! latest state and at snapshots — across flushes, compactions, drop_group and reopens.
+//!
+//! `PHOENIX_SEED` picks the first seed (default 1), `PHOENIX_ENGINE_MODEL_RUNS` the number
+//! of runs (default 100); a failure prints the line that replays it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::Arc;
+
+use phoenix_engine::{Db, Options, ReadOptions, Snapshot, WalMode, WriteBatch, WriteOptions};
+use phoenix_storage::{MemFs, SharedFs};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+type Model = BTreeMap<Vec<u8>, Vec<u8>>;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn random_key(rng: &mut ChaCha8Rng) -> Vec<u8> {
+    if rng.gen_ratio(1, 20) {
+        // Short keys are zero-padded into group 0.
+        return vec![0u8; rng.gen_range(1..8)];
+    }
+    let g: u64 = rng.gen_range(0..4);
+    let mut k = g.to_be_bytes().to_vec();
+    k.push(b'd');
+    k.extend_from_slice(format!("{:03}", rng.gen_range(0..120)).as_bytes());
+    k
+}
+
+fn random_value(rng: &mut ChaCha8Rng, op: u64) -> Vec<u8> {
+    let len = rng.gen_range(0..200);
+    let mut v = format!("v{op}-").into_bytes();
+    v.resize(v.len() + len, b'a' + (op % 26) as u8);
+    v
+}
+
+fn options(rng: &mut ChaCha8Rng) -> Options {
+    Options {
+        write_buffer_size: rng.gen_range(2..16) << 10,
+        target_file_size_base: rng.gen_range(1..8) << 10,
+        max_bytes_for_level_base: 16 << 10,
+        max_bytes_for_level_multiplier: 4,
+        level0_file_num_compaction_trigger: 2,
+        level0_slowdown_writes_trigger: 8,
+        level0_stop_writes_trigger: 12,
+        num_levels: 4,
+        block_cache_size: if rng.gen_bool(0.5) { 64 << 10 } else { 0 },
+        wal: if rng.gen_bool(0.5) {
+            WalMode::Log
+        } else {
+            WalMode::None
+        },
+        disable_auto_compactions: rng.gen_bool(0.3),
+        inline_background: rng.gen_bool(0.3),
+        table: phoenix_engine::table::TableOptions {
+            block_size: rng.gen_range(1..4) << 9,
+            ..Default::default()
+        },
+        wal_segment_size: 256 << 10,
+        ..Options::default()
+    }
+}
+
+fn check_iter(db: &Db, model: &Model, snap: Option<&Snapshot>, rng: &mut ChaCha8Rng) {
+    let mut lower = None;
+    let mut upper = None;
+    if rng.gen_bool(0.3) {
+        lower = Some(random_key(rng));
+    }
+    if rng.gen_bool(0.3) {
+        upper = Some(random_key(rng));
+    }
+    let ro = ReadOptions {
+        snapshot: snap,
+        lower_bound: lower.clone(),
+        upper_bound: upper.clone(),
+        ..Default::default()
+    };
+    let lo = lower.clone().map_or(Bound::Unbounded, Bound::Included);
+    let hi = upper.clone().map_or(Bound::Unbounded, Bound::Excluded);
+    let view: Vec<(&Vec<u8>, &Vec<u8>)> = if matches!((&lower, &upper), (Some(l), Some(u)) if l >= u)
+    {
+        Vec::new()
+    } else {
+        model.range((lo, hi)).collect()
+    };
+    let mut it = db.iter(&ro).unwrap();
+    // Position randomly, then wander, comparing with the model's index.
+    let mut pos: Option<usize>;
+    match rng.gen_range(0..4) {
+        0 => {
+            it.seek_to_first();
+            pos = (!view.is_empty()).then_some(0);
+        }
+        1 => {
+            it.seek_to_last();
+            pos = view.len().checked_sub(1);
+        }
+        2 => {
+            let t = random_key(rng);
+            it.seek(&t);
+            let t = match &lower {
+                Some(l) if t < *l => l.clone(),
+                _ => t,
+            };
+            let i = view.partition_point(|(k, _)| **k < t);
+            pos = (i < view.len()).then_some(i);
+        }
+        _ => {
+            let t = random_key(rng);
+            it.seek_for_prev(&t);
+            let i = view.partition_point(|(k, _)| **k <= t);
+            pos = i.checked_sub(1);
+        }
+    }
+    for _ in 0..rng.gen_range(1..40) {
+        it.status().unwrap();
+        match pos {
+            None => {
+                assert!(
+                    !it.valid(),
+                    "iterator valid at {:?}, model exhausted",
+                    it.key()
+                );
+                return;
+            }
+            Some(i) => {
+                assert!(it.valid(), "iterator exhausted, model at {:?}", view[i].0);
+                assert_eq!(it.key(), view[i].0.as_slice());
+                assert_eq!(it.value(), view[i].1.as_slice());
+            }
+        }
+        let i = pos.unwrap_or(0);
+        if rng.gen_bool(0.5) {
+            it.next();
+            pos = (i + 1 < view.len()).then_some(i + 1);
+        } else {
+            it.prev();
+            pos = i.checked_sub(1);
+        }
+    }
+}
+
+fn run(seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = mem.clone();
+    let dir = Path::new("/model");
+    let opts = options(&mut rng);
+    let mut db = Db::open(Arc::clone(&fs), dir, opts.clone()).unwrap();
+    let mut model = Model::new();
+    let mut snaps: Vec<(Snapshot, Model)> = Vec::new();
+    let wo = WriteOptions::default();
+    let ops = env_u64("PHOENIX_ENGINE_MODEL_OPS", 1500);
+    for op in 0..ops {
+        match rng.gen_range(0..100) {
+            0..=34 => {
+                let k = random_key(&mut rng);
+                let v = random_value(&mut rng, op);
+                db.put(&wo, &k, &v).unwrap();
+                model.insert(k, v);
+            }
+            35..=42 => {
+                let k = random_key(&mut rng);
+                db.delete(&wo, &k).unwrap();
+                model.remove(&k);
+            }
+            43..=45 => {
+                let a = random_key(&mut rng);
+                let b = random_key(&mut rng);
+                if a < b {
+                    db.delete_range(&wo, &a, &b).unwrap();
+                    let doomed: Vec<Vec<u8>> = model.range(a..b).map(|(k, _)| k.clone()).collect();
+                    for k in doomed {
+                        model.remove(&k);
+                    }
+                }
+            }
+            46..=50 => {
+                let mut b = WriteBatch::new();
+                let mut staged = model.clone();
+                for _ in 0..rng.gen_range(1..8) {
+                    let k = random_key(&mut rng);
+                    if rng.gen_bool(0.7) {
+                        let v = random_value(&mut rng, op);
+                        b.put(&k, &v);
+                        staged.insert(k, v);
+                    } else {
+                        b.delete(&k);
+                        staged.remove(&k);
+                    }
+                }
+                db.write(&wo, b).unwrap();
+                model = staged;
+            }
+            51..=70 => {
+                let k = random_key(&mut rng);
+                let (snap, m) = if !snaps.is_empty() && rng.gen_bool(0.3) {
+                    let (s, m) = &snaps[rng.gen_range(0..snaps.len())];
+                    (Some(s), m)
+                } else {
+                    (None, &model)
+                };
+                let ro = ReadOptions {
+                    snapshot: snap,
+                    ..Default::default()
+                };
+                assert_eq!(db.get(&ro, &k).unwrap(), m.get(&k).cloned(), "get {k:?}");
+                if rng.gen_bool(0.2) {
+                    let k2 = random_key(&mut rng);
+                    let got = db.multi_get(&ro, &[&k, &k2]).unwrap();
+                    assert_eq!(got, vec![m.get(&k).cloned(), m.get(&k2).cloned()]);
+                }
+            }
+            71..=80 => {
+                if !snaps.is_empty() && rng.gen_bool(0.3) {
+                    let i = rng.gen_range(0..snaps.len());
+                    let (s, m) = &snaps[i];
+                    check_iter(&db, m, Some(s), &mut rng);
+                } else {
+                    check_iter(&db, &model, None, &mut rng);
+                }
+            }
+            81..=84 => {
+                if snaps.len() < 4 {
+                    snaps.push((db.snapshot(), model.clone()));
+                } else {
+                    snaps.remove(rng.gen_range(0..snaps.len()));
+                }
+            }
+            85..=88 => db.flush().unwrap(),
+            89..=91 => {
+                if rng.gen_bool(0.5) {
+                    db.compact_range(None, None).unwrap();
+                } else {
+                    let a = random_key(&mut rng);
+                    let b = random_key(&mut rng);
+                    db.compact_range(Some(&a.clone().min(b.clone())), Some(&a.max(b)))
+                        .unwrap();
+                }
+            }
+            92..=93 => {
+                // drop_group does not preserve older snapshots' view.
+                snaps.clear();
+                let g: u64 = rng.gen_range(0..4);
+                db.drop_group(g).unwrap();
+                model.retain(|k, _| phoenix_engine::key::group_of(k) != g);
+            }
+            94..=95 => {
+                snaps.clear();
+                db.close().unwrap();
+                drop(db);
+                db = Db::open(Arc::clone(&fs), dir, opts.clone()).unwrap();
+            }
+            _ => {
+                let k = random_key(&mut rng);
+                let ro = ReadOptions::default();
+                assert_eq!(db.get(&ro, &k).unwrap(), model.get(&k).cloned());
+            }
+        }
+    }
+    // Full comparison at the end, both directions.
+    let ro = ReadOptions::default();
+    let mut it = db.iter(&ro).unwrap();
+    it.seek_to_first();
+    let mut got = Vec::new();
+    while it.valid() {
+        got.push((it.key().to_vec(), it.value().to_vec()));
+        it.next();
+    }
+    let want: Vec<_> = model.clone().into_iter().collect();
+    assert_eq!(got.len(), want.len());
+    assert_eq!(got, want);
+    drop(it);
+    drop(snaps);
+    db.close().unwrap();
+}
+
+#[test]
+fn db_matches_model() {
+    let base = env_u64("PHOENIX_SEED", 1);
+    let runs = env_u64("PHOENIX_ENGINE_MODEL_RUNS", 100);
+    for seed in base..base + runs {
+        let r = std::panic::catch_unwind(|| run(seed));
+        if let Err(e) = r {
+            eprintln!(
+                "model run failed; replay with: PHOENIX_SEED={seed} PHOENIX_ENGINE_MODEL_RUNS=1 \
+                 cargo test -p phoenix-engine --test model"
+            );
+            std::panic::resume_unwind(e);
+        }
+    }
+}
