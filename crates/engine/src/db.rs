@@ -931,6 +931,9 @@ impl Inner {
             st.vset.log_and_apply(edit)?;
             st.imm.pop_front();
             st.refresh_view();
+            for n in st.vset.delete_obsolete_files() {
+                self.tables.evict(n);
+            }
             truncate_to = log_number;
         }
         if let Some(m) = &meta {
@@ -1050,9 +1053,19 @@ impl Inner {
                 continue;
             }
             let c = compaction::complete(&v, level, inputs, Reason::Manual);
+            drop(v);
             self.run_compaction(&c)?;
         }
+        self.purge_obsolete();
         Ok(())
+    }
+
+    /// Deletes the table files no live version references any more.
+    fn purge_obsolete(&self) {
+        let mut st = self.state.lock();
+        for n in st.vset.delete_obsolete_files() {
+            self.tables.evict(n);
+        }
     }
 
     fn drop_group(&self, g: u64) -> Result<()> {
@@ -1082,6 +1095,7 @@ impl Inner {
             .is_empty()
         {
             let c = compaction::complete(&v, 0, v.files(0).to_vec(), Reason::Manual);
+            drop(v);
             self.run_compaction(&c)?;
         }
         // Files mixing g with other groups (ingested or tombstone-only ones): rewrite them
@@ -1094,6 +1108,7 @@ impl Inner {
                     f.num_entries > f.num_range_deletions && !(f.min_group == g && f.max_group == g)
                 })
         });
+        drop(v);
         if mixed {
             self.compact_range_locked(Some(&gs), Some(&last_key_of_group))?;
         }
@@ -1103,7 +1118,10 @@ impl Inner {
         for (level, f) in v.group_only_files(g) {
             edit.deleted_files.push((level, f.number));
         }
+        drop(v);
         if edit.deleted_files.is_empty() {
+            drop(st);
+            self.purge_obsolete();
             return Ok(());
         }
         st.vset.log_and_apply(edit)?;

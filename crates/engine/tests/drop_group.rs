@@ -1,0 +1,165 @@
+//! drop_group frees a group's bytes at once (file bytes drop by the group's share,
+//! within 10%), leaves every other key readable, and does not rewrite other groups'
+//! files once they are below L0.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use phoenix_engine::{Db, Options, ReadOptions, WalMode, WriteOptions};
+use phoenix_storage::{FileSystem, MemFs, SharedFs};
+
+const GROUPS: u64 = 6;
+
+fn key(g: u64, i: u64) -> Vec<u8> {
+    let mut k = g.to_be_bytes().to_vec();
+    k.push(b'd');
+    k.extend_from_slice(format!("{i:08}").as_bytes());
+    k
+}
+
+fn keys_in(g: u64) -> u64 {
+    // Unequal groups, so a wrong group's bytes would show.
+    400 * (g + 1)
+}
+
+fn opts() -> Options {
+    Options {
+        write_buffer_size: 128 << 10,
+        target_file_size_base: 32 << 10,
+        max_bytes_for_level_base: 256 << 10,
+        wal: WalMode::None,
+        ..Options::default()
+    }
+}
+
+fn sst_names(fs: &MemFs, dir: &Path) -> BTreeSet<String> {
+    fs.list(dir)
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.ends_with(".sst"))
+        .collect()
+}
+
+fn fill(db: &Db) -> u64 {
+    // Interleave the groups so L0 files mix them.
+    let wo = WriteOptions::default();
+    let max = (0..GROUPS).map(keys_in).max().unwrap();
+    let mut total = 0;
+    for i in 0..max {
+        for g in 0..GROUPS {
+            if i < keys_in(g) {
+                db.put(&wo, &key(g, i), &[b'v'; 100]).unwrap();
+                total += 1;
+            }
+        }
+    }
+    total
+}
+
+fn check_after_drop(db: &Db, dropped: u64) {
+    let ro = ReadOptions::default();
+    for g in 0..GROUPS {
+        for i in (0..keys_in(g)).step_by(7) {
+            let got = db.get(&ro, &key(g, i)).unwrap();
+            if g == dropped {
+                assert_eq!(got, None, "dropped group {g} key {i} still visible");
+            } else {
+                assert_eq!(got, Some(vec![b'v'; 100]), "group {g} key {i} lost");
+            }
+        }
+    }
+    let mut it = db.iter(&ro).unwrap();
+    it.seek_to_first();
+    let mut n = 0;
+    while it.valid() {
+        assert_ne!(phoenix_engine::key::group_of(it.key()), dropped);
+        n += 1;
+        it.next();
+    }
+    it.status().unwrap();
+    let want: u64 = (0..GROUPS).filter(|&g| g != dropped).map(keys_in).sum();
+    assert_eq!(n, want);
+}
+
+fn assert_share(before: u64, after: u64, g: u64, total_keys: u64) {
+    let share = before as f64 * keys_in(g) as f64 / total_keys as f64;
+    let freed = before as f64 - after as f64;
+    println!("group {g}: before {before} after {after} freed {freed} expected share {share:.0}");
+    assert!(
+        (freed - share).abs() <= 0.10 * share,
+        "freed {freed} bytes, the group's share is {share:.0} (before {before}, after {after})"
+    );
+}
+
+#[test]
+fn drop_group_after_compaction_frees_its_share_and_touches_nothing_else() {
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = mem.clone();
+    let dir = Path::new("/dg");
+    let db = Db::open(fs, dir, opts()).unwrap();
+    let total = fill(&db);
+    db.compact_range(None, None).unwrap();
+    let before = mem.total_file_bytes(dir);
+    let names_before = sst_names(&mem, dir);
+    let g = 3;
+    db.drop_group(g).unwrap();
+    let after = mem.total_file_bytes(dir);
+    assert_share(before, after, g, total);
+    let names_after = sst_names(&mem, dir);
+    assert!(
+        names_after.is_subset(&names_before),
+        "other groups' files were rewritten: new files {:?}",
+        names_after.difference(&names_before).collect::<Vec<_>>()
+    );
+    check_after_drop(&db, g);
+    db.close().unwrap();
+}
+
+#[test]
+fn drop_group_with_data_in_l0_and_memtable() {
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = mem.clone();
+    let dir = Path::new("/dg");
+    let db = Db::open(
+        Arc::clone(&fs),
+        dir,
+        Options {
+            disable_auto_compactions: true,
+            ..opts()
+        },
+    )
+    .unwrap();
+    let total = fill(&db);
+    db.flush().unwrap();
+    assert!(db.stats().levels[0].files > 1);
+    let before = mem.total_file_bytes(dir);
+    let g = 4;
+    db.drop_group(g).unwrap();
+    let after = mem.total_file_bytes(dir);
+    assert_share(before, after, g, total);
+    check_after_drop(&db, g);
+    // Survives a reopen, and the group's range can be filled again by ingest.
+    db.close().unwrap();
+    drop(db);
+    let db = Db::open(Arc::clone(&fs), dir, opts()).unwrap();
+    check_after_drop(&db, g);
+    let path = Path::new("/ingest-4.sst");
+    let mut w = phoenix_engine::SstWriter::create(&fs, path, &Default::default()).unwrap();
+    for i in 0..10 {
+        w.put(&key(g, i), b"ingested").unwrap();
+    }
+    w.finish().unwrap();
+    db.ingest(&[path.to_path_buf()]).unwrap();
+    let ro = ReadOptions::default();
+    assert_eq!(db.get(&ro, &key(g, 3)).unwrap(), Some(b"ingested".to_vec()));
+    assert_eq!(db.get(&ro, &key(g, 30)).unwrap(), None);
+    // A file over data that exists is refused.
+    let path2 = Path::new("/ingest-2.sst");
+    let mut w = phoenix_engine::SstWriter::create(&fs, path2, &Default::default()).unwrap();
+    w.put(&key(2, 5), b"x").unwrap();
+    w.finish().unwrap();
+    assert!(db.ingest(&[path2.to_path_buf()]).is_err());
+    db.close().unwrap();
+}
