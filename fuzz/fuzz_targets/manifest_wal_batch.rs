@@ -1,0 +1,8 @@
+//! Fuzzes the engine's manifest wal batch decoder: no input may panic; errors name the file and offset.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    phoenix_engine::version_set::fuzz::fuzz_write_batch(data);
+});
