@@ -244,6 +244,11 @@ impl<S: Storage> Raft<S> {
         self.prs.get(&id)
     }
 
+    /// Votes received in the current (pre-)campaign.
+    pub fn votes(&self) -> &BTreeMap<NodeId, bool> {
+        &self.votes
+    }
+
     /// Whether the node stopped its timers.
     pub fn is_hibernating(&self) -> bool {
         self.hibernating
@@ -254,7 +259,8 @@ impl<S: Storage> Raft<S> {
         self.lead_transferee
     }
 
-    pub(crate) fn hard_state(&self) -> HardState {
+    /// Term, vote and commit as they stand (durable once the next ready is persisted).
+    pub fn hard_state(&self) -> HardState {
         HardState {
             term: self.term,
             vote: self.vote,

@@ -107,8 +107,8 @@ struct Checker {
     leaders: BTreeMap<u64, NodeId>,
     /// (index, term) → (command, term of the previous entry)
     entries: BTreeMap<(u64, u64), (Bytes, u64)>,
-    /// index → (term, command) of entries known committed
-    committed: BTreeMap<u64, (u64, Bytes)>,
+    /// index → (term, command, lowest term in which a node knew it committed)
+    committed: BTreeMap<u64, (u64, Bytes, u64)>,
     /// index → (term, command) applied somewhere
     applied: BTreeMap<u64, (u64, Bytes)>,
     /// index → state digest after applying it
@@ -329,7 +329,7 @@ impl Sim {
             }
         }
         if let Some(hs) = rd.hard_state {
-            self.note_commit(id, hs.commit)?;
+            self.note_commit(id, hs.commit, hs.term)?;
         }
         let committed = std::mem::take(&mut rd.committed_entries);
         for e in &committed {
@@ -349,7 +349,7 @@ impl Sim {
         self.drain(id)
     }
 
-    fn note_commit(&mut self, id: NodeId, commit: u64) -> Check {
+    fn note_commit(&mut self, id: NodeId, commit: u64, term: u64) -> Check {
         let store = self.nodes[&id].raw.store();
         let first = store.first_index().unwrap();
         let from = first.max(self.check.max_commit.saturating_sub(64) + 1);
@@ -359,15 +359,15 @@ impl Sim {
                 .entries(i, i + 1, u64::MAX)
                 .map_err(|e| e.to_string())?;
             let data = ents[0].data.clone();
-            match self.check.committed.get(&i) {
-                Some((ct, cd)) if *ct != t || *cd != data => {
+            match self.check.committed.get_mut(&i) {
+                Some((ct, cd, _)) if *ct != t || *cd != data => {
                     return Err(format!(
                         "node {id} committed ({i}, {t}) but ({i}, {ct}) was committed before"
                     ));
                 }
-                Some(_) => {}
+                Some((_, _, commit_term)) => *commit_term = (*commit_term).min(term),
                 None => {
-                    self.check.committed.insert(i, (t, data));
+                    self.check.committed.insert(i, (t, data, term));
                 }
             }
         }
@@ -390,7 +390,7 @@ impl Sim {
                 self.check.stats.commands_applied += 1;
             }
         }
-        if let Some((ct, _)) = self.check.committed.get(&index) {
+        if let Some((ct, _, _)) = self.check.committed.get(&index) {
             if *ct != term {
                 return Err(format!(
                     "node {id} applies ({index}, {term}) but ({index}, {ct}) is committed"
@@ -445,9 +445,14 @@ impl Sim {
             }
             if self.nodes[&id].was_leader_term != term {
                 self.nodes.get_mut(&id).unwrap().was_leader_term = term;
-                // Leader completeness for everything known committed.
+                // Leader completeness: a leader holds every entry committed in an
+                // earlier term (a stale leader elected by delayed votes may lack
+                // entries committed in later terms; it cannot commit anything).
                 let log = self.nodes[&id].raw.raft().raft_log();
-                for (&i, (t, _)) in &self.check.committed {
+                for (&i, (t, _, ct)) in &self.check.committed {
+                    if *ct >= term {
+                        continue;
+                    }
                     match log.entry_term(i).map_err(|e| e.to_string())? {
                         Some(lt) if lt != *t => {
                             return Err(format!("leader completeness: leader {id} of term {term} has ({i}, {lt}), committed ({i}, {t})"));
