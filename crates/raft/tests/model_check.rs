@@ -190,7 +190,7 @@ impl RaftModel {
     }
 
     fn canonical(s: &mut MState) {
-        s.net.sort_by_key(|a| msg_key(a));
+        s.net.sort_by_key(msg_key);
     }
 }
 
