@@ -773,6 +773,10 @@ impl Inner {
             if let Some(e) = &st.bg_error {
                 return Err(Error::Background(e.clone()));
             }
+            if let Some(f) = self.wal.as_ref().and_then(|w| w.failure()) {
+                st.bg_error = Some(f.clone());
+                return Err(Error::Background(f));
+            }
             let l0 = st.vset.current().files(0).len();
             let auto = !self.opts.disable_auto_compactions;
             if auto && !slowed && !force && l0 >= self.opts.level0_slowdown_writes_trigger {

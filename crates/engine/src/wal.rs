@@ -5,10 +5,18 @@
 //! whose batch it holds; the manifest's log number is the first index not yet in a
 //! table, and the log is truncated below it after each flush. Recovery replays the
 //! entries from the log number on.
+//!
+//! Durability: an append with `sync` returns after the log's `fdatasync` covering it.
+//! An append without `sync` is handed to the log's group-commit writer and returns at
+//! once (like RocksDB with `manual_wal_flush`): the log keeps the stream's order, so a
+//! later synced append also makes every earlier one durable, but a crash of the process
+//! may lose the last unsynced appends. A failed asynchronous append is reported by
+//! [`Wal::failure`] and turns the engine read-only.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use phoenix_log::{LogEntry, LogOptions, LogStore};
 use phoenix_storage::SharedFs;
 
@@ -26,6 +34,7 @@ fn wal_err(e: phoenix_log::Error) -> Error {
 /// The WAL handle.
 pub struct Wal {
     store: Arc<LogStore>,
+    failed: Arc<Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for Wal {
@@ -45,7 +54,10 @@ impl Wal {
             ..LogOptions::default()
         };
         let store = LogStore::open(fs, dir, opts).map_err(wal_err)?;
-        Ok(Wal { store })
+        Ok(Wal {
+            store,
+            failed: Arc::new(Mutex::new(None)),
+        })
     }
 
     /// The index after the last entry (1 for an empty log).
@@ -53,12 +65,34 @@ impl Wal {
         self.store.last_index(WAL_STREAM).map_or(1, |i| i + 1)
     }
 
-    /// Appends entry `index`; returns once written (and fsynced if `sync`).
+    /// Appends entry `index`: with `sync`, returns once it is fsynced; without, once it
+    /// is queued (see the module docs).
     pub fn append(&self, index: u64, data: Vec<u8>, sync: bool) -> Result<()> {
-        self.store
-            .append_durable(WAL_STREAM, vec![LogEntry::new(index, 0, data)], None, sync)
-            .wait()
-            .map_err(wal_err)
+        if let Some(f) = self.failure() {
+            return Err(Error::Wal(f.into()));
+        }
+        let entries = vec![LogEntry::new(index, 0, data)];
+        if sync {
+            return self
+                .store
+                .append_durable(WAL_STREAM, entries, None, true)
+                .wait()
+                .map_err(wal_err);
+        }
+        let failed = Arc::clone(&self.failed);
+        self.store.append_with(WAL_STREAM, entries, None, move |r| {
+            if let Err(e) = r {
+                failed.lock().get_or_insert_with(|| {
+                    format!("asynchronous WAL append of entry {index}: {e}")
+                });
+            }
+        });
+        Ok(())
+    }
+
+    /// The first failure of an asynchronous append, if any.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.lock().clone()
     }
 
     /// Calls `f(index, payload)` for every entry from `from` on, in order.
