@@ -1,12 +1,527 @@
-//! `phoenix bench engine` (under construction).
+//! `phoenix bench engine`: the LSM engine alone, driven like RocksDB's `db_bench` (same
+//! flags, same key layout, same benchmark semantics, same output line) so the two can be
+//! run side by side with one set of flags.
+//!
+//! Semantics (as db_bench 7.x):
+//! - Keys: `key_size` bytes, the key number as 8 bytes big-endian, padded with `'0'`.
+//! - Values: `value_size`-byte slices of a 1 MiB buffer that compresses to about
+//!   `compression_ratio` (random printable runs, each repeated).
+//! - Every thread runs the whole benchmark: `fill*`/`overwrite` write `num` keys per
+//!   thread, reads do `reads` (default `num`) operations per thread.
+//! - `fillseq`, `fillrandom`: start from an empty database (the directory is wiped unless
+//!   `--use_existing_db`). `fillseq` writes keys 0..num in order; `fillrandom` and
+//!   `overwrite` write uniformly random keys in 0..num, one key per write batch.
+//! - `readrandom`: point reads of random keys; "found" counts hits.
+//! - `readseq`: one iterator per thread from the first key, `reads` steps at most.
+//! - `seekrandom`: a fresh iterator per operation seeks to a random key; "found" counts
+//!   seeks landing exactly on it.
+//! - Output: `name : X micros/op Y ops/sec T seconds N operations; Z MB/s (extra)` where
+//!   micros/op is per thread (summed thread time / operations) and ops/sec is over the
+//!   wall-clock span of all threads.
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+use phoenix_engine::table::{Compression, TableOptions};
+use phoenix_engine::{Db, Options, ReadOptions, WalMode, WriteOptions};
+use phoenix_storage::{LocalFs, SharedFs};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::common::progress;
 use super::BenchError;
 
-/// Flags of `phoenix bench engine`.
+/// Flags of `phoenix bench engine` (db_bench's names and defaults).
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Comma-separated benchmarks: fillseq, fillrandom, overwrite, readrandom, readseq,
+    /// seekrandom, stats.
+    #[arg(
+        long = "benchmarks",
+        default_value = "fillseq,fillrandom,overwrite,readrandom,readseq,seekrandom"
+    )]
+    benchmarks: String,
+    /// Keys per thread for writes, and the key space.
+    #[arg(long = "num", default_value_t = 1_000_000)]
+    num: u64,
+    /// Operations per thread for reads (-1: num).
+    #[arg(long = "reads", default_value_t = -1, allow_hyphen_values = true)]
+    reads: i64,
+    /// Threads running each benchmark at once.
+    #[arg(long = "threads", default_value_t = 1)]
+    threads: usize,
+    /// Key length in bytes (at least 8).
+    #[arg(long = "key_size", default_value_t = 16)]
+    key_size: usize,
+    /// Value length in bytes.
+    #[arg(long = "value_size", default_value_t = 100)]
+    value_size: usize,
+    /// Sync the WAL on every write.
+    #[arg(long = "sync", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    sync: bool,
+    /// Write without a WAL (the engine runs in WAL-off mode).
+    #[arg(long = "disable_wal", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    disable_wal: bool,
+    /// Bloom filter bits per key (negative or 0: no filter).
+    #[arg(long = "bloom_bits", default_value_t = -1, allow_hyphen_values = true)]
+    bloom_bits: i64,
+    /// Block cache bytes (0 or negative: none).
+    #[arg(long = "cache_size", default_value_t = 8 << 20, allow_hyphen_values = true)]
+    cache_size: i64,
+    /// Memtable bytes before a flush.
+    #[arg(long = "write_buffer_size", default_value_t = 64 << 20)]
+    write_buffer_size: usize,
+    /// Memtables held at most (mutable + immutable).
+    #[arg(long = "max_write_buffer_number", default_value_t = 2)]
+    max_write_buffer_number: usize,
+    /// Background threads (flush + compaction).
+    #[arg(long = "max_background_jobs", default_value_t = 2)]
+    max_background_jobs: usize,
+    /// Data block size in bytes.
+    #[arg(long = "block_size", default_value_t = 4096)]
+    block_size: usize,
+    /// none, lz4 or zstd.
+    #[arg(long = "compression_type", default_value = "none")]
+    compression_type: String,
+    /// How far values compress (fraction of their size kept).
+    #[arg(long = "compression_ratio", default_value_t = 0.5)]
+    compression_ratio: f64,
+    /// Database directory.
+    #[arg(long = "db", default_value = "/tmp/phoenixbench")]
+    db: PathBuf,
+    /// Keep the database found in `--db` for fill benchmarks instead of wiping it.
+    #[arg(long = "use_existing_db", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    use_existing_db: bool,
+    /// Seed of the key generators (thread i uses seed + i).
+    #[arg(long = "seed", default_value_t = 301)]
+    seed: u64,
+}
+
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err(format!("expected true/false/1/0, got {s}")),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bench {
+    FillSeq,
+    FillRandom,
+    Overwrite,
+    ReadRandom,
+    ReadSeq,
+    SeekRandom,
+    Stats,
+}
+
+impl Bench {
+    fn parse(name: &str) -> Result<Bench, BenchError> {
+        Ok(match name {
+            "fillseq" => Bench::FillSeq,
+            "fillrandom" => Bench::FillRandom,
+            "overwrite" => Bench::Overwrite,
+            "readrandom" => Bench::ReadRandom,
+            "readseq" => Bench::ReadSeq,
+            "seekrandom" => Bench::SeekRandom,
+            "stats" => Bench::Stats,
+            other => return Err(format!("unknown benchmark {other:?}").into()),
+        })
+    }
+
+    fn fresh_db(self) -> bool {
+        matches!(self, Bench::FillSeq | Bench::FillRandom)
+    }
+}
+
+/// What one thread did.
+#[derive(Debug, Default)]
+struct ThreadStats {
+    done: u64,
+    bytes: u64,
+    found: u64,
+    start: Option<Instant>,
+    finish: Option<Instant>,
+}
+
+/// A db_bench-style value source: a 1 MiB buffer of runs that compress to about `ratio`.
+struct ValueGen {
+    data: Vec<u8>,
+    pos: usize,
+}
+
+impl ValueGen {
+    fn new(value_size: usize, ratio: f64, seed: u64) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let len = (1usize << 20).max(value_size * 2);
+        let mut data = Vec::with_capacity(len + 100);
+        while data.len() < len {
+            // A 100-byte piece made of `ratio * 100` random printable bytes repeated.
+            let raw = ((100.0 * ratio) as usize).clamp(1, 100);
+            let piece: Vec<u8> = (0..raw).map(|_| rng.gen_range(b' '..=b'~')).collect();
+            for i in 0..100 {
+                data.push(piece[i % raw]);
+            }
+        }
+        ValueGen { data, pos: 0 }
+    }
+
+    fn next(&mut self, len: usize) -> &[u8] {
+        if self.pos + len > self.data.len() {
+            self.pos = 0;
+        }
+        self.pos += len;
+        &self.data[self.pos - len..self.pos]
+    }
+}
+
+/// Writes key number `v` into `buf` the way db_bench does.
+fn make_key(buf: &mut [u8], v: u64) {
+    let n = buf.len().min(8);
+    let be = v.to_be_bytes();
+    buf[..n].copy_from_slice(&be[8 - n..]);
+    for b in &mut buf[n..] {
+        *b = b'0';
+    }
+}
+
+struct Ctx<'a> {
+    args: &'a Args,
+    db: Arc<Db>,
+    wo: WriteOptions,
+    reads: u64,
+}
+
+fn run_thread(
+    ctx: &Ctx<'_>,
+    bench: Bench,
+    tid: u64,
+    bar: &ProgressBar,
+) -> Result<ThreadStats, BenchError> {
+    let args = ctx.args;
+    // `tid` counts threads over the whole run (as db_bench's seeds do), so a read
+    // benchmark does not replay the key sequence of the fill before it.
+    let mut rng = StdRng::seed_from_u64(args.seed.wrapping_add(tid));
+    let mut values = ValueGen::new(
+        args.value_size,
+        args.compression_ratio,
+        args.seed ^ 0x5eed ^ tid,
+    );
+    let mut key = vec![0u8; args.key_size];
+    let mut st = ThreadStats {
+        start: Some(Instant::now()),
+        ..ThreadStats::default()
+    };
+    const TICK: u64 = 1024;
+    let ro = ReadOptions::default();
+    match bench {
+        Bench::FillSeq | Bench::FillRandom | Bench::Overwrite => {
+            for i in 0..args.num {
+                let k = if bench == Bench::FillSeq {
+                    i
+                } else {
+                    rng.gen_range(0..args.num)
+                };
+                make_key(&mut key, k);
+                let v = values.next(args.value_size);
+                ctx.db.put(&ctx.wo, &key, v)?;
+                st.done += 1;
+                st.bytes += (key.len() + v.len()) as u64;
+                if st.done % TICK == 0 {
+                    bar.inc(TICK);
+                }
+            }
+        }
+        Bench::ReadRandom => {
+            for _ in 0..ctx.reads {
+                make_key(&mut key, rng.gen_range(0..args.num));
+                if let Some(v) = ctx.db.get(&ro, &key)? {
+                    st.found += 1;
+                    st.bytes += (key.len() + v.len()) as u64;
+                }
+                st.done += 1;
+                if st.done % TICK == 0 {
+                    bar.inc(TICK);
+                }
+            }
+        }
+        Bench::ReadSeq => {
+            let mut it = ctx.db.iter(&ro)?;
+            it.seek_to_first();
+            while it.valid() && st.done < ctx.reads {
+                st.bytes += (it.key().len() + it.value().len()) as u64;
+                st.done += 1;
+                if st.done % TICK == 0 {
+                    bar.inc(TICK);
+                }
+                it.next();
+            }
+            it.status()?;
+        }
+        Bench::SeekRandom => {
+            for _ in 0..ctx.reads {
+                make_key(&mut key, rng.gen_range(0..args.num));
+                let mut it = ctx.db.iter(&ro)?;
+                it.seek(&key);
+                if it.valid() {
+                    if it.key() == key.as_slice() {
+                        st.found += 1;
+                    }
+                    st.bytes += (it.key().len() + it.value().len()) as u64;
+                }
+                it.status()?;
+                st.done += 1;
+                if st.done % TICK == 0 {
+                    bar.inc(TICK);
+                }
+            }
+        }
+        Bench::Stats => {}
+    }
+    st.finish = Some(Instant::now());
+    Ok(st)
+}
+
+fn engine_options(args: &Args) -> Result<Options, BenchError> {
+    let compression = match args.compression_type.as_str() {
+        "none" | "None" | "no" => Compression::None,
+        "lz4" => Compression::Lz4,
+        "zstd" => Compression::Zstd,
+        other => {
+            return Err(
+                format!("compression_type {other:?} is not supported (none, lz4, zstd)").into(),
+            )
+        }
+    };
+    Ok(Options {
+        create_if_missing: true,
+        write_buffer_size: args.write_buffer_size,
+        max_write_buffer_number: args.max_write_buffer_number,
+        max_background_jobs: args.max_background_jobs,
+        table: TableOptions {
+            block_size: args.block_size,
+            bloom_bits_per_key: u32::try_from(args.bloom_bits.max(0)).unwrap_or(0),
+            compression,
+            ..TableOptions::default()
+        },
+        block_cache_size: usize::try_from(args.cache_size.max(0)).unwrap_or(0),
+        wal: if args.disable_wal {
+            WalMode::None
+        } else {
+            WalMode::Log
+        },
+        ..Options::default()
+    })
+}
+
+fn open_db(fs: &SharedFs, dir: &Path, opts: &Options) -> Result<Arc<Db>, BenchError> {
+    Ok(Db::open(Arc::clone(fs), dir, opts.clone())?)
+}
+
+fn report(name: &str, stats: &[ThreadStats]) {
+    let done: u64 = stats.iter().map(|s| s.done).sum();
+    let bytes: u64 = stats.iter().map(|s| s.bytes).sum();
+    let found: u64 = stats.iter().map(|s| s.found).sum();
+    let thread_secs: f64 = stats
+        .iter()
+        .filter_map(|s| Some(s.finish?.duration_since(s.start?).as_secs_f64()))
+        .sum();
+    let start = stats.iter().filter_map(|s| s.start).min();
+    let finish = stats.iter().filter_map(|s| s.finish).max();
+    let elapsed = match (start, finish) {
+        (Some(s), Some(f)) => f.duration_since(s),
+        _ => Duration::ZERO,
+    }
+    .as_secs_f64()
+    .max(1e-9);
+    let micros = if done > 0 {
+        thread_secs * 1e6 / done as f64
+    } else {
+        0.0
+    };
+    let rate = if bytes > 0 {
+        format!(" {:6.1} MB/s", bytes as f64 / 1048576.0 / elapsed)
+    } else {
+        String::new()
+    };
+    let extra = match name {
+        "readrandom" | "seekrandom" => format!(" ({found} of {done} found)"),
+        _ => String::new(),
+    };
+    println!(
+        "{name:<12} : {micros:11.3} micros/op {} ops/sec {elapsed:.3} seconds {done} operations;{rate}{extra}",
+        (done as f64 / elapsed) as u64
+    );
+}
 
 /// Runs the benchmark.
-pub fn run(_args: Args) -> Result<(), BenchError> {
-    Err("phoenix bench engine is not built yet".into())
+pub fn run(args: Args) -> Result<(), BenchError> {
+    if args.key_size < 8 {
+        return Err("key_size must be at least 8 (the key number is 8 bytes)".into());
+    }
+    if args.threads == 0 || args.num == 0 {
+        return Err("threads and num must be positive".into());
+    }
+    let benches = args
+        .benchmarks
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(Bench::parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    let opts = engine_options(&args)?;
+    let reads = if args.reads < 0 {
+        args.num
+    } else {
+        args.reads as u64
+    };
+    let fs: SharedFs = Arc::new(LocalFs::new());
+    println!("PhoenixKV engine benchmark");
+    println!("Keys:       {} bytes each", args.key_size);
+    println!("Values:     {} bytes each", args.value_size);
+    println!("Entries:    {}", args.num);
+    println!("Threads:    {}", args.threads);
+    println!(
+        "WAL:        {}{}",
+        if args.disable_wal { "off" } else { "on" },
+        if args.sync { ", sync" } else { "" }
+    );
+    println!(
+        "Bloom bits: {}, block cache: {} bytes, write buffer: {} bytes, compression: {}",
+        args.bloom_bits, args.cache_size, args.write_buffer_size, args.compression_type
+    );
+    println!("DB path:    [{}]", args.db.display());
+    println!("------------------------------------------------");
+
+    let wo = WriteOptions {
+        sync: args.sync,
+        disable_wal: args.disable_wal,
+    };
+    let mut db: Option<Arc<Db>> = None;
+    let mut threads_started = 0u64;
+    for (i, bench) in benches.iter().enumerate() {
+        let name = args
+            .benchmarks
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .nth(i)
+            .unwrap_or("?");
+        if *bench == Bench::Stats {
+            if let Some(d) = &db {
+                print_stats(d);
+            }
+            continue;
+        }
+        if bench.fresh_db() && !args.use_existing_db {
+            if let Some(d) = db.take() {
+                d.close()?;
+            }
+            match std::fs::remove_dir_all(&args.db) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("wiping {}: {e}", args.db.display()).into()),
+            }
+        }
+        let handle = match &db {
+            Some(d) => Arc::clone(d),
+            None => {
+                let d = open_db(&fs, &args.db, &opts)?;
+                db = Some(Arc::clone(&d));
+                d
+            }
+        };
+        let per_thread = match bench {
+            Bench::FillSeq | Bench::FillRandom | Bench::Overwrite => args.num,
+            _ => reads,
+        };
+        let bar = progress(per_thread * args.threads as u64, name);
+        let ctx = Ctx {
+            args: &args,
+            db: handle,
+            wo,
+            reads,
+        };
+        let first_tid = threads_started;
+        threads_started += args.threads as u64;
+        let results: Vec<Result<ThreadStats, BenchError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..args.threads as u64)
+                .map(|t| {
+                    let ctx = &ctx;
+                    let bar = &bar;
+                    s.spawn(move || run_thread(ctx, *bench, first_tid + t, bar))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("benchmark thread panicked".into()))
+                })
+                .collect()
+        });
+        bar.finish_and_clear();
+        let stats = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+        report(name, &stats);
+    }
+    if let Some(d) = db {
+        d.close()?;
+    }
+    Ok(())
+}
+
+fn print_stats(db: &Db) {
+    let s = db.stats();
+    println!("Engine stats:");
+    for (i, l) in s.levels.iter().enumerate() {
+        if l.files > 0 {
+            println!(
+                "  L{i}: {} files, {:.1} MiB",
+                l.files,
+                l.bytes as f64 / 1048576.0
+            );
+        }
+    }
+    println!(
+        "  flushes {}, compactions {} ({} trivial moves), write amplification {:.2}",
+        s.flushes, s.compactions, s.trivial_moves, s.write_amplification
+    );
+    println!(
+        "  stalls {} ({:.1} ms), slowdowns {}, block cache {:.1} MiB",
+        s.stall_count,
+        s.stall_micros as f64 / 1000.0,
+        s.slowdown_count,
+        s.block_cache_usage as f64 / 1048576.0
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_match_db_bench_layout() {
+        let mut k = vec![0u8; 16];
+        make_key(&mut k, 0x0102);
+        assert_eq!(&k, b"\0\0\0\0\0\0\x01\x0200000000");
+        let mut a = vec![0u8; 16];
+        let mut b = vec![0u8; 16];
+        make_key(&mut a, 255);
+        make_key(&mut b, 256);
+        assert!(a < b, "key order follows the key number");
+    }
+
+    #[test]
+    fn values_compress_about_as_asked() {
+        let mut g = ValueGen::new(100, 0.5, 1);
+        let v = g.next(100).to_vec();
+        let distinct: std::collections::HashSet<_> = v.chunks(50).collect();
+        assert_eq!(
+            distinct.len(),
+            1,
+            "each 100-byte piece repeats a 50-byte run"
+        );
+        assert_eq!(g.next(100).len(), 100);
+    }
 }

@@ -29,6 +29,8 @@ mod builder;
 pub mod cache;
 pub mod filter;
 pub mod format;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzz;
 mod reader;
 
 use crate::error::Error;

@@ -1,0 +1,8 @@
+//! Fuzzes the decoder of an SST bloom filter: no input may panic.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    phoenix_engine::table::fuzz::fuzz_filter(data);
+});
