@@ -52,7 +52,8 @@ pub struct Options {
     pub target_file_size_base: u64,
     /// Levels of the tree (L0 included).
     pub num_levels: usize,
-    /// Background threads: one flushes, the others compact (at least one each).
+    /// Background jobs wanted. Today the engine runs one flush thread and one compaction
+    /// thread (compactions are serialised) whatever the value; it must be at least 2.
     pub max_background_jobs: usize,
     /// How SST files are written.
     pub table: TableOptions,
@@ -121,6 +122,9 @@ impl Options {
         }
         if self.target_file_size_base == 0 {
             return bad("target_file_size_base must be positive");
+        }
+        if self.max_background_jobs < 2 {
+            return bad("max_background_jobs must be at least 2 (one flush, one compaction)");
         }
         if self.max_open_files < 8 {
             return bad("max_open_files must be at least 8");

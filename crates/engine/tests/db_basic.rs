@@ -213,3 +213,79 @@ fn concurrent_writers_group_commit() {
     assert_eq!(all.len(), 4000);
     assert_eq!(db.latest_sequence(), 4000);
 }
+
+#[test]
+fn readers_and_writers_during_background_compaction() {
+    let (_m, fs) = fs();
+    let db = Db::open(
+        fs,
+        Path::new("/db"),
+        Options {
+            write_buffer_size: 8 << 10,
+            target_file_size_base: 4 << 10,
+            max_bytes_for_level_base: 32 << 10,
+            level0_file_num_compaction_trigger: 2,
+            num_levels: 4,
+            wal_segment_size: 256 << 10,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    // Stable keys that readers check while writers churn other keys.
+    let wo = WriteOptions::default();
+    for i in 0..300u32 {
+        db.put(&wo, format!("stable{i:04}").as_bytes(), b"s")
+            .unwrap();
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut hs = Vec::new();
+    for t in 0..2u32 {
+        let db = Arc::clone(&db);
+        hs.push(std::thread::spawn(move || {
+            for i in 0..3000u32 {
+                let k = format!("churn{:04}", (i * 7 + t) % 500);
+                db.put(&WriteOptions::default(), k.as_bytes(), &[b'c'; 64])
+                    .unwrap();
+                if i % 50 == 0 {
+                    db.delete_range(&WriteOptions::default(), b"churn0100", b"churn0150")
+                        .unwrap();
+                }
+            }
+        }));
+    }
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let db = Arc::clone(&db);
+        let stop = Arc::clone(&stop);
+        readers.push(std::thread::spawn(move || {
+            let ro = ReadOptions::default();
+            let mut rounds = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 3 {
+                for i in (0..300u32).step_by(13) {
+                    assert_eq!(
+                        db.get(&ro, format!("stable{i:04}").as_bytes()).unwrap(),
+                        Some(b"s".to_vec())
+                    );
+                }
+                let bounded = ReadOptions {
+                    lower_bound: Some(b"stable".to_vec()),
+                    upper_bound: Some(b"stablf".to_vec()),
+                    ..Default::default()
+                };
+                assert_eq!(scan(&db, &bounded).len(), 300);
+                assert_eq!(scan_rev(&db, &bounded).len(), 300);
+                rounds += 1;
+            }
+        }));
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        r.join().unwrap();
+    }
+    let s = db.stats();
+    assert!(s.compactions > 0 && s.flushes > 0, "{s:?}");
+    db.close().unwrap();
+}
