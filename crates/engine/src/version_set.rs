@@ -32,6 +32,8 @@ use crate::version::Version;
 use crate::version_edit::VersionEdit;
 
 const RECORD_HEADER: usize = 8;
+/// A manifest grown past this is replaced by a fresh one holding a snapshot.
+pub const MANIFEST_ROLL_BYTES: u64 = 64 << 20;
 
 /// Frames one manifest record.
 pub fn encode_record(payload: &[u8]) -> Vec<u8> {
@@ -109,6 +111,8 @@ pub struct VersionSet {
     /// A manifest write failed: the in-memory and on-disk states may differ, so no
     /// further edits are accepted.
     broken: bool,
+    /// Manifest size that triggers a roll ([`MANIFEST_ROLL_BYTES`]; tests lower it).
+    roll_bytes: u64,
 }
 
 impl std::fmt::Debug for VersionSet {
@@ -139,6 +143,7 @@ impl VersionSet {
             live: Vec::new(),
             pending_deletes: Vec::new(),
             broken: false,
+            roll_bytes: MANIFEST_ROLL_BYTES,
         };
         let mut old_manifest = None;
         if fs.exists(&current_path)? {
@@ -316,6 +321,29 @@ impl VersionSet {
             .extend(edit.deleted_files.iter().map(|&(_, n)| n));
         let old = std::mem::replace(&mut self.current, Arc::new(next));
         self.live.push(Arc::downgrade(&old));
+        if self
+            .manifest
+            .as_ref()
+            .is_some_and(|m| m.position() > self.roll_bytes)
+        {
+            self.roll_manifest()?;
+        }
+        Ok(())
+    }
+
+    /// Starts a fresh manifest with a snapshot of the current version and removes the
+    /// old one once CURRENT names the new one.
+    fn roll_manifest(&mut self) -> Result<()> {
+        let old = filename::manifest_path(&self.dir, self.manifest_number);
+        if let Err(e) = self.write_fresh_manifest() {
+            // The old manifest is still complete and current; only the roll failed, but
+            // the in-memory handle may be half-replaced: refuse further edits.
+            self.broken = true;
+            return Err(e);
+        }
+        if let Err(e) = self.fs.delete(&old) {
+            tracing::warn!(error = %e, "could not delete the replaced manifest");
+        }
         Ok(())
     }
 
@@ -403,6 +431,42 @@ mod tests {
         let names = fs.list(dir).unwrap();
         let manifests = names.iter().filter(|n| n.starts_with("MANIFEST-")).count();
         assert_eq!(manifests, 1, "{names:?}");
+    }
+
+    #[test]
+    fn manifest_rolls_and_recovers() {
+        let mem = Arc::new(MemFs::new());
+        let fs: SharedFs = mem.clone();
+        let dir = Path::new("/db");
+        fs.create_dir_all(dir).unwrap();
+        let first;
+        {
+            let mut vs = VersionSet::open(Arc::clone(&fs), dir, 4, true).unwrap();
+            vs.roll_bytes = 200;
+            first = vs.manifest_number();
+            for seq in 1..20 {
+                let n = vs.new_file_number();
+                let mut e = VersionEdit {
+                    last_sequence: Some(seq),
+                    ..Default::default()
+                };
+                e.new_files.push((0, meta(n)));
+                vs.log_and_apply(e).unwrap();
+            }
+            assert_ne!(vs.manifest_number(), first, "manifest never rolled");
+        }
+        mem.crash();
+        let vs = VersionSet::open(Arc::clone(&fs), dir, 4, false).unwrap();
+        assert_eq!(vs.current().files(0).len(), 19);
+        assert_eq!(vs.last_sequence(), 19);
+        // A replaced manifest whose deletion was not yet durable may reappear after the
+        // crash (Db::open removes it); CURRENT names the newest.
+        let current = fs.read_all(&filename::current_path(dir)).unwrap();
+        assert_eq!(
+            current,
+            format!("{}\n", filename::manifest_name(vs.manifest_number())).into_bytes()
+        );
+        assert!(vs.manifest_number() > first);
     }
 
     #[test]

@@ -289,3 +289,74 @@ fn readers_and_writers_during_background_compaction() {
     assert!(s.compactions > 0 && s.flushes > 0, "{s:?}");
     db.close().unwrap();
 }
+
+#[test]
+fn open_deletes_files_the_manifest_does_not_name() {
+    let (m, fs) = fs();
+    let dir = Path::new("/db");
+    {
+        let db = Db::open(fs.clone(), dir, small_opts(WalMode::None)).unwrap();
+        db.put(&WriteOptions::default(), b"k", b"v").unwrap();
+        db.flush().unwrap();
+        db.close().unwrap();
+    }
+    for stray in ["999999.sst", "MANIFEST-999998", "CURRENT.tmp"] {
+        let mut f = fs.create(&dir.join(stray), Default::default()).unwrap();
+        f.append(b"half-written").unwrap();
+        f.sync_all().unwrap();
+    }
+    fs.sync_dir(dir).unwrap();
+    let db = Db::open(fs.clone(), dir, small_opts(WalMode::None)).unwrap();
+    let names = fs.list(dir).unwrap();
+    for stray in ["999999.sst", "MANIFEST-999998", "CURRENT.tmp"] {
+        assert!(
+            !names.iter().any(|n| n == stray),
+            "{stray} survived: {names:?}"
+        );
+    }
+    assert_eq!(
+        db.get(&ReadOptions::default(), b"k").unwrap(),
+        Some(b"v".to_vec())
+    );
+    db.close().unwrap();
+    drop(m);
+}
+
+#[test]
+fn corrupt_table_is_reported_with_file_and_offset() {
+    let (m, fs) = fs();
+    let dir = Path::new("/db");
+    let db = Db::open(fs.clone(), dir, small_opts(WalMode::None)).unwrap();
+    for i in 0..200u32 {
+        db.put(
+            &WriteOptions::default(),
+            format!("k{i:04}").as_bytes(),
+            &[b'v'; 50],
+        )
+        .unwrap();
+    }
+    db.close().unwrap();
+    drop(db);
+    let sst = fs
+        .list(dir)
+        .unwrap()
+        .into_iter()
+        .find(|n| n.ends_with(".sst"))
+        .unwrap();
+    let path = dir.join(&sst);
+    let mut data = fs.read_all(&path).unwrap();
+    data[10] ^= 0xff;
+    let mut f = fs.create(&path, Default::default()).unwrap();
+    f.append(&data).unwrap();
+    f.sync_all().unwrap();
+    let db = Db::open(fs.clone(), dir, small_opts(WalMode::None)).unwrap();
+    let mut it = db.iter(&ReadOptions::default()).unwrap();
+    it.seek_to_first();
+    while it.valid() {
+        it.next();
+    }
+    let err = it.status().unwrap_err();
+    assert!(err.is_corruption(), "{err}");
+    assert!(err.to_string().contains(&sst), "{err}");
+    drop(m);
+}
