@@ -428,6 +428,9 @@ pub fn decode_batch(
         let kind =
             OpKind::from_u8(rest[0]).ok_or_else(|| (at, format!("unknown op kind {}", rest[0])))?;
         let flags = rest[1];
+        if rest[2] != 0 || rest[3] != 0 {
+            return Err((at, "nonzero reserved op bytes".into()));
+        }
         if flags & !(FLAG_HARD_STATE | FLAG_CLEAR_HARD_STATE) != 0
             || flags == FLAG_HARD_STATE | FLAG_CLEAR_HARD_STATE
         {
@@ -472,6 +475,9 @@ pub fn decode_batch(
                 }
                 base = le_u64(rest, p);
                 let count = le_u32(rest, p + 8) as usize;
+                if le_u32(rest, p + 12) != 0 {
+                    return Err((at, "nonzero reserved append bytes".into()));
+                }
                 let mut q = p + APPEND_HEADER_LEN;
                 for i in 0..count {
                     if q + ENTRY_HEADER_LEN > end {

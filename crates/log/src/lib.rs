@@ -25,6 +25,8 @@
 
 mod error;
 pub mod format;
+#[doc(hidden)]
+pub mod fuzz;
 mod gc;
 mod handle;
 mod queue;
@@ -39,6 +41,7 @@ pub use bytes::Bytes;
 pub use error::{Error, Result};
 pub use handle::AppendHandle;
 use phoenix_storage::SharedFs;
+pub use recovery::{scan_segment, ScanResult};
 
 /// One log entry of a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
