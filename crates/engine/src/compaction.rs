@@ -22,6 +22,7 @@
 //! stretches without point data go to tombstone-only files (which may span several
 //! groups that hold no data in this compaction).
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -168,29 +169,58 @@ pub fn complete(
     c
 }
 
-/// Picks the most urgent compaction, if any level needs one. `pointers[l]` is the
-/// largest key of the last level-`l` compaction (round-robin through the level).
-pub fn pick(v: &Version, opts: &Options, pointers: &[Vec<u8>]) -> Option<Compaction> {
-    let s = scores(v, opts);
-    let (level, score) = s
-        .iter()
-        .copied()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(&b.1))?;
-    if score < 1.0 {
-        return None;
+/// Picks the most urgent compaction, if any level needs one, using no file in `busy`
+/// (inputs of compactions already running, so that several can run at once: each takes
+/// every overlapping file of its output level, so disjoint input sets never write
+/// overlapping outputs). `pointers[l]` is the largest key of the last level-`l`
+/// compaction (round-robin through the level).
+pub fn pick(
+    v: &Version,
+    opts: &Options,
+    pointers: &[Vec<u8>],
+    busy: &HashSet<u64>,
+) -> Option<Compaction> {
+    let mut s: Vec<(usize, f64)> = scores(v, opts).into_iter().enumerate().collect();
+    s.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let free = |c: &Compaction| {
+        c.inputs
+            .iter()
+            .chain(c.next_inputs.iter())
+            .all(|f| !busy.contains(&f.number))
+    };
+    for (level, score) in s {
+        if score < 1.0 {
+            break;
+        }
+        if level == 0 {
+            // One L0 compaction at a time: it takes every L0 file.
+            if v.files(0).iter().any(|f| busy.contains(&f.number)) {
+                continue;
+            }
+            let c = complete(v, 0, v.files(0).to_vec(), Reason::L0Files);
+            if free(&c) {
+                return Some(c);
+            }
+            continue;
+        }
+        let files = v.files(level);
+        let ptr = pointers.get(level).map(|p| p.as_slice()).unwrap_or(&[]);
+        let start = files
+            .iter()
+            .position(|f| ptr.is_empty() || crate::key::compare_internal(&f.largest, ptr).is_gt())
+            .unwrap_or(0);
+        for i in (start..files.len()).chain(0..start) {
+            let f = &files[i];
+            if busy.contains(&f.number) {
+                continue;
+            }
+            let c = complete(v, level, vec![Arc::clone(f)], Reason::LevelSize);
+            if free(&c) {
+                return Some(c);
+            }
+        }
     }
-    if level == 0 {
-        let inputs = v.files(0).to_vec();
-        return Some(complete(v, 0, inputs, Reason::L0Files));
-    }
-    let files = v.files(level);
-    let ptr = pointers.get(level).map(|p| p.as_slice()).unwrap_or(&[]);
-    let f = files
-        .iter()
-        .find(|f| ptr.is_empty() || crate::key::compare_internal(&f.largest, ptr).is_gt())
-        .or_else(|| files.first())?;
-    Some(complete(v, level, vec![Arc::clone(f)], Reason::LevelSize))
+    None
 }
 
 /// What an executed compaction produced.

@@ -2,9 +2,10 @@
 //! compaction scheduling, `drop_group` and `ingest`.
 //!
 //! Threads: callers write and read; one background thread flushes immutable memtables
-//! strictly in the order they became immutable; one background thread compacts
-//! (compactions, `compact_range` and `drop_group` are serialised by `compaction_lock`,
-//! so `max_background_jobs` beyond 2 adds nothing yet).
+//! strictly in the order they became immutable; `max_background_jobs - 1` threads
+//! compact, several at once on disjoint files (the `busy` set). `compact_range`,
+//! `drop_group` and `ingest` take `compaction_lock` exclusively; background compactions
+//! share it.
 //!
 //! Write path (group commit): writers queue up; the writer at the front is the leader.
 //! It merges the queued batches (same WAL setting, up to 1 MiB), makes room (switching
@@ -28,7 +29,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use phoenix_storage::{FileLock, SharedFs};
 
 use crate::compaction::{self, Compaction, Reason};
@@ -68,6 +69,8 @@ struct State {
     bg_error: Option<String>,
     closed: bool,
     pointers: Vec<Vec<u8>>,
+    /// Files that running compactions read.
+    busy: std::collections::HashSet<u64>,
 }
 
 impl State {
@@ -205,7 +208,7 @@ struct Inner {
     queue_cv: Condvar,
     last_seq: AtomicU64,
     snapshots: Arc<SnapshotList>,
-    compaction_lock: Mutex<()>,
+    compaction_lock: RwLock<()>,
     counters: Counters,
     wal: Option<Wal>,
     /// Next WAL entry index; only the write leader advances it.
@@ -332,6 +335,7 @@ impl Db {
             bg_error: None,
             closed: false,
             pointers: vec![Vec::new(); num_levels],
+            busy: std::collections::HashSet::new(),
         };
         state.refresh_view();
 
@@ -349,7 +353,7 @@ impl Db {
             snapshots: Arc::new(SnapshotList {
                 seqs: Mutex::new(BTreeMap::new()),
             }),
-            compaction_lock: Mutex::new(()),
+            compaction_lock: RwLock::new(()),
             counters: Counters::default(),
             wal,
             wal_next: AtomicU64::new(wal_next),
@@ -370,11 +374,13 @@ impl Db {
                     Error::Background(format!("cannot start the flush thread: {e}"))
                 })?,
             );
-            threads.push(
-                spawn("phoenix-compact", Inner::compaction_loop, &inner).map_err(|e| {
-                    Error::Background(format!("cannot start the compaction thread: {e}"))
-                })?,
-            );
+            for _ in 1..inner.opts.max_background_jobs.max(2) {
+                threads.push(
+                    spawn("phoenix-compact", Inner::compaction_loop, &inner).map_err(|e| {
+                        Error::Background(format!("cannot start a compaction thread: {e}"))
+                    })?,
+                );
+            }
         }
         let db = Arc::new(Db {
             inner,
@@ -475,7 +481,7 @@ impl Db {
     /// Compacts every file overlapping `[start, end]` down level by level.
     pub fn compact_range(&self, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<()> {
         self.inner.flush()?;
-        let _c = self.inner.compaction_lock.lock();
+        let _c = self.inner.compaction_lock.write();
         self.inner.compact_range_locked(start, end)
     }
 
@@ -831,11 +837,11 @@ impl Inner {
         if self.opts.disable_auto_compactions {
             return Ok(());
         }
-        let _c = self.compaction_lock.lock();
+        let _c = self.compaction_lock.write();
         loop {
             let c = {
                 let st = self.state.lock();
-                compaction::pick(&st.vset.current(), &self.opts, &st.pointers)
+                compaction::pick(&st.vset.current(), &self.opts, &st.pointers, &st.busy)
             };
             let Some(c) = c else { return Ok(()) };
             if let Err(e) = self.run_compaction(&c) {
@@ -963,23 +969,40 @@ impl Inner {
                     }
                     if st.bg_error.is_none()
                         && !self.opts.disable_auto_compactions
-                        && compaction::pick(&st.vset.current(), &self.opts, &st.pointers).is_some()
+                        && compaction::pick(&st.vset.current(), &self.opts, &st.pointers, &st.busy)
+                            .is_some()
                     {
                         break;
                     }
                     self.bg_cv.wait(&mut st);
                 }
             }
-            let _c = self.compaction_lock.lock();
+            // Shared: other background compactions run beside this one on other files;
+            // manual operations wait.
+            let _c = self.compaction_lock.read();
             let c = {
-                let st = self.state.lock();
+                let mut st = self.state.lock();
                 if st.closed || st.bg_error.is_some() {
                     continue;
                 }
-                compaction::pick(&st.vset.current(), &self.opts, &st.pointers)
+                let c = compaction::pick(&st.vset.current(), &self.opts, &st.pointers, &st.busy);
+                if let Some(c) = &c {
+                    for f in c.inputs.iter().chain(c.next_inputs.iter()) {
+                        st.busy.insert(f.number);
+                    }
+                }
+                c
             };
             if let Some(c) = c {
-                if let Err(e) = self.run_compaction(&c) {
+                let r = self.run_compaction(&c);
+                {
+                    let mut st = self.state.lock();
+                    for f in c.inputs.iter().chain(c.next_inputs.iter()) {
+                        st.busy.remove(&f.number);
+                    }
+                }
+                self.bg_cv.notify_all();
+                if let Err(e) = r {
                     self.set_bg_error(bg_err("compaction", &e));
                 }
             }
@@ -1086,7 +1109,7 @@ impl Inner {
             result: None,
         })?;
         self.flush()?;
-        let _c = self.compaction_lock.lock();
+        let _c = self.compaction_lock.write();
         let last_key_of_group = {
             let mut k = group_range(g).0;
             k.extend_from_slice(&[0xff; 16]);
@@ -1183,7 +1206,7 @@ impl Inner {
                 )));
             }
         }
-        let _c = self.compaction_lock.lock();
+        let _c = self.compaction_lock.write();
         let view = self.view()?;
         for p in &prepared {
             let lo = p.props_meta.smallest_user_key();

@@ -52,8 +52,8 @@ pub struct Options {
     pub target_file_size_base: u64,
     /// Levels of the tree (L0 included).
     pub num_levels: usize,
-    /// Background jobs wanted. Today the engine runs one flush thread and one compaction
-    /// thread (compactions are serialised) whatever the value; it must be at least 2.
+    /// Background threads: one flushes, the others compact (on disjoint files, several
+    /// at once). At least 2.
     pub max_background_jobs: usize,
     /// How SST files are written.
     pub table: TableOptions,

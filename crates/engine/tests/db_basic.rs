@@ -226,6 +226,7 @@ fn readers_and_writers_during_background_compaction() {
             max_bytes_for_level_base: 32 << 10,
             level0_file_num_compaction_trigger: 2,
             num_levels: 4,
+            max_background_jobs: 4,
             wal_segment_size: 256 << 10,
             ..Options::default()
         },
