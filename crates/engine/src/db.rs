@@ -64,7 +64,9 @@ struct State {
     /// Immutable memtables, oldest first (flush order).
     imm: VecDeque<Arc<MemTable>>,
     vset: VersionSet,
-    view: Arc<View>,
+    /// The sources readers use, republished after every change; readers take only this
+    /// lock (never the state mutex, which is held across manifest syncs).
+    published: Arc<RwLock<Arc<View>>>,
     next_mem_id: u64,
     bg_error: Option<String>,
     closed: bool,
@@ -75,11 +77,12 @@ struct State {
 
 impl State {
     fn refresh_view(&mut self) {
-        self.view = Arc::new(View {
+        let v = Arc::new(View {
             mem: Arc::clone(&self.mem),
             imms: self.imm.iter().rev().cloned().collect(),
             version: self.vset.current(),
         });
+        *self.published.write() = v;
     }
 }
 
@@ -201,6 +204,10 @@ struct Inner {
     tables: Arc<TableCache>,
     block_cache: Option<Arc<BlockCache>>,
     state: Mutex<State>,
+    /// Shared with `State::published`.
+    published: Arc<RwLock<Arc<View>>>,
+    /// Set by `close` (readers check it without the state mutex).
+    closed: AtomicBool,
     /// Signalled on every background state change (flush done, compaction done, error,
     /// close, new immutable memtable).
     bg_cv: Condvar,
@@ -322,15 +329,16 @@ impl Db {
         let mem = mems.pop().unwrap_or_else(|| Arc::new(MemTable::new(0)));
         let imm: VecDeque<Arc<MemTable>> = mems.into_iter().collect();
         let num_levels = opts.num_levels;
+        let published = Arc::new(RwLock::new(Arc::new(View {
+            mem: Arc::new(MemTable::new(0)),
+            imms: Vec::new(),
+            version: Arc::new(Version::empty(num_levels)),
+        })));
         let mut state = State {
             mem,
             imm,
             vset,
-            view: Arc::new(View {
-                mem: Arc::new(MemTable::new(0)),
-                imms: Vec::new(),
-                version: Arc::new(Version::empty(num_levels)),
-            }),
+            published: Arc::clone(&published),
             next_mem_id,
             bg_error: None,
             closed: false,
@@ -346,6 +354,8 @@ impl Db {
             tables,
             block_cache,
             state: Mutex::new(state),
+            published,
+            closed: AtomicBool::new(false),
             bg_cv: Condvar::new(),
             queue: Mutex::new(VecDeque::new()),
             queue_cv: Condvar::new(),
@@ -530,6 +540,7 @@ impl Db {
             let mut st = self.inner.state.lock();
             st.closed = true;
         }
+        self.inner.closed.store(true, AtOrd::Release);
         self.inner.bg_cv.notify_all();
         let threads = std::mem::take(&mut *self.threads.lock());
         for t in threads {
@@ -571,11 +582,10 @@ fn insert_batch(mem: &MemTable, batch: &WriteBatch, seq: SequenceNumber) {
 
 impl Inner {
     fn view(&self) -> Result<Arc<View>> {
-        let st = self.state.lock();
-        if st.closed {
+        if self.closed.load(AtOrd::Acquire) {
             return Err(Error::Closed);
         }
-        Ok(Arc::clone(&st.view))
+        Ok(Arc::clone(&self.published.read()))
     }
 
     fn read_seq(&self, ro: &ReadOptions<'_>) -> SequenceNumber {
