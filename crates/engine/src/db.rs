@@ -781,6 +781,7 @@ impl Inner {
     /// by the write leader.
     fn make_room(&self, mut force: bool) -> Result<Arc<MemTable>> {
         let mut slowed = false;
+        let mut stalled = false;
         let mut st = self.state.lock();
         loop {
             if st.closed {
@@ -812,7 +813,10 @@ impl Inner {
             let too_many_imm = st.imm.len() + 1 >= self.opts.max_write_buffer_number;
             let too_many_l0 = auto && l0 >= self.opts.level0_stop_writes_trigger;
             if too_many_imm || too_many_l0 {
-                self.counters.stalls.fetch_add(1, AtOrd::Relaxed);
+                if !stalled {
+                    stalled = true;
+                    self.counters.stalls.fetch_add(1, AtOrd::Relaxed);
+                }
                 let t = Instant::now();
                 self.bg_cv.notify_all();
                 self.bg_cv.wait_for(&mut st, Duration::from_millis(100));
