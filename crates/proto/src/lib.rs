@@ -1,1 +1,30 @@
-//! phoenix-proto (under construction).
+//! phoenix-proto: PhoenixKV's wire protocol.
+//!
+//! The protobuf messages and gRPC services (`proto/*.proto`, package `phoenix.v1`):
+//! - [`kv_server`]/[`kv_client`]: the client-facing key-value service (get, put, delete,
+//!   batch get, atomic batch write, scan, delete range, compare-and-swap);
+//! - [`meta_server`]/[`meta_client`]: routes, cluster status, node heartbeats;
+//! - [`raft_transport_server`]/[`raft_transport_client`]: batched raft messages between
+//!   nodes and chunked snapshot upload.
+//!
+//! Errors travel inside responses as [`Error`] (a typed `oneof`); gRPC statuses are
+//! reserved for transport failures. [`convert`] maps raft messages to and from the
+//! wire, validating everything that arrives. [`limits`] names the size limits both
+//! sides check.
+
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used,
+    clippy::expect_used
+)]
+mod generated {
+    tonic::include_proto!("phoenix.v1");
+}
+
+pub use generated::*;
+
+pub mod convert;
+pub mod errors;
+pub mod limits;
