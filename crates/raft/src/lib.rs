@@ -18,6 +18,8 @@ mod read_only;
 mod storage;
 mod types;
 
+/// Payload type of entries and contexts (re-exported so users need not depend on `bytes`).
+pub use bytes::Bytes;
 pub use crate::error::{Error, StorageError};
 pub use crate::log::RaftLog;
 pub use crate::progress::{Inflights, Progress, ProgressState};
