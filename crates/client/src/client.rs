@@ -1,0 +1,1327 @@
+//! [`Client`]: routes each request to the leader of the group owning its key, and retries
+//! within the request's deadline.
+//!
+//! One request = one deadline (`ClientOptions::timeout`, or [`Client::with_timeout`]).
+//! Inside it the client loops: locate the route (refreshing the cache from any node's
+//! `Meta.GetRoutes` when it misses), pick the cached leader (or the next replica), send
+//! with the remaining time as the server-side deadline, and react to the answer:
+//!
+//! | answer | reaction |
+//! |---|---|
+//! | success | remember the replica as leader, return |
+//! | NotLeader with a hint | switch to the hinted leader and resend at once (seed 001) |
+//! | NotLeader without hint, GroupUnavailable | forget the leader, next replica, back off |
+//! | StaleEpoch / KeyNotInGroup | take the route the server sent (or refresh), resend |
+//! | ServerBusy, transport failure | next replica, back off |
+//! | DeadlineExceeded from the server | reads/idempotent writes retry; CAS is ambiguous |
+//! | key/value too large, invalid argument, internal | return the typed error |
+//!
+//! Backoff is exponential with jitter ([`crate::backoff`]) and never sleeps past the
+//! deadline. A write whose fate is unknown (the connection broke after sending, or the
+//! server timed out) is retried only if it is idempotent (put, delete, batch write,
+//! delete range) and `retry_ambiguous_writes` is on; compare-and-swap then fails with
+//! [`ClientError::Ambiguous`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use phoenix_proto::error::Kind;
+use phoenix_proto::kv_client::KvClient;
+use phoenix_proto::limits;
+use phoenix_proto::meta_client::MetaClient;
+use phoenix_proto::{self as pb, RequestHeader};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::backoff::BackoffPolicy;
+use crate::error::{ClientError, Result};
+use crate::routing::{NodeId, Route, RouteTable};
+
+/// How the client behaves.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Deadline of each call (all its retries included).
+    pub timeout: Duration,
+    /// Time to establish a TCP connection to a node.
+    pub connect_timeout: Duration,
+    /// Retry pacing.
+    pub backoff: BackoffPolicy,
+    /// Keys longer than this are refused before sending.
+    pub key_bytes_max: usize,
+    /// Values longer than this are refused before sending (servers may allow less).
+    pub value_bytes_max: usize,
+    /// Retry idempotent writes whose outcome is unknown (at-least-once under failures).
+    pub retry_ambiguous_writes: bool,
+    /// Seed of the backoff jitter (0 = from the OS).
+    pub seed: u64,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
+            backoff: BackoffPolicy::default(),
+            key_bytes_max: limits::KEY_BYTES_MAX,
+            value_bytes_max: limits::VALUE_BYTES_MAX,
+            retry_ambiguous_writes: true,
+            seed: 0,
+        }
+    }
+}
+
+/// One mutation of an atomic batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOp {
+    /// Set key to value.
+    Put(Vec<u8>, Vec<u8>),
+    /// Remove key.
+    Delete(Vec<u8>),
+}
+
+impl WriteOp {
+    fn key(&self) -> &[u8] {
+        match self {
+            WriteOp::Put(k, _) | WriteOp::Delete(k) => k,
+        }
+    }
+}
+
+/// Result of a compare-and-swap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CasOutcome {
+    /// Whether the condition held and the new value was written.
+    pub succeeded: bool,
+    /// The value before the operation (None = absent).
+    pub previous: Option<Vec<u8>>,
+}
+
+/// One page of a scan.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ScanPage {
+    /// Pairs in key order.
+    pub pairs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Where to continue (None = the range is exhausted).
+    pub next: Option<Vec<u8>>,
+}
+
+/// A node as the meta group sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// Node id.
+    pub node_id: NodeId,
+    /// gRPC address.
+    pub addr: String,
+    /// Whether it heartbeats.
+    pub alive: bool,
+    /// Milliseconds since its last heartbeat (None = never).
+    pub last_heartbeat_ms_ago: Option<u64>,
+    /// Replicas hosted.
+    pub groups: u64,
+    /// Replicas it leads.
+    pub leaders: u64,
+    /// Bytes of engine files.
+    pub engine_bytes: u64,
+    /// Bytes of the log store.
+    pub log_bytes: u64,
+}
+
+/// A replica of a group as last reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    /// Hosting node.
+    pub node_id: NodeId,
+    /// Whether it leads.
+    pub is_leader: bool,
+    /// Raft term.
+    pub term: u64,
+    /// Commit index.
+    pub commit_index: u64,
+    /// Applied index.
+    pub applied_index: u64,
+    /// First index still in its log.
+    pub log_first_index: u64,
+    /// Approximate bytes of the group's data.
+    pub approximate_bytes: u64,
+}
+
+/// A group: its route and its replicas' states.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupStatus {
+    /// Group id.
+    pub group_id: u64,
+    /// Key range start (inclusive).
+    pub start: Vec<u8>,
+    /// Key range end (exclusive; empty = unbounded).
+    pub end: Vec<u8>,
+    /// Route epoch.
+    pub epoch: u64,
+    /// Leader as last reported.
+    pub leader: Option<NodeId>,
+    /// Replica nodes.
+    pub replicas: Vec<NodeId>,
+    /// Per-replica state.
+    pub replica_status: Vec<ReplicaStatus>,
+}
+
+/// The whole cluster as the meta group sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStatus {
+    /// Meta group leader (None = unknown).
+    pub meta_leader: Option<NodeId>,
+    /// Registered nodes.
+    pub nodes: Vec<NodeStatus>,
+    /// Data groups.
+    pub groups: Vec<GroupStatus>,
+}
+
+/// How an operation may be retried after an unknown outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Reads: always.
+    Read,
+    /// Idempotent writes: if `retry_ambiguous_writes`.
+    Idempotent,
+    /// Compare-and-swap: never (reports Ambiguous).
+    Never,
+}
+
+/// Counters of what the client did (for tests and diagnostics).
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    /// RPCs sent to data nodes.
+    pub attempts: AtomicU64,
+    /// Redirects followed at once (NotLeader with a hint).
+    pub redirects: AtomicU64,
+    /// Backoff sleeps.
+    pub backoffs: AtomicU64,
+    /// Route table refreshes from meta.
+    pub route_refreshes: AtomicU64,
+}
+
+struct Inner {
+    opts: ClientOptions,
+    seeds: Vec<String>,
+    table: RwLock<RouteTable>,
+    table_gen: AtomicU64,
+    refresh_lock: tokio::sync::Mutex<()>,
+    channels: Mutex<HashMap<String, Channel>>,
+    rng: Mutex<StdRng>,
+    stats: ClientStats,
+}
+
+/// A PhoenixKV client: cheap to clone, safe to share between tasks.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("seeds", &self.inner.seeds)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these short critical sections leaves consistent
+    // data (each is a single map/rng operation), so poisoning is ignored.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn route_from_wire(r: &pb::Route) -> Route {
+    Route {
+        group_id: r.group_id,
+        start: r.start_key.to_vec(),
+        end: r.end_key.to_vec(),
+        epoch: r.epoch,
+        replicas: r.replicas.iter().map(|x| x.node_id).collect(),
+        leader: (r.leader_node_id != 0).then_some(r.leader_node_id),
+    }
+}
+
+/// Whether a transport failure happened before the request could reach the server
+/// (connection refused / could not connect): then even a non-idempotent write is safe
+/// to resend elsewhere.
+fn never_sent(status: &tonic::Status) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = src {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::AddrNotAvailable
+            ) {
+                return true;
+            }
+        }
+        src = e.source();
+    }
+    let msg = status.message();
+    msg.contains("error trying to connect") || msg.contains("tcp connect error")
+}
+
+/// Smallest key greater than every key starting with `prefix` (empty = unbounded).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    Vec::new()
+}
+
+impl Client {
+    /// A client over the nodes at `endpoints` (`host:port`), which fetches the routing
+    /// table now and fails if no node can give it within the timeout.
+    pub async fn connect(endpoints: Vec<String>, opts: ClientOptions) -> Result<Client> {
+        let client = Client::new_lazy(endpoints, opts)?;
+        let deadline = Instant::now() + client.timeout;
+        if let Err(last) = client.refresh_routes(deadline).await {
+            return Err(ClientError::DeadlineExceeded {
+                op: "connect",
+                timeout: client.timeout,
+                attempts: 1,
+                last,
+            });
+        }
+        Ok(client)
+    }
+
+    /// A client that contacts the cluster only on its first call.
+    pub fn new_lazy(endpoints: Vec<String>, opts: ClientOptions) -> Result<Client> {
+        let mut seeds = Vec::new();
+        for e in endpoints {
+            let e = e.trim().trim_start_matches("http://").to_string();
+            if e.is_empty() {
+                continue;
+            }
+            if !e.contains(':') {
+                return Err(ClientError::BadEndpoint {
+                    endpoint: e,
+                    why: "expected host:port".into(),
+                });
+            }
+            if !seeds.contains(&e) {
+                seeds.push(e);
+            }
+        }
+        if seeds.is_empty() {
+            return Err(ClientError::InvalidArgument("no endpoint given".into()));
+        }
+        let rng = if opts.seed == 0 {
+            StdRng::from_entropy()
+        } else {
+            StdRng::seed_from_u64(opts.seed)
+        };
+        let timeout = opts.timeout;
+        let client = Client {
+            inner: Arc::new(Inner {
+                opts,
+                seeds: seeds.clone(),
+                table: RwLock::new(RouteTable::new()),
+                table_gen: AtomicU64::new(0),
+                refresh_lock: tokio::sync::Mutex::new(()),
+                channels: Mutex::new(HashMap::new()),
+                rng: Mutex::new(rng),
+                stats: ClientStats::default(),
+            }),
+            timeout,
+        };
+        // Validate every endpoint up front so a typo fails now, not at the first call.
+        for s in &seeds {
+            client.channel(s)?;
+        }
+        Ok(client)
+    }
+
+    /// The same client with another per-call deadline.
+    pub fn with_timeout(&self, timeout: Duration) -> Client {
+        Client {
+            inner: self.inner.clone(),
+            timeout,
+        }
+    }
+
+    /// What the client did so far.
+    pub fn stats(&self) -> &ClientStats {
+        &self.inner.stats
+    }
+
+    /// A copy of the cached routes.
+    pub fn cached_routes(&self) -> Vec<Route> {
+        self.read_table().routes().cloned().collect()
+    }
+
+    fn read_table(&self) -> std::sync::RwLockReadGuard<'_, RouteTable> {
+        self.inner
+            .table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write_table(&self) -> std::sync::RwLockWriteGuard<'_, RouteTable> {
+        self.inner
+            .table
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel> {
+        let mut map = lock(&self.inner.channels);
+        if let Some(c) = map.get(addr) {
+            return Ok(c.clone());
+        }
+        let bad = |why: String| ClientError::BadEndpoint {
+            endpoint: addr.to_string(),
+            why,
+        };
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| bad(e.to_string()))?
+            .connect_timeout(self.inner.opts.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5));
+        let channel = endpoint.connect_lazy();
+        map.insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    fn kv(&self, channel: Channel) -> KvClient<Channel> {
+        KvClient::new(channel)
+            .max_decoding_message_size(limits::MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(limits::MESSAGE_BYTES_MAX)
+    }
+
+    fn meta(&self, channel: Channel) -> MetaClient<Channel> {
+        MetaClient::new(channel)
+            .max_decoding_message_size(limits::MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(limits::MESSAGE_BYTES_MAX)
+    }
+
+    /// Addresses to ask meta questions: known nodes (in a random rotation) then seeds.
+    fn meta_candidates(&self) -> Vec<String> {
+        let mut addrs: Vec<String> = self
+            .read_table()
+            .node_addrs()
+            .map(|(_, a)| a.clone())
+            .collect();
+        addrs.sort();
+        if !addrs.is_empty() {
+            let r = rand::Rng::gen_range(&mut *lock(&self.inner.rng), 0..addrs.len());
+            addrs.rotate_left(r);
+        }
+        for s in &self.inner.seeds {
+            if !addrs.contains(s) {
+                addrs.push(s.clone());
+            }
+        }
+        addrs
+    }
+
+    /// Reloads the routing table from the first node that answers. Concurrent callers
+    /// share one refresh. Errs with the last failure if no node answered in time.
+    async fn refresh_routes(&self, deadline: Instant) -> std::result::Result<(), String> {
+        let gen_before = self.inner.table_gen.load(Ordering::Acquire);
+        let _guard = match tokio::time::timeout_at(deadline, self.inner.refresh_lock.lock()).await {
+            Ok(g) => g,
+            Err(_) => return Err("timed out waiting for a route refresh".into()),
+        };
+        if self.inner.table_gen.load(Ordering::Acquire) != gen_before {
+            return Ok(()); // another task refreshed while we waited
+        }
+        self.inner
+            .stats
+            .route_refreshes
+            .fetch_add(1, Ordering::Relaxed);
+        let mut last = String::from("no node asked");
+        for addr in self.meta_candidates() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            // One slow node must not eat the whole deadline.
+            let per_try = (deadline - now).min(Duration::from_secs(2));
+            let channel = match self.channel(&addr) {
+                Ok(c) => c,
+                Err(e) => {
+                    last = e.to_string();
+                    continue;
+                }
+            };
+            let req = pb::GetRoutesRequest {
+                timeout_ms: per_try.as_millis().max(1) as u64,
+            };
+            let mut meta = self.meta(channel);
+            match tokio::time::timeout(per_try, meta.get_routes(req)).await {
+                Err(_) => last = format!("{addr}: GetRoutes timed out"),
+                Ok(Err(status)) => last = format!("{addr}: {}", status.message()),
+                Ok(Ok(resp)) => {
+                    let resp = resp.into_inner();
+                    if let Some(err) = resp.error {
+                        last = format!("{addr}: {err}");
+                        continue;
+                    }
+                    if resp.routes.is_empty() {
+                        last = format!("{addr}: the cluster has no routes yet (bootstrapping?)");
+                        continue;
+                    }
+                    self.install_routes(&resp.routes);
+                    return Ok(());
+                }
+            }
+        }
+        Err(last)
+    }
+
+    fn install_routes(&self, wire: &[pb::Route]) {
+        let mut table = self.write_table();
+        let mut nodes: HashMap<NodeId, String> =
+            table.node_addrs().map(|(k, v)| (*k, v.clone())).collect();
+        for r in wire {
+            for rep in &r.replicas {
+                if rep.node_id != 0 && !rep.addr.is_empty() {
+                    nodes.insert(rep.node_id, rep.addr.clone());
+                }
+            }
+            if r.leader_node_id != 0 && !r.leader_addr.is_empty() {
+                nodes.insert(r.leader_node_id, r.leader_addr.clone());
+            }
+        }
+        table.replace_all(wire.iter().map(route_from_wire).collect(), nodes);
+        self.inner.table_gen.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn take_route(&self, r: &pb::Route) {
+        let mut table = self.write_table();
+        for rep in &r.replicas {
+            if rep.node_id != 0 && !rep.addr.is_empty() {
+                table.set_node(rep.node_id, rep.addr.clone());
+            }
+        }
+        table.update(route_from_wire(r));
+    }
+
+    async fn backoff(&self, n: &mut u32, deadline: Instant) {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let delay = {
+            let mut rng = lock(&self.inner.rng);
+            self.inner.opts.backoff.delay(*n, remaining, &mut *rng)
+        };
+        *n = n.saturating_add(1);
+        if let Some(d) = delay {
+            self.inner.stats.backoffs.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(d).await;
+        }
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        if key.is_empty() {
+            return Err(ClientError::InvalidArgument("empty key".into()));
+        }
+        if key.len() > self.inner.opts.key_bytes_max {
+            return Err(ClientError::KeyTooLarge {
+                size: key.len(),
+                limit: self.inner.opts.key_bytes_max,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_value(&self, value: &[u8]) -> Result<()> {
+        if value.len() > self.inner.opts.value_bytes_max {
+            return Err(ClientError::ValueTooLarge {
+                size: value.len(),
+                limit: self.inner.opts.value_bytes_max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs one group-scoped RPC with routing and retries. `call` gets a channel to the
+    /// chosen node and the request header and returns the response's typed error (if
+    /// any) with the payload. `route_key` picks the group; `same_group` (for batches)
+    /// re-checks after a route change that all keys still belong to one group.
+    async fn execute<T, F, Fut>(
+        &self,
+        op: &'static str,
+        retry: Retry,
+        route_key: &[u8],
+        same_group: &[&[u8]],
+        deadline: Instant,
+        mut call: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Channel, RequestHeader) -> Fut,
+        Fut: Future<Output = std::result::Result<(Option<pb::Error>, T), tonic::Status>>,
+    {
+        let mut attempts = 0u32;
+        let mut backoffs = 0u32;
+        let mut rotate = 0usize;
+        let mut redirects_in_row = 0u32;
+        let mut last = String::from("no attempt made");
+        let retry_ambiguous = match retry {
+            Retry::Read => true,
+            Retry::Idempotent => self.inner.opts.retry_ambiguous_writes,
+            Retry::Never => false,
+        };
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ClientError::DeadlineExceeded {
+                    op,
+                    timeout: self.timeout,
+                    attempts,
+                    last,
+                });
+            }
+            let remaining = deadline - now;
+            let route = self.read_table().locate(route_key).cloned();
+            let route = match route {
+                Some(r) => r,
+                None => {
+                    if let Err(e) = self.refresh_routes(deadline).await {
+                        last = format!("no route for the key: {e}");
+                        self.backoff(&mut backoffs, deadline).await;
+                        continue;
+                    }
+                    let found = self.read_table().locate(route_key).cloned();
+                    match found {
+                        Some(r) => r,
+                        None => {
+                            last = "no route covers the key".into();
+                            self.backoff(&mut backoffs, deadline).await;
+                            continue;
+                        }
+                    }
+                }
+            };
+            if !same_group.is_empty() {
+                let table = self.read_table();
+                let mut groups: Vec<u64> = same_group
+                    .iter()
+                    .filter_map(|k| table.locate(k).map(|r| r.group_id))
+                    .collect();
+                groups.sort_unstable();
+                groups.dedup();
+                if groups.len() > 1 {
+                    return Err(ClientError::CrossGroup { groups });
+                }
+            }
+            let candidates = RouteTable::candidates(&route, rotate);
+            let Some(&node) = candidates.first() else {
+                last = format!(
+                    "group {} has no replicas in the cached route",
+                    route.group_id
+                );
+                let _ = self.refresh_routes(deadline).await;
+                self.backoff(&mut backoffs, deadline).await;
+                continue;
+            };
+            let addr = self.read_table().node_addr(node).map(str::to_string);
+            let Some(addr) = addr else {
+                last = format!("address of node {node} unknown");
+                let _ = self.refresh_routes(deadline).await;
+                rotate += 1;
+                self.write_table().set_leader(route.group_id, None);
+                self.backoff(&mut backoffs, deadline).await;
+                continue;
+            };
+            let channel = self.channel(&addr)?;
+            attempts += 1;
+            self.inner.stats.attempts.fetch_add(1, Ordering::Relaxed);
+            let header = RequestHeader {
+                group_id: route.group_id,
+                epoch: route.epoch,
+                timeout_ms: (remaining.as_millis() as u64).clamp(1, limits::TIMEOUT_MS_MAX),
+            };
+            let answer = tokio::time::timeout_at(deadline, call(channel, header)).await;
+            let group = route.group_id;
+            match answer {
+                Err(_) => {
+                    last = format!("node {node} at {addr} did not answer before the deadline");
+                    if !retry_ambiguous && retry != Retry::Read {
+                        return Err(ClientError::Ambiguous { op, why: last });
+                    }
+                }
+                Ok(Err(status)) => {
+                    last = format!("node {node} at {addr}: {}", status.message());
+                    tracing::debug!(op, group, node, %addr, %status, "transport failure");
+                    if !retry_ambiguous && !never_sent(&status) {
+                        return Err(ClientError::Ambiguous { op, why: last });
+                    }
+                    // The node may be down: try another replica, and learn the leader anew.
+                    {
+                        let mut t = self.write_table();
+                        if t.by_group(group).and_then(|r| r.leader) == Some(node) {
+                            t.set_leader(group, None);
+                        }
+                    }
+                    rotate += 1;
+                    redirects_in_row = 0;
+                    self.backoff(&mut backoffs, deadline).await;
+                }
+                Ok(Ok((None, value))) => {
+                    let mut t = self.write_table();
+                    if t.by_group(group).and_then(|r| r.leader) != Some(node) {
+                        t.set_leader(group, Some(node));
+                    }
+                    return Ok(value);
+                }
+                Ok(Ok((Some(err), _))) => {
+                    last = format!("node {node} at {addr}: {err}");
+                    tracing::debug!(op, group, node, %addr, error = %err, "request refused; retrying if allowed");
+                    match &err.kind {
+                        Some(Kind::NotLeader(nl)) => {
+                            match nl.leader.as_ref().filter(|l| l.node_id != 0) {
+                                Some(hint) if hint.node_id != node => {
+                                    {
+                                        let mut t = self.write_table();
+                                        if !hint.addr.is_empty() {
+                                            t.set_node(hint.node_id, hint.addr.clone());
+                                        }
+                                        t.set_leader(group, Some(hint.node_id));
+                                    }
+                                    self.inner.stats.redirects.fetch_add(1, Ordering::Relaxed);
+                                    redirects_in_row += 1;
+                                    // Follow a hint at once, but not forever: replicas that
+                                    // disagree about the leader (an election in progress) get
+                                    // backoff after a few hops.
+                                    if redirects_in_row > 2 {
+                                        self.backoff(&mut backoffs, deadline).await;
+                                    }
+                                }
+                                _ => {
+                                    self.write_table().set_leader(group, None);
+                                    rotate += 1;
+                                    redirects_in_row = 0;
+                                    self.backoff(&mut backoffs, deadline).await;
+                                }
+                            }
+                        }
+                        Some(Kind::StaleEpoch(se)) => match se.current.as_ref() {
+                            Some(cur) if cur.epoch > route.epoch => self.take_route(cur),
+                            _ => {
+                                let _ = self.refresh_routes(deadline).await;
+                                self.backoff(&mut backoffs, deadline).await;
+                            }
+                        },
+                        Some(Kind::KeyNotInGroup(k)) => {
+                            if let Some(cur) = k.current.as_ref() {
+                                self.take_route(cur);
+                            }
+                            let _ = self.refresh_routes(deadline).await;
+                            self.backoff(&mut backoffs, deadline).await;
+                        }
+                        Some(Kind::GroupUnavailable(_)) => {
+                            // No leader there (election, or the replica is not created yet).
+                            self.write_table().set_leader(group, None);
+                            rotate += 1;
+                            redirects_in_row = 0;
+                            if backoffs % 4 == 3 {
+                                let _ = self.refresh_routes(deadline).await;
+                            }
+                            self.backoff(&mut backoffs, deadline).await;
+                        }
+                        Some(Kind::ServerBusy(_)) => self.backoff(&mut backoffs, deadline).await,
+                        Some(Kind::DeadlineExceeded(_)) => {
+                            if !retry_ambiguous {
+                                return Err(ClientError::Ambiguous { op, why: last });
+                            }
+                            self.backoff(&mut backoffs, deadline).await;
+                        }
+                        Some(Kind::KeyTooLarge(k)) => {
+                            return Err(ClientError::KeyTooLarge {
+                                size: k.size as usize,
+                                limit: k.limit as usize,
+                            })
+                        }
+                        Some(Kind::ValueTooLarge(v)) => {
+                            return Err(ClientError::ValueTooLarge {
+                                size: v.size as usize,
+                                limit: v.limit as usize,
+                            })
+                        }
+                        _ => {
+                            return Err(ClientError::Refused {
+                                op,
+                                addr,
+                                error: Box::new(err),
+                            })
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// Reads `key` (linearizable). None = absent.
+    pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.check_key(key)?;
+        let k = Bytes::copy_from_slice(key);
+        self.execute(
+            "get",
+            Retry::Read,
+            key,
+            &[],
+            self.deadline(),
+            |ch, header| {
+                let mut kv = self.kv(ch);
+                let req = pb::GetRequest {
+                    header: Some(header),
+                    key: k.clone(),
+                };
+                async move {
+                    let r = kv.get(req).await?.into_inner();
+                    Ok((r.error, r.found.then(|| r.value.to_vec())))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Sets `key` to `value`.
+    pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.check_key(key)?;
+        self.check_value(value)?;
+        let k = Bytes::copy_from_slice(key);
+        let v = Bytes::copy_from_slice(value);
+        self.execute(
+            "put",
+            Retry::Idempotent,
+            key,
+            &[],
+            self.deadline(),
+            |ch, header| {
+                let mut kv = self.kv(ch);
+                let req = pb::PutRequest {
+                    header: Some(header),
+                    key: k.clone(),
+                    value: v.clone(),
+                };
+                async move {
+                    let r = kv.put(req).await?.into_inner();
+                    Ok((r.error, ()))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Removes `key` (no error if absent).
+    pub async fn delete(&self, key: &[u8]) -> Result<()> {
+        self.check_key(key)?;
+        let k = Bytes::copy_from_slice(key);
+        self.execute(
+            "delete",
+            Retry::Idempotent,
+            key,
+            &[],
+            self.deadline(),
+            |ch, header| {
+                let mut kv = self.kv(ch);
+                let req = pb::DeleteRequest {
+                    header: Some(header),
+                    key: k.clone(),
+                };
+                async move {
+                    let r = kv.delete(req).await?.into_inner();
+                    Ok((r.error, ()))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Compare-and-swap on one key: if the key holds `expected` (None = absent), set it
+    /// to `new` (None = delete). Never retried once its outcome is unknown.
+    pub async fn cas(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<CasOutcome> {
+        self.check_key(key)?;
+        if let Some(v) = expected {
+            self.check_value(v)?;
+        }
+        if let Some(v) = new {
+            self.check_value(v)?;
+        }
+        let k = Bytes::copy_from_slice(key);
+        let exp = expected.map(Bytes::copy_from_slice);
+        let nv = new.map(Bytes::copy_from_slice);
+        self.execute(
+            "cas",
+            Retry::Never,
+            key,
+            &[],
+            self.deadline(),
+            |ch, header| {
+                let mut kv = self.kv(ch);
+                let req = pb::CasRequest {
+                    header: Some(header),
+                    key: k.clone(),
+                    expect_exists: exp.is_some(),
+                    expected: exp.clone().unwrap_or_default(),
+                    delete: nv.is_none(),
+                    new_value: nv.clone().unwrap_or_default(),
+                };
+                async move {
+                    let r = kv.cas(req).await?.into_inner();
+                    let out = CasOutcome {
+                        succeeded: r.succeeded,
+                        previous: r.current_found.then(|| r.current_value.to_vec()),
+                    };
+                    Ok((r.error, out))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Reads several keys; each group's keys are read at one point in time.
+    pub async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        for k in keys {
+            self.check_key(k)?;
+        }
+        let deadline = self.deadline();
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        while let Some(&first) = pending.first() {
+            // The keys in the same group as the first pending one, as the cache sees it
+            // now; a route change under us (CrossGroup) just re-splits.
+            let batch: Vec<usize> = {
+                let table = self.read_table();
+                let g = table.locate(&keys[first]).map(|r| r.group_id);
+                pending
+                    .iter()
+                    .copied()
+                    .filter(|&i| {
+                        i == first
+                            || (g.is_some() && table.locate(&keys[i]).map(|r| r.group_id) == g)
+                    })
+                    .take(limits::BATCH_KEYS_MAX)
+                    .collect()
+            };
+            let wire: Vec<Bytes> = batch
+                .iter()
+                .map(|&i| Bytes::copy_from_slice(&keys[i]))
+                .collect();
+            let check: Vec<&[u8]> = batch.iter().map(|&i| keys[i].as_slice()).collect();
+            let res = self
+                .execute(
+                    "batch_get",
+                    Retry::Read,
+                    &keys[first],
+                    &check,
+                    deadline,
+                    |ch, header| {
+                        let mut kv = self.kv(ch);
+                        let req = pb::BatchGetRequest {
+                            header: Some(header),
+                            keys: wire.clone(),
+                        };
+                        async move {
+                            let r = kv.batch_get(req).await?.into_inner();
+                            Ok((r.error, r.results))
+                        }
+                    },
+                )
+                .await;
+            match res {
+                Ok(results) => {
+                    if results.len() != batch.len() {
+                        return Err(ClientError::Protocol {
+                            addr: "?".into(),
+                            why: format!(
+                                "BatchGet answered {} results for {} keys",
+                                results.len(),
+                                batch.len()
+                            ),
+                        });
+                    }
+                    for (&i, r) in batch.iter().zip(results) {
+                        out[i] = r.found.then(|| r.value.to_vec());
+                    }
+                    pending.retain(|i| !batch.contains(i));
+                }
+                Err(ClientError::CrossGroup { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Applies `ops` atomically; all keys must belong to one group.
+    pub async fn batch_write(&self, ops: &[WriteOp]) -> Result<()> {
+        let Some(first) = ops.first() else {
+            return Ok(());
+        };
+        if ops.len() > limits::BATCH_KEYS_MAX {
+            return Err(ClientError::InvalidArgument(format!(
+                "{} mutations exceed the batch limit of {}",
+                ops.len(),
+                limits::BATCH_KEYS_MAX
+            )));
+        }
+        for op in ops {
+            self.check_key(op.key())?;
+            if let WriteOp::Put(_, v) = op {
+                self.check_value(v)?;
+            }
+        }
+        let wire: Vec<pb::Mutation> = ops
+            .iter()
+            .map(|op| match op {
+                WriteOp::Put(k, v) => pb::Mutation {
+                    op: pb::MutationOp::Put as i32,
+                    key: Bytes::copy_from_slice(k),
+                    value: Bytes::copy_from_slice(v),
+                },
+                WriteOp::Delete(k) => pb::Mutation {
+                    op: pb::MutationOp::Delete as i32,
+                    key: Bytes::copy_from_slice(k),
+                    value: Bytes::new(),
+                },
+            })
+            .collect();
+        let check: Vec<&[u8]> = ops.iter().map(WriteOp::key).collect();
+        self.execute(
+            "batch_write",
+            Retry::Idempotent,
+            first.key(),
+            &check,
+            self.deadline(),
+            |ch, header| {
+                let mut kv = self.kv(ch);
+                let req = pb::BatchWriteRequest {
+                    header: Some(header),
+                    mutations: wire.clone(),
+                };
+                async move {
+                    let r = kv.batch_write(req).await?.into_inner();
+                    Ok((r.error, ()))
+                }
+            },
+        )
+        .await
+    }
+
+    /// One page of `[start, end)` (empty end = unbounded), at most `limit` pairs (0 =
+    /// the server's default page). Continue with `page.next` as the new start.
+    pub async fn scan_page(&self, start: &[u8], end: &[u8], limit: u32) -> Result<ScanPage> {
+        self.scan_page_until(start, end, limit, self.deadline())
+            .await
+    }
+
+    async fn scan_page_until(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: u32,
+        deadline: Instant,
+    ) -> Result<ScanPage> {
+        if !end.is_empty() && start >= end {
+            return Ok(ScanPage::default());
+        }
+        if start.len() > self.inner.opts.key_bytes_max || end.len() > self.inner.opts.key_bytes_max
+        {
+            return Err(ClientError::KeyTooLarge {
+                size: start.len().max(end.len()),
+                limit: self.inner.opts.key_bytes_max,
+            });
+        }
+        let s = Bytes::copy_from_slice(start);
+        let e = Bytes::copy_from_slice(end);
+        let limit = limit.min(limits::SCAN_LIMIT_MAX);
+        let resp = self
+            .execute("scan", Retry::Read, start, &[], deadline, |ch, header| {
+                let mut kv = self.kv(ch);
+                let req = pb::ScanRequest {
+                    header: Some(header),
+                    start: s.clone(),
+                    end: e.clone(),
+                    limit,
+                    keys_only: false,
+                };
+                async move {
+                    let r = kv.scan(req).await?.into_inner();
+                    Ok((r.error.clone(), r))
+                }
+            })
+            .await?;
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = resp
+            .pairs
+            .iter()
+            .map(|p| (p.key.to_vec(), p.value.to_vec()))
+            .collect();
+        let next = if resp.more {
+            let next = resp.next_key.to_vec();
+            if next.as_slice() <= start {
+                return Err(ClientError::Protocol {
+                    addr: "?".into(),
+                    why: "scan did not advance".into(),
+                });
+            }
+            Some(next)
+        } else if resp.group_end.is_empty() || (!end.is_empty() && resp.group_end.as_ref() >= end) {
+            None
+        } else {
+            if resp.group_end.as_ref() <= start {
+                return Err(ClientError::Protocol {
+                    addr: "?".into(),
+                    why: "scan's group end is not past its start".into(),
+                });
+            }
+            Some(resp.group_end.to_vec())
+        };
+        Ok(ScanPage { pairs, next })
+    }
+
+    /// All pairs in `[start, end)` (empty end = unbounded), across groups, at most
+    /// `limit` (0 = no limit), within one deadline.
+    pub async fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let deadline = self.deadline();
+        let mut out = Vec::new();
+        let mut cursor = start.to_vec();
+        loop {
+            let want = if limit == 0 {
+                limits::SCAN_LIMIT_MAX
+            } else {
+                (limit - out.len()).min(limits::SCAN_LIMIT_MAX as usize) as u32
+            };
+            let page = self.scan_page_until(&cursor, end, want, deadline).await?;
+            out.extend(page.pairs);
+            match page.next {
+                Some(n) if limit == 0 || out.len() < limit => cursor = n,
+                _ => break,
+            }
+        }
+        if limit != 0 {
+            out.truncate(limit);
+        }
+        Ok(out)
+    }
+
+    /// All pairs whose key starts with `prefix`, at most `limit` (0 = no limit).
+    pub async fn scan_prefix(
+        &self,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.scan(prefix, &prefix_end(prefix), limit).await
+    }
+
+    /// Deletes every key in `[start, end)` (empty end = unbounded). Atomic per group,
+    /// not across groups.
+    pub async fn delete_range(&self, start: &[u8], end: &[u8]) -> Result<()> {
+        let deadline = self.deadline();
+        let mut cursor = start.to_vec();
+        loop {
+            if !end.is_empty() && cursor.as_slice() >= end {
+                return Ok(());
+            }
+            let s = Bytes::copy_from_slice(&cursor);
+            let e = Bytes::copy_from_slice(end);
+            // The group's range end tells where to continue.
+            let group_end = self
+                .execute(
+                    "delete_range",
+                    Retry::Idempotent,
+                    &cursor,
+                    &[],
+                    deadline,
+                    |ch, header| {
+                        let mut kv = self.kv(ch);
+                        let gid = header.group_id;
+                        let req = pb::DeleteRangeRequest {
+                            header: Some(header),
+                            start: s.clone(),
+                            end: e.clone(),
+                        };
+                        let end_now = self.read_table().by_group(gid).map(|r| r.end.clone());
+                        async move {
+                            let r = kv.delete_range(req).await?.into_inner();
+                            Ok((r.error, end_now))
+                        }
+                    },
+                )
+                .await?;
+            match group_end {
+                Some(ge)
+                    if !ge.is_empty() && (end.is_empty() || ge.as_slice() < end) && ge > cursor =>
+                {
+                    cursor = ge
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Cluster membership, groups, leaders and sizes, from the meta group.
+    pub async fn cluster_status(&self) -> Result<ClusterStatus> {
+        let deadline = self.deadline();
+        let mut last = String::from("no node asked");
+        let mut attempts = 0;
+        let mut backoffs = 0;
+        while Instant::now() < deadline {
+            for addr in self.meta_candidates() {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                let per_try = (deadline - now).min(Duration::from_secs(2));
+                let mut meta = self.meta(self.channel(&addr)?);
+                attempts += 1;
+                let req = pb::GetClusterRequest {
+                    timeout_ms: per_try.as_millis().max(1) as u64,
+                };
+                match tokio::time::timeout(per_try, meta.get_cluster(req)).await {
+                    Err(_) => last = format!("{addr}: GetCluster timed out"),
+                    Ok(Err(status)) => last = format!("{addr}: {}", status.message()),
+                    Ok(Ok(resp)) => {
+                        let r = resp.into_inner();
+                        match r.error {
+                            Some(e) if e.is_retryable() => last = format!("{addr}: {e}"),
+                            Some(e) => {
+                                return Err(ClientError::Refused {
+                                    op: "cluster_status",
+                                    addr,
+                                    error: Box::new(e),
+                                })
+                            }
+                            None => return Ok(status_from_wire(r)),
+                        }
+                    }
+                }
+            }
+            self.backoff(&mut backoffs, deadline).await;
+        }
+        Err(ClientError::DeadlineExceeded {
+            op: "cluster_status",
+            timeout: self.timeout,
+            attempts,
+            last,
+        })
+    }
+
+    /// Succeeds when routes are known and every group's leader serves a read: the
+    /// cluster is ready for clients.
+    pub async fn ready_probe(&self) -> Result<()> {
+        let deadline = self.deadline();
+        if let Err(last) = self.refresh_routes(deadline).await {
+            return Err(ClientError::DeadlineExceeded {
+                op: "ready_probe",
+                timeout: self.timeout,
+                attempts: 1,
+                last,
+            });
+        }
+        let starts: Vec<Vec<u8>> = self
+            .cached_routes()
+            .into_iter()
+            .map(|r| if r.start.is_empty() { vec![0] } else { r.start })
+            .collect();
+        for key in starts {
+            self.get(&key).await?;
+        }
+        Ok(())
+    }
+}
+
+fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
+    let nodes = r
+        .nodes
+        .into_iter()
+        .map(|n| {
+            let stats = n.stats.unwrap_or_default();
+            NodeStatus {
+                node_id: n.node_id,
+                addr: n.addr,
+                alive: n.alive,
+                last_heartbeat_ms_ago: (n.last_heartbeat_ms_ago != u64::MAX)
+                    .then_some(n.last_heartbeat_ms_ago),
+                groups: stats.groups,
+                leaders: stats.leaders,
+                engine_bytes: stats.engine_bytes,
+                log_bytes: stats.log_bytes,
+            }
+        })
+        .collect();
+    let groups = r
+        .groups
+        .into_iter()
+        .filter_map(|g| {
+            let route = g.route?;
+            let replica_status = g
+                .replicas
+                .into_iter()
+                .map(|s| ReplicaStatus {
+                    node_id: s.node_id,
+                    is_leader: s.is_leader,
+                    term: s.term,
+                    commit_index: s.commit_index,
+                    applied_index: s.applied_index,
+                    log_first_index: s.log_first_index,
+                    approximate_bytes: s.approximate_bytes,
+                })
+                .collect();
+            Some(GroupStatus {
+                group_id: route.group_id,
+                start: route.start_key.to_vec(),
+                end: route.end_key.to_vec(),
+                epoch: route.epoch,
+                leader: (route.leader_node_id != 0).then_some(route.leader_node_id),
+                replicas: route.replicas.iter().map(|x| x.node_id).collect(),
+                replica_status,
+            })
+        })
+        .collect();
+    ClusterStatus {
+        meta_leader: (r.meta_leader_node_id != 0).then_some(r.meta_leader_node_id),
+        nodes,
+        groups,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_cases() {
+        assert_eq!(prefix_end(b"ab"), b"ac".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), Vec::<u8>::new());
+        assert_eq!(prefix_end(b""), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn connect_refused_is_never_sent() {
+        let s = tonic::Status::unavailable(
+            "error trying to connect: tcp connect error: Connection refused",
+        );
+        assert!(never_sent(&s));
+        assert!(!never_sent(&tonic::Status::unavailable("connection reset")));
+    }
+}

@@ -1,0 +1,810 @@
+//! The client's routing and retry behaviour against fake nodes: real tonic servers on
+//! loopback whose Kv/Meta answers the test scripts (who leads, which epoch, failures),
+//! over one shared in-memory map standing for the replicated data.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::result_large_err)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use phoenix_client::{Client, ClientError, ClientOptions, WriteOp};
+use phoenix_proto as pb;
+use phoenix_proto::kv_server::{Kv, KvServer};
+use phoenix_proto::meta_server::{Meta, MetaServer};
+use tokio::task::JoinHandle;
+use tonic::{Request, Response, Status};
+
+/// A scripted failure a node answers instead of serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    /// GroupUnavailable on every kv request.
+    Unavailable,
+    /// DeadlineExceeded on the next `n` kv requests.
+    ServerTimeout(u64),
+}
+
+struct State {
+    /// (route, leader node id) per group; the route's leader field is what GetRoutes
+    /// reports (may be stale or 0).
+    routes: Mutex<Vec<pb::Route>>,
+    leaders: Mutex<HashMap<u64, u64>>,
+    /// Whether NotLeader answers carry the leader hint.
+    hint: bool,
+    data: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+    fault: Mutex<Fault>,
+    /// Kv requests received, per node id.
+    hits: Mutex<HashMap<u64, u64>>,
+    /// Largest page a Scan answers.
+    page: u32,
+    addrs: Mutex<HashMap<u64, String>>,
+    get_routes_calls: AtomicU64,
+}
+
+#[derive(Clone)]
+struct Node {
+    id: u64,
+    st: Arc<State>,
+}
+
+fn contains(r: &pb::Route, key: &[u8]) -> bool {
+    key >= r.start_key.as_ref() && (r.end_key.is_empty() || key < r.end_key.as_ref())
+}
+
+impl Node {
+    /// Common checks of a kv request: fault, group, epoch, leadership, key range.
+    fn admit(
+        &self,
+        header: Option<pb::RequestHeader>,
+        keys: &[&[u8]],
+    ) -> Result<pb::Route, pb::Error> {
+        *self.st.hits.lock().unwrap().entry(self.id).or_default() += 1;
+        let h = header.ok_or_else(|| pb::Error::invalid_argument("no header"))?;
+        assert!(h.timeout_ms > 0, "the client must send a deadline");
+        {
+            let mut f = self.st.fault.lock().unwrap();
+            match *f {
+                Fault::None => {}
+                Fault::Unavailable => {
+                    return Err(pb::Error::group_unavailable(h.group_id, "scripted"))
+                }
+                Fault::ServerTimeout(n) => {
+                    *f = if n <= 1 {
+                        Fault::None
+                    } else {
+                        Fault::ServerTimeout(n - 1)
+                    };
+                    return Err(pb::Error::deadline_exceeded(h.timeout_ms));
+                }
+            }
+        }
+        let route = self
+            .st
+            .routes
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|r| r.group_id == h.group_id)
+            .cloned()
+            .ok_or_else(|| pb::Error::group_unavailable(h.group_id, "no such group"))?;
+        if h.epoch < route.epoch {
+            return Err(pb::Error::stale_epoch(h.group_id, h.epoch, route));
+        }
+        let leader = self
+            .st
+            .leaders
+            .lock()
+            .unwrap()
+            .get(&h.group_id)
+            .copied()
+            .unwrap_or(0);
+        if leader != self.id {
+            let hint = (self.st.hint && leader != 0).then(|| pb::Replica {
+                node_id: leader,
+                addr: self
+                    .st
+                    .addrs
+                    .lock()
+                    .unwrap()
+                    .get(&leader)
+                    .cloned()
+                    .unwrap_or_default(),
+            });
+            return Err(pb::Error::not_leader(h.group_id, hint));
+        }
+        for k in keys {
+            if !contains(&route, k) {
+                return Err(pb::Error::key_not_in_group(k, h.group_id, Some(route)));
+            }
+        }
+        Ok(route)
+    }
+}
+
+type R<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl Kv for Node {
+    async fn get(&self, req: Request<pb::GetRequest>) -> R<pb::GetResponse> {
+        let r = req.into_inner();
+        Ok(Response::new(match self.admit(r.header, &[&r.key]) {
+            Err(e) => pb::GetResponse {
+                error: Some(e),
+                ..Default::default()
+            },
+            Ok(_) => {
+                let v = self.st.data.lock().unwrap().get(r.key.as_ref()).cloned();
+                pb::GetResponse {
+                    error: None,
+                    found: v.is_some(),
+                    value: v.unwrap_or_default().into(),
+                }
+            }
+        }))
+    }
+
+    async fn put(&self, req: Request<pb::PutRequest>) -> R<pb::PutResponse> {
+        let r = req.into_inner();
+        let error = match self.admit(r.header, &[&r.key]) {
+            Err(e) => Some(e),
+            Ok(_) => {
+                self.st
+                    .data
+                    .lock()
+                    .unwrap()
+                    .insert(r.key.to_vec(), r.value.to_vec());
+                None
+            }
+        };
+        Ok(Response::new(pb::PutResponse { error }))
+    }
+
+    async fn delete(&self, req: Request<pb::DeleteRequest>) -> R<pb::DeleteResponse> {
+        let r = req.into_inner();
+        let error = match self.admit(r.header, &[&r.key]) {
+            Err(e) => Some(e),
+            Ok(_) => {
+                self.st.data.lock().unwrap().remove(r.key.as_ref());
+                None
+            }
+        };
+        Ok(Response::new(pb::DeleteResponse { error }))
+    }
+
+    async fn batch_get(&self, req: Request<pb::BatchGetRequest>) -> R<pb::BatchGetResponse> {
+        let r = req.into_inner();
+        let keys: Vec<&[u8]> = r.keys.iter().map(|k| k.as_ref()).collect();
+        Ok(Response::new(match self.admit(r.header, &keys) {
+            Err(e) => pb::BatchGetResponse {
+                error: Some(e),
+                results: vec![],
+            },
+            Ok(_) => {
+                let data = self.st.data.lock().unwrap();
+                let results = r
+                    .keys
+                    .iter()
+                    .map(|k| {
+                        let v = data.get(k.as_ref()).cloned();
+                        pb::GetResult {
+                            key: k.clone(),
+                            found: v.is_some(),
+                            value: v.unwrap_or_default().into(),
+                        }
+                    })
+                    .collect();
+                pb::BatchGetResponse {
+                    error: None,
+                    results,
+                }
+            }
+        }))
+    }
+
+    async fn batch_write(&self, req: Request<pb::BatchWriteRequest>) -> R<pb::BatchWriteResponse> {
+        let r = req.into_inner();
+        let keys: Vec<&[u8]> = r.mutations.iter().map(|m| m.key.as_ref()).collect();
+        let error = match self.admit(r.header, &keys) {
+            Err(e) => Some(e),
+            Ok(_) => {
+                let mut data = self.st.data.lock().unwrap();
+                for m in &r.mutations {
+                    if m.op == pb::MutationOp::Delete as i32 {
+                        data.remove(m.key.as_ref());
+                    } else {
+                        data.insert(m.key.to_vec(), m.value.to_vec());
+                    }
+                }
+                None
+            }
+        };
+        Ok(Response::new(pb::BatchWriteResponse { error }))
+    }
+
+    async fn scan(&self, req: Request<pb::ScanRequest>) -> R<pb::ScanResponse> {
+        let r = req.into_inner();
+        let route = match self.admit(r.header, &[&r.start]) {
+            Err(e) => {
+                return Ok(Response::new(pb::ScanResponse {
+                    error: Some(e),
+                    ..Default::default()
+                }))
+            }
+            Ok(route) => route,
+        };
+        let limit = if r.limit == 0 {
+            self.st.page
+        } else {
+            r.limit.min(self.st.page)
+        } as usize;
+        let data = self.st.data.lock().unwrap();
+        let mut pairs = Vec::new();
+        let mut more = false;
+        let mut next_key = Bytes::new();
+        for (k, v) in data.range(r.start.to_vec()..) {
+            let past_end =
+                (!r.end.is_empty() && k.as_slice() >= r.end.as_ref()) || !contains(&route, k);
+            if past_end {
+                break;
+            }
+            if pairs.len() == limit {
+                more = true;
+                next_key = k.clone().into();
+                break;
+            }
+            pairs.push(pb::KvPair {
+                key: k.clone().into(),
+                value: v.clone().into(),
+            });
+        }
+        Ok(Response::new(pb::ScanResponse {
+            error: None,
+            pairs,
+            more,
+            next_key,
+            group_end: route.end_key,
+        }))
+    }
+
+    async fn delete_range(
+        &self,
+        req: Request<pb::DeleteRangeRequest>,
+    ) -> R<pb::DeleteRangeResponse> {
+        let r = req.into_inner();
+        let route = match self.admit(r.header, &[&r.start]) {
+            Err(e) => return Ok(Response::new(pb::DeleteRangeResponse { error: Some(e) })),
+            Ok(route) => route,
+        };
+        let mut data = self.st.data.lock().unwrap();
+        let doomed: Vec<Vec<u8>> = data
+            .range(r.start.to_vec()..)
+            .map(|(k, _)| k.clone())
+            .take_while(|k| {
+                contains(&route, k) && (r.end.is_empty() || k.as_slice() < r.end.as_ref())
+            })
+            .collect();
+        for k in doomed {
+            data.remove(&k);
+        }
+        Ok(Response::new(pb::DeleteRangeResponse { error: None }))
+    }
+
+    async fn cas(&self, req: Request<pb::CasRequest>) -> R<pb::CasResponse> {
+        let r = req.into_inner();
+        Ok(Response::new(match self.admit(r.header, &[&r.key]) {
+            Err(e) => pb::CasResponse {
+                error: Some(e),
+                ..Default::default()
+            },
+            Ok(_) => {
+                let mut data = self.st.data.lock().unwrap();
+                let cur = data.get(r.key.as_ref()).cloned();
+                let holds = match &cur {
+                    Some(v) => r.expect_exists && v.as_slice() == r.expected.as_ref(),
+                    None => !r.expect_exists,
+                };
+                if holds {
+                    if r.delete {
+                        data.remove(r.key.as_ref());
+                    } else {
+                        data.insert(r.key.to_vec(), r.new_value.to_vec());
+                    }
+                }
+                pb::CasResponse {
+                    error: None,
+                    succeeded: holds,
+                    current_found: cur.is_some(),
+                    current_value: cur.unwrap_or_default().into(),
+                }
+            }
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl Meta for Node {
+    async fn get_routes(&self, _req: Request<pb::GetRoutesRequest>) -> R<pb::GetRoutesResponse> {
+        self.st.get_routes_calls.fetch_add(1, Ordering::Relaxed);
+        let routes = self.st.routes.lock().unwrap().clone();
+        Ok(Response::new(pb::GetRoutesResponse {
+            error: None,
+            routes,
+            version: 1,
+        }))
+    }
+
+    async fn get_cluster(&self, _req: Request<pb::GetClusterRequest>) -> R<pb::GetClusterResponse> {
+        let addrs = self.st.addrs.lock().unwrap().clone();
+        let mut nodes: Vec<pb::NodeInfo> = addrs
+            .iter()
+            .map(|(&id, a)| pb::NodeInfo {
+                node_id: id,
+                addr: a.clone(),
+                last_heartbeat_ms_ago: if id == 3 { u64::MAX } else { 100 },
+                alive: id != 3,
+                stats: Some(pb::NodeStats {
+                    groups: 1,
+                    leaders: u64::from(id == 1),
+                    engine_bytes: 1000 * id,
+                    log_bytes: 10,
+                    uptime_ms: 5,
+                }),
+            })
+            .collect();
+        nodes.sort_by_key(|n| n.node_id);
+        let groups = self
+            .st
+            .routes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| pb::GroupInfo {
+                route: Some(r.clone()),
+                replicas: vec![pb::ReplicaStats {
+                    group_id: r.group_id,
+                    node_id: 1,
+                    is_leader: true,
+                    term: 2,
+                    commit_index: 9,
+                    applied_index: 9,
+                    log_first_index: 1,
+                    approximate_bytes: 4096,
+                    epoch: r.epoch,
+                }],
+            })
+            .collect();
+        Ok(Response::new(pb::GetClusterResponse {
+            error: None,
+            nodes,
+            groups,
+            meta_leader_node_id: 1,
+        }))
+    }
+
+    async fn heartbeat(&self, _req: Request<pb::HeartbeatRequest>) -> R<pb::HeartbeatResponse> {
+        Err(Status::unimplemented("fake"))
+    }
+}
+
+struct Cluster {
+    st: Arc<State>,
+    servers: HashMap<u64, JoinHandle<()>>,
+    addrs: Vec<String>,
+}
+
+fn route(group: u64, start: &str, end: &str, epoch: u64, addrs: &[String]) -> pb::Route {
+    pb::Route {
+        group_id: group,
+        start_key: Bytes::copy_from_slice(start.as_bytes()),
+        end_key: Bytes::copy_from_slice(end.as_bytes()),
+        epoch,
+        replicas: addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| pb::Replica {
+                node_id: i as u64 + 1,
+                addr: a.clone(),
+            })
+            .collect(),
+        leader_node_id: 0,
+        leader_addr: String::new(),
+    }
+}
+
+impl Cluster {
+    /// Three fake nodes; `groups` = (start, end) of each group (ids 1..), all epoch 1.
+    async fn start(groups: &[(&str, &str)], hint: bool, page: u32) -> Cluster {
+        let mut listeners = Vec::new();
+        let mut addrs = Vec::new();
+        for _ in 0..3 {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addrs.push(l.local_addr().unwrap().to_string());
+            listeners.push(l);
+        }
+        let routes = groups
+            .iter()
+            .enumerate()
+            .map(|(i, (s, e))| route(i as u64 + 1, s, e, 1, &addrs))
+            .collect();
+        let st = Arc::new(State {
+            routes: Mutex::new(routes),
+            leaders: Mutex::new((1..=groups.len() as u64).map(|g| (g, 1)).collect()),
+            hint,
+            data: Mutex::new(BTreeMap::new()),
+            fault: Mutex::new(Fault::None),
+            hits: Mutex::new(HashMap::new()),
+            page,
+            addrs: Mutex::new(
+                addrs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| (i as u64 + 1, a.clone()))
+                    .collect(),
+            ),
+            get_routes_calls: AtomicU64::new(0),
+        });
+        let mut servers = HashMap::new();
+        for (i, l) in listeners.into_iter().enumerate() {
+            let node = Node {
+                id: i as u64 + 1,
+                st: st.clone(),
+            };
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(l);
+            let h = tokio::spawn(async move {
+                let _ = tonic::transport::Server::builder()
+                    .add_service(KvServer::new(node.clone()))
+                    .add_service(MetaServer::new(node))
+                    .serve_with_incoming(incoming)
+                    .await;
+            });
+            servers.insert(i as u64 + 1, h);
+        }
+        Cluster { st, servers, addrs }
+    }
+
+    fn set_leader(&self, group: u64, node: u64) {
+        self.st.leaders.lock().unwrap().insert(group, node);
+    }
+
+    fn hits(&self) -> HashMap<u64, u64> {
+        self.st.hits.lock().unwrap().clone()
+    }
+
+    fn total_hits(&self) -> u64 {
+        self.hits().values().sum()
+    }
+
+    /// Stops node `id`'s server (its port then refuses connections).
+    async fn kill(&mut self, id: u64) {
+        if let Some(h) = self.servers.remove(&id) {
+            h.abort();
+            let _ = h.await;
+        }
+    }
+
+    async fn client(&self, timeout: Duration) -> Client {
+        let opts = ClientOptions {
+            timeout,
+            seed: 42,
+            ..ClientOptions::default()
+        };
+        Client::connect(vec![self.addrs[0].clone()], opts)
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_leader_hint_then_goes_straight_to_the_leader() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    c.set_leader(1, 3);
+    let client = c.client(Duration::from_secs(5)).await;
+    client.put(b"a", b"1").await.unwrap();
+    // Node 1 (first replica) redirected to node 3, which served.
+    assert_eq!(c.hits(), HashMap::from([(1, 1), (3, 1)]));
+    assert_eq!(client.stats().redirects.load(Ordering::Relaxed), 1);
+    // The leader is cached: the next requests go to node 3 only.
+    for i in 0..10 {
+        assert_eq!(
+            client.get(b"a").await.unwrap(),
+            Some(b"1".to_vec()),
+            "read {i}"
+        );
+    }
+    assert_eq!(c.hits(), HashMap::from([(1, 1), (3, 11)]));
+    assert_eq!(
+        client.stats().backoffs.load(Ordering::Relaxed),
+        0,
+        "a hinted redirect must not back off"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_hints_it_tries_replicas_in_turn() {
+    let c = Cluster::start(&[("", "")], false, 100).await;
+    c.set_leader(1, 2);
+    let client = c.client(Duration::from_secs(5)).await;
+    client.put(b"k", b"v").await.unwrap();
+    assert_eq!(c.hits().get(&2), Some(&1));
+    let before = c.total_hits();
+    client.get(b"k").await.unwrap();
+    assert_eq!(c.total_hits() - before, 1, "the found leader is cached");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_crash_fails_over_within_the_deadline() {
+    let mut c = Cluster::start(&[("", "")], true, 100).await;
+    c.set_leader(1, 3);
+    let client = c.client(Duration::from_secs(5)).await;
+    client.put(b"x", b"1").await.unwrap();
+    // Node 3 dies; node 2 takes over; node 1 still names the old leader for a while,
+    // then learns the new one.
+    c.kill(3).await;
+    c.set_leader(1, 0);
+    let st = c.st.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        st.leaders.lock().unwrap().insert(1, 2);
+    });
+    let started = Instant::now();
+    client.put(b"x", b"2").await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        "took {took:?}"
+    );
+    assert_eq!(client.get(b"x").await.unwrap(), Some(b"2".to_vec()));
+    assert!(client.stats().backoffs.load(Ordering::Relaxed) >= 2);
+    // Served by node 2 from now on.
+    let before = c.hits().get(&2).copied().unwrap_or(0);
+    client.get(b"x").await.unwrap();
+    assert_eq!(c.hits().get(&2).copied().unwrap_or(0), before + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailable_group_ends_in_deadline_exceeded_on_time() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    let client = c.client(Duration::from_millis(400)).await;
+    *c.st.fault.lock().unwrap() = Fault::Unavailable;
+    let started = Instant::now();
+    let err = client.get(b"k").await.unwrap_err();
+    let took = started.elapsed();
+    match &err {
+        ClientError::DeadlineExceeded {
+            op, attempts, last, ..
+        } => {
+            assert_eq!(*op, "get");
+            assert!(*attempts >= 3, "attempts {attempts}");
+            assert!(last.contains("unavailable"), "{last}");
+        }
+        other => panic!("expected DeadlineExceeded, got {other:?}"),
+    }
+    assert!(
+        took >= Duration::from_millis(390) && took < Duration::from_millis(900),
+        "took {took:?}"
+    );
+    // Backoff grows: far fewer attempts than a busy loop would make.
+    assert!(c.total_hits() < 40, "{} attempts in 400 ms", c.total_hits());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_epoch_after_split_reroutes() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    let client = c.client(Duration::from_secs(5)).await;
+    client.put(b"a", b"1").await.unwrap();
+    // Group 1 splits at "m": group 2 takes ["m", ∞), both at epoch 2.
+    {
+        let mut routes = c.st.routes.lock().unwrap();
+        routes[0] = route(1, "", "m", 2, &c.addrs);
+        routes.push(route(2, "m", "", 2, &c.addrs));
+    }
+    c.set_leader(2, 2);
+    client.put(b"x", b"2").await.unwrap();
+    assert_eq!(client.get(b"x").await.unwrap(), Some(b"2".to_vec()));
+    let routes = client.cached_routes();
+    assert_eq!(routes.len(), 2, "{routes:?}");
+    assert_eq!((routes[1].group_id, routes[1].epoch), (2, 2));
+    // An atomic batch across the new boundary is refused before sending.
+    let before = c.total_hits();
+    let err = client
+        .batch_write(&[
+            WriteOp::Put(b"b".to_vec(), b"1".to_vec()),
+            WriteOp::Put(b"y".to_vec(), b"1".to_vec()),
+        ])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ClientError::CrossGroup { ref groups } if groups == &[1, 2]),
+        "{err:?}"
+    );
+    assert_eq!(c.total_hits(), before);
+    // A multi-group batch get is split per group.
+    client
+        .batch_write(&[
+            WriteOp::Put(b"b".to_vec(), b"B".to_vec()),
+            WriteOp::Delete(b"a".to_vec()),
+        ])
+        .await
+        .unwrap();
+    let got = client
+        .batch_get(&[b"x".to_vec(), b"a".to_vec(), b"b".to_vec(), b"zz".to_vec()])
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        vec![Some(b"2".to_vec()), None, Some(b"B".to_vec()), None]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cas_is_not_retried_when_its_outcome_is_unknown_but_put_is() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    let client = c.client(Duration::from_secs(5)).await;
+    let out = client.cas(b"c", None, Some(b"1")).await.unwrap();
+    assert!(out.succeeded && out.previous.is_none());
+    let out = client.cas(b"c", None, Some(b"2")).await.unwrap();
+    assert!(!out.succeeded);
+    assert_eq!(out.previous, Some(b"1".to_vec()));
+
+    *c.st.fault.lock().unwrap() = Fault::ServerTimeout(1);
+    let before = c.total_hits();
+    let err = client.cas(b"c", Some(b"1"), Some(b"3")).await.unwrap_err();
+    assert!(
+        matches!(err, ClientError::Ambiguous { op: "cas", .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        c.total_hits() - before,
+        1,
+        "an ambiguous CAS must not be resent"
+    );
+
+    *c.st.fault.lock().unwrap() = Fault::ServerTimeout(2);
+    client.put(b"c", b"4").await.unwrap();
+    assert_eq!(client.get(b"c").await.unwrap(), Some(b"4".to_vec()));
+    // CAS with deletion.
+    let out = client.cas(b"c", Some(b"4"), None).await.unwrap();
+    assert!(out.succeeded);
+    assert_eq!(client.get(b"c").await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cas_retries_on_a_refused_connection() {
+    let mut c = Cluster::start(&[("", "")], true, 100).await;
+    c.set_leader(1, 2);
+    let client = c.client(Duration::from_secs(5)).await;
+    client.put(b"k", b"0").await.unwrap();
+    // The cached leader (2) dies and 3 leads: connect errors are safe to retry.
+    c.kill(2).await;
+    c.set_leader(1, 3);
+    let out = client.cas(b"k", Some(b"0"), Some(b"1")).await.unwrap();
+    assert!(out.succeeded);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scan_pages_across_groups() {
+    let c = Cluster::start(&[("", "g"), ("g", "p"), ("p", "")], true, 3).await;
+    c.set_leader(2, 2);
+    c.set_leader(3, 3);
+    let client = c.client(Duration::from_secs(5)).await;
+    let keys: Vec<Vec<u8>> = (b'a'..=b'z').map(|b| vec![b, b'1']).collect();
+    for k in &keys {
+        client.put(k, k).await.unwrap();
+    }
+    let all = client.scan(b"", b"", 0).await.unwrap();
+    assert_eq!(all.iter().map(|p| p.0.clone()).collect::<Vec<_>>(), keys);
+    let some = client.scan(b"e", b"t", 0).await.unwrap();
+    assert_eq!(some.len(), (b'e'..b't').count());
+    let limited = client.scan(b"c", b"", 7).await.unwrap();
+    assert_eq!(limited.first().unwrap().0, b"c1".to_vec());
+    assert_eq!(limited.len(), 7);
+    let one = client.scan_prefix(b"q", 0).await.unwrap();
+    assert_eq!(one, vec![(b"q1".to_vec(), b"q1".to_vec())]);
+    // Manual paging with scan_page.
+    let mut start = b"a".to_vec();
+    let mut seen = 0;
+    loop {
+        let page = client.scan_page(&start, b"", 2).await.unwrap();
+        seen += page.pairs.len();
+        match page.next {
+            Some(n) => start = n,
+            None => break,
+        }
+    }
+    assert_eq!(seen, 26);
+    client.delete_range(b"f", b"r").await.unwrap();
+    let left = client.scan(b"", b"", 0).await.unwrap();
+    assert_eq!(left.len(), 26 - (b'f'..b'r').count());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_checked_before_sending() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    let client = c.client(Duration::from_secs(5)).await;
+    let before = c.total_hits();
+    let big_key = vec![b'k'; 4097];
+    assert!(matches!(
+        client.put(&big_key, b"v").await,
+        Err(ClientError::KeyTooLarge {
+            size: 4097,
+            limit: 4096
+        })
+    ));
+    let big_val = vec![0u8; (1 << 20) + 1];
+    assert!(matches!(
+        client.put(b"k", &big_val).await,
+        Err(ClientError::ValueTooLarge { .. })
+    ));
+    assert!(matches!(
+        client.get(b"").await,
+        Err(ClientError::InvalidArgument(_))
+    ));
+    assert_eq!(c.total_hits(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_status_and_unreachable_seeds() {
+    let c = Cluster::start(&[("", "m"), ("m", "")], true, 100).await;
+    let client = c.client(Duration::from_secs(5)).await;
+    let s = client.cluster_status().await.unwrap();
+    assert_eq!(s.meta_leader, Some(1));
+    assert_eq!(s.nodes.len(), 3);
+    assert_eq!(s.nodes[2].last_heartbeat_ms_ago, None);
+    assert!(!s.nodes[2].alive);
+    assert_eq!(s.groups.len(), 2);
+    assert_eq!(s.groups[1].start, b"m".to_vec());
+    assert_eq!(s.groups[0].replica_status[0].approximate_bytes, 4096);
+
+    // A dead seed listed first is skipped.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let opts = ClientOptions {
+        timeout: Duration::from_secs(5),
+        ..ClientOptions::default()
+    };
+    let client = Client::connect(vec![dead.clone(), c.addrs[1].clone()], opts.clone())
+        .await
+        .unwrap();
+    client.put(b"q", b"1").await.unwrap();
+    // No reachable seed: connect fails with the reason.
+    let opts = ClientOptions {
+        timeout: Duration::from_millis(300),
+        ..opts
+    };
+    let err = Client::connect(vec![dead], opts).await.unwrap_err();
+    assert!(
+        matches!(err, ClientError::DeadlineExceeded { op: "connect", .. }),
+        "{err:?}"
+    );
+    assert!(matches!(
+        Client::new_lazy(vec!["nope".into()], ClientOptions::default()),
+        Err(ClientError::BadEndpoint { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_requests_share_one_route_refresh() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    let opts = ClientOptions {
+        timeout: Duration::from_secs(5),
+        ..ClientOptions::default()
+    };
+    let client = Client::new_lazy(vec![c.addrs[0].clone()], opts).unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..32u32 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            client.put(format!("k{i}").as_bytes(), b"v").await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(c.st.get_routes_calls.load(Ordering::Relaxed), 1);
+    assert_eq!(c.st.data.lock().unwrap().len(), 32);
+}
