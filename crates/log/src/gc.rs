@@ -163,10 +163,11 @@ fn rewrite_cold(inner: &Inner) -> Result<bool> {
     let mut budget = inner.opts.segment_size;
     let mut any = false;
     for (bytes, id) in candidates {
-        if bytes > budget && any {
-            break;
+        if bytes > budget {
+            // A stream this big is not cold; rewriting it would cost more than it frees.
+            continue;
         }
-        budget = budget.saturating_sub(bytes);
+        budget -= bytes;
         // One at a time, like a resize: reproducible file operations for seeded tests.
         if let Some(h) = inner.rewrite_stream(id)? {
             h.wait()?;

@@ -99,7 +99,7 @@ pub struct LogOptions {
     pub gc_live_ratio: f64,
     /// Bytes of newest entries per stream kept in memory for reads.
     pub cache_bytes_per_stream: usize,
-    /// Free segment files kept for reuse, per queue.
+    /// Free segment files kept for reuse, per queue (at least 2).
     pub recycle_per_queue: usize,
     /// A filling buffer larger than this makes appenders wait for the writer (back
     /// pressure).

@@ -436,7 +436,7 @@ impl Inner {
     }
 
     pub(crate) fn free_cap(&self) -> usize {
-        self.active_queues.load(Ordering::Acquire) * self.opts.recycle_per_queue.max(1)
+        self.active_queues.load(Ordering::Acquire) * self.opts.recycle_per_queue.max(2)
     }
 
     fn queue_by_id(&self, id: u32) -> Option<Arc<Queue>> {
@@ -1175,7 +1175,7 @@ fn maintenance_loop(inner: Weak<Inner>) {
         let Some(me) = inner.upgrade() else {
             return;
         };
-        {
+        let kicked = {
             let mut k = me.kick.lock();
             if !k.pending && !k.stop {
                 me.kick_cv.wait_for(&mut k, Duration::from_millis(500));
@@ -1183,15 +1183,19 @@ fn maintenance_loop(inner: Weak<Inner>) {
             if k.stop {
                 return;
             }
-            k.pending = false;
-        }
-        while me.free.lock().len() < me.free_target() && !me.kick.lock().stop {
+            std::mem::take(&mut k.pending)
+        };
+        // Hysteresis: refill to twice the target only once the pool fell under it, so that
+        // the rolls of a burst take prepared files without zero-filling racing them.
+        let low = me.free.lock().len() < me.free_target();
+        while low && me.free.lock().len() < 2 * me.free_target() && !me.kick.lock().stop {
             if let Err(e) = me.prepare_free_file() {
                 tracing::warn!(dir = %me.dir.display(), "preparing a segment file: {e}");
                 break;
             }
         }
-        if me.check_open().is_ok() {
+        // Reclamation after a roll or a resize (a kick), not on every idle wake-up.
+        if kicked && me.check_open().is_ok() {
             if let Err(e) = gc::run(&me) {
                 tracing::warn!(dir = %me.dir.display(), "log space reclamation: {e}");
             }

@@ -151,7 +151,7 @@ fn run_store(args: &Args, fs: &SharedFs) -> Result<Outcome, BenchError> {
     // Give the maintenance thread a moment to prepare zero-filled segments, as a running
     // store would have.
     let warm = Instant::now();
-    while log.stats().free_segments < args.queues && warm.elapsed() < Duration::from_secs(10) {
+    while log.stats().free_segments < 2 * args.queues && warm.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let streams: Vec<Mutex<u64>> = (0..args.streams).map(|_| Mutex::new(1)).collect();
