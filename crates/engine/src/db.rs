@@ -1142,12 +1142,13 @@ impl Inner {
         // Files mixing g with other groups (ingested or tombstone-only ones): rewrite them
         // down so the group's data meets the tombstone and is dropped or cut out.
         let v = self.state.lock().vset.current();
+        // Tombstone-only files spanning groups count too: their tombstones over g would
+        // hide what is later ingested there.
         let mixed = (1..v.num_levels()).any(|l| {
-            v.overlapping(l, Some(&gs), Some(&last_key_of_group))
-                .iter()
-                .any(|f| {
-                    f.num_entries > f.num_range_deletions && !(f.min_group == g && f.max_group == g)
-                })
+            v.files(l).iter().any(|f| {
+                f.overlaps_exactly(&gs, &last_key_of_group)
+                    && !(f.min_group == g && f.max_group == g)
+            })
         });
         drop(v);
         if mixed {
@@ -1232,10 +1233,11 @@ impl Inner {
                 )));
             }
             for level in 0..view.version.num_levels() {
-                if !view
+                if view
                     .version
-                    .overlapping(level, Some(lo), Some(hi))
-                    .is_empty()
+                    .files(level)
+                    .iter()
+                    .any(|f| f.overlaps_exactly(lo, hi))
                 {
                     return Err(Error::InvalidArgument(format!(
                         "{}: its key range overlaps data at L{level}",

@@ -73,6 +73,26 @@ impl FileMeta {
     pub fn largest_user_key(&self) -> &[u8] {
         crate::key::user_key(&self.largest)
     }
+
+    /// Whether `largest` is a range tombstone's exclusive end, not a key inside.
+    pub fn largest_is_exclusive(&self) -> bool {
+        crate::key::trailer(&self.largest)
+            == crate::key::pack_trailer(
+                crate::key::MAX_SEQUENCE,
+                crate::key::ValueKind::RangeDelete,
+            )
+    }
+
+    /// Whether the file holds anything for a user key in `[lo, hi]` (inclusive), counting
+    /// an exclusive tombstone end as outside.
+    pub fn overlaps_exactly(&self, lo: &[u8], hi: &[u8]) -> bool {
+        let below = if self.largest_is_exclusive() {
+            self.largest_user_key() <= lo
+        } else {
+            self.largest_user_key() < lo
+        };
+        !below && self.smallest_user_key() <= hi
+    }
 }
 
 /// A delta between two versions.
