@@ -289,6 +289,19 @@ impl Db {
         let mut last_seq = vset.last_sequence();
         let mut mems: Vec<Arc<MemTable>> = vec![Arc::new(MemTable::new(1))];
         let mut next_mem_id = 2;
+        let wal_path = filename::wal_dir(dir);
+        if opts.wal == WalMode::None && fs.exists(&wal_path)? {
+            // Writes acknowledged through a WAL must not be dropped silently.
+            let w = Wal::open(Arc::clone(&fs), &wal_path, opts.wal_segment_size)?;
+            let pending = w.next_index() > vset.log_number().max(1);
+            w.close()?;
+            if pending {
+                return Err(Error::InvalidArgument(format!(
+                    "{} holds WAL entries that are not in tables; open with WalMode::Log",
+                    wal_path.display()
+                )));
+            }
+        }
         let wal = match opts.wal {
             WalMode::None => None,
             WalMode::Log => Some(Wal::open(

@@ -361,3 +361,30 @@ fn corrupt_table_is_reported_with_file_and_offset() {
     assert!(err.to_string().contains(&sst), "{err}");
     drop(m);
 }
+
+#[test]
+fn wal_off_refuses_a_database_with_unflushed_wal_entries() {
+    let (_m, fs) = fs();
+    let dir = Path::new("/db");
+    {
+        let db = Db::open(fs.clone(), dir, small_opts(WalMode::Log)).unwrap();
+        db.put(&WriteOptions::default(), b"k", b"v").unwrap();
+        db.close().unwrap();
+    }
+    let err = Db::open(fs.clone(), dir, small_opts(WalMode::None)).unwrap_err();
+    assert!(
+        matches!(err, phoenix_engine::Error::InvalidArgument(_)),
+        "{err}"
+    );
+    {
+        let db = Db::open(fs.clone(), dir, small_opts(WalMode::Log)).unwrap();
+        db.flush().unwrap();
+        db.close().unwrap();
+    }
+    let db = Db::open(fs, dir, small_opts(WalMode::None)).unwrap();
+    assert_eq!(
+        db.get(&ReadOptions::default(), b"k").unwrap(),
+        Some(b"v".to_vec())
+    );
+    db.close().unwrap();
+}
