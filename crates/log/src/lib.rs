@@ -104,6 +104,10 @@ pub struct LogOptions {
     /// A filling buffer larger than this makes appenders wait for the writer (back
     /// pressure).
     pub max_batch_bytes: usize,
+    /// Longest time a queue's writer waits, before a synced write, for the batch to reach
+    /// the size of the previous one (zero: never wait). A sync costs hundreds of
+    /// microseconds; waiting a little lets one sync cover every writer of a closed loop.
+    pub group_commit_wait: std::time::Duration,
     /// Run a maintenance thread that prepares zero-filled segment files ahead of need and
     /// reclaims space after segment rolls. Deterministic tests turn it off: segment files
     /// are then created when needed and space is reclaimed only by [`LogStore::gc`].
@@ -122,6 +126,7 @@ impl Default for LogOptions {
             cache_bytes_per_stream: 256 << 10,
             recycle_per_queue: 2,
             max_batch_bytes: 32 << 20,
+            group_commit_wait: std::time::Duration::from_micros(100),
             background_maintenance: true,
         }
     }

@@ -343,6 +343,14 @@ fn writer_loop(inner: std::sync::Weak<Inner>, q: Arc<Queue>) {
         cur: None,
         dirty: false,
     };
+    let (coalesce, always_sync) = match inner.upgrade() {
+        Some(i) => (i.opts.group_commit_wait, i.opts.sync),
+        None => return,
+    };
+    // Ops in the previous batch: in a closed loop, the writers acknowledged by one sync
+    // come back within microseconds; waiting briefly for as many keeps them in one batch
+    // instead of splitting them over two syncs.
+    let mut last_ops = 0u64;
     loop {
         let (mut batch, gen, sync_only) = {
             let mut st = q.state.lock();
@@ -352,6 +360,20 @@ fn writer_loop(inner: std::sync::Weak<Inner>, q: Arc<Queue>) {
                 }
                 q.work_cv.wait(&mut st);
             }
+            if !coalesce.is_zero()
+                && !st.stop
+                && !st.sync_requested
+                && (always_sync || st.fill.durable)
+                && st.fill.ops < last_ops
+            {
+                let deadline = std::time::Instant::now() + coalesce;
+                while st.fill.ops < last_ops && !st.stop && !st.sync_requested {
+                    if q.work_cv.wait_until(&mut st, deadline).timed_out() {
+                        break;
+                    }
+                }
+            }
+            last_ops = st.fill.ops;
             if st.fill.is_empty() {
                 st.sync_requested = false;
                 if st.stop {

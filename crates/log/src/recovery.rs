@@ -55,6 +55,8 @@ pub struct ScanResult {
     pub torn: Option<String>,
     /// Whether the segment ends with a seal frame (at `end`).
     pub sealed: bool,
+    /// Whether the scan stopped at a frame header of zeros (a clean end without a seal).
+    pub zero_end: bool,
 }
 
 /// Scans the frames of a segment whose bytes are `data` (the whole file). Public for the
@@ -71,6 +73,7 @@ pub fn scan_segment(path: &Path, data: &[u8]) -> Result<(SegmentHeader, ScanResu
     let mut pos = HEADER_LEN as usize;
     let mut torn = None;
     let mut sealed = false;
+    let mut zero_end = false;
     while pos < data.len() {
         match format::check_frame(seq, &data[pos..]) {
             FrameCheck::Valid {
@@ -92,7 +95,10 @@ pub fn scan_segment(path: &Path, data: &[u8]) -> Result<(SegmentHeader, ScanResu
                 }
                 pos = align_up((payload_at + len as usize) as u64, FRAME_ALIGN) as usize;
             }
-            FrameCheck::Zero => break,
+            FrameCheck::Zero => {
+                zero_end = true;
+                break;
+            }
             FrameCheck::Invalid(reason)
                 if !data[pos..].starts_with(&format::FRAME_MAGIC.to_le_bytes()) =>
             {
@@ -133,8 +139,32 @@ pub fn scan_segment(path: &Path, data: &[u8]) -> Result<(SegmentHeader, ScanResu
             end: pos.min(data.len()) as u64,
             torn,
             sealed,
+            zero_end,
         },
     ))
+}
+
+/// Reads as much of a segment as recovery needs: growing prefixes until a scan of the
+/// prefix ends cleanly (seal or zeros) inside it, else the whole file (a damaged frame
+/// needs the rest of the file to tell a torn tail from corruption). Preallocated segments
+/// are mostly zeros past their end, so this avoids reading them whole.
+fn read_segment(fs: &SharedFs, path: &Path) -> Result<Vec<u8>> {
+    let f = fs.open(path)?;
+    let size = f.size();
+    let mut len = (4u64 << 20).min(size);
+    loop {
+        let mut buf = vec![0u8; len as usize];
+        f.read_exact_at(0, &mut buf)?;
+        if len == size {
+            return Ok(buf);
+        }
+        if let Ok((_, scan)) = scan_segment(path, &buf) {
+            if (scan.sealed || scan.zero_end) && scan.end + FRAME_HEADER_LEN as u64 <= len {
+                return Ok(buf);
+            }
+        }
+        len = (len * 4).min(size);
+    }
 }
 
 /// The offset of the first valid frame of segment `seq` after `pos`, if any.
@@ -191,7 +221,7 @@ pub(crate) fn recover(fs: &SharedFs, dir: &Path, queues: usize) -> Result<Recove
     let mut unsealed: Vec<(u64, u64, Option<String>)> = Vec::new();
     for &seq in &seg_seqs {
         let path = crate::segment::seg_path(dir, seq);
-        let data = fs.read_all(&path)?;
+        let data = read_segment(fs, &path)?;
         if let Ok(h) = SegmentHeader::decode(&data) {
             if h.seq > seq {
                 // A dead segment being recycled: its new header was synced but the renames

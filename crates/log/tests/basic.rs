@@ -394,3 +394,36 @@ fn flip_byte(mem: &MemFs, path: &Path, at: u64) {
     f.sync_all().unwrap();
     assert_eq!(mem.file_size(path).unwrap(), size);
 }
+
+#[test]
+fn recovery_reads_large_segments_in_growing_prefixes() {
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = mem.clone();
+    let o = LogOptions {
+        segment_size: 16 << 20,
+        ..opts()
+    };
+    let value = vec![3u8; 64 << 10];
+    {
+        let log = LogStore::open(fs.clone(), dir(), o.clone()).unwrap();
+        for i in 1..=100u64 {
+            log.append(1, vec![LogEntry::new(i, 1, value.clone())], None)
+                .wait()
+                .unwrap();
+        }
+        // No seal: the scan of the first 4 MiB ends inside a frame and must read on.
+        mem.freeze_after(0);
+    }
+    mem.crash();
+    let log = LogStore::open(fs.clone(), dir(), o.clone()).unwrap();
+    assert_eq!(log.last_index(1), Some(100));
+    assert_eq!(log.read(1, 99..101).unwrap()[1].data.len(), 64 << 10);
+    log.append(1, vec![LogEntry::new(101, 2, value.clone())], None)
+        .wait()
+        .unwrap();
+    drop(log);
+    // Sealed segments end inside the first prefix or after it; both reopen.
+    let log = LogStore::open(fs, dir(), o).unwrap();
+    assert_eq!(log.last_index(1), Some(101));
+    assert_eq!(log.term(1, 101).unwrap(), Some(2));
+}
