@@ -35,7 +35,7 @@ use crate::key::{
     group_of, group_range, parse_internal_key, RangeTombstone, SequenceNumber, ValueKind,
 };
 use crate::memtable::MemTable;
-use crate::merge::{BoxIter, MergingIterator};
+use crate::merge::{BoxIter, LevelIter, MergingIterator};
 use crate::options::Options;
 use crate::range_del::{Fragment, Fragments};
 use crate::table::{TableBuilder, TableCache, TableOptions};
@@ -468,7 +468,25 @@ pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Resul
         let t = env.tables.get(f.number, f.size)?;
         tombstones.extend_from_slice(t.range_tombstones());
         bytes_read += f.size;
-        children.push(Box::new(t.iter()));
+        if c.level == 0 && c.inputs.iter().any(|i| i.number == f.number) {
+            // L0 files overlap: one cursor each.
+            children.push(Box::new(t.iter()));
+        }
+    }
+    // Sorted, non-overlapping inputs of one level: one concatenating cursor per level.
+    let mut sorted_sets: Vec<&Vec<Arc<FileMeta>>> = vec![&c.next_inputs];
+    if c.level != 0 {
+        sorted_sets.push(&c.inputs);
+    }
+    for set in sorted_sets {
+        if !set.is_empty() {
+            let mut files = set.clone();
+            files.sort_by(|a, b| crate::key::compare_internal(&a.smallest, &b.smallest));
+            children.push(Box::new(LevelIter::new(
+                Arc::clone(env.tables),
+                Arc::new(files),
+            )));
+        }
     }
     let stripes = Stripes { snapshots };
     // Keep, per fragment, the newest tombstone of each stripe; drop the oldest stripe's
