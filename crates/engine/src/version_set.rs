@@ -320,6 +320,7 @@ impl VersionSet {
         self.pending_deletes
             .extend(edit.deleted_files.iter().map(|&(_, n)| n));
         let old = std::mem::replace(&mut self.current, Arc::new(next));
+        self.live.retain(|w| w.strong_count() > 0);
         self.live.push(Arc::downgrade(&old));
         if self
             .manifest
