@@ -427,3 +427,69 @@ fn recovery_reads_large_segments_in_growing_prefixes() {
     assert_eq!(log.last_index(1), Some(101));
     assert_eq!(log.term(1, 101).unwrap(), Some(2));
 }
+
+#[test]
+fn resizing_queues_under_concurrent_appends_keeps_every_stream_in_order() {
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = mem.clone();
+    let o = LogOptions {
+        queues: 2,
+        segment_size: 64 << 10,
+        ..opts()
+    };
+    let log = LogStore::open(fs.clone(), dir(), o.clone()).unwrap();
+    let per_writer = 1500u64;
+    let writers: Vec<_> = (0..6u64)
+        .map(|s| {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                // Half durable, half not, several in flight at once.
+                let mut pending = Vec::new();
+                for i in 1..=per_writer {
+                    pending.push(log.append_durable(s, vec![entry(i, 1)], None, i % 2 == 0));
+                    if pending.len() == 4 {
+                        for h in pending.drain(..) {
+                            h.wait().unwrap();
+                        }
+                    }
+                }
+                for h in pending {
+                    h.wait().unwrap();
+                }
+            })
+        })
+        .collect();
+    // Resize over and over for as long as the writers run.
+    let counts = [4usize, 1, 3, 2, 5, 1];
+    let mut resizes = 0;
+    while writers.iter().any(|w| !w.is_finished()) {
+        log.set_queue_count(counts[resizes % counts.len()]).unwrap();
+        resizes += 1;
+    }
+    log.set_queue_count(2).unwrap();
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert!(
+        resizes >= 3,
+        "only {resizes} resizes overlapped the appends"
+    );
+    for s in 0..6u64 {
+        assert_eq!(
+            log.read(s, 1..per_writer + 1).unwrap(),
+            entries(1..per_writer + 1, 1)
+        );
+    }
+    log.sync().unwrap();
+    drop(log);
+    mem.crash();
+    let log = LogStore::open(fs, dir(), o).unwrap();
+    assert_eq!(log.stats().queues, 2);
+    for s in 0..6u64 {
+        assert_eq!(
+            log.read(s, 1..per_writer + 1).unwrap(),
+            entries(1..per_writer + 1, 1)
+        );
+        assert_eq!(log.queue_of(s), Some((s % 2) as usize));
+    }
+}
