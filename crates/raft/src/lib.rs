@@ -18,8 +18,6 @@ mod read_only;
 mod storage;
 mod types;
 
-/// Payload type of entries and contexts (re-exported so users need not depend on `bytes`).
-pub use bytes::Bytes;
 pub use crate::error::{Error, StorageError};
 pub use crate::log::RaftLog;
 pub use crate::progress::{Inflights, Progress, ProgressState};
@@ -31,3 +29,5 @@ pub use crate::types::{
     ConfChange, ConfState, Entry, EntryKind, HardState, Message, MessageType, NodeId, ReadState,
     Snapshot, SnapshotMeta, SnapshotStatus, StateRole, NONE,
 };
+/// Payload type of entries and contexts (re-exported so users need not depend on `bytes`).
+pub use bytes::Bytes;
