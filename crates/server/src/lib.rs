@@ -1,1 +1,171 @@
-//! phoenix-server (under construction).
+//! phoenix-server: one PhoenixKV node.
+//!
+//! A node hosts replicas of raft groups over ONE engine (WAL off by default: the raft
+//! log is the WAL, seed 000) and ONE shared log store. Its parts:
+//! - [`node`]: the raft driver thread (ticks, steps, ready rounds, apply, truncation);
+//! - [`storage`]: raft storage of a group over the log store;
+//! - [`transport`]: batched raft messages per peer node over one gRPC stream;
+//! - [`snapshot`]: building, streaming and receiving group snapshots (SST files);
+//! - [`service`]: the client `Kv` service; [`control`]: the `Meta` service, heartbeats
+//!   and the scheduler; [`meta`]: the meta group's state machine (group 0);
+//! - [`registry`]: the node's list of hosted replicas; [`keys`]: the engine key layout.
+//!
+//! Design and decisions: `docs/cluster.md`.
+
+pub mod config;
+pub mod control;
+pub mod error;
+pub mod keys;
+pub mod meta;
+pub mod node;
+pub mod registry;
+pub mod service;
+pub mod shared;
+pub mod snapshot;
+pub mod storage;
+pub mod transport;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+use phoenix_engine::{Db, Options as EngineOptions, WalMode};
+use phoenix_log::{LogOptions, LogStore};
+use phoenix_proto as proto;
+
+pub use config::{parse_meta_members, Config, MetaMember};
+pub use error::{Error, Result};
+
+use crate::meta::{LeaderView, MetaState, META_GROUP};
+use crate::shared::Shared;
+
+/// Runs a node until `shutdown` completes, then stops it cleanly.
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+    cfg.validate()?;
+    let data = cfg.data_dir.clone();
+    std::fs::create_dir_all(&data)
+        .map_err(|e| Error::io(format!("creating {}", data.display()), e))?;
+    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    let engine_opts = EngineOptions {
+        wal: if cfg.engine_wal {
+            WalMode::Log
+        } else {
+            WalMode::None
+        },
+        write_buffer_size: cfg.memtable_bytes,
+        ..EngineOptions::default()
+    };
+    let engine = Db::open(Arc::clone(&fs), &data.join("db"), engine_opts)?;
+    let log = LogStore::open(Arc::clone(&fs), &data.join("log"), LogOptions::default())?;
+
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let mut addrs = HashMap::new();
+    for m in &cfg.meta {
+        addrs.insert(m.id, m.addr.clone());
+    }
+    addrs.insert(cfg.node_id, cfg.advertise.clone());
+    let addrs = Arc::new(RwLock::new(addrs));
+    let runtime = tokio::runtime::Handle::current();
+    let transport =
+        transport::Transport::new(cfg.node_id, Arc::clone(&addrs), tx.clone(), runtime.clone());
+
+    let mut routes = registry::load(&data)?;
+    if cfg.is_meta_member() && !routes.iter().any(|r| r.group_id == META_GROUP) {
+        routes.push(proto::Route {
+            group_id: META_GROUP,
+            start_key: Default::default(),
+            end_key: Default::default(),
+            epoch: 1,
+            replicas: cfg
+                .meta
+                .iter()
+                .map(|m| proto::Replica {
+                    node_id: m.id,
+                    addr: m.addr.clone(),
+                })
+                .collect(),
+            leader_node_id: 0,
+            leader_addr: String::new(),
+        });
+        registry::save(&data, &routes)?;
+    }
+    let meta_state = if routes.iter().any(|r| r.group_id == META_GROUP) {
+        MetaState::load(&engine)?
+    } else {
+        MetaState::default()
+    };
+    let listener = tokio::net::TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(|e| Error::io(format!("binding {}", cfg.listen), e))?;
+    let shared = Arc::new(Shared {
+        cfg: cfg.clone(),
+        engine: Arc::clone(&engine),
+        log: Arc::clone(&log),
+        groups: RwLock::new(HashMap::new()),
+        addrs,
+        meta: RwLock::new(meta_state),
+        leader_view: Mutex::new(LeaderView::default()),
+        events: tx.clone(),
+        transport,
+        started: Instant::now(),
+        runtime,
+    });
+    let driver = node::Driver::new(Arc::clone(&shared), rx, routes)?;
+    let driver_thread = std::thread::Builder::new()
+        .name("phoenix-raft".into())
+        .spawn(move || driver.run())
+        .map_err(|e| Error::io("starting the raft thread", e))?;
+
+    let hb = tokio::spawn(control::heartbeat_loop(Arc::clone(&shared)));
+    let sched = tokio::spawn(control::scheduler_loop(Arc::clone(&shared)));
+
+    let kv = service::Services {
+        shared: Arc::clone(&shared),
+        inflight: Arc::new(tokio::sync::Semaphore::new(cfg.inflight_requests_max)),
+    };
+    let max = proto::limits::MESSAGE_BYTES_MAX;
+    tracing::info!(node = cfg.node_id, listen = %cfg.listen, data = %data.display(), engine_wal = cfg.engine_wal, "node serving");
+    let served = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(
+            proto::kv_server::KvServer::new(kv)
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
+        .add_service(
+            proto::meta_server::MetaServer::new(control::MetaService {
+                shared: Arc::clone(&shared),
+            })
+            .max_decoding_message_size(max),
+        )
+        .add_service(
+            proto::raft_transport_server::RaftTransportServer::new(transport::TransportService {
+                shared: Arc::clone(&shared),
+            })
+            .max_decoding_message_size(max),
+        )
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await;
+    hb.abort();
+    sched.abort();
+    let _ = tx.send(node::Event::Stop);
+    let joined = tokio::task::spawn_blocking(move || driver_thread.join()).await;
+    if !matches!(joined, Ok(Ok(()))) {
+        tracing::error!("the raft thread ended abnormally");
+    }
+    drop(shared);
+    served.map_err(|e| Error::Transport(format!("serving {}: {e}", cfg.listen)))?;
+    if let Err(e) = engine.close() {
+        tracing::warn!("closing the engine: {e}");
+    }
+    if let Err(e) = log.close() {
+        tracing::warn!("closing the log store: {e}");
+    }
+    tracing::info!(node = cfg.node_id, "node stopped");
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! Node configuration (from `phoenix server` flags) and its validation.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// One member of the meta group: `id@host:port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaMember {
+    /// Node id.
+    pub id: u64,
+    /// gRPC address.
+    pub addr: String,
+}
+
+/// Parses `1@127.0.0.1:7001,2@127.0.0.1:7002,...`.
+pub fn parse_meta_members(s: &str) -> Result<Vec<MetaMember>> {
+    let mut out: Vec<MetaMember> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part.split_once('@').ok_or_else(|| {
+            Error::Config(format!(
+                "meta member {part:?} is not of the form id@host:port"
+            ))
+        })?;
+        let id: u64 = id
+            .parse()
+            .map_err(|_| Error::Config(format!("meta member {part:?}: bad node id")))?;
+        if id == 0 {
+            return Err(Error::Config("node id 0 is reserved".into()));
+        }
+        if out.iter().any(|m| m.id == id || m.addr == addr) {
+            return Err(Error::Config(format!("meta member {part:?} listed twice")));
+        }
+        out.push(MetaMember {
+            id,
+            addr: addr.to_string(),
+        });
+    }
+    if out.is_empty() {
+        return Err(Error::Config("--meta lists no members".into()));
+    }
+    Ok(out)
+}
+
+/// Everything a node needs to run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This node's id (unique in the cluster, not 0).
+    pub node_id: u64,
+    /// Address to listen on (host:port).
+    pub listen: String,
+    /// Address other nodes and clients use to reach this node (defaults to `listen`).
+    pub advertise: String,
+    /// Data directory (engine in `db/`, log store in `log/`).
+    pub data_dir: PathBuf,
+    /// Meta group members.
+    pub meta: Vec<MetaMember>,
+    /// Replicas per data group.
+    pub replication: usize,
+    /// Split keys of the initial data groups (n keys → n + 1 groups).
+    pub split_keys: Vec<Vec<u8>>,
+    /// Keep the engine's own WAL on (the comparison baseline of seed 000) instead of
+    /// relying on the raft log (log-as-WAL).
+    pub engine_wal: bool,
+    /// Engine memtable size in bytes.
+    pub memtable_bytes: usize,
+    /// Raft tick.
+    pub tick: Duration,
+    /// Election timeout in ticks (randomized up to twice this).
+    pub election_ticks: u32,
+    /// Heartbeat interval in ticks.
+    pub heartbeat_ticks: u32,
+    /// Entries kept in a group's log below the persisted applied index for followers
+    /// that lag; a follower further behind gets a snapshot.
+    pub log_keep_entries: u64,
+    /// How often logs are truncated to the persisted applied index.
+    pub log_truncate_interval: Duration,
+    /// Largest value accepted.
+    pub value_bytes_max: usize,
+    /// Requests in flight at most; beyond, requests get ServerBusy.
+    pub inflight_requests_max: usize,
+    /// Snapshot streaming rate limit in bytes per second.
+    pub snapshot_bytes_per_sec: u64,
+    /// Node → meta heartbeat interval.
+    pub heartbeat_interval: Duration,
+}
+
+impl Config {
+    /// Defaults for a node; `listen` is also the advertised address.
+    pub fn new(node_id: u64, listen: &str, data_dir: PathBuf, meta: Vec<MetaMember>) -> Config {
+        Config {
+            node_id,
+            listen: listen.to_string(),
+            advertise: listen.to_string(),
+            data_dir,
+            meta,
+            replication: 3,
+            split_keys: Vec::new(),
+            engine_wal: false,
+            memtable_bytes: 64 << 20,
+            tick: Duration::from_millis(20),
+            election_ticks: 50,
+            heartbeat_ticks: 5,
+            log_keep_entries: 10_000,
+            log_truncate_interval: Duration::from_secs(2),
+            value_bytes_max: phoenix_proto::limits::VALUE_BYTES_MAX,
+            inflight_requests_max: 8192,
+            snapshot_bytes_per_sec: 64 << 20,
+            heartbeat_interval: Duration::from_secs(1),
+        }
+    }
+
+    /// Checks the settings against each other.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |s: &str| Err(Error::Config(s.to_string()));
+        if self.node_id == 0 {
+            return bad("node id 0 is reserved");
+        }
+        if self.replication == 0 || self.replication > 7 {
+            return bad("replication must be in 1..=7");
+        }
+        if self.heartbeat_ticks == 0 || self.election_ticks <= self.heartbeat_ticks {
+            return bad("need 0 < heartbeat ticks < election ticks");
+        }
+        if self
+            .meta
+            .iter()
+            .any(|m| m.id == self.node_id && m.addr != self.advertise)
+        {
+            return bad("--meta lists this node's id with another address than --listen");
+        }
+        if self
+            .meta
+            .iter()
+            .any(|m| m.addr == self.advertise && m.id != self.node_id)
+        {
+            return bad("--meta lists this node's address with another id than --id");
+        }
+        let mut sorted = self.split_keys.clone();
+        sorted.sort();
+        sorted.dedup();
+        if sorted != self.split_keys || self.split_keys.iter().any(|k| k.is_empty()) {
+            return bad("split keys must be non-empty, sorted and distinct");
+        }
+        if self.value_bytes_max == 0 || self.value_bytes_max > (64 << 20) {
+            return bad("value limit must be in 1..=64 MiB");
+        }
+        Ok(())
+    }
+
+    /// Whether this node hosts a meta replica.
+    pub fn is_meta_member(&self) -> bool {
+        self.meta.iter().any(|m| m.id == self.node_id)
+    }
+}

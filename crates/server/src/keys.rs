@@ -1,0 +1,134 @@
+//! Key layout inside the shared engine (ARCHITECTURE.md, "Key layout"):
+//!
+//! ```text
+//! engine_key   := group_id: u64 BE ‖ namespace: u8 ‖ rest
+//! namespace    := 'd' (user data: rest = user key) | 's' (system keys of the group)
+//! system keys  := "applied"  → applied_index: u64 BE ‖ applied_term: u64 BE
+//!                 "conf"     → voters_count: u32 BE ‖ voter: u64 BE * ‖ learners_count: u32 BE ‖ learner: u64 BE *
+//! ```
+//!
+//! The "applied" sentinel is written in the same engine batch as the entries it
+//! covers, so the engine's persisted tables always pair the group's data with the index
+//! it reflects (seed 000).
+
+use phoenix_raft::ConfState;
+
+/// Namespace byte of user data.
+pub const NS_DATA: u8 = b'd';
+/// Namespace byte of system keys.
+pub const NS_SYS: u8 = b's';
+
+/// Engine key of user key `key` in group `g`.
+pub fn data_key(g: u64, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9 + key.len());
+    k.extend_from_slice(&g.to_be_bytes());
+    k.push(NS_DATA);
+    k.extend_from_slice(key);
+    k
+}
+
+/// The engine key just past every user key of group `g` (exclusive data bound).
+pub fn data_end(g: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.extend_from_slice(&g.to_be_bytes());
+    k.push(NS_DATA + 1);
+    k
+}
+
+/// Engine key of system key `name` of group `g`.
+pub fn sys_key(g: u64, name: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9 + name.len());
+    k.extend_from_slice(&g.to_be_bytes());
+    k.push(NS_SYS);
+    k.extend_from_slice(name);
+    k
+}
+
+/// The group's applied-index sentinel key.
+pub fn applied_key(g: u64) -> Vec<u8> {
+    sys_key(g, b"applied")
+}
+
+/// The group's membership key.
+pub fn conf_key(g: u64) -> Vec<u8> {
+    sys_key(g, b"conf")
+}
+
+/// First engine key of group `g` (any namespace).
+pub fn group_start(g: u64) -> Vec<u8> {
+    g.to_be_bytes().to_vec()
+}
+
+/// Exclusive end of group `g`'s engine keys (`None` for the last possible group).
+pub fn group_end(g: u64) -> Option<Vec<u8>> {
+    g.checked_add(1).map(|n| n.to_be_bytes().to_vec())
+}
+
+/// Encodes (applied index, applied term).
+pub fn encode_applied(index: u64, term: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&index.to_be_bytes());
+    out[8..].copy_from_slice(&term.to_be_bytes());
+    out
+}
+
+/// Decodes (applied index, applied term); `None` if the value is not 16 bytes.
+pub fn decode_applied(v: &[u8]) -> Option<(u64, u64)> {
+    let idx: [u8; 8] = v.get(..8)?.try_into().ok()?;
+    let term: [u8; 8] = v.get(8..16)?.try_into().ok()?;
+    (v.len() == 16).then(|| (u64::from_be_bytes(idx), u64::from_be_bytes(term)))
+}
+
+/// Encodes a membership.
+pub fn encode_conf(c: &ConfState) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + 8 * (c.voters.len() + c.learners.len()));
+    for list in [&c.voters, &c.learners] {
+        out.extend_from_slice(&(list.len() as u32).to_be_bytes());
+        for id in list.iter() {
+            out.extend_from_slice(&id.to_be_bytes());
+        }
+    }
+    out
+}
+
+/// Decodes a membership; `None` if malformed.
+pub fn decode_conf(mut v: &[u8]) -> Option<ConfState> {
+    let mut lists = [Vec::new(), Vec::new()];
+    for list in lists.iter_mut() {
+        let n = u32::from_be_bytes(v.get(..4)?.try_into().ok()?) as usize;
+        v = v.get(4..)?;
+        if v.len() < n.checked_mul(8)? {
+            return None;
+        }
+        for _ in 0..n {
+            list.push(u64::from_be_bytes(v.get(..8)?.try_into().ok()?));
+            v = v.get(8..)?;
+        }
+    }
+    if !v.is_empty() {
+        return None;
+    }
+    let [voters, learners] = lists;
+    let c = ConfState { voters, learners };
+    c.validate().ok()?;
+    Some(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_orders_groups_and_namespaces() {
+        assert!(data_key(1, b"zzz") < sys_key(2, b"applied"));
+        assert!(data_key(2, b"") < data_end(2));
+        assert!(data_key(2, &[0xff; 10]) < data_end(2));
+        assert!(data_end(2) <= sys_key(2, b""));
+        assert!(sys_key(2, b"x") < group_end(2).unwrap());
+        assert_eq!(decode_applied(&encode_applied(7, 3)), Some((7, 3)));
+        assert_eq!(decode_applied(&[0; 15]), None);
+        let c = ConfState::with_voters([1, 2, 3]);
+        assert_eq!(decode_conf(&encode_conf(&c)), Some(c));
+        assert_eq!(decode_conf(&[0, 0, 0, 1]), None);
+    }
+}

@@ -1,0 +1,514 @@
+//! The client-facing gRPC services: `Kv` (on every node, for the groups it leads) and
+//! `Meta` (answered by the meta leader; other nodes forward).
+//!
+//! Every request is validated before it reaches raft: deadline present and bounded,
+//! group hosted here, epoch current, keys inside the group's range, sizes within the
+//! limits. Too many requests in flight get `ServerBusy` instead of queueing without
+//! bound.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use phoenix_engine::ReadOptions;
+use phoenix_proto as proto;
+use phoenix_proto::limits;
+use prost::Message as _;
+use tokio::sync::{oneshot, Semaphore};
+use tonic::{Request, Response, Status};
+
+use crate::keys;
+use crate::meta::META_GROUP;
+use crate::node::{ApplyResult, Event};
+use crate::shared::Shared;
+
+/// State common to the services.
+#[derive(Clone)]
+pub struct Services {
+    /// Shared node state.
+    pub shared: Arc<Shared>,
+    /// Admission control.
+    pub inflight: Arc<Semaphore>,
+}
+
+type PErr = proto::Error;
+
+fn in_range(route: &proto::Route, key: &[u8]) -> bool {
+    key >= route.start_key.as_ref() && (route.end_key.is_empty() || key < route.end_key.as_ref())
+}
+
+/// A validated request context: group, route and deadline.
+struct Ctx {
+    group: u64,
+    route: proto::Route,
+    deadline: Instant,
+    timeout_ms: u64,
+}
+
+impl Services {
+    fn check_timeout(timeout_ms: u64) -> Result<Duration, PErr> {
+        if timeout_ms == 0 {
+            return Err(PErr::invalid_argument("timeout_ms is required (got 0)"));
+        }
+        if timeout_ms > limits::TIMEOUT_MS_MAX {
+            return Err(PErr::invalid_argument(format!(
+                "timeout_ms {timeout_ms} exceeds the maximum {}",
+                limits::TIMEOUT_MS_MAX
+            )));
+        }
+        Ok(Duration::from_millis(timeout_ms))
+    }
+
+    /// Validates the header; `leader_only` refuses on followers with a leader hint.
+    fn ctx(&self, h: Option<&proto::RequestHeader>) -> Result<Ctx, PErr> {
+        let h = h.ok_or_else(|| PErr::invalid_argument("request header missing"))?;
+        let timeout = Self::check_timeout(h.timeout_ms)?;
+        if h.group_id == META_GROUP {
+            return Err(PErr::invalid_argument(
+                "group 0 is the meta group; no user keys live there",
+            ));
+        }
+        let groups = self.shared.groups.read();
+        let Some(v) = groups.get(&h.group_id) else {
+            return Err(PErr::group_unavailable(
+                h.group_id,
+                "not hosted on this node",
+            ));
+        };
+        if h.epoch != 0 && h.epoch < v.route.epoch {
+            return Err(PErr::stale_epoch(h.group_id, h.epoch, v.route.clone()));
+        }
+        if !v.is_leader {
+            return Err(PErr::not_leader(
+                h.group_id,
+                self.shared.replica_of(v.leader),
+            ));
+        }
+        Ok(Ctx {
+            group: h.group_id,
+            route: v.route.clone(),
+            deadline: Instant::now() + timeout,
+            timeout_ms: h.timeout_ms,
+        })
+    }
+
+    fn check_key(&self, c: &Ctx, key: &[u8]) -> Result<(), PErr> {
+        if key.len() > limits::KEY_BYTES_MAX {
+            return Err(PErr::key_too_large(key.len(), limits::KEY_BYTES_MAX));
+        }
+        if !in_range(&c.route, key) {
+            return Err(PErr::key_not_in_group(key, c.group, Some(c.route.clone())));
+        }
+        Ok(())
+    }
+
+    fn check_value(&self, v: &[u8]) -> Result<(), PErr> {
+        let max = self.shared.cfg.value_bytes_max;
+        if v.len() > max {
+            return Err(PErr::value_too_large(v.len(), max));
+        }
+        Ok(())
+    }
+
+    fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, PErr> {
+        Arc::clone(&self.inflight).try_acquire_owned().map_err(|_| {
+            PErr::server_busy("too many requests in flight on this node; back off and retry")
+        })
+    }
+
+    async fn wait<T>(&self, c: &Ctx, rx: oneshot::Receiver<Result<T, PErr>>) -> Result<T, PErr> {
+        match tokio::time::timeout_at(c.deadline.into(), rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(PErr::group_unavailable(
+                c.group,
+                "the node dropped the request",
+            )),
+            Err(_) => Err(PErr::deadline_exceeded(c.timeout_ms)),
+        }
+    }
+
+    async fn propose(&self, c: &Ctx, cmd: proto::KvCommand) -> Result<ApplyResult, PErr> {
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .events
+            .send(Event::Propose {
+                group: c.group,
+                data: Bytes::from(cmd.encode_to_vec()),
+                reply: tx,
+            })
+            .map_err(|_| PErr::group_unavailable(c.group, "node shutting down"))?;
+        self.wait(c, rx).await
+    }
+
+    async fn read_index(&self, c: &Ctx) -> Result<(), PErr> {
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .events
+            .send(Event::ReadIndex {
+                group: c.group,
+                reply: tx,
+            })
+            .map_err(|_| PErr::group_unavailable(c.group, "node shutting down"))?;
+        self.wait(c, rx).await
+    }
+
+    fn engine_err(e: phoenix_engine::Error) -> PErr {
+        PErr::internal(format!("engine: {e}"))
+    }
+}
+
+fn batch(mutations: Vec<proto::Mutation>) -> proto::KvCommand {
+    proto::KvCommand {
+        cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
+            mutations,
+        })),
+    }
+}
+
+macro_rules! try_err {
+    ($resp:ident, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(err) => {
+                return Ok(Response::new(proto::$resp {
+                    error: Some(err),
+                    ..Default::default()
+                }))
+            }
+        }
+    };
+}
+
+#[tonic::async_trait]
+impl proto::kv_server::Kv for Services {
+    async fn get(
+        &self,
+        req: Request<proto::GetRequest>,
+    ) -> Result<Response<proto::GetResponse>, Status> {
+        let r = req.into_inner();
+        let _permit = try_err!(GetResponse, self.admit());
+        let c = try_err!(GetResponse, self.ctx(r.header.as_ref()));
+        try_err!(GetResponse, self.check_key(&c, &r.key));
+        try_err!(GetResponse, self.read_index(&c).await);
+        let v = try_err!(
+            GetResponse,
+            self.shared
+                .engine
+                .get(&ReadOptions::default(), &keys::data_key(c.group, &r.key))
+                .map_err(Self::engine_err)
+        );
+        Ok(Response::new(proto::GetResponse {
+            error: None,
+            found: v.is_some(),
+            value: v.map(Bytes::from).unwrap_or_default(),
+        }))
+    }
+
+    async fn put(
+        &self,
+        req: Request<proto::PutRequest>,
+    ) -> Result<Response<proto::PutResponse>, Status> {
+        let r = req.into_inner();
+        let _permit = try_err!(PutResponse, self.admit());
+        let c = try_err!(PutResponse, self.ctx(r.header.as_ref()));
+        try_err!(PutResponse, self.check_key(&c, &r.key));
+        try_err!(PutResponse, self.check_value(&r.value));
+        let cmd = batch(vec![proto::Mutation {
+            op: proto::MutationOp::Put as i32,
+            key: r.key,
+            value: r.value,
+        }]);
+        try_err!(PutResponse, self.propose(&c, cmd).await);
+        Ok(Response::new(proto::PutResponse { error: None }))
+    }
+
+    async fn delete(
+        &self,
+        req: Request<proto::DeleteRequest>,
+    ) -> Result<Response<proto::DeleteResponse>, Status> {
+        let r = req.into_inner();
+        let _permit = try_err!(DeleteResponse, self.admit());
+        let c = try_err!(DeleteResponse, self.ctx(r.header.as_ref()));
+        try_err!(DeleteResponse, self.check_key(&c, &r.key));
+        let cmd = batch(vec![proto::Mutation {
+            op: proto::MutationOp::Delete as i32,
+            key: r.key,
+            value: Bytes::new(),
+        }]);
+        try_err!(DeleteResponse, self.propose(&c, cmd).await);
+        Ok(Response::new(proto::DeleteResponse { error: None }))
+    }
+
+    async fn batch_get(
+        &self,
+        req: Request<proto::BatchGetRequest>,
+    ) -> Result<Response<proto::BatchGetResponse>, Status> {
+        let r = req.into_inner();
+        let _permit = try_err!(BatchGetResponse, self.admit());
+        let c = try_err!(BatchGetResponse, self.ctx(r.header.as_ref()));
+        if r.keys.len() > limits::BATCH_KEYS_MAX {
+            try_err!(
+                BatchGetResponse,
+                Err(PErr::request_too_large(
+                    "keys in BatchGet",
+                    r.keys.len(),
+                    limits::BATCH_KEYS_MAX
+                ))
+            );
+        }
+        for k in &r.keys {
+            try_err!(BatchGetResponse, self.check_key(&c, k));
+        }
+        try_err!(BatchGetResponse, self.read_index(&c).await);
+        let ekeys: Vec<Vec<u8>> = r.keys.iter().map(|k| keys::data_key(c.group, k)).collect();
+        let refs: Vec<&[u8]> = ekeys.iter().map(|k| k.as_slice()).collect();
+        let vals = try_err!(
+            BatchGetResponse,
+            self.shared
+                .engine
+                .multi_get(&ReadOptions::default(), &refs)
+                .map_err(Self::engine_err)
+        );
+        let results = r
+            .keys
+            .into_iter()
+            .zip(vals)
+            .map(|(key, v)| proto::GetResult {
+                key,
+                found: v.is_some(),
+                value: v.map(Bytes::from).unwrap_or_default(),
+            })
+            .collect();
+        Ok(Response::new(proto::BatchGetResponse {
+            error: None,
+            results,
+        }))
+    }
+
+    async fn batch_write(
+        &self,
+        req: Request<proto::BatchWriteRequest>,
+    ) -> Result<Response<proto::BatchWriteResponse>, Status> {
+        let r = req.into_inner();
+        let _permit = try_err!(BatchWriteResponse, self.admit());
+        let c = try_err!(BatchWriteResponse, self.ctx(r.header.as_ref()));
+        if r.mutations.len() > limits::BATCH_KEYS_MAX {
+            try_err!(
+                BatchWriteResponse,
+                Err(PErr::request_too_large(
+                    "mutations in BatchWrite",
+                    r.mutations.len(),
+                    limits::BATCH_KEYS_MAX
+                ))
+            );
+        }
+        if r.mutations.is_empty() {
+            try_err!(
+                BatchWriteResponse,
+                Err(PErr::invalid_argument("BatchWrite without mutations"))
+            );
+        }
+        let mut total = 0usize;
+        for m in &r.mutations {
+            try_err!(BatchWriteResponse, self.check_key(&c, &m.key));
+            if proto::MutationOp::try_from(m.op).is_err() {
+                try_err!(
+                    BatchWriteResponse,
+                    Err(PErr::invalid_argument(format!(
+                        "unknown mutation op {}",
+                        m.op
+                    )))
+                );
+            }
+            try_err!(BatchWriteResponse, self.check_value(&m.value));
+            total += m.key.len() + m.value.len();
+        }
+        if total > limits::MESSAGE_BYTES_MAX / 2 {
+            try_err!(
+                BatchWriteResponse,
+                Err(PErr::request_too_large(
+                    "bytes in BatchWrite",
+                    total,
+                    limits::MESSAGE_BYTES_MAX / 2
+                ))
+            );
+        }
+        try_err!(
+            BatchWriteResponse,
+            self.propose(&c, batch(r.mutations)).await
+        );
+        Ok(Response::new(proto::BatchWriteResponse { error: None }))
+    }
+
+    async fn scan(
+        &self,
+        req: Request<proto::ScanRequest>,
+    ) -> Result<Response<proto::ScanResponse>, Status> {
+        let r = req.into_inner();
+        let _permit = try_err!(ScanResponse, self.admit());
+        let c = try_err!(ScanResponse, self.ctx(r.header.as_ref()));
+        if r.start.len() > limits::KEY_BYTES_MAX || r.end.len() > limits::KEY_BYTES_MAX {
+            try_err!(
+                ScanResponse,
+                Err(PErr::key_too_large(
+                    r.start.len().max(r.end.len()),
+                    limits::KEY_BYTES_MAX
+                ))
+            );
+        }
+        let limit = match r.limit {
+            0 => limits::SCAN_LIMIT_DEFAULT,
+            n => n.min(limits::SCAN_LIMIT_MAX),
+        } as usize;
+        // Clamp [start, end) to the group's range.
+        let start = if r.start.as_ref() < c.route.start_key.as_ref() {
+            c.route.start_key.clone()
+        } else {
+            r.start.clone()
+        };
+        let end = match (r.end.is_empty(), c.route.end_key.is_empty()) {
+            (true, _) => c.route.end_key.clone(),
+            (false, true) => r.end.clone(),
+            (false, false) => {
+                if r.end.as_ref() < c.route.end_key.as_ref() {
+                    r.end.clone()
+                } else {
+                    c.route.end_key.clone()
+                }
+            }
+        };
+        if !in_range(&c.route, &start) && !(start == c.route.start_key) {
+            try_err!(
+                ScanResponse,
+                Err(PErr::key_not_in_group(
+                    &start,
+                    c.group,
+                    Some(c.route.clone())
+                ))
+            );
+        }
+        try_err!(ScanResponse, self.read_index(&c).await);
+        let shared = Arc::clone(&self.shared);
+        let g = c.group;
+        let keys_only = r.keys_only;
+        let res = tokio::task::spawn_blocking(
+            move || -> Result<(Vec<proto::KvPair>, Option<Bytes>), PErr> {
+                let ro = ReadOptions {
+                    lower_bound: Some(keys::data_key(g, &start)),
+                    upper_bound: Some(if end.is_empty() {
+                        keys::data_end(g)
+                    } else {
+                        keys::data_key(g, &end)
+                    }),
+                    ..ReadOptions::default()
+                };
+                let mut it = shared.engine.iter(&ro).map_err(Services::engine_err)?;
+                it.seek_to_first();
+                let mut pairs = Vec::new();
+                let mut bytes = 0usize;
+                let mut next = None;
+                while it.valid() {
+                    let user = Bytes::copy_from_slice(it.key().get(9..).unwrap_or_default());
+                    if pairs.len() >= limit || bytes >= limits::MESSAGE_BYTES_MAX / 2 {
+                        next = Some(user);
+                        break;
+                    }
+                    let value = if keys_only {
+                        Bytes::new()
+                    } else {
+                        Bytes::copy_from_slice(it.value())
+                    };
+                    bytes += user.len() + value.len();
+                    pairs.push(proto::KvPair { key: user, value });
+                    it.next();
+                }
+                it.status().map_err(Services::engine_err)?;
+                Ok((pairs, next))
+            },
+        )
+        .await
+        .map_err(|e| PErr::internal(format!("scan task: {e}")));
+        let (pairs, next) = try_err!(ScanResponse, res.and_then(|r| r));
+        Ok(Response::new(proto::ScanResponse {
+            error: None,
+            pairs,
+            more: next.is_some(),
+            next_key: next.unwrap_or_default(),
+            group_end: c.route.end_key.clone(),
+        }))
+    }
+
+    async fn delete_range(
+        &self,
+        req: Request<proto::DeleteRangeRequest>,
+    ) -> Result<Response<proto::DeleteRangeResponse>, Status> {
+        let r = req.into_inner();
+        let _permit = try_err!(DeleteRangeResponse, self.admit());
+        let c = try_err!(DeleteRangeResponse, self.ctx(r.header.as_ref()));
+        try_err!(DeleteRangeResponse, self.check_key(&c, &r.start));
+        if !r.end.is_empty() {
+            if r.end.len() > limits::KEY_BYTES_MAX {
+                try_err!(
+                    DeleteRangeResponse,
+                    Err(PErr::key_too_large(r.end.len(), limits::KEY_BYTES_MAX))
+                );
+            }
+            let past_end = !c.route.end_key.is_empty() && r.end.as_ref() > c.route.end_key.as_ref();
+            if past_end {
+                try_err!(
+                    DeleteRangeResponse,
+                    Err(PErr::key_not_in_group(
+                        &r.end,
+                        c.group,
+                        Some(c.route.clone())
+                    ))
+                );
+            }
+        }
+        let end = if r.end.is_empty() {
+            c.route.end_key.clone()
+        } else {
+            r.end
+        };
+        let cmd = proto::KvCommand {
+            cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
+                start: r.start,
+                end,
+            })),
+        };
+        try_err!(DeleteRangeResponse, self.propose(&c, cmd).await);
+        Ok(Response::new(proto::DeleteRangeResponse { error: None }))
+    }
+
+    async fn cas(
+        &self,
+        req: Request<proto::CasRequest>,
+    ) -> Result<Response<proto::CasResponse>, Status> {
+        let r = req.into_inner();
+        let _permit = try_err!(CasResponse, self.admit());
+        let c = try_err!(CasResponse, self.ctx(r.header.as_ref()));
+        try_err!(CasResponse, self.check_key(&c, &r.key));
+        try_err!(CasResponse, self.check_value(&r.new_value));
+        let cmd = proto::KvCommand {
+            cmd: Some(proto::kv_command::Cmd::Cas(proto::CasCommand {
+                key: r.key,
+                expect_exists: r.expect_exists,
+                expected: r.expected,
+                delete: r.delete,
+                new_value: r.new_value,
+            })),
+        };
+        match try_err!(CasResponse, self.propose(&c, cmd).await) {
+            ApplyResult::Cas { succeeded, current } => Ok(Response::new(proto::CasResponse {
+                error: None,
+                succeeded,
+                current_found: current.is_some(),
+                current_value: current.map(Bytes::from).unwrap_or_default(),
+            })),
+            other => Ok(Response::new(proto::CasResponse {
+                error: Some(PErr::internal(format!("unexpected apply result {other:?}"))),
+                ..Default::default()
+            })),
+        }
+    }
+}

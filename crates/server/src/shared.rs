@@ -1,0 +1,92 @@
+//! State shared between the raft driver thread and the async services.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::Sender;
+use parking_lot::{Mutex, RwLock};
+use phoenix_engine::Db;
+use phoenix_log::LogStore;
+use phoenix_proto as proto;
+
+use crate::config::Config;
+use crate::meta::{LeaderView, MetaState};
+use crate::node::Event;
+use crate::transport::Transport;
+
+/// What the services see of a hosted group (published by the driver every round).
+#[derive(Debug, Clone, Default)]
+pub struct GroupView {
+    /// The group's route (range, epoch, replicas).
+    pub route: proto::Route,
+    /// Known leader (0 = none).
+    pub leader: u64,
+    /// Whether this node leads the group.
+    pub is_leader: bool,
+    /// Current term.
+    pub term: u64,
+    /// Commit index.
+    pub commit: u64,
+    /// Applied index.
+    pub applied: u64,
+    /// First index still in the log.
+    pub log_first: u64,
+}
+
+/// The node's shared state.
+pub struct Shared {
+    /// Configuration.
+    pub cfg: Config,
+    /// The engine every replica writes to.
+    pub engine: Arc<Db>,
+    /// The log store every replica's log lives in.
+    pub log: Arc<LogStore>,
+    /// Hosted groups.
+    pub groups: RwLock<HashMap<u64, GroupView>>,
+    /// Node id → address, learned from routes and the meta registry.
+    pub addrs: Arc<RwLock<HashMap<u64, String>>>,
+    /// Applied meta state (meaningful on meta members).
+    pub meta: RwLock<MetaState>,
+    /// Soft state of the meta leader.
+    pub leader_view: Mutex<LeaderView>,
+    /// Input of the raft driver.
+    pub events: Sender<Event>,
+    /// Outgoing raft messages.
+    pub transport: Transport,
+    /// When the node started.
+    pub started: Instant,
+    /// Tokio runtime handle for background tasks started from the driver thread.
+    pub runtime: tokio::runtime::Handle,
+}
+
+impl Shared {
+    /// The replica description of node `id` (with its address if known).
+    pub fn replica_of(&self, id: u64) -> Option<proto::Replica> {
+        if id == 0 {
+            return None;
+        }
+        Some(proto::Replica {
+            node_id: id,
+            addr: self.addrs.read().get(&id).cloned().unwrap_or_default(),
+        })
+    }
+
+    /// Records the addresses of a route's replicas.
+    pub fn learn_addrs(&self, route: &proto::Route) {
+        let mut a = self.addrs.write();
+        for r in &route.replicas {
+            if r.node_id != 0 && !r.addr.is_empty() {
+                a.insert(r.node_id, r.addr.clone());
+            }
+        }
+    }
+
+    /// Address of node `id`.
+    pub fn addr_of(&self, id: u64) -> Option<String> {
+        self.addrs.read().get(&id).cloned()
+    }
+}
+
+/// Shared state handle.
+pub type SharedRef = Arc<Shared>;

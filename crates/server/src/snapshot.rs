@@ -1,0 +1,471 @@
+//! Snapshots of a group: built by the leader from an engine snapshot as SST files of
+//! the group's whole key range (data and system keys, so the applied-index sentinel
+//! and membership travel with the data), streamed in rate-limited chunks over
+//! `RaftTransport.SendSnapshot`, written to `<data>/snap-recv/` by the receiver,
+//! checked (sizes, crc32c), and handed to the driver, which ingests them once raft
+//! accepts the snapshot (node.rs, `install_snapshot`).
+//!
+//! Chunk stream: first chunk = header (group, raft message, route, file list with
+//! sizes and crc32c); then each file's bytes in order, in chunks of at most
+//! `CHUNK_BYTES`, with (file_index, offset) checked to be contiguous.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use phoenix_engine::{ReadOptions, SstWriter};
+use phoenix_proto as proto;
+use phoenix_proto::convert;
+use phoenix_raft::Message;
+use tokio_stream::StreamExt;
+use tonic::{Response, Status, Streaming};
+
+use crate::keys;
+use crate::node::Event;
+use crate::shared::Shared;
+
+/// Bytes per chunk.
+const CHUNK_BYTES: usize = 256 << 10;
+/// Target size of one snapshot SST file.
+const FILE_BYTES_TARGET: u64 = 64 << 20;
+
+/// Removes a snapshot directory (best effort, logged).
+pub fn remove_dir(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(dir = %dir.display(), "removing snapshot directory: {e}");
+        }
+    }
+}
+
+/// The SST files of a received snapshot, in name order.
+pub fn files_in(dir: &Path) -> crate::Result<Vec<PathBuf>> {
+    let mut v = Vec::new();
+    let rd = std::fs::read_dir(dir)
+        .map_err(|e| crate::Error::io(format!("listing {}", dir.display()), e))?;
+    for ent in rd {
+        let ent = ent.map_err(|e| crate::Error::io(format!("listing {}", dir.display()), e))?;
+        let p = ent.path();
+        if p.extension().is_some_and(|x| x == "sst") {
+            v.push(p);
+        }
+    }
+    v.sort();
+    Ok(v)
+}
+
+/// Starts sending a snapshot for `msg` (a raft `Snapshot` message of group `g`). Called
+/// on the driver thread right when the message leaves, so the engine snapshot taken
+/// here holds exactly the state as of the applied index the message names.
+pub fn start_send(shared: &Arc<Shared>, g: u64, route: &proto::Route, msg: Message) {
+    let to = msg.to;
+    let Some(meta) = msg.snapshot.as_ref().map(|s| s.meta.clone()) else {
+        return;
+    };
+    let snap = shared.engine.snapshot();
+    let ro = ReadOptions {
+        snapshot: Some(&snap),
+        ..ReadOptions::default()
+    };
+    let sentinel = shared
+        .engine
+        .get(&ro, &keys::applied_key(g))
+        .ok()
+        .flatten()
+        .and_then(|v| keys::decode_applied(&v));
+    if sentinel != Some((meta.index, meta.term)) {
+        tracing::error!(
+            group = g,
+            ?sentinel,
+            index = meta.index,
+            "engine state does not match the snapshot index; not sending"
+        );
+        let _ = shared.events.send(Event::SnapshotSent {
+            group: g,
+            to,
+            ok: false,
+        });
+        return;
+    }
+    let dir = shared
+        .cfg
+        .data_dir
+        .join("snap-send")
+        .join(format!("{g}-{}-{to}", meta.index));
+    let shared2 = Arc::clone(shared);
+    let route = route.clone();
+    // Build the files on a plain thread (blocking engine reads and file writes).
+    let spawned = std::thread::Builder::new()
+        .name(format!("phoenix-snap-{g}"))
+        .spawn(move || {
+            let built = build_files(&shared2, g, &snap, &dir);
+            drop(snap);
+            let ok = match built {
+                Ok(files) => {
+                    let rt = shared2.runtime.clone();
+                    let r = rt.block_on(send_files(&shared2, g, &route, &msg, &files));
+                    if let Err(e) = &r {
+                        tracing::warn!(group = g, to, "sending snapshot failed: {e}");
+                    }
+                    r.is_ok()
+                }
+                Err(e) => {
+                    tracing::error!(group = g, "building snapshot failed: {e}");
+                    false
+                }
+            };
+            remove_dir(&dir);
+            let _ = shared2
+                .events
+                .send(Event::SnapshotSent { group: g, to, ok });
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start a snapshot thread: {e}");
+        let _ = shared.events.send(Event::SnapshotSent {
+            group: g,
+            to,
+            ok: false,
+        });
+    }
+}
+
+fn build_files(
+    shared: &Shared,
+    g: u64,
+    snap: &phoenix_engine::Snapshot,
+    dir: &Path,
+) -> crate::Result<Vec<(PathBuf, u64, u32)>> {
+    remove_dir(dir);
+    std::fs::create_dir_all(dir)
+        .map_err(|e| crate::Error::io(format!("creating {}", dir.display()), e))?;
+    let ro = ReadOptions {
+        snapshot: Some(snap),
+        lower_bound: Some(keys::group_start(g)),
+        upper_bound: keys::group_end(g),
+        ..ReadOptions::default()
+    };
+    let mut it = shared.engine.iter(&ro)?;
+    it.seek_to_first();
+    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    let topts = phoenix_engine::table::TableOptions::default();
+    let mut paths = Vec::new();
+    let mut writer: Option<(SstWriter, PathBuf)> = None;
+    let mut bytes = 0u64;
+    while it.valid() {
+        if writer.is_none() {
+            let p = dir.join(format!("{:06}.sst", paths.len() + 1));
+            writer = Some((SstWriter::create(&fs, &p, &topts)?, p));
+            bytes = 0;
+        }
+        if let Some((w, _)) = writer.as_mut() {
+            w.put(it.key(), it.value())?;
+            bytes += (it.key().len() + it.value().len()) as u64;
+        }
+        if bytes >= FILE_BYTES_TARGET {
+            if let Some((w, p)) = writer.take() {
+                w.finish()?;
+                paths.push(p);
+            }
+        }
+        it.next();
+    }
+    it.status()?;
+    if let Some((w, p)) = writer.take() {
+        w.finish()?;
+        paths.push(p);
+    }
+    let mut out = Vec::with_capacity(paths.len());
+    for p in paths {
+        let data = std::fs::read(&p)
+            .map_err(|e| crate::Error::io(format!("reading {}", p.display()), e))?;
+        out.push((p, data.len() as u64, crc32c::crc32c(&data)));
+    }
+    Ok(out)
+}
+
+async fn send_files(
+    shared: &Shared,
+    g: u64,
+    route: &proto::Route,
+    msg: &Message,
+    files: &[(PathBuf, u64, u32)],
+) -> Result<(), String> {
+    let addr = shared
+        .addr_of(msg.to)
+        .ok_or_else(|| format!("no address for node {}", msg.to))?;
+    let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(2));
+    let ch = ep.connect().await.map_err(|e| format!("{addr}: {e}"))?;
+    let mut client = proto::raft_transport_client::RaftTransportClient::new(ch)
+        .max_encoding_message_size(proto::limits::MESSAGE_BYTES_MAX);
+    let header = proto::SnapshotHeader {
+        group_id: g,
+        from_node: shared.cfg.node_id,
+        to_node: msg.to,
+        message: Some(convert::message_to_wire(msg)),
+        start_key: route.start_key.clone(),
+        end_key: route.end_key.clone(),
+        epoch: route.epoch,
+        files: files
+            .iter()
+            .map(|(p, size, crc)| proto::SnapshotFile {
+                name: p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                size: *size,
+                crc32c: *crc,
+            })
+            .collect(),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<proto::SnapshotChunk>(4);
+    let call = tokio::spawn(async move {
+        client
+            .send_snapshot(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
+    let rate = shared.cfg.snapshot_bytes_per_sec.max(1);
+    let send_all = async {
+        tx.send(proto::SnapshotChunk {
+            header: Some(header),
+            ..Default::default()
+        })
+        .await
+        .map_err(|_| "receiver closed".to_string())?;
+        let started = Instant::now();
+        let mut sent = 0u64;
+        for (i, (p, _, _)) in files.iter().enumerate() {
+            let data = tokio::fs::read(p)
+                .await
+                .map_err(|e| format!("reading {}: {e}", p.display()))?;
+            for (k, chunk) in data.chunks(CHUNK_BYTES).enumerate() {
+                tx.send(proto::SnapshotChunk {
+                    header: None,
+                    file_index: i as u32,
+                    offset: (k * CHUNK_BYTES) as u64,
+                    data: bytes::Bytes::copy_from_slice(chunk),
+                })
+                .await
+                .map_err(|_| "receiver closed".to_string())?;
+                sent += chunk.len() as u64;
+                // Rate limit: never get ahead of `rate` bytes per second.
+                let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+                let el = started.elapsed();
+                if due > el {
+                    tokio::time::sleep(due - el).await;
+                }
+            }
+        }
+        Ok::<(), String>(())
+    };
+    let sent = send_all.await;
+    drop(tx);
+    let done = call
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|s| s.to_string())?;
+    sent?;
+    let done = done.into_inner();
+    if done.accepted {
+        Ok(())
+    } else {
+        Err(format!("refused: {}", done.reason))
+    }
+}
+
+struct Receiving {
+    dir: PathBuf,
+    header: proto::SnapshotHeader,
+    file: Option<std::fs::File>,
+    file_index: usize,
+    offset: u64,
+    crc: u32,
+}
+
+fn refuse(why: String) -> Result<Response<proto::SnapshotDone>, Status> {
+    tracing::warn!("snapshot refused: {why}");
+    Ok(Response::new(proto::SnapshotDone {
+        accepted: false,
+        reason: why,
+    }))
+}
+
+/// Receives one snapshot stream (the `SendSnapshot` service method).
+pub async fn receive(
+    shared: Arc<Shared>,
+    mut s: Streaming<proto::SnapshotChunk>,
+) -> Result<Response<proto::SnapshotDone>, Status> {
+    let first = match s.next().await {
+        Some(c) => c?,
+        None => return refuse("empty snapshot stream".into()),
+    };
+    let Some(header) = first.header else {
+        return refuse("first snapshot chunk carries no header".into());
+    };
+    if header.to_node != shared.cfg.node_id {
+        return refuse(format!(
+            "snapshot for node {} reached node {}",
+            header.to_node, shared.cfg.node_id
+        ));
+    }
+    let Some(wire) = header.message.clone() else {
+        return refuse("snapshot header without raft message".into());
+    };
+    let msg = match convert::message_from_wire(wire, bytes::Bytes::new()) {
+        Ok(m) if m.kind == phoenix_raft::MessageType::Snapshot && m.to == shared.cfg.node_id => m,
+        Ok(_) => return refuse("snapshot header carries a wrong raft message".into()),
+        Err(e) => return refuse(format!("snapshot header: {e}")),
+    };
+    for f in &header.files {
+        if f.name.contains('/') || f.name.contains("..") || !f.name.ends_with(".sst") {
+            return refuse(format!("bad snapshot file name {:?}", f.name));
+        }
+    }
+    let g = header.group_id;
+    let index = msg.snapshot.as_ref().map_or(0, |s| s.meta.index);
+    let dir = shared
+        .cfg
+        .data_dir
+        .join("snap-recv")
+        .join(format!("{g}-{index}-{}", rand::random::<u32>()));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        return refuse(format!("creating {}: {e}", dir.display()));
+    }
+    let mut r = Receiving {
+        dir,
+        header,
+        file: None,
+        file_index: 0,
+        offset: 0,
+        crc: 0,
+    };
+    let result = receive_chunks(&mut r, &mut s).await;
+    if let Err(why) = result {
+        remove_dir(&r.dir);
+        return refuse(why);
+    }
+    let route = proto::Route {
+        group_id: g,
+        start_key: r.header.start_key.clone(),
+        end_key: r.header.end_key.clone(),
+        epoch: r.header.epoch,
+        replicas: msg
+            .snapshot
+            .as_ref()
+            .map(|s| {
+                s.meta
+                    .conf
+                    .voters
+                    .iter()
+                    .map(|&id| shared.replica_of(id).unwrap_or_default())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        leader_node_id: msg.from,
+        leader_addr: shared.addr_of(msg.from).unwrap_or_default(),
+    };
+    tracing::info!(
+        group = g,
+        index,
+        files = r.header.files.len(),
+        "snapshot received"
+    );
+    if shared
+        .events
+        .send(Event::SnapshotReceived {
+            group: g,
+            msg,
+            dir: r.dir.clone(),
+            route,
+        })
+        .is_err()
+    {
+        remove_dir(&r.dir);
+        return Err(Status::unavailable("node shutting down"));
+    }
+    Ok(Response::new(proto::SnapshotDone {
+        accepted: true,
+        reason: String::new(),
+    }))
+}
+
+fn finish_file(r: &mut Receiving) -> Result<(), String> {
+    let Some(f) = r.file.take() else {
+        return Ok(());
+    };
+    let want = &r.header.files[r.file_index];
+    if r.offset != want.size || r.crc != want.crc32c {
+        return Err(format!(
+            "snapshot file {} ended at offset {} with crc {:#x}, expected size {} crc {:#x}",
+            want.name, r.offset, r.crc, want.size, want.crc32c
+        ));
+    }
+    f.sync_all()
+        .map_err(|e| format!("syncing {}: {e}", want.name))?;
+    r.file_index += 1;
+    r.offset = 0;
+    r.crc = 0;
+    Ok(())
+}
+
+async fn receive_chunks(
+    r: &mut Receiving,
+    s: &mut Streaming<proto::SnapshotChunk>,
+) -> Result<(), String> {
+    while let Some(chunk) = s.next().await {
+        let chunk = chunk.map_err(|e| format!("snapshot stream: {e}"))?;
+        let fi = chunk.file_index as usize;
+        if fi != r.file_index {
+            if fi == r.file_index + 1 && r.file.is_some() {
+                finish_file(r)?;
+            } else {
+                return Err(format!(
+                    "snapshot chunk for file {fi} while at file {}",
+                    r.file_index
+                ));
+            }
+        }
+        let Some(meta) = r.header.files.get(fi) else {
+            return Err(format!(
+                "snapshot chunk for file {fi}, header lists {}",
+                r.header.files.len()
+            ));
+        };
+        if chunk.offset != r.offset || r.offset + chunk.data.len() as u64 > meta.size {
+            return Err(format!(
+                "snapshot file {} chunk at offset {} (expected {}), {} bytes past size {}",
+                meta.name,
+                chunk.offset,
+                r.offset,
+                chunk.data.len(),
+                meta.size
+            ));
+        }
+        if r.file.is_none() {
+            let p = r.dir.join(&meta.name);
+            r.file = Some(
+                std::fs::File::create(&p).map_err(|e| format!("creating {}: {e}", p.display()))?,
+            );
+        }
+        if let Some(f) = r.file.as_mut() {
+            f.write_all(&chunk.data)
+                .map_err(|e| format!("writing {}: {e}", meta.name))?;
+        }
+        r.crc = crc32c::crc32c_append(r.crc, &chunk.data);
+        r.offset += chunk.data.len() as u64;
+    }
+    finish_file(r)?;
+    if r.file_index != r.header.files.len() {
+        return Err(format!(
+            "snapshot stream ended after {} of {} files",
+            r.file_index,
+            r.header.files.len()
+        ));
+    }
+    std::fs::File::open(&r.dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("syncing {}: {e}", r.dir.display()))?;
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! Raft storage of one group replica over the node's shared log store.
+//!
+//! The group's entries live in log-store stream `group_id`; each [`LogEntry`] carries
+//! the raft index and term, and its payload is `kind: u8 (0 normal, 1 conf change) ‖
+//! data`. The hard state is the stream's hard state. Everything at or below `snap`
+//! (the "dummy" entry: the last index covered by the engine's state, or by an installed
+//! snapshot) is treated as compacted, even if the log store still holds it.
+//!
+//! On restart the replica starts at its persisted applied index `P` (engine sentinel):
+//! `snap = (P, term at P)`, entries `(P, last]` are replayed (seed 000, log-as-WAL).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use phoenix_log::{LogEntry, LogStore};
+use phoenix_raft::{
+    ConfState, Entry, EntryKind, HardState, RaftState, Snapshot, SnapshotMeta, Storage,
+    StorageError,
+};
+
+/// Encodes a raft entry as a log-store entry.
+pub fn encode_entry(e: &Entry) -> LogEntry {
+    let mut data = Vec::with_capacity(1 + e.data.len());
+    data.push(match e.kind {
+        EntryKind::Normal => 0u8,
+        EntryKind::ConfChange => 1u8,
+    });
+    data.extend_from_slice(&e.data);
+    LogEntry::new(e.index, e.term, data)
+}
+
+/// Decodes a log-store entry of stream `stream`.
+pub fn decode_entry(stream: u64, e: LogEntry) -> Result<Entry, StorageError> {
+    let kind = match e.data.first() {
+        Some(0) => EntryKind::Normal,
+        Some(1) => EntryKind::ConfChange,
+        other => {
+            return Err(StorageError::Other(
+                format!(
+                    "log stream {stream} entry {}: bad entry kind byte {other:?}",
+                    e.index
+                )
+                .into(),
+            ))
+        }
+    };
+    Ok(Entry {
+        term: e.term,
+        index: e.index,
+        kind,
+        data: e.data.slice(1..),
+        conflict_keys: None,
+    })
+}
+
+/// Raft storage of one group (see the module doc).
+#[derive(Debug)]
+pub struct GroupStorage {
+    log: Arc<LogStore>,
+    group: u64,
+    /// Everything at or below `snap.index` is compacted; `snap.term` answers `term()`
+    /// for it.
+    snap: SnapshotMeta,
+    hard_state: HardState,
+    conf: ConfState,
+    /// Last applied (index, term): what a snapshot built now would cover.
+    applied: (u64, u64),
+}
+
+fn other(e: impl std::fmt::Display) -> StorageError {
+    StorageError::Other(e.to_string().into())
+}
+
+impl GroupStorage {
+    /// Storage of group `group` whose state machine is at `applied` (= the persisted
+    /// applied index and its term) with membership `conf`.
+    pub fn open(
+        log: Arc<LogStore>,
+        group: u64,
+        applied: (u64, u64),
+        conf: ConfState,
+    ) -> Result<GroupStorage, phoenix_log::Error> {
+        let hs = log.hard_state(group).unwrap_or_default();
+        let hard_state = HardState {
+            term: hs.term.max(applied.1),
+            vote: hs.vote,
+            commit: hs.commit.max(applied.0),
+        };
+        // Entries the engine already holds are not needed any more; and if the log ends
+        // before the applied index (a snapshot was installed but the log not yet cut),
+        // the stream must restart after it.
+        let last = log.last_index(group).unwrap_or(0);
+        let first = log.first_index(group).unwrap_or(1);
+        if applied.0 > 0 && (last <= applied.0 || first <= applied.0) {
+            log.truncate_prefix(group, applied.0 + 1)?;
+        }
+        Ok(GroupStorage {
+            log,
+            group,
+            snap: SnapshotMeta {
+                index: applied.0,
+                term: applied.1,
+                conf: conf.clone(),
+            },
+            hard_state,
+            conf,
+            applied,
+        })
+    }
+
+    /// The group id (= log stream id).
+    pub fn group(&self) -> u64 {
+        self.group
+    }
+
+    /// Records the applied position (after the engine batch covering it was written).
+    pub fn set_applied(&mut self, index: u64, term: u64) {
+        self.applied = (index, term);
+    }
+
+    /// Last applied (index, term).
+    pub fn applied(&self) -> (u64, u64) {
+        self.applied
+    }
+
+    /// Records a membership change applied at the applied index.
+    pub fn set_conf(&mut self, conf: ConfState) {
+        self.conf = conf;
+    }
+
+    /// Current membership.
+    pub fn conf(&self) -> &ConfState {
+        &self.conf
+    }
+
+    /// Records the durable hard state.
+    pub fn set_hard_state(&mut self, hs: HardState) {
+        self.hard_state = hs;
+    }
+
+    /// Index of the compaction point (first index - 1).
+    pub fn snap_index(&self) -> u64 {
+        self.snap.index
+    }
+
+    /// Appends entries (replacing a conflicting suffix) and the hard state; returns the
+    /// log store's handle, complete once durable.
+    pub fn append(
+        &mut self,
+        entries: &[Entry],
+        hs: Option<HardState>,
+    ) -> phoenix_log::AppendHandle {
+        let ents = entries.iter().map(encode_entry).collect();
+        let hs = hs.map(|h| {
+            self.hard_state = h;
+            phoenix_log::HardState {
+                term: h.term,
+                vote: h.vote,
+                commit: h.commit,
+            }
+        });
+        self.log.append(self.group, ents, hs)
+    }
+
+    /// Drops entries up to `index` (inclusive), which must be at or below the engine's
+    /// persisted applied index and at or below the applied index.
+    pub fn compact_to(&mut self, index: u64) -> Result<(), StorageError> {
+        if index <= self.snap.index {
+            return Ok(());
+        }
+        if index > self.applied.0 {
+            return Err(other(format!(
+                "group {}: cannot compact to {index} past applied {}",
+                self.group, self.applied.0
+            )));
+        }
+        let term = self.term(index)?;
+        self.log
+            .truncate_prefix(self.group, index + 1)
+            .map_err(other)?;
+        self.snap = SnapshotMeta {
+            index,
+            term,
+            conf: self.conf.clone(),
+        };
+        Ok(())
+    }
+
+    /// Installs a snapshot's position: the log restarts after `meta.index` (the engine
+    /// already ingested the data).
+    pub fn apply_snapshot(&mut self, meta: &SnapshotMeta) -> Result<(), StorageError> {
+        self.log
+            .truncate_prefix(self.group, meta.index + 1)
+            .map_err(other)?;
+        self.snap = meta.clone();
+        self.conf = meta.conf.clone();
+        self.applied = (meta.index, meta.term);
+        self.hard_state.commit = self.hard_state.commit.max(meta.index);
+        self.hard_state.term = self.hard_state.term.max(meta.term);
+        Ok(())
+    }
+
+    fn log_last(&self) -> u64 {
+        self.log
+            .last_index(self.group)
+            .unwrap_or(0)
+            .max(self.snap.index)
+    }
+}
+
+impl Storage for GroupStorage {
+    fn initial_state(&self) -> Result<RaftState, StorageError> {
+        Ok(RaftState {
+            hard_state: self.hard_state,
+            conf_state: self.conf.clone(),
+        })
+    }
+
+    fn entries(&self, lo: u64, hi: u64, max_size: u64) -> Result<Vec<Entry>, StorageError> {
+        if lo <= self.snap.index {
+            return Err(StorageError::Compacted {
+                index: lo,
+                first_index: self.snap.index + 1,
+            });
+        }
+        let last = self.log_last();
+        if hi > last + 1 {
+            return Err(StorageError::Unavailable {
+                index: hi - 1,
+                last_index: last,
+            });
+        }
+        if lo >= hi {
+            return Ok(Vec::new());
+        }
+        let raw = self.log.read(self.group, lo..hi).map_err(|e| match e {
+            phoenix_log::Error::Compacted { .. } => StorageError::Compacted {
+                index: lo,
+                first_index: self.snap.index + 1,
+            },
+            e => other(format!("group {} entries {lo}..{hi}: {e}", self.group)),
+        })?;
+        let mut out = Vec::with_capacity(raw.len());
+        let mut size = 0u64;
+        for e in raw {
+            let e = decode_entry(self.group, e)?;
+            size += e.size();
+            if !out.is_empty() && size > max_size {
+                break;
+            }
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    fn term(&self, index: u64) -> Result<u64, StorageError> {
+        if index == self.snap.index {
+            return Ok(self.snap.term);
+        }
+        if index < self.snap.index {
+            return Err(StorageError::Compacted {
+                index,
+                first_index: self.snap.index + 1,
+            });
+        }
+        match self.log.term(self.group, index) {
+            Ok(Some(t)) => Ok(t),
+            Ok(None) => Err(StorageError::Unavailable {
+                index,
+                last_index: self.log_last(),
+            }),
+            Err(phoenix_log::Error::Compacted { .. }) => Err(StorageError::Compacted {
+                index,
+                first_index: self.snap.index + 1,
+            }),
+            Err(e) => Err(other(format!("group {} term {index}: {e}", self.group))),
+        }
+    }
+
+    fn first_index(&self) -> Result<u64, StorageError> {
+        Ok(self.snap.index + 1)
+    }
+
+    fn last_index(&self) -> Result<u64, StorageError> {
+        Ok(self.log_last())
+    }
+
+    fn snapshot(&self, _request_index: u64) -> Result<Snapshot, StorageError> {
+        // The snapshot describes the engine state as of the applied index; its data is
+        // built from an engine snapshot when the message leaves (snapshot.rs).
+        Ok(Snapshot {
+            meta: SnapshotMeta {
+                index: self.applied.0,
+                term: self.applied.1,
+                conf: self.conf.clone(),
+            },
+            data: Bytes::new(),
+        })
+    }
+}

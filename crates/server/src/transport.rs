@@ -1,0 +1,243 @@
+//! Raft message transport between nodes.
+//!
+//! Outgoing: one task per peer node owns one client-streaming gRPC call
+//! (`RaftTransport.Stream`) and sends batches of whatever messages (of any group) are
+//! queued for that node. If the peer cannot be reached the queued messages are dropped
+//! (raft retransmits), the driver is told (`report_unreachable`), and the task
+//! reconnects with exponential backoff.
+//!
+//! Incoming: every message is validated (addressed to this node, decodable, sender
+//! matches the batch) before it reaches the driver; a peer sending nonsense is logged
+//! and its stream is closed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use parking_lot::{Mutex, RwLock};
+use phoenix_proto as proto;
+use phoenix_proto::convert;
+use phoenix_raft::Message;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::node::Event;
+
+/// Most messages in one batch.
+const BATCH_MESSAGES_MAX: usize = 512;
+/// Most queued messages per peer; beyond, new ones are dropped (raft retransmits).
+const QUEUE_MESSAGES_MAX: usize = 65_536;
+
+struct Inner {
+    node_id: u64,
+    addrs: Arc<RwLock<HashMap<u64, String>>>,
+    peers: Mutex<HashMap<u64, mpsc::Sender<proto::GroupMessage>>>,
+    events: Sender<Event>,
+    runtime: tokio::runtime::Handle,
+}
+
+/// The outgoing side (cheap to clone).
+#[derive(Clone)]
+pub struct Transport {
+    inner: Arc<Inner>,
+}
+
+impl Transport {
+    /// A transport for node `node_id`.
+    pub fn new(
+        node_id: u64,
+        addrs: Arc<RwLock<HashMap<u64, String>>>,
+        events: Sender<Event>,
+        runtime: tokio::runtime::Handle,
+    ) -> Transport {
+        Transport {
+            inner: Arc::new(Inner {
+                node_id,
+                addrs,
+                peers: Mutex::new(HashMap::new()),
+                events,
+                runtime,
+            }),
+        }
+    }
+
+    /// Queues a message of group `group` for its receiver.
+    pub fn send(&self, group: u64, epoch: u64, m: Message) {
+        let to = m.to;
+        if to == self.inner.node_id {
+            let _ = self.inner.events.send(Event::Raft { group, msg: m });
+            return;
+        }
+        let gm = proto::GroupMessage {
+            group_id: group,
+            epoch,
+            message: Some(convert::message_to_wire(&m)),
+        };
+        let mut peers = self.inner.peers.lock();
+        let tx = peers.entry(to).or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(QUEUE_MESSAGES_MAX);
+            let inner = Arc::clone(&self.inner);
+            self.inner.runtime.spawn(peer_loop(inner, to, rx));
+            tx
+        });
+        if tx.try_send(gm).is_err() {
+            tracing::debug!(to, group, "outgoing raft queue full; message dropped");
+        }
+    }
+}
+
+async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::GroupMessage>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let addr = inner.addrs.read().get(&to).cloned();
+        let client = match addr {
+            Some(a) => connect(&a).await,
+            None => Err(format!("no address known for node {to}")),
+        };
+        let mut client = match client {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(to, "cannot reach node: {e}");
+                // Drop what was queued (raft retransmits) and tell the driver.
+                while rx.try_recv().is_ok() {}
+                let _ = inner.events.send(Event::Unreachable(to));
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                if rx.is_closed() {
+                    return;
+                }
+                continue;
+            }
+        };
+        let (btx, brx) = mpsc::channel::<proto::RaftBatch>(16);
+        let call = tokio::spawn(async move {
+            client
+                .stream(tokio_stream::wrappers::ReceiverStream::new(brx))
+                .await
+        });
+        let mut ok = true;
+        while ok {
+            let Some(first) = rx.recv().await else { return };
+            let mut messages = vec![first];
+            while messages.len() < BATCH_MESSAGES_MAX {
+                match rx.try_recv() {
+                    Ok(m) => messages.push(m),
+                    Err(_) => break,
+                }
+            }
+            let batch = proto::RaftBatch {
+                from_node: inner.node_id,
+                to_node: to,
+                messages,
+            };
+            if btx.send(batch).await.is_err() {
+                ok = false;
+            } else {
+                backoff = Duration::from_millis(50);
+            }
+        }
+        drop(btx);
+        match call.await {
+            Ok(Ok(_)) => tracing::debug!(to, "raft stream closed"),
+            Ok(Err(s)) => tracing::debug!(to, "raft stream failed: {s}"),
+            Err(e) => tracing::debug!(to, "raft stream task: {e}"),
+        }
+        let _ = inner.events.send(Event::Unreachable(to));
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+async fn connect(
+    addr: &str,
+) -> Result<proto::raft_transport_client::RaftTransportClient<tonic::transport::Channel>, String> {
+    let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("bad address {addr}: {e}"))?
+        .connect_timeout(Duration::from_secs(1))
+        .tcp_nodelay(true);
+    let ch = ep.connect().await.map_err(|e| format!("{addr}: {e}"))?;
+    Ok(proto::raft_transport_client::RaftTransportClient::new(ch)
+        .max_decoding_message_size(proto::limits::MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(proto::limits::MESSAGE_BYTES_MAX))
+}
+
+/// The incoming side: the `RaftTransport` gRPC service.
+pub struct TransportService {
+    /// Shared node state.
+    pub shared: Arc<crate::shared::Shared>,
+}
+
+/// Validates one incoming message and turns it into a driver event.
+fn decode_incoming(node_id: u64, from_node: u64, gm: proto::GroupMessage) -> Result<Event, String> {
+    let wire = gm.message.ok_or("group message without a raft message")?;
+    let msg = convert::message_from_wire(wire, bytes::Bytes::new()).map_err(|e| e.to_string())?;
+    if msg.to != node_id {
+        return Err(format!(
+            "message for node {} arrived at node {node_id}",
+            msg.to
+        ));
+    }
+    if msg.from != from_node {
+        return Err(format!(
+            "message from node {} inside a batch of node {from_node}",
+            msg.from
+        ));
+    }
+    if msg.kind == phoenix_raft::MessageType::Snapshot {
+        return Err("snapshot messages travel over SendSnapshot only".into());
+    }
+    Ok(Event::Raft {
+        group: gm.group_id,
+        msg,
+    })
+}
+
+type SnapshotResult = Result<Response<proto::SnapshotDone>, Status>;
+
+#[tonic::async_trait]
+impl proto::raft_transport_server::RaftTransport for TransportService {
+    async fn stream(
+        &self,
+        request: Request<Streaming<proto::RaftBatch>>,
+    ) -> Result<Response<proto::RaftStreamDone>, Status> {
+        let mut s = request.into_inner();
+        let me = self.shared.cfg.node_id;
+        while let Some(batch) = s.next().await {
+            let batch = batch?;
+            if batch.to_node != me {
+                let why = format!("batch for node {} reached node {me}", batch.to_node);
+                tracing::warn!("{why}; closing the stream");
+                return Err(Status::invalid_argument(why));
+            }
+            let from = batch.from_node;
+            for gm in batch.messages {
+                match decode_incoming(me, from, gm) {
+                    Ok(ev) => {
+                        if self.shared.events.send(ev).is_err() {
+                            return Err(Status::unavailable("node shutting down"));
+                        }
+                    }
+                    Err(why) => {
+                        tracing::warn!(
+                            from,
+                            "dropping a malformed raft message and the stream: {why}"
+                        );
+                        return Err(Status::invalid_argument(why));
+                    }
+                }
+            }
+        }
+        Ok(Response::new(proto::RaftStreamDone {
+            reason: "sender closed the stream".into(),
+        }))
+    }
+
+    async fn send_snapshot(
+        &self,
+        request: Request<Streaming<proto::SnapshotChunk>>,
+    ) -> SnapshotResult {
+        crate::snapshot::receive(Arc::clone(&self.shared), request.into_inner()).await
+    }
+}

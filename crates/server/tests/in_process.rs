@@ -1,0 +1,313 @@
+//! Nodes started in-process on loopback: single-node put/get through raft with
+//! restart recovery (log-as-WAL), and a three-node cluster with the meta group.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use phoenix_proto as proto;
+use phoenix_server::{Config, MetaMember};
+use tokio::sync::oneshot;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Node {
+    stop: Option<oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<phoenix_server::Result<()>>,
+}
+
+impl Node {
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.handle.await.unwrap().unwrap();
+    }
+}
+
+fn start(cfg: Config) -> Node {
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(phoenix_server::run(cfg, async move {
+        let _ = rx.await;
+    }));
+    Node {
+        stop: Some(tx),
+        handle,
+    }
+}
+
+fn config(id: u64, addr: &str, dir: &Path, meta: &[MetaMember], replication: usize) -> Config {
+    let mut c = Config::new(id, addr, dir.join(format!("node-{id}")), meta.to_vec());
+    c.replication = replication;
+    c.tick = Duration::from_millis(10);
+    c.heartbeat_interval = Duration::from_millis(200);
+    c
+}
+
+async fn kv(addr: &str) -> proto::kv_client::KvClient<tonic::transport::Channel> {
+    proto::kv_client::KvClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+}
+
+/// Waits until some node reports a route and returns (route, leader addr).
+async fn wait_route(addrs: &[String]) -> proto::Route {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no route with a leader within 30 s"
+        );
+        for a in addrs {
+            let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
+            else {
+                continue;
+            };
+            if let Ok(r) = m
+                .get_routes(proto::GetRoutesRequest { timeout_ms: 1000 })
+                .await
+            {
+                let r = r.into_inner();
+                if let Some(route) = r.routes.first() {
+                    if route.leader_node_id != 0 {
+                        return route.clone();
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn header(route: &proto::Route) -> Option<proto::RequestHeader> {
+    Some(proto::RequestHeader {
+        group_id: route.group_id,
+        epoch: route.epoch,
+        timeout_ms: 5000,
+    })
+}
+
+/// Puts through whichever replica is the leader now (retrying on NotLeader).
+async fn put(addrs: &[String], route: &proto::Route, key: &[u8], value: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "put of {key:?} did not succeed");
+        for a in addrs {
+            let Ok(mut c) = proto::kv_client::KvClient::connect(format!("http://{a}")).await else {
+                continue;
+            };
+            let Ok(r) = c
+                .put(proto::PutRequest {
+                    header: header(route),
+                    key: key.to_vec().into(),
+                    value: value.to_vec().into(),
+                })
+                .await
+            else {
+                continue;
+            };
+            if r.into_inner().error.is_none() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn get(addrs: &[String], route: &proto::Route, key: &[u8]) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "get of {key:?} did not succeed");
+        for a in addrs {
+            let Ok(mut c) = proto::kv_client::KvClient::connect(format!("http://{a}")).await else {
+                continue;
+            };
+            let Ok(r) = c
+                .get(proto::GetRequest {
+                    header: header(route),
+                    key: key.to_vec().into(),
+                })
+                .await
+            else {
+                continue;
+            };
+            let r = r.into_inner();
+            if r.error.is_none() {
+                return r.found.then(|| r.value.to_vec());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_node_put_get_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let meta = vec![MetaMember {
+        id: 1,
+        addr: addr.clone(),
+    }];
+    let addrs = vec![addr.clone()];
+    let node = start(config(1, &addr, dir.path(), &meta, 1));
+    let route = wait_route(&addrs).await;
+    assert_eq!(route.group_id, 1);
+    for i in 0..200u32 {
+        put(
+            &addrs,
+            &route,
+            format!("k{i:04}").as_bytes(),
+            &i.to_be_bytes(),
+        )
+        .await;
+    }
+    // Typed errors.
+    let mut c = kv(&addr).await;
+    let r = c
+        .put(proto::PutRequest {
+            header: header(&route),
+            key: vec![b'x'; 5000].into(),
+            value: Default::default(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(
+        r.error.and_then(|e| e.kind),
+        Some(proto::error::Kind::KeyTooLarge(_))
+    ));
+    let r = c
+        .get(proto::GetRequest {
+            header: Some(proto::RequestHeader {
+                group_id: 1,
+                epoch: 1,
+                timeout_ms: 0,
+            }),
+            key: b"a".to_vec().into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(
+        r.error.and_then(|e| e.kind),
+        Some(proto::error::Kind::InvalidArgument(_))
+    ));
+    // CAS and scan.
+    let r = c
+        .cas(proto::CasRequest {
+            header: header(&route),
+            key: b"k0001".to_vec().into(),
+            expect_exists: true,
+            expected: 1u32.to_be_bytes().to_vec().into(),
+            delete: false,
+            new_value: b"new".to_vec().into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.error.is_none() && r.succeeded, "{r:?}");
+    let r = c
+        .cas(proto::CasRequest {
+            header: header(&route),
+            key: b"k0001".to_vec().into(),
+            expect_exists: true,
+            expected: 1u32.to_be_bytes().to_vec().into(),
+            delete: false,
+            new_value: b"newer".to_vec().into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.error.is_none() && !r.succeeded && r.current_value.as_ref() == b"new");
+    let r = c
+        .scan(proto::ScanRequest {
+            header: header(&route),
+            start: b"k0010".to_vec().into(),
+            end: b"k0020".to_vec().into(),
+            limit: 5,
+            keys_only: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.error.is_none());
+    assert_eq!(r.pairs.len(), 5);
+    assert!(r.more);
+    assert_eq!(r.next_key.as_ref(), b"k0015");
+    drop(c);
+    // Restart: the engine lost its memtables (WAL off); the log replays.
+    node.stop().await;
+    let node = start(config(1, &addr, dir.path(), &meta, 1));
+    let route = wait_route(&addrs).await;
+    for i in (0..200u32).step_by(7) {
+        let want = if i == 1 {
+            b"new".to_vec()
+        } else {
+            i.to_be_bytes().to_vec()
+        };
+        assert_eq!(
+            get(&addrs, &route, format!("k{i:04}").as_bytes()).await,
+            Some(want),
+            "key {i}"
+        );
+    }
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_replicate_and_survive_leader_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let meta: Vec<MetaMember> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| MetaMember {
+            id: i as u64 + 1,
+            addr: a.clone(),
+        })
+        .collect();
+    let mut nodes: Vec<Option<Node>> = (0..3)
+        .map(|i| Some(start(config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3))))
+        .collect();
+    let route = wait_route(&addrs).await;
+    assert_eq!(route.replicas.len(), 3);
+    for i in 0..100u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v1").await;
+    }
+    // Stop the group's leader; another replica takes over and has every write.
+    let leader = route.leader_node_id as usize - 1;
+    nodes[leader].take().unwrap().stop().await;
+    let live: Vec<String> = (0..3)
+        .filter(|&i| i != leader)
+        .map(|i| addrs[i].clone())
+        .collect();
+    let started = Instant::now();
+    put(&live, &route, b"after", b"v2").await;
+    eprintln!("new leader accepted a write after {:?}", started.elapsed());
+    for i in (0..100u32).step_by(9) {
+        assert_eq!(
+            get(&live, &route, format!("k{i:04}").as_bytes()).await,
+            Some(b"v1".to_vec())
+        );
+    }
+    // The stopped node comes back and catches up.
+    nodes[leader] = Some(start(config(
+        leader as u64 + 1,
+        &addrs[leader],
+        dir.path(),
+        &meta,
+        3,
+    )));
+    put(&addrs, &route, b"after2", b"v3").await;
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}
