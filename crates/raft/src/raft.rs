@@ -741,6 +741,20 @@ impl<S: Storage> Raft<S> {
         if m.term == 0 {
             return Err(Error::Malformed("message with term 0"));
         }
+        // Indexes near u64::MAX cannot come from a real log; refusing them keeps all
+        // index arithmetic below free of overflow.
+        const INDEX_MAX: u64 = u64::MAX / 2;
+        if m.index > INDEX_MAX
+            || m.commit > INDEX_MAX
+            || m.reject_hint > INDEX_MAX
+            || m.term > INDEX_MAX
+            || m.snapshot
+                .as_ref()
+                .is_some_and(|s| s.meta.index > INDEX_MAX)
+            || m.entries.len() as u64 > INDEX_MAX - m.index.min(INDEX_MAX)
+        {
+            return Err(Error::Malformed("index, term or commit out of range"));
+        }
         // A member accepts messages from members only; a node outside its own
         // configuration (just added, not yet caught up) accepts them from anyone.
         if self.is_member() && !self.conf.contains(m.from) {
@@ -754,7 +768,7 @@ impl<S: Storage> Raft<S> {
             MessageType::Append => {
                 let mut prev_term = m.log_term;
                 for (k, e) in m.entries.iter().enumerate() {
-                    if e.index != m.index + 1 + k as u64 {
+                    if m.index.checked_add(1 + k as u64) != Some(e.index) {
                         return Err(Error::Malformed(
                             "append entries are not contiguous after index",
                         ));

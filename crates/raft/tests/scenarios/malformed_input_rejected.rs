@@ -153,3 +153,16 @@ fn removing_the_last_voter_is_refused() {
         Err(Error::ProposalDropped { .. })
     ));
 }
+
+#[test]
+fn indexes_near_u64_max_are_refused_without_overflow() {
+    let mut net = net();
+    let m = append(1, 2, 1, u64::MAX, 1, &[(0, 1)]);
+    assert!(matches!(net.raw(2).step(m), Err(Error::Malformed(_))));
+    let mut hb = Message::new(MessageType::Heartbeat, 1, 2, 1);
+    hb.commit = u64::MAX;
+    assert!(matches!(net.raw(2).step(hb), Err(Error::Malformed(_))));
+    let mut v = Message::new(MessageType::RequestVote, 3, 2, u64::MAX);
+    v.index = 1;
+    assert!(matches!(net.raw(2).step(v), Err(Error::Malformed(_))));
+}
