@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use phoenix_log::format::{self, OpHead, OpKind, SegmentHeader, FRAME_BATCH, FRAME_HEADER_LEN};
-use phoenix_log::fuzz::{fuzz_batch, fuzz_segment};
+use phoenix_log::fuzz::{fuzz_batch, fuzz_framed_segment, fuzz_segment};
 use phoenix_log::HardState;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -122,6 +122,18 @@ fn decoders_never_panic_and_round_trip() {
             let noise: Vec<u8> = (0..rng.gen_range(0..300)).map(|_| rng.gen()).collect();
             fuzz_batch(&noise);
             fuzz_segment(&noise);
+            fuzz_framed_segment(&noise);
+            // Valid batches behind valid checksums, one length byte (in 4-byte units) each.
+            let mut framed = Vec::new();
+            for _ in 0..rng.gen_range(0..4) {
+                let mut b = random_batch(&mut rng);
+                b.truncate(255 * 4);
+                b.truncate(b.len() / 4 * 4);
+                framed.push((b.len() / 4) as u8);
+                framed.extend_from_slice(&b);
+            }
+            fuzz_framed_segment(&framed);
+            fuzz_framed_segment(&damage(&mut rng, framed));
         }
     }));
     if let Err(e) = result {
