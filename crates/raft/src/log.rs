@@ -463,3 +463,115 @@ impl<S: Storage> RaftLog<S> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::MemStorage;
+    use crate::types::ConfState;
+
+    fn ent(index: u64, term: u64) -> Entry {
+        Entry {
+            index,
+            term,
+            data: bytes::Bytes::from(vec![index as u8; 8]),
+            ..Entry::default()
+        }
+    }
+
+    fn log_with(stored: &[(u64, u64)]) -> RaftLog<MemStorage> {
+        let mut s = MemStorage::new_with_conf(ConfState::with_voters([1]));
+        let ents: Vec<Entry> = stored.iter().map(|&(i, t)| ent(i, t)).collect();
+        s.append(&ents).unwrap();
+        RaftLog::new(s, u64::MAX).unwrap()
+    }
+
+    #[test]
+    fn maybe_append_truncates_conflicting_suffix_only() {
+        let mut l = log_with(&[(1, 1), (2, 1), (3, 2)]);
+        // Matching prefix, conflicting entry at 3.
+        let got = l
+            .maybe_append(1, 1, 0, &[ent(2, 1), ent(3, 3), ent(4, 3)])
+            .unwrap();
+        assert_eq!(got, Some(4));
+        assert_eq!(l.term_opt(3).unwrap(), Some(3));
+        assert_eq!(l.last_index().unwrap(), 4);
+        assert_eq!(
+            l.persisted, 2,
+            "the replaced durable entry no longer counts as persisted"
+        );
+        // A stale duplicate of a prefix does not truncate what follows.
+        assert_eq!(l.maybe_append(1, 1, 0, &[ent(2, 1)]).unwrap(), Some(2));
+        assert_eq!(l.last_index().unwrap(), 4);
+        // Mismatch at the previous index is refused.
+        assert_eq!(l.maybe_append(4, 9, 0, &[]).unwrap(), None);
+        l.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn conflict_with_committed_entry_is_an_invariant_error() {
+        let mut l = log_with(&[(1, 1), (2, 1)]);
+        l.commit_to(2);
+        assert!(matches!(
+            l.maybe_append(1, 1, 0, &[ent(2, 5)]),
+            Err(Error::Invariant(_))
+        ));
+    }
+
+    #[test]
+    fn stable_to_ignores_entries_replaced_meanwhile() {
+        let mut l = log_with(&[(1, 1)]);
+        l.append(&[ent(2, 1), ent(3, 1)]).unwrap();
+        l.accept_unstable();
+        // Before (3, 1) is durable it is replaced by a term-2 entry.
+        l.maybe_append(2, 1, 0, &[ent(3, 2)]).unwrap();
+        l.stable_to(3, 1);
+        assert_eq!(
+            l.unstable.offset, 2,
+            "stale acknowledgement changes nothing"
+        );
+        assert_eq!(
+            l.next_unstable_entries().len(),
+            1,
+            "the new entry 3 is handed out again"
+        );
+        l.stable_to(3, 2);
+        assert!(l.unstable.entries.is_empty());
+        assert_eq!(l.persisted, 3);
+    }
+
+    #[test]
+    fn find_conflict_by_term_skips_whole_terms() {
+        let l = log_with(&[(1, 1), (2, 1), (3, 2), (4, 2), (5, 2), (6, 4)]);
+        assert_eq!(l.find_conflict_by_term(6, 3).unwrap(), (5, 2));
+        assert_eq!(l.find_conflict_by_term(6, 1).unwrap(), (2, 1));
+        assert_eq!(l.find_conflict_by_term(100, 9).unwrap(), (6, 4));
+        assert_eq!(l.find_conflict_by_term(6, 0).unwrap(), (0, 0));
+    }
+
+    #[test]
+    fn slice_spans_storage_and_unstable_and_respects_size() {
+        let mut l = log_with(&[(1, 1), (2, 1)]);
+        l.append(&[ent(3, 2), ent(4, 2)]).unwrap();
+        let all = l.slice(1, 5, u64::MAX).unwrap();
+        assert_eq!(
+            all.iter().map(|e| e.index).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4]
+        );
+        let one = l.slice(1, 5, 1).unwrap();
+        assert_eq!(one.len(), 1, "at least one entry, then the size limit");
+        let two = l.slice(2, 5, 2 * ent(1, 1).size()).unwrap();
+        assert_eq!(two.iter().map(|e| e.index).collect::<Vec<_>>(), vec![2, 3]);
+    }
+
+    #[test]
+    fn commit_only_for_current_term_entries() {
+        let mut l = log_with(&[(1, 1), (2, 2)]);
+        assert!(
+            !l.maybe_commit(2, 3).unwrap(),
+            "term-2 entry not committed by a term-3 leader"
+        );
+        assert!(l.maybe_commit(2, 2).unwrap());
+        assert_eq!(l.committed, 2);
+    }
+}

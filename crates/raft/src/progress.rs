@@ -189,3 +189,48 @@ impl Progress {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_rejection_moves_next_back_and_ignores_stale_ones() {
+        let mut p = Progress::new(10, 4, false);
+        p.sent_entries(12, 3);
+        assert!(p.is_paused(), "one probe at a time");
+        assert!(
+            !p.maybe_decr_to(5, 3),
+            "rejection of an append we are not waiting for"
+        );
+        assert!(p.maybe_decr_to(9, 6));
+        assert_eq!(p.next_idx, 7);
+        assert!(!p.is_paused());
+    }
+
+    #[test]
+    fn replicate_window_pauses_and_frees() {
+        let mut p = Progress::new(1, 2, false);
+        p.maybe_update(0);
+        p.become_replicate();
+        p.sent_entries(3, 3);
+        p.sent_entries(5, 2);
+        assert!(p.is_paused());
+        assert!(p.maybe_update(3));
+        p.inflights.free_to(3);
+        assert!(!p.is_paused());
+        assert_eq!(p.next_idx, 6);
+        assert!(!p.maybe_decr_to(2, 0), "stale rejection below the match");
+        assert!(p.maybe_decr_to(5, 3));
+        assert_eq!(p.next_idx, 4);
+    }
+
+    #[test]
+    fn snapshot_state_resumes_after_the_snapshot() {
+        let mut p = Progress::new(1, 2, false);
+        p.become_snapshot(50);
+        assert!(p.is_paused());
+        p.become_probe();
+        assert_eq!(p.next_idx, 51);
+    }
+}
