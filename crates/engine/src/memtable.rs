@@ -485,12 +485,18 @@ impl InternalIterator for MemTableIter {
     }
     fn next(&mut self) {
         debug_assert!(self.valid());
-        // SAFETY: valid() — the node is a published node.
+        if self.node.is_null() {
+            return;
+        }
+        // SAFETY: non-null, so a published node of `mem`.
         self.node = unsafe { Node::next(self.node, 0) };
     }
     fn prev(&mut self) {
         debug_assert!(self.valid());
-        // SAFETY: valid node.
+        if self.node.is_null() {
+            return;
+        }
+        // SAFETY: non-null, so a published node of `mem`.
         let key = unsafe { Node::key(self.node) };
         let n = self.mem.find_less_than(key);
         self.node = if n == self.mem.head {
@@ -500,10 +506,16 @@ impl InternalIterator for MemTableIter {
         };
     }
     fn key(&self) -> &[u8] {
-        // SAFETY: callers only call key() while valid(); the node lives as long as `mem`.
+        if self.node.is_null() {
+            return &[];
+        }
+        // SAFETY: non-null, so a published node; it lives as long as `mem`.
         unsafe { Node::key(self.node) }
     }
     fn value(&self) -> &[u8] {
+        if self.node.is_null() {
+            return &[];
+        }
         // SAFETY: as for key().
         unsafe { Node::value(self.node) }
     }
