@@ -63,18 +63,22 @@ impl DbIterator {
         self.valid
     }
 
-    /// The current user key. Requires `valid()`.
+    /// The current user key. Requires `valid()` (empty otherwise).
     pub fn key(&self) -> &[u8] {
-        debug_assert!(self.valid);
+        if !self.valid {
+            return &[];
+        }
         match self.direction {
             Direction::Forward => crate::key::user_key(self.inner.key()),
             Direction::Reverse => &self.saved_key,
         }
     }
 
-    /// The current value. Requires `valid()`.
+    /// The current value. Requires `valid()` (empty otherwise).
     pub fn value(&self) -> &[u8] {
-        debug_assert!(self.valid);
+        if !self.valid {
+            return &[];
+        }
         match self.direction {
             Direction::Forward => self.inner.value(),
             Direction::Reverse => &self.saved_value,
