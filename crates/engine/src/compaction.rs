@@ -16,8 +16,10 @@
 //! dropped only at the bottom (no file below overlaps the compaction's key range).
 //!
 //! Output files are cut at the target file size (between user keys, so a key's versions
-//! never straddle two files) and, from L1 down, at group boundaries: an output file
-//! never mixes groups. Range tombstones are clipped to each file's interval (between the
+//! never straddle two files) and, from L1 down, at group boundaries once the file holds
+//! `min_group_file_size` bytes: a group with at least that much data never shares a file,
+//! while tiny groups share files instead of making one file per key (drop_group rewrites
+//! shared files). Range tombstones are clipped to each file's interval (between the
 //! neighbouring files' first keys and within the file's group); tombstone pieces over
 //! stretches without point data go to tombstone-only files (which may span several
 //! groups that hold no data in this compaction).
@@ -248,6 +250,8 @@ pub struct Env<'a> {
     pub tables: &'a Arc<TableCache>,
     /// Target output file size.
     pub target_file_size: u64,
+    /// From L1 down, a group boundary cuts the output file only once it holds this much.
+    pub min_group_file_size: u64,
     /// Hands out file numbers.
     pub new_file_number: &'a dyn Fn() -> u64,
 }
@@ -403,7 +407,9 @@ struct OutputState<'a, 'e> {
     env: &'a Env<'e>,
     current: Option<(u64, PathBuf, TableBuilder)>,
     file_lo: Option<Vec<u8>>,
-    file_group: u64,
+    /// Groups of the open file's first and last keys (files hold contiguous groups).
+    first_group: u64,
+    last_group: u64,
     intervals: Vec<Interval>,
     frags: &'a [Fragment],
     out: Output,
@@ -418,7 +424,8 @@ impl OutputState<'_, '_> {
         let file = self.env.fs.create(&path, Default::default())?;
         self.current = Some((number, path, TableBuilder::new(file, self.env.table)));
         self.file_lo = lo;
-        self.file_group = group_of(first_user_key);
+        self.first_group = group_of(first_user_key);
+        self.last_group = self.first_group;
         Ok(())
     }
 
@@ -427,7 +434,8 @@ impl OutputState<'_, '_> {
         let Some((number, _path, mut b)) = self.current.take() else {
             return Ok(());
         };
-        let (gs, ge) = group_key_range(self.file_group);
+        let gs = group_key_range(self.first_group).0;
+        let ge = group_key_range(self.last_group).1;
         let iv = Interval {
             lo: max_lo(self.file_lo.clone(), Some(gs)),
             hi: min_hi(next_key.map(|k| k.to_vec()), ge),
@@ -515,7 +523,8 @@ pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Resul
         env,
         current: None,
         file_lo: None,
-        file_group: 0,
+        first_group: 0,
+        last_group: 0,
         intervals: Vec::new(),
         frags: &frags,
         out: Output {
@@ -544,8 +553,10 @@ pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Resul
                 // A user-key boundary: the place to cut output files.
                 let cut = match &st.current {
                     Some((_, _, b)) => {
-                        b.estimated_file_size() >= env.target_file_size
-                            || group_of(p.user_key) != st.file_group
+                        let size = b.estimated_file_size();
+                        size >= env.target_file_size
+                            || (group_of(p.user_key) != st.last_group
+                                && size >= env.min_group_file_size)
                     }
                     None => false,
                 };
@@ -577,6 +588,7 @@ pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Resul
                 if let Some((_, _, b)) = st.current.as_mut() {
                     b.add(it.key(), it.value())?;
                 }
+                st.last_group = group_of(p.user_key);
             }
             it.next();
         }

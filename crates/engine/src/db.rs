@@ -521,8 +521,9 @@ impl Db {
     /// Adds tables built with [`crate::SstWriter`]. Their entries carry sequence 0, so
     /// their key ranges must hold nothing (no entry or tombstone in a memtable or table,
     /// e.g. a group dropped with `drop_group`); otherwise `InvalidArgument`. The files
-    /// are moved (renamed) into the database and placed at the bottom level, the lowest
-    /// level where they overlap nothing. Snapshots taken before the ingest also see them.
+    /// are moved (renamed) into the database and placed at the lowest level where no
+    /// file's key range overlaps them (L0 if every level has one). Snapshots taken before
+    /// the ingest also see them.
     pub fn ingest(&self, paths: &[PathBuf]) -> Result<()> {
         self.inner.ingest(paths)
     }
@@ -912,6 +913,7 @@ impl Inner {
             table: &self.opts.table,
             tables: &self.tables,
             target_file_size: self.opts.target_file_size_base,
+            min_group_file_size: self.opts.min_group_file_size,
             new_file_number: alloc,
         }
     }
@@ -1246,22 +1248,33 @@ impl Inner {
                 )));
             }
             for level in 0..view.version.num_levels() {
-                if view
-                    .version
-                    .files(level)
-                    .iter()
-                    .any(|f| f.overlaps_exactly(lo, hi))
-                {
-                    return Err(Error::InvalidArgument(format!(
-                        "{}: its key range overlaps data at L{level}",
-                        p.path.display()
-                    )));
+                for f in view.version.files(level) {
+                    if f.overlaps_exactly(lo, hi) && self.table_has_data_in(f, lo, hi)? {
+                        return Err(Error::InvalidArgument(format!(
+                            "{}: its key range holds data in table {} at L{level}",
+                            p.path.display(),
+                            f.number
+                        )));
+                    }
                 }
             }
         }
-        let level = self.opts.num_levels - 1;
         let mut edit = VersionEdit::default();
         for p in &prepared {
+            // The deepest level whose files' ranges leave room for it (a file may span
+            // the range without holding anything in it); L0 if none does.
+            let lo = p.props_meta.smallest_user_key();
+            let hi = p.props_meta.largest_user_key();
+            let level = (1..view.version.num_levels())
+                .rev()
+                .find(|&l| {
+                    !view
+                        .version
+                        .files(l)
+                        .iter()
+                        .any(|f| f.overlaps_exactly(lo, hi))
+                })
+                .unwrap_or(0);
             let number = self.state.lock().vset.new_file_number();
             let dest = filename::table_path(&self.dir, number);
             if self.fs.rename(&p.path, &dest).is_err() {
@@ -1281,6 +1294,26 @@ impl Inner {
         drop(st);
         self.bg_cv.notify_all();
         Ok(())
+    }
+
+    /// Whether table `f` holds an entry or a range tombstone for a key in `[lo, hi]`.
+    fn table_has_data_in(&self, f: &FileMeta, lo: &[u8], hi: &[u8]) -> Result<bool> {
+        let t = self.tables.get(f.number, f.size)?;
+        if t.range_tombstones()
+            .iter()
+            .any(|r| r.start.as_slice() <= hi && lo < r.end.as_slice())
+        {
+            return Ok(true);
+        }
+        let mut it = t.iter();
+        it.seek(&crate::key::internal_key(
+            lo,
+            MAX_SEQUENCE,
+            ValueKind::RangeDelete,
+        ));
+        let found = it.valid() && crate::key::user_key(it.key()) <= hi;
+        it.status()?;
+        Ok(found)
     }
 
     fn stats(&self) -> Stats {

@@ -50,6 +50,11 @@ pub struct Options {
     pub max_bytes_for_level_multiplier: u64,
     /// Target size of compaction output files.
     pub target_file_size_base: u64,
+    /// From L1 down, an output file is cut at a group boundary once it holds this many
+    /// bytes: groups with more data than this never share a file (drop_group deletes
+    /// their files outright), smaller groups share files (drop_group rewrites those)
+    /// rather than producing one tiny file per group.
+    pub min_group_file_size: u64,
     /// Levels of the tree (L0 included).
     pub num_levels: usize,
     /// Background threads: one flushes, the others compact (on disjoint files, several
@@ -85,6 +90,7 @@ impl Default for Options {
             max_bytes_for_level_base: 256 << 20,
             max_bytes_for_level_multiplier: 10,
             target_file_size_base: 64 << 20,
+            min_group_file_size: 1 << 20,
             num_levels: 7,
             max_background_jobs: 2,
             table: TableOptions::default(),

@@ -107,6 +107,7 @@ fn options(rng: &mut ChaCha8Rng, wal: bool) -> Options {
         wal: if wal { WalMode::Log } else { WalMode::None },
         wal_segment_size: 64 << 10,
         inline_background: true,
+        min_group_file_size: if rng.gen_bool(0.5) { 0 } else { 2 << 10 },
         table: phoenix_engine::table::TableOptions {
             block_size: 512,
             ..Default::default()

@@ -28,6 +28,7 @@ fn opts() -> Options {
     Options {
         write_buffer_size: 128 << 10,
         target_file_size_base: 32 << 10,
+        min_group_file_size: 0,
         max_bytes_for_level_base: 256 << 10,
         wal: WalMode::None,
         ..Options::default()

@@ -63,6 +63,7 @@ fn options(rng: &mut ChaCha8Rng) -> Options {
         disable_auto_compactions: rng.gen_bool(0.3),
         inline_background: rng.gen_bool(0.3),
         max_background_jobs: rng.gen_range(2..5),
+        min_group_file_size: if rng.gen_bool(0.5) { 0 } else { 4 << 10 },
         table: phoenix_engine::table::TableOptions {
             block_size: rng.gen_range(1..4) << 9,
             ..Default::default()
