@@ -3,7 +3,13 @@
 //! run side by side with one set of flags.
 //!
 //! Semantics (as db_bench 7.x):
-//! - Keys: `key_size` bytes, the key number as 8 bytes big-endian, padded with `'0'`.
+//! - Keys: `key_size` bytes. With `--key_layout=db_bench`, exactly db_bench's: the key
+//!   number as 8 bytes big-endian, padded with `'0'`. With the default
+//!   `--key_layout=group`, PhoenixKV's layout at the same length: an 8-byte group id, then
+//!   the key number big-endian in the remaining bytes (at most 8), padded with `'0'`; the
+//!   `num` keys are split into `--groups` contiguous groups. (db_bench's layout makes every
+//!   key its own replication group, which is not PhoenixKV's workload: the engine cuts
+//!   files at group boundaries from L1 down.)
 //! - Values: `value_size`-byte slices of a 1 MiB buffer that compresses to about
 //!   `compression_ratio` (random printable runs, each repeated).
 //! - Every thread runs the whole benchmark: `fill*`/`overwrite` write `num` keys per
@@ -94,6 +100,13 @@ pub struct Args {
     /// Keep the database found in `--db` for fill benchmarks instead of wiping it.
     #[arg(long = "use_existing_db", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     use_existing_db: bool,
+    /// Key layout: `group` (8-byte group id, then the key number) or `db_bench` (the key
+    /// number first, as db_bench writes it).
+    #[arg(long = "key_layout", default_value = "group")]
+    key_layout: String,
+    /// Groups the key space is split into (contiguous ranges), with `--key_layout=group`.
+    #[arg(long = "groups", default_value_t = 1)]
+    groups: u64,
     /// Seed of the key generators (thread i uses seed + i).
     #[arg(long = "seed", default_value_t = 301)]
     seed: u64,
@@ -188,8 +201,33 @@ fn make_key(buf: &mut [u8], v: u64) {
     }
 }
 
+/// How key numbers become keys.
+#[derive(Clone, Copy, Debug)]
+enum KeyLayout {
+    /// db_bench's: the number first.
+    DbBench,
+    /// PhoenixKV's: a group id over `groups` contiguous ranges of `num`, then the number.
+    Group { groups: u64, num: u64 },
+}
+
+impl KeyLayout {
+    fn write(self, buf: &mut [u8], v: u64) {
+        match self {
+            KeyLayout::DbBench => make_key(buf, v),
+            KeyLayout::Group { groups, num } => {
+                // Widened so that v * groups cannot overflow.
+                let g = (u128::from(v) * u128::from(groups) / u128::from(num.max(1))) as u64;
+                let (head, tail) = buf.split_at_mut(8);
+                head.copy_from_slice(&(g + 1).to_be_bytes());
+                make_key(tail, v);
+            }
+        }
+    }
+}
+
 struct Ctx<'a> {
     args: &'a Args,
+    layout: KeyLayout,
     db: Arc<Db>,
     wo: WriteOptions,
     reads: u64,
@@ -225,25 +263,25 @@ fn run_thread(
                 } else {
                     rng.gen_range(0..args.num)
                 };
-                make_key(&mut key, k);
+                ctx.layout.write(&mut key, k);
                 let v = values.next(args.value_size);
                 ctx.db.put(&ctx.wo, &key, v)?;
                 st.done += 1;
                 st.bytes += (key.len() + v.len()) as u64;
-                if st.done % TICK == 0 {
+                if st.done.is_multiple_of(TICK) {
                     bar.inc(TICK);
                 }
             }
         }
         Bench::ReadRandom => {
             for _ in 0..ctx.reads {
-                make_key(&mut key, rng.gen_range(0..args.num));
+                ctx.layout.write(&mut key, rng.gen_range(0..args.num));
                 if let Some(v) = ctx.db.get(&ro, &key)? {
                     st.found += 1;
                     st.bytes += (key.len() + v.len()) as u64;
                 }
                 st.done += 1;
-                if st.done % TICK == 0 {
+                if st.done.is_multiple_of(TICK) {
                     bar.inc(TICK);
                 }
             }
@@ -254,7 +292,7 @@ fn run_thread(
             while it.valid() && st.done < ctx.reads {
                 st.bytes += (it.key().len() + it.value().len()) as u64;
                 st.done += 1;
-                if st.done % TICK == 0 {
+                if st.done.is_multiple_of(TICK) {
                     bar.inc(TICK);
                 }
                 it.next();
@@ -263,7 +301,7 @@ fn run_thread(
         }
         Bench::SeekRandom => {
             for _ in 0..ctx.reads {
-                make_key(&mut key, rng.gen_range(0..args.num));
+                ctx.layout.write(&mut key, rng.gen_range(0..args.num));
                 let mut it = ctx.db.iter(&ro)?;
                 it.seek(&key);
                 if it.valid() {
@@ -274,7 +312,7 @@ fn run_thread(
                 }
                 it.status()?;
                 st.done += 1;
-                if st.done % TICK == 0 {
+                if st.done.is_multiple_of(TICK) {
                     bar.inc(TICK);
                 }
             }
@@ -359,9 +397,18 @@ fn report(name: &str, stats: &[ThreadStats]) {
 
 /// Runs the benchmark.
 pub fn run(args: Args) -> Result<(), BenchError> {
-    if args.key_size < 8 {
-        return Err("key_size must be at least 8 (the key number is 8 bytes)".into());
-    }
+    let layout = match args.key_layout.as_str() {
+        "db_bench" if args.key_size >= 8 => KeyLayout::DbBench,
+        "group" if args.key_size >= 9 && args.groups > 0 => KeyLayout::Group {
+            groups: args.groups,
+            num: args.num,
+        },
+        "db_bench" | "group" => return Err(
+            "key_size must be at least 8 (db_bench layout) or 9 (group layout), groups positive"
+                .into(),
+        ),
+        other => return Err(format!("unknown key_layout {other:?} (group, db_bench)").into()),
+    };
     if args.threads == 0 || args.num == 0 {
         return Err("threads and num must be positive".into());
     }
@@ -382,6 +429,15 @@ pub fn run(args: Args) -> Result<(), BenchError> {
     println!("Keys:       {} bytes each", args.key_size);
     println!("Values:     {} bytes each", args.value_size);
     println!("Entries:    {}", args.num);
+    println!(
+        "Key layout: {}{}",
+        args.key_layout,
+        if matches!(layout, KeyLayout::Group { .. }) {
+            format!(" ({} groups)", args.groups)
+        } else {
+            String::new()
+        }
+    );
     println!("Threads:    {}", args.threads);
     println!(
         "WAL:        {}{}",
@@ -439,6 +495,7 @@ pub fn run(args: Args) -> Result<(), BenchError> {
         let bar = progress(per_thread * args.threads as u64, name);
         let ctx = Ctx {
             args: &args,
+            layout,
             db: handle,
             wo,
             reads,
@@ -510,6 +567,24 @@ mod tests {
         make_key(&mut a, 255);
         make_key(&mut b, 256);
         assert!(a < b, "key order follows the key number");
+    }
+
+    #[test]
+    fn group_layout_keeps_order_and_splits_groups() {
+        let l = KeyLayout::Group {
+            groups: 4,
+            num: 100,
+        };
+        let mut prev = vec![0u8; 16];
+        for v in 0..100u64 {
+            let mut k = vec![0u8; 16];
+            l.write(&mut k, v);
+            assert!(k > prev);
+            let g = u64::from_be_bytes(k[..8].try_into().unwrap());
+            assert_eq!(g, 1 + v / 25);
+            assert_eq!(&k[8..], &v.to_be_bytes());
+            prev = k;
+        }
     }
 
     #[test]
