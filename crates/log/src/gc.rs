@@ -84,21 +84,21 @@ fn reclaim(inner: &Inner) -> Result<usize> {
     if dead.is_empty() {
         return Ok(0);
     }
-    let mut deleted_any = false;
+    let mut renamed = Vec::new();
+    let mut pool_len = inner.free.lock().len();
     for seg in &dead {
         seg.deleted.store(true, Ordering::Release);
         seg.drop_reader();
-        let keep = inner.free.lock().len() < inner.free_cap();
-        let r = if keep {
+        let r = if pool_len < inner.free_cap() {
             let to = free_path(&inner.dir, seg.seq);
             inner.fs.rename(&seg.path, &to).map(|_| {
-                inner.free.lock().push(FreeFile {
+                pool_len += 1;
+                renamed.push(FreeFile {
                     path: to,
                     prev_seq: seg.seq,
                 })
             })
         } else {
-            deleted_any = true;
             inner.fs.delete(&seg.path)
         };
         match r {
@@ -112,9 +112,11 @@ fn reclaim(inner: &Inner) -> Result<usize> {
             .segments_reclaimed
             .fetch_add(1, Ordering::Relaxed);
     }
-    if deleted_any {
-        inner.fs.sync_dir(&inner.dir)?;
-    }
+    // The renames must be durable before a file is reused: rewriting the header of a file
+    // whose old `.seg` name could come back after a crash would leave a segment with a torn
+    // header, indistinguishable from a damaged live one.
+    inner.fs.sync_dir(&inner.dir)?;
+    inner.free.lock().extend(renamed);
     Ok(dead.len())
 }
 
