@@ -411,3 +411,18 @@ fn three_nodes_with_pre_vote() {
         18,
     );
 }
+
+#[test]
+fn three_nodes_with_pre_vote_and_message_loss() {
+    check(
+        RaftModel {
+            max_term: 2,
+            max_proposals: 1,
+            max_restarts: 0,
+            max_in_flight: 4,
+            pre_vote: true,
+            lossy: true,
+        },
+        13,
+    );
+}
