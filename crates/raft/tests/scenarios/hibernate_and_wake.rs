@@ -60,3 +60,25 @@ fn woken_follower_campaigns_if_leader_is_gone() {
     net.tick_all(50);
     assert_eq!(net.leaders().len(), 1);
 }
+
+#[test]
+fn idle_group_state_is_small() {
+    // One node hosts thousands of groups: the per-group state must stay small.
+    let inline = std::mem::size_of::<phoenix_raft::RawNode<phoenix_raft::MemStorage>>();
+    println!("RawNode<MemStorage> inline size: {inline} bytes");
+    assert!(inline <= 1024, "RawNode grew to {inline} bytes");
+    let mut net = Network::new(&[1, 2, 3], cfg_default);
+    net.campaign(1);
+    for k in 0..2000 {
+        net.raw(1).propose(format!("burst-{k}")).unwrap();
+        if k % 64 == 0 {
+            net.settle();
+        }
+    }
+    net.settle();
+    // After the burst, the in-flight windows gave their buffers back.
+    let r = net.node(1).raw.raft();
+    for id in [2, 3] {
+        assert_eq!(r.progress(id).unwrap().inflights.count(), 0);
+    }
+}
