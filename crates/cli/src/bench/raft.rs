@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use phoenix_raft::{
-    Bytes, Config, ConfState, EntryKind, MemStorage, Message, NodeId, RawNode, StateRole,
+    Bytes, ConfState, Config, EntryKind, MemStorage, Message, NodeId, RawNode, StateRole,
 };
 
 use super::common::{latency_histogram, latency_summary, progress};
@@ -73,7 +73,11 @@ fn process(nodes: &mut [Node], i: usize, net: &mut VecDeque<Message>) -> Result<
         let mut rd = n.raw.ready()?;
         net.extend(rd.messages.drain(..));
         if let Some(s) = rd.snapshot.take() {
-            return Err(format!("unexpected snapshot at {} in an all-up benchmark", s.meta.index).into());
+            return Err(format!(
+                "unexpected snapshot at {} in an all-up benchmark",
+                s.meta.index
+            )
+            .into());
         }
         n.raw.store_mut().append(&rd.entries)?;
         if let Some(hs) = rd.hard_state {
@@ -99,7 +103,9 @@ fn maybe_compact(nodes: &mut [Node], every: u64) -> Result<(), BenchError> {
     for n in nodes.iter_mut() {
         if min_applied >= n.last_compact + every {
             let conf = n.conf.clone();
-            n.raw.store_mut().compact_to_snapshot(min_applied, conf, Default::default())?;
+            n.raw
+                .store_mut()
+                .compact_to_snapshot(min_applied, conf, Default::default())?;
             n.last_compact = min_applied;
         }
     }
@@ -118,7 +124,13 @@ pub fn run(args: Args) -> Result<(), BenchError> {
         let mut cfg = Config::new(id);
         cfg.max_inflight_msgs = args.max_inflight_msgs;
         let raw = RawNode::new(&cfg, MemStorage::new_with_conf(conf.clone()))?;
-        nodes.push(Node { raw, conf: conf.clone(), applied: 0, digest: 0, last_compact: 0 });
+        nodes.push(Node {
+            raw,
+            conf: conf.clone(),
+            applied: 0,
+            digest: 0,
+            last_compact: 0,
+        });
     }
     let mut net: VecDeque<Message> = VecDeque::new();
     nodes[0].raw.campaign()?;
@@ -214,7 +226,13 @@ pub fn run(args: Args) -> Result<(), BenchError> {
     let d0 = nodes[0].digest;
     for (i, n) in nodes.iter().enumerate() {
         if n.applied != nodes[0].applied || n.digest != d0 {
-            return Err(format!("node {} diverged: applied {} vs {}", i + 1, n.applied, nodes[0].applied).into());
+            return Err(format!(
+                "node {} diverged: applied {} vs {}",
+                i + 1,
+                n.applied,
+                nodes[0].applied
+            )
+            .into());
         }
     }
 
@@ -237,6 +255,9 @@ pub fn run(args: Args) -> Result<(), BenchError> {
         ),
         None => println!("raft: CPU time unavailable (no /proc/thread-self/schedstat)"),
     }
-    println!("raft: batch propose->commit latency: {}", latency_summary(&hist));
+    println!(
+        "raft: batch propose->commit latency: {}",
+        latency_summary(&hist)
+    );
     Ok(())
 }
