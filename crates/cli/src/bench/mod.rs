@@ -1,5 +1,6 @@
 //! `phoenix bench ...`: benchmarks, each printing figures comparable with its peer tool.
 
+pub mod cluster;
 pub mod common;
 pub mod engine;
 pub mod log;
@@ -19,6 +20,8 @@ pub enum BenchCmd {
     Log(log::Args),
     /// The consensus core alone, in memory: proposals committed per second.
     Raft(raft::Args),
+    /// A running cluster (PhoenixKV or etcd): closed-loop gets/puts, live figures.
+    Cluster(cluster::Args),
 }
 
 /// Runs the chosen benchmark.
@@ -27,5 +30,6 @@ pub fn run(cmd: BenchCmd) -> Result<(), BenchError> {
         BenchCmd::Engine(args) => engine::run(args),
         BenchCmd::Log(args) => log::run(args),
         BenchCmd::Raft(args) => raft::run(args),
+        BenchCmd::Cluster(args) => cluster::run(args),
     }
 }

@@ -1,0 +1,1023 @@
+//! `phoenix bench cluster`: a closed-loop key-value workload against a running cluster —
+//! PhoenixKV through `phoenix-client`, or etcd through its v3 gRPC API (`--target etcd`)
+//! — so both systems run the same workload.
+//!
+//! Each of `--clients` tasks issues one request at a time (read with probability
+//! `--read_ratio`, else write) on keys drawn uniformly or zipfian from `--keys` keys. Every
+//! second a line with that second's throughput and p50/p99 latency is printed (above a
+//! progress bar on a terminal), and a summary at the end. `--clients` takes a list
+//! (`1,4,16,64`) and `--target` too (`phoenix,phoenix-wal,etcd`): every combination runs
+//! in turn and a table with throughput ratios closes the run. `--spawn DIR` starts each
+//! target as a fresh 3-node cluster on loopback under DIR for its runs (PhoenixKV: three
+//! `phoenix server` children; `phoenix-wal`: the same with the engine WAL on; etcd: three
+//! `/usr/bin/etcd` members).
+//!
+//! Values are self-describing: `key index (u64 BE) ‖ write seq (u64 BE) ‖ filler` where
+//! the filler is a pure function of (index, seq). Every read checks the value it got
+//! belongs to its key and is intact. With `--verify` writes to one key are serialised,
+//! the bench remembers the last acknowledged write of each key (and any unacknowledged
+//! ones after it, whose outcome is unknown) and reads every written key back at the end.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use phoenix_client::{Client, ClientOptions};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::Distribution as _;
+
+use super::common::{latency_histogram, progress};
+use super::BenchError;
+use crate::cmd::playground::{free_ports, ClusterSpec, LocalCluster, Proc};
+
+/// Flags of `phoenix bench cluster`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// What to drive: phoenix, phoenix-wal (only differs with --spawn: servers keep the
+    /// engine WAL on), etcd; a comma list runs each in turn.
+    #[arg(long, value_delimiter = ',', default_value = "phoenix")]
+    pub target: Vec<TargetKind>,
+    /// Client endpoints of a running cluster (`host:port`, comma separated); ignored
+    /// with --spawn.
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:7001")]
+    pub endpoints: Vec<String>,
+    /// Start each target as a fresh 3-node loopback cluster under this directory (wiped)
+    /// and stop it after its runs.
+    #[arg(long)]
+    pub spawn: Option<PathBuf>,
+    /// Extra argument for every spawned `phoenix server` (repeatable).
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
+    /// Concurrent clients (requests in flight); a comma list runs each in turn.
+    #[arg(long, value_delimiter = ',', default_value = "16")]
+    pub clients: Vec<usize>,
+    /// Operations per run.
+    #[arg(long, default_value_t = 100_000)]
+    pub ops: u64,
+    /// Stop a run after this many seconds even if --ops are not done.
+    #[arg(long = "duration", alias = "duration_s")]
+    pub duration_s: Option<u64>,
+    /// Fraction of operations that are reads (0.0 = write only).
+    #[arg(long = "read_ratio", alias = "read-ratio", default_value_t = 0.0)]
+    pub read_ratio: f64,
+    /// Bytes per key (at least 8).
+    #[arg(long = "key_size", alias = "key-size", default_value_t = 16)]
+    pub key_size: usize,
+    /// Bytes per value (at least 16).
+    #[arg(long = "value_size", alias = "value-size", default_value_t = 128)]
+    pub value_size: usize,
+    /// Number of distinct keys.
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u64,
+    /// Key popularity.
+    #[arg(long, value_enum, default_value = "uniform")]
+    pub distribution: Distribution,
+    /// Zipf exponent (YCSB uses 0.99).
+    #[arg(long = "zipf_s", alias = "zipf-s", default_value_t = 0.99)]
+    pub zipf_s: f64,
+    /// Write every key once (64 clients, not measured) before the runs.
+    #[arg(long, default_value_t = false)]
+    pub fill: bool,
+    /// Serialise writes per key, remember acknowledged values and read all back at the end.
+    #[arg(long, default_value_t = false)]
+    pub verify: bool,
+    /// Deadline of each request in milliseconds.
+    #[arg(long = "timeout_ms", alias = "timeout-ms", default_value_t = 5_000)]
+    pub timeout_ms: u64,
+    /// Seed of the workload's random choices (printed; reruns pick the same keys).
+    #[arg(long, env = "PHOENIX_SEED", default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// A system the bench can drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TargetKind {
+    /// PhoenixKV (log-as-WAL: engine WAL off, the default server mode).
+    Phoenix,
+    /// PhoenixKV with the engine's own WAL on (spawned with `--engine-wal`).
+    PhoenixWal,
+    /// etcd v3.
+    Etcd,
+}
+
+impl TargetKind {
+    fn name(self) -> &'static str {
+        match self {
+            TargetKind::Phoenix => "phoenix",
+            TargetKind::PhoenixWal => "phoenix-wal",
+            TargetKind::Etcd => "etcd",
+        }
+    }
+}
+
+/// Key popularity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Distribution {
+    /// Every key equally likely.
+    Uniform,
+    /// Zipfian (rank r has weight 1/r^s), ranks scattered over the key space.
+    Zipf,
+}
+
+/// Server flag that turns the engine WAL on (the seed 000 baseline).
+const ENGINE_WAL_FLAG: &str = "--engine-wal";
+
+// ---------------------------------------------------------------------------------------
+// Workload: keys, values, choices.
+
+/// What requests to make.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    keys: u64,
+    key_size: usize,
+    value_size: usize,
+    read_ratio: f64,
+    zipf: Option<rand_distr::Zipf<f64>>,
+}
+
+impl Workload {
+    /// Validates the flags into a workload.
+    pub fn new(args: &Args) -> Result<Self, BenchError> {
+        if args.key_size < 8 {
+            return Err("--key_size must be at least 8".into());
+        }
+        if args.value_size < 16 {
+            return Err("--value_size must be at least 16 (index and sequence header)".into());
+        }
+        if args.keys == 0 {
+            return Err("--keys must be positive".into());
+        }
+        if !(0.0..=1.0).contains(&args.read_ratio) {
+            return Err("--read_ratio must be within [0, 1]".into());
+        }
+        let digits = args.keys.to_string().len();
+        if digits + 1 > args.key_size {
+            return Err(format!(
+                "--key_size {} cannot hold {} keys",
+                args.key_size, args.keys
+            )
+            .into());
+        }
+        let zipf = match args.distribution {
+            Distribution::Uniform => None,
+            Distribution::Zipf => Some(
+                rand_distr::Zipf::new(args.keys, args.zipf_s)
+                    .map_err(|e| format!("--zipf_s {}: {e}", args.zipf_s))?,
+            ),
+        };
+        Ok(Workload {
+            keys: args.keys,
+            key_size: args.key_size,
+            value_size: args.value_size,
+            read_ratio: args.read_ratio,
+            zipf,
+        })
+    }
+
+    /// The next key index.
+    pub fn next_key<R: Rng>(&self, rng: &mut R) -> u64 {
+        match &self.zipf {
+            None => rng.gen_range(0..self.keys),
+            Some(z) => {
+                // Rank 1 is the hottest; scatter ranks so hot keys are not neighbours
+                // (which would put them all in one group).
+                let rank = z.sample(rng) as u64;
+                mix64(rank) % self.keys
+            }
+        }
+    }
+
+    /// Whether the next operation is a read.
+    pub fn next_is_read<R: Rng>(&self, rng: &mut R) -> bool {
+        self.read_ratio > 0.0 && rng.gen_bool(self.read_ratio)
+    }
+
+    /// Key bytes of index `idx`: `k` then the zero-padded decimal index, padded to size.
+    pub fn key(&self, idx: u64) -> Vec<u8> {
+        let mut k = format!("k{idx:0>width$}", width = self.key_size - 1).into_bytes();
+        k.truncate(self.key_size);
+        k
+    }
+
+    /// The value written by write `seq` to key `idx`.
+    pub fn value(&self, idx: u64, seq: u64) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.value_size);
+        v.extend_from_slice(&idx.to_be_bytes());
+        v.extend_from_slice(&seq.to_be_bytes());
+        let mut state = mix64(idx ^ seq.rotate_left(32));
+        while v.len() < self.value_size {
+            state = mix64(state);
+            let take = (self.value_size - v.len()).min(8);
+            v.extend_from_slice(&state.to_le_bytes()[..take]);
+        }
+        v
+    }
+
+    /// Checks a value read from key `idx`; returns its write seq.
+    pub fn check_value(&self, idx: u64, v: &[u8]) -> Result<u64, String> {
+        if v.len() != self.value_size {
+            return Err(format!(
+                "key {idx}: value of {} bytes, expected {}",
+                v.len(),
+                self.value_size
+            ));
+        }
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&v[..8]);
+        let got_idx = u64::from_be_bytes(b);
+        b.copy_from_slice(&v[8..16]);
+        let seq = u64::from_be_bytes(b);
+        if got_idx != idx {
+            return Err(format!(
+                "key {idx}: holds the value of key {got_idx} (seq {seq})"
+            ));
+        }
+        if self.value(idx, seq) != v {
+            return Err(format!("key {idx}: value of seq {seq} is corrupt"));
+        }
+        Ok(seq)
+    }
+}
+
+/// splitmix64's finaliser: a cheap bijective scrambler.
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+// ---------------------------------------------------------------------------------------
+// Targets.
+
+/// A connected system under test.
+#[derive(Clone)]
+enum Target {
+    Phoenix(Client),
+    Etcd(Box<etcd_client::KvClient>),
+}
+
+impl Target {
+    async fn connect(
+        kind: TargetKind,
+        endpoints: &[String],
+        timeout: Duration,
+    ) -> Result<Self, BenchError> {
+        match kind {
+            TargetKind::Phoenix | TargetKind::PhoenixWal => {
+                let opts = ClientOptions {
+                    timeout,
+                    ..ClientOptions::default()
+                };
+                let client = Client::connect(endpoints.to_vec(), opts)
+                    .await
+                    .map_err(|e| format!("connect to PhoenixKV at {endpoints:?}: {e}"))?;
+                Ok(Target::Phoenix(client))
+            }
+            TargetKind::Etcd => {
+                let urls: Vec<String> = endpoints
+                    .iter()
+                    .map(|e| {
+                        if e.contains("://") {
+                            e.clone()
+                        } else {
+                            format!("http://{e}")
+                        }
+                    })
+                    .collect();
+                let opts = etcd_client::ConnectOptions::new()
+                    .with_connect_timeout(Duration::from_secs(3))
+                    .with_timeout(timeout);
+                let client = etcd_client::Client::connect(&urls, Some(opts))
+                    .await
+                    .map_err(|e| format!("connect to etcd at {urls:?}: {e}"))?;
+                Ok(Target::Etcd(Box::new(client.kv_client())))
+            }
+        }
+    }
+
+    async fn get(&mut self, key: &[u8], timeout: Duration) -> Result<Option<Vec<u8>>, String> {
+        match self {
+            Target::Phoenix(c) => c.get(key).await.map_err(|e| e.to_string()),
+            Target::Etcd(kv) => {
+                // etcd's Range is linearizable unless `serializable` is set: the same
+                // guarantee as PhoenixKV's ReadIndex reads.
+                let r = tokio::time::timeout(timeout, kv.get(key, None))
+                    .await
+                    .map_err(|_| "deadline exceeded".to_string())?
+                    .map_err(|e| e.to_string())?;
+                Ok(r.kvs().first().map(|kv| kv.value().to_vec()))
+            }
+        }
+    }
+
+    async fn put(&mut self, key: &[u8], value: &[u8], timeout: Duration) -> Result<(), String> {
+        match self {
+            Target::Phoenix(c) => c.put(key, value).await.map_err(|e| e.to_string()),
+            Target::Etcd(kv) => {
+                tokio::time::timeout(timeout, kv.put(key, value, None))
+                    .await
+                    .map_err(|_| "deadline exceeded".to_string())?
+                    .map_err(|e| e.to_string())?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A spawned cluster of one target, stopped on drop.
+enum Spawned {
+    Phoenix(LocalCluster),
+    Etcd(Vec<Proc>),
+}
+
+fn wipe(dir: &std::path::Path) -> Result<(), BenchError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("wipe {}: {e}", dir.display()).into()),
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()).into())
+}
+
+async fn spawn_target(
+    kind: TargetKind,
+    root: &std::path::Path,
+    args: &Args,
+) -> Result<(Spawned, Vec<String>), BenchError> {
+    let dir = root.join(kind.name());
+    wipe(&dir)?;
+    match kind {
+        TargetKind::Phoenix | TargetKind::PhoenixWal => {
+            let mut spec = ClusterSpec::ephemeral(&dir)?;
+            spec.server_args = args.server_args.clone();
+            if kind == TargetKind::PhoenixWal {
+                spec.server_args.push(ENGINE_WAL_FLAG.to_string());
+            }
+            let endpoints = spec.endpoints();
+            let mut cluster = LocalCluster::start(spec)?;
+            cluster.wait_ready(Duration::from_secs(60)).await?;
+            Ok((Spawned::Phoenix(cluster), endpoints))
+        }
+        TargetKind::Etcd => {
+            let client_ports = free_ports(3)?;
+            let peer_ports = free_ports(3)?;
+            let initial: Vec<String> = peer_ports
+                .iter()
+                .enumerate()
+                .map(|(i, p)| format!("e{}=http://{p}", i + 1))
+                .collect();
+            let mut procs = Vec::new();
+            for i in 0..3 {
+                let name = format!("e{}", i + 1);
+                let mut cmd = std::process::Command::new("etcd");
+                cmd.arg("--name")
+                    .arg(&name)
+                    .arg("--data-dir")
+                    .arg(dir.join(&name))
+                    .arg("--listen-client-urls")
+                    .arg(format!("http://{}", client_ports[i]))
+                    .arg("--advertise-client-urls")
+                    .arg(format!("http://{}", client_ports[i]))
+                    .arg("--listen-peer-urls")
+                    .arg(format!("http://{}", peer_ports[i]))
+                    .arg("--initial-advertise-peer-urls")
+                    .arg(format!("http://{}", peer_ports[i]))
+                    .arg("--initial-cluster")
+                    .arg(initial.join(","))
+                    .arg("--initial-cluster-token")
+                    .arg("phoenix-bench")
+                    .arg("--initial-cluster-state")
+                    .arg("new");
+                procs.push(Proc::spawn(
+                    format!("etcd {}", i + 1),
+                    cmd,
+                    dir.join(format!("{name}.log")),
+                )?);
+            }
+            let endpoints: Vec<String> = client_ports.iter().map(|p| p.to_string()).collect();
+            let start = Instant::now();
+            loop {
+                let probe = async {
+                    let mut t = Target::connect(kind, &endpoints, Duration::from_secs(2)).await?;
+                    t.put(b"phoenix-bench-probe", b"1", Duration::from_secs(2))
+                        .await?;
+                    Ok::<(), BenchError>(())
+                };
+                match probe.await {
+                    Ok(()) => break,
+                    Err(e) if start.elapsed() > Duration::from_secs(60) => {
+                        return Err(format!(
+                            "etcd did not become ready within 60 s: {e}; logs in {}",
+                            dir.display()
+                        )
+                        .into())
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+                }
+                for p in &mut procs {
+                    if let Some(status) = p.exited() {
+                        return Err(format!(
+                            "{} exited ({status}); see {}",
+                            p.name,
+                            p.log.display()
+                        )
+                        .into());
+                    }
+                }
+            }
+            Ok((Spawned::Etcd(procs), endpoints))
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Measurement.
+
+#[derive(Debug)]
+struct Window {
+    reads: Histogram<u64>,
+    writes: Histogram<u64>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Window {
+    fn new() -> Self {
+        Window {
+            reads: latency_histogram(),
+            writes: latency_histogram(),
+            errors: 0,
+            first_error: None,
+        }
+    }
+
+    fn ops(&self) -> u64 {
+        self.reads.len() + self.writes.len()
+    }
+
+    fn merge(&mut self, other: &Window) {
+        // Both histograms have the same bounds, so adding cannot fail.
+        let _ = self.reads.add(&other.reads);
+        let _ = self.writes.add(&other.writes);
+        self.errors += other.errors;
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&other.first_error);
+        }
+    }
+}
+
+/// Per-key record for --verify: the last acknowledged write and the writes after it
+/// whose outcome is unknown (error or timeout: they may or may not have applied).
+#[derive(Debug, Default)]
+struct KeyState {
+    acked: Option<u64>,
+    unknown: Vec<u64>,
+}
+
+/// Outcome of one run.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    target: TargetKind,
+    clients: usize,
+    ops: u64,
+    elapsed: Duration,
+    errors: u64,
+    p50_us: f64,
+    p99_us: f64,
+    read_p99_us: f64,
+    write_p99_us: f64,
+}
+
+impl RunResult {
+    fn throughput(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+fn us(h: &Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() {
+        return 0.0;
+    }
+    h.value_at_quantile(q) as f64 / 1e3
+}
+
+/// One run's shape.
+#[derive(Debug, Clone, Copy)]
+struct RunSpec {
+    clients: usize,
+    ops: u64,
+    /// The unmeasured fill phase: key i written by op i.
+    fill: bool,
+}
+
+struct Shared {
+    workload: Workload,
+    timeout: Duration,
+    next_op: AtomicU64,
+    total_ops: u64,
+    next_seq: AtomicU64,
+    stop: AtomicBool,
+    window: Mutex<Window>,
+    verify: Option<Vec<tokio::sync::Mutex<KeyState>>>,
+    bad_reads: Mutex<Vec<String>>,
+}
+
+async fn client_task(
+    shared: Arc<Shared>,
+    mut target: Target,
+    mut rng: ChaCha8Rng,
+    force_write_key: Option<()>,
+) {
+    let w = &shared.workload;
+    loop {
+        if shared.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let n = shared.next_op.fetch_add(1, Ordering::Relaxed);
+        if n >= shared.total_ops {
+            return;
+        }
+        // The fill phase writes keys in order; runs draw them from the distribution.
+        let (idx, read) = match force_write_key {
+            Some(()) => (n, false),
+            None => (w.next_key(&mut rng), w.next_is_read(&mut rng)),
+        };
+        let key = w.key(idx);
+        let started = Instant::now();
+        let outcome = if read {
+            match target.get(&key, shared.timeout).await {
+                Ok(Some(v)) => {
+                    if let Err(e) = w.check_value(idx, &v) {
+                        if let Ok(mut bad) = shared.bad_reads.lock() {
+                            bad.push(e);
+                        }
+                    }
+                    Ok(())
+                }
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            }
+        } else {
+            let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
+            let value = w.value(idx, seq);
+            match &shared.verify {
+                None => target.put(&key, &value, shared.timeout).await,
+                Some(states) => {
+                    let slot = usize::try_from(idx).ok().and_then(|i| states.get(i));
+                    match slot {
+                        None => target.put(&key, &value, shared.timeout).await,
+                        Some(slot) => {
+                            let mut st = slot.lock().await;
+                            let r = target.put(&key, &value, shared.timeout).await;
+                            if r.is_ok() {
+                                st.acked = Some(seq);
+                                st.unknown.clear();
+                            } else {
+                                st.unknown.push(seq);
+                            }
+                            r
+                        }
+                    }
+                }
+            }
+        };
+        let ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        if let Ok(mut win) = shared.window.lock() {
+            match outcome {
+                Ok(()) => {
+                    let h = if read {
+                        &mut win.reads
+                    } else {
+                        &mut win.writes
+                    };
+                    let _ = h.record(ns.max(1));
+                }
+                Err(e) => {
+                    win.errors += 1;
+                    if win.first_error.is_none() {
+                        win.first_error = Some(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn run_once(
+    target: &Target,
+    kind: TargetKind,
+    workload: &Workload,
+    args: &Args,
+    run: RunSpec,
+    verify: Option<Vec<tokio::sync::Mutex<KeyState>>>,
+) -> Result<(RunResult, Option<Vec<tokio::sync::Mutex<KeyState>>>), BenchError> {
+    let RunSpec { clients, ops, fill } = run;
+    let label = if fill { "fill" } else { kind.name() };
+    let shared = Arc::new(Shared {
+        workload: workload.clone(),
+        timeout: Duration::from_millis(args.timeout_ms),
+        next_op: AtomicU64::new(0),
+        total_ops: ops,
+        next_seq: AtomicU64::new(1 + args.seed.wrapping_mul(1 << 40)),
+        stop: AtomicBool::new(false),
+        window: Mutex::new(Window::new()),
+        verify,
+        bad_reads: Mutex::new(Vec::new()),
+    });
+    println!(
+        "-- {label}: {clients} clients, {ops} ops, read ratio {}, {} B keys, {} B values, {} keys {:?}, seed {}",
+        if fill { 0.0 } else { args.read_ratio },
+        args.key_size,
+        args.value_size,
+        args.keys,
+        args.distribution,
+        args.seed
+    );
+    let bar = progress(ops, label);
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..clients {
+        let rng = ChaCha8Rng::seed_from_u64(args.seed ^ mix64(c as u64 + 1));
+        tasks.spawn(client_task(
+            shared.clone(),
+            target.clone(),
+            rng,
+            fill.then_some(()),
+        ));
+    }
+    let mut total = Window::new();
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    let deadline = args.duration_s.map(|s| start + Duration::from_secs(s));
+    let mut last = Instant::now();
+    loop {
+        tokio::select! {
+            joined = tasks.join_next() => {
+                match joined {
+                    None => break,
+                    Some(Err(e)) => return Err(format!("a client task failed: {e}").into()),
+                    Some(Ok(())) => {}
+                }
+            }
+            _ = tick.tick() => {
+                let win = match shared.window.lock() {
+                    Ok(mut w) => std::mem::replace(&mut *w, Window::new()),
+                    Err(_) => return Err("statistics lock poisoned".into()),
+                };
+                let now = Instant::now();
+                let secs = now.duration_since(last).as_secs_f64();
+                last = now;
+                let mut all = win.reads.clone();
+                let _ = all.add(&win.writes);
+                let line = format!(
+                    "[{:>4}s] {:>9.0} ops/s  p50 {:>8.0} us  p99 {:>8.0} us  errors {}{}",
+                    start.elapsed().as_secs(),
+                    win.ops() as f64 / secs,
+                    us(&all, 0.5),
+                    us(&all, 0.99),
+                    win.errors,
+                    win.first_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
+                );
+                if bar.is_hidden() { println!("{line}"); } else { bar.println(line); }
+                total.merge(&win);
+                bar.set_position((total.ops() + total.errors).min(ops));
+                if deadline.is_some_and(|d| now >= d) {
+                    shared.stop.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    if let Ok(mut w) = shared.window.lock() {
+        total.merge(&w);
+        *w = Window::new();
+    }
+    bar.finish_and_clear();
+    let mut all = total.reads.clone();
+    let _ = all.add(&total.writes);
+    let result = RunResult {
+        target: kind,
+        clients,
+        ops: total.ops(),
+        elapsed,
+        errors: total.errors,
+        p50_us: us(&all, 0.5),
+        p99_us: us(&all, 0.99),
+        read_p99_us: us(&total.reads, 0.99),
+        write_p99_us: us(&total.writes, 0.99),
+    };
+    println!(
+        "   {label}: {} ops in {:.2} s = {:.0} ops/s; all p50 {:.0} us p99 {:.0} us p999 {:.0} us; reads {} (p99 {:.0} us), writes {} (p99 {:.0} us); errors {}{}",
+        result.ops,
+        elapsed.as_secs_f64(),
+        result.throughput(),
+        result.p50_us,
+        result.p99_us,
+        us(&all, 0.999),
+        total.reads.len(),
+        result.read_p99_us,
+        total.writes.len(),
+        result.write_p99_us,
+        total.errors,
+        total.first_error.as_deref().map(|e| format!(" (first: {e})")).unwrap_or_default()
+    );
+    let bad = shared
+        .bad_reads
+        .lock()
+        .map(|b| b.clone())
+        .unwrap_or_default();
+    if !bad.is_empty() {
+        return Err(format!(
+            "{} reads returned a wrong value, e.g. {}",
+            bad.len(),
+            bad[0]
+        )
+        .into());
+    }
+    let verify = Arc::try_unwrap(shared).ok().and_then(|s| s.verify);
+    Ok((result, verify))
+}
+
+async fn verify_all(
+    target: &mut Target,
+    workload: &Workload,
+    states: &[tokio::sync::Mutex<KeyState>],
+    timeout: Duration,
+) -> Result<u64, BenchError> {
+    let mut checked = 0u64;
+    let mut wrong = Vec::new();
+    for (i, st) in states.iter().enumerate() {
+        let st = st.lock().await;
+        if st.acked.is_none() && st.unknown.is_empty() {
+            continue;
+        }
+        let idx = i as u64;
+        let key = workload.key(idx);
+        let mut got = Err(String::new());
+        for _ in 0..3 {
+            got = target.get(&key, timeout).await;
+            if got.is_ok() {
+                break;
+            }
+        }
+        let got = got.map_err(|e| format!("verify: read key {idx}: {e}"))?;
+        let seq = match got {
+            None => None,
+            Some(v) => Some(workload.check_value(idx, &v)?),
+        };
+        let ok = seq == st.acked || seq.is_some_and(|s| st.unknown.contains(&s));
+        if !ok {
+            wrong.push(format!(
+                "key {idx}: read seq {seq:?}, last acknowledged {:?}, unknown {:?}",
+                st.acked, st.unknown
+            ));
+        }
+        checked += 1;
+    }
+    if !wrong.is_empty() {
+        return Err(format!(
+            "verify: {} of {checked} keys wrong, e.g. {}",
+            wrong.len(),
+            wrong[0]
+        )
+        .into());
+    }
+    Ok(checked)
+}
+
+/// Runs the benchmark.
+pub fn run(args: Args) -> Result<(), BenchError> {
+    let workload = Workload::new(&args)?;
+    if args.clients.is_empty() || args.clients.contains(&0) {
+        return Err("--clients must list positive numbers".into());
+    }
+    if args.ops == 0 {
+        return Err("--ops must be positive".into());
+    }
+    if args.target.contains(&TargetKind::PhoenixWal) && args.spawn.is_none() {
+        return Err(
+            "--target phoenix-wal needs --spawn (the engine WAL is a server option)".into(),
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("start the async runtime: {e}"))?;
+    rt.block_on(run_all(args, workload))
+}
+
+async fn run_all(args: Args, workload: Workload) -> Result<(), BenchError> {
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let mut results = Vec::new();
+    for &kind in &args.target {
+        let (spawned, endpoints) = match &args.spawn {
+            Some(root) => {
+                println!(
+                    "== starting a 3-node {} cluster under {}",
+                    kind.name(),
+                    root.display()
+                );
+                let (s, e) = spawn_target(kind, root, &args).await?;
+                (Some(s), e)
+            }
+            None => (None, args.endpoints.clone()),
+        };
+        println!("== {} at {}", kind.name(), endpoints.join(","));
+        let mut target = Target::connect(kind, &endpoints, timeout).await?;
+        let mut verify: Option<Vec<tokio::sync::Mutex<KeyState>>> = if args.verify {
+            let n = usize::try_from(args.keys).map_err(|_| "--keys too large for --verify")?;
+            Some(
+                (0..n)
+                    .map(|_| tokio::sync::Mutex::new(KeyState::default()))
+                    .collect(),
+            )
+        } else {
+            None
+        };
+        if args.fill {
+            let (_, v) = run_once(
+                &target,
+                kind,
+                &workload,
+                &args,
+                RunSpec {
+                    clients: 64,
+                    ops: args.keys,
+                    fill: true,
+                },
+                verify.take(),
+            )
+            .await?;
+            verify = v;
+        }
+        for &clients in &args.clients {
+            let (r, v) = run_once(
+                &target,
+                kind,
+                &workload,
+                &args,
+                RunSpec {
+                    clients,
+                    ops: args.ops,
+                    fill: false,
+                },
+                verify.take(),
+            )
+            .await?;
+            verify = v;
+            results.push(r);
+        }
+        if let Some(states) = &verify {
+            let n = verify_all(&mut target, &workload, states, timeout).await?;
+            println!(
+                "   verify: all {n} written keys read back with their last acknowledged value"
+            );
+        }
+        drop(target);
+        match spawned {
+            Some(Spawned::Phoenix(mut c)) => c.stop(),
+            Some(Spawned::Etcd(mut procs)) => {
+                for p in &mut procs {
+                    p.stop(Duration::from_secs(10));
+                }
+            }
+            None => {}
+        }
+    }
+    print!("{}", summary_table(&results));
+    Ok(())
+}
+
+fn summary_table(results: &[RunResult]) -> String {
+    let mut out = String::from("\n| target | clients | ops/s | p50 (us) | p99 (us) | errors | vs first target |\n|---|---|---|---|---|---|---|\n");
+    let first = results.first().map(|r| r.target);
+    for r in results {
+        let base = results
+            .iter()
+            .find(|b| Some(b.target) == first && b.clients == r.clients)
+            .map(RunResult::throughput);
+        let ratio = base.map_or("-".to_string(), |b| {
+            format!("{:.2}x", r.throughput() / b.max(1e-9))
+        });
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} |",
+            r.target.name(),
+            r.clients,
+            r.throughput(),
+            r.p50_us,
+            r.p99_us,
+            r.errors,
+            ratio
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct T {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn args(extra: &[&str]) -> Args {
+        let mut v = vec!["t"];
+        v.extend_from_slice(extra);
+        T::parse_from(v).args
+    }
+
+    #[test]
+    fn keys_and_values_have_their_sizes_and_check() {
+        let a = args(&["--key_size", "12", "--value_size", "40", "--keys", "1000"]);
+        let w = Workload::new(&a).unwrap();
+        assert_eq!(w.key(7), b"k00000000007".to_vec());
+        let v = w.value(7, 99);
+        assert_eq!(v.len(), 40);
+        assert_eq!(w.check_value(7, &v), Ok(99));
+        assert!(w.check_value(8, &v).is_err(), "value of another key");
+        let mut bad = v.clone();
+        bad[30] ^= 1;
+        assert!(w.check_value(7, &bad).is_err(), "flipped filler byte");
+        assert!(w.check_value(7, &v[..39]).is_err(), "short value");
+        assert_ne!(w.value(7, 99), w.value(7, 100));
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        assert!(Workload::new(&args(&["--key_size", "4"])).is_err());
+        assert!(Workload::new(&args(&["--value_size", "8"])).is_err());
+        assert!(Workload::new(&args(&["--read_ratio", "1.5"])).is_err());
+        assert!(Workload::new(&args(&["--key_size", "8", "--keys", "100000000"])).is_err());
+    }
+
+    #[test]
+    fn zipf_is_skewed_uniform_is_not() {
+        let seed = 11;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let count_top = |w: &Workload, rng: &mut ChaCha8Rng| {
+            let mut counts = vec![0u32; 1000];
+            for _ in 0..100_000 {
+                counts[w.next_key(rng) as usize] += 1;
+            }
+            counts.sort_unstable_by(|a, b| b.cmp(a));
+            counts[..10].iter().sum::<u32>()
+        };
+        let u = Workload::new(&args(&["--keys", "1000"])).unwrap();
+        let z = Workload::new(&args(&["--keys", "1000", "--distribution", "zipf"])).unwrap();
+        let top_u = count_top(&u, &mut rng);
+        let top_z = count_top(&z, &mut rng);
+        // Uniform: top 10 of 1000 keys get ~1% (+ noise); zipf(0.99): ~35%.
+        assert!(top_u < 2_000, "seed {seed}: uniform top-10 share {top_u}");
+        assert!(top_z > 20_000, "seed {seed}: zipf top-10 share {top_z}");
+    }
+
+    #[test]
+    fn read_ratio_is_respected() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let w = Workload::new(&args(&["--read_ratio", "0.9"])).unwrap();
+        let reads = (0..10_000).filter(|_| w.next_is_read(&mut rng)).count();
+        assert!((8_700..9_300).contains(&reads), "{reads}");
+        let w = Workload::new(&args(&["--read_ratio", "0"])).unwrap();
+        assert!((0..1000).all(|_| !w.next_is_read(&mut rng)));
+    }
+
+    #[test]
+    fn lists_parse() {
+        let a = args(&["--clients", "1,4,16,64", "--target", "phoenix,etcd"]);
+        assert_eq!(a.clients, vec![1, 4, 16, 64]);
+        assert_eq!(a.target, vec![TargetKind::Phoenix, TargetKind::Etcd]);
+    }
+
+    #[test]
+    fn table_ratios_against_first_target() {
+        let r = |target, ops| RunResult {
+            target,
+            clients: 4,
+            ops,
+            elapsed: Duration::from_secs(1),
+            errors: 0,
+            p50_us: 1.0,
+            p99_us: 2.0,
+            read_p99_us: 0.0,
+            write_p99_us: 2.0,
+        };
+        let t = summary_table(&[r(TargetKind::Phoenix, 2000), r(TargetKind::Etcd, 1000)]);
+        assert!(
+            t.contains("| phoenix | 4 | 2000 | 1 | 2 | 0 | 1.00x |"),
+            "{t}"
+        );
+        assert!(t.contains("| etcd | 4 | 1000 | 1 | 2 | 0 | 0.50x |"), "{t}");
+    }
+}

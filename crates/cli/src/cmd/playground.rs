@@ -1,0 +1,500 @@
+//! `phoenix playground`: a whole cluster on loopback in one command.
+//!
+//! Starts three `phoenix server` processes (children running this same binary), each
+//! hosting a replica of the meta group (raft group 0, see docs/cluster.md) and, once the
+//! meta leader has seen all three register, of data group 1. Data lives under
+//! `./phoenix-data/node-N` (logs in `node-N/server.log`); the node addresses are kept in
+//! `./phoenix-data/playground.conf` so a second run starts the same nodes on the same
+//! ports over the same data. Ctrl-C (or SIGTERM) stops every node.
+//!
+//! [`LocalCluster`] is also what `phoenix bench cluster --spawn` uses.
+
+use std::fs;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use phoenix_client::{Client, ClientOptions};
+
+use super::CmdError;
+
+/// Flags of `phoenix playground`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Directory holding every node's data (created if missing, reused if present).
+    #[arg(long = "data-dir", default_value = "./phoenix-data")]
+    pub data_dir: PathBuf,
+    /// Port of node 1; node N listens on base-port + N - 1 (first run only: later runs
+    /// reuse the addresses recorded in the data directory).
+    #[arg(long = "base-port", default_value_t = 7001)]
+    pub base_port: u16,
+    /// Extra argument passed to every `phoenix server` (repeatable).
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
+    /// How long to wait for the cluster to elect leaders before giving up, in seconds.
+    #[arg(long = "ready-timeout", default_value_t = 60)]
+    pub ready_timeout_s: u64,
+}
+
+/// Number of nodes of a local cluster: the meta group needs three.
+pub const LOCAL_NODES: u64 = 3;
+
+/// Name of the file that records a local cluster's node addresses.
+const CONF_FILE: &str = "playground.conf";
+
+/// How to start a local cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    /// Root directory; node N uses `<dir>/node-N`.
+    pub dir: PathBuf,
+    /// Addresses of nodes 1..=n, in id order.
+    pub addrs: Vec<SocketAddr>,
+    /// Extra arguments for every server.
+    pub server_args: Vec<String>,
+}
+
+impl ClusterSpec {
+    /// The spec recorded in `dir`, or a new one on `base_port..` (recorded for next time).
+    pub fn load_or_create(dir: &Path, base_port: u16) -> Result<Self, CmdError> {
+        fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let conf = dir.join(CONF_FILE);
+        let addrs = match fs::read_to_string(&conf) {
+            Ok(text) => parse_conf(&text).map_err(|e| format!("{}: {e}", conf.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let addrs: Vec<SocketAddr> = (0..LOCAL_NODES)
+                    .map(|i| {
+                        let port = base_port.checked_add(i as u16).ok_or_else(|| {
+                            format!(
+                                "--base-port {base_port} leaves no room for {LOCAL_NODES} nodes"
+                            )
+                        })?;
+                        Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+                    })
+                    .collect::<Result<_, CmdError>>()?;
+                write_conf(&conf, &addrs)?;
+                addrs
+            }
+            Err(e) => return Err(format!("read {}: {e}", conf.display()).into()),
+        };
+        Ok(ClusterSpec {
+            dir: dir.to_path_buf(),
+            addrs,
+            server_args: Vec::new(),
+        })
+    }
+
+    /// A spec on free ephemeral loopback ports (for benchmarks and tests; not recorded).
+    pub fn ephemeral(dir: &Path) -> Result<Self, CmdError> {
+        Ok(ClusterSpec {
+            dir: dir.to_path_buf(),
+            addrs: free_ports(LOCAL_NODES as usize)?,
+            server_args: Vec::new(),
+        })
+    }
+
+    /// The `--meta` value naming every node: `1@addr1,2@addr2,3@addr3`.
+    pub fn meta_arg(&self) -> String {
+        self.addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}@{a}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Client endpoints (`host:port` of every node).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.addrs.iter().map(|a| a.to_string()).collect()
+    }
+}
+
+fn parse_conf(text: &str) -> Result<Vec<SocketAddr>, String> {
+    // Grammar: lines `node <id> <ip:port>`, ids 1..=n in order; '#' starts a comment.
+    let mut addrs = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        match parts.as_slice() {
+            ["node", id, addr] => {
+                let id: usize = id
+                    .parse()
+                    .map_err(|_| format!("line {}: bad id {id:?}", n + 1))?;
+                if id != addrs.len() + 1 {
+                    return Err(format!(
+                        "line {}: expected node {}, got {id}",
+                        n + 1,
+                        addrs.len() + 1
+                    ));
+                }
+                let addr: SocketAddr = addr
+                    .parse()
+                    .map_err(|_| format!("line {}: bad address {addr:?}", n + 1))?;
+                addrs.push(addr);
+            }
+            _ => return Err(format!("line {}: expected `node <id> <ip:port>`", n + 1)),
+        }
+    }
+    if addrs.len() != LOCAL_NODES as usize {
+        return Err(format!(
+            "expected {LOCAL_NODES} nodes, found {}",
+            addrs.len()
+        ));
+    }
+    Ok(addrs)
+}
+
+fn write_conf(path: &Path, addrs: &[SocketAddr]) -> Result<(), CmdError> {
+    let mut text =
+        String::from("# Node addresses of this local cluster (read by `phoenix playground`).\n");
+    for (i, a) in addrs.iter().enumerate() {
+        text.push_str(&format!("node {} {a}\n", i + 1));
+    }
+    fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()).into())
+}
+
+/// `n` distinct free loopback ports. The listeners are held until all ports are picked
+/// so the kernel hands out distinct ones; a race with another process binding the same
+/// port in between is possible but harmless (the server then fails with a clear error).
+pub fn free_ports(n: usize) -> Result<Vec<SocketAddr>, CmdError> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("pick a free loopback port: {e}"))?;
+    listeners
+        .iter()
+        .map(|l| {
+            l.local_addr()
+                .map_err(|e| format!("local address: {e}").into())
+        })
+        .collect()
+}
+
+/// One running child process with a name and a log file.
+#[derive(Debug)]
+pub struct Proc {
+    /// What it is ("node 2", "etcd 1").
+    pub name: String,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout/stderr appended to `log`.
+    pub fn spawn(name: String, mut cmd: Command, log: PathBuf) -> Result<Self, CmdError> {
+        let out = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| format!("open {}: {e}", log.display()))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| format!("dup {}: {e}", log.display()))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = cmd.spawn().map_err(|e| format!("start {name}: {e}"))?;
+        Ok(Proc {
+            name,
+            log,
+            child: Some(child),
+        })
+    }
+
+    /// The exit status if the process has ended (it is then reaped).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                self.child = None;
+                Some(status)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.is_some() && self.exited().is_none()
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGTERM`) if still running.
+    pub fn signal(&mut self, signal: i32) {
+        if let Some(child) = &self.child {
+            let pid = child.id() as libc::pid_t;
+            // SAFETY: kill(2) has no memory-safety preconditions; the pid is our own
+            // child, not yet reaped (so not reused).
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; waits for the exit.
+    pub fn stop(&mut self, grace: Duration) {
+        if self.child.is_none() {
+            return;
+        }
+        self.signal(libc::SIGTERM);
+        let start = Instant::now();
+        while start.elapsed() < grace {
+            if !self.is_running() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
+
+    /// SIGKILL and wait (a crash, for tests and benchmarks).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// A set of `phoenix server` children forming one cluster.
+#[derive(Debug)]
+pub struct LocalCluster {
+    /// How it was started.
+    pub spec: ClusterSpec,
+    /// Node N is `nodes[N-1]`.
+    pub nodes: Vec<Proc>,
+}
+
+impl LocalCluster {
+    /// Starts every node of `spec` (each in `<dir>/node-N`).
+    pub fn start(spec: ClusterSpec) -> Result<Self, CmdError> {
+        for addr in &spec.addrs {
+            if let Err(e) = TcpListener::bind(addr) {
+                return Err(format!(
+                    "{addr} is not free ({e}): is another cluster running on it? (stop it, or use \
+                     another --data-dir / --base-port)"
+                )
+                .into());
+            }
+        }
+        let exe = std::env::current_exe().map_err(|e| format!("locate the phoenix binary: {e}"))?;
+        let meta = spec.meta_arg();
+        let mut nodes = Vec::new();
+        for (i, addr) in spec.addrs.iter().enumerate() {
+            let id = i + 1;
+            let dir = spec.dir.join(format!("node-{id}"));
+            fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+            let mut cmd = Command::new(&exe);
+            cmd.arg("server")
+                .arg("--id")
+                .arg(id.to_string())
+                .arg("--listen")
+                .arg(addr.to_string())
+                .arg("--data-dir")
+                .arg(&dir)
+                .arg("--meta")
+                .arg(&meta)
+                .args(&spec.server_args);
+            nodes.push(Proc::spawn(
+                format!("node {id}"),
+                cmd,
+                dir.join("server.log"),
+            )?);
+        }
+        Ok(LocalCluster { spec, nodes })
+    }
+
+    /// Waits until the cluster serves requests: routes known and every data group has
+    /// a leader that answers a read. Fails early if a node process exits.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<Client, CmdError> {
+        let start = Instant::now();
+        let mut last_err = String::from("no answer yet");
+        while start.elapsed() < timeout {
+            for node in &mut self.nodes {
+                if let Some(status) = node.exited() {
+                    return Err(format!(
+                        "{} exited during startup ({status}); see {}",
+                        node.name,
+                        node.log.display()
+                    )
+                    .into());
+                }
+            }
+            let opts = ClientOptions {
+                timeout: Duration::from_secs(2),
+                ..ClientOptions::default()
+            };
+            match Client::connect(self.spec.endpoints(), opts).await {
+                Ok(client) => match client.ready_probe().await {
+                    Ok(()) => return Ok(client),
+                    Err(e) => last_err = e.to_string(),
+                },
+                Err(e) => last_err = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Err(format!(
+            "the cluster did not become ready within {:?} (last: {last_err}); logs: {}/node-*/server.log",
+            timeout,
+            self.spec.dir.display()
+        )
+        .into())
+    }
+
+    /// Stops every node (SIGTERM, then SIGKILL after a grace period).
+    pub fn stop(&mut self) {
+        for n in &mut self.nodes {
+            n.signal(libc::SIGTERM);
+        }
+        for n in &mut self.nodes {
+            n.stop(Duration::from_secs(10));
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Runs the playground until Ctrl-C.
+pub fn run(args: Args) -> Result<(), CmdError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("start the async runtime: {e}"))?;
+    rt.block_on(serve(args))
+}
+
+async fn serve(args: Args) -> Result<(), CmdError> {
+    let reused = args.data_dir.join(CONF_FILE).exists();
+    let mut spec = ClusterSpec::load_or_create(&args.data_dir, args.base_port)?;
+    spec.server_args = args.server_args.clone();
+    let mut cluster = LocalCluster::start(spec)?;
+    println!(
+        "Starting a PhoenixKV playground: {} nodes, data in {} ({})",
+        LOCAL_NODES,
+        args.data_dir.display(),
+        if reused {
+            "reusing existing data"
+        } else {
+            "new cluster"
+        }
+    );
+    let client = tokio::select! {
+        r = cluster.wait_ready(Duration::from_secs(args.ready_timeout_s)) => r?,
+        _ = tokio::signal::ctrl_c() => {
+            println!("interrupted; stopping");
+            cluster.stop();
+            return Ok(());
+        }
+    };
+    let first = cluster.spec.addrs[0];
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "\nPhoenixKV playground is up.");
+    for (i, a) in cluster.spec.addrs.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  node {}: {a}  (data {}, log {})",
+            i + 1,
+            cluster.spec.dir.join(format!("node-{}", i + 1)).display(),
+            cluster.nodes[i].log.display()
+        );
+    }
+    if let Ok(status) = client.cluster_status().await {
+        for g in &status.groups {
+            let _ = writeln!(
+                out,
+                "  group {}: leader node {}",
+                g.group_id,
+                g.leader.map_or("-".into(), |l| l.to_string())
+            );
+        }
+    }
+    let _ = writeln!(out, "\nTry, in another terminal:");
+    let _ = writeln!(out, "  phoenix put --endpoints {first} hello world");
+    let _ = writeln!(out, "  phoenix get --endpoints {first} hello");
+    let _ = writeln!(out, "  phoenix scan --endpoints {first} --prefix h");
+    let _ = writeln!(out, "  phoenix cluster status --endpoints {first}");
+    let _ = writeln!(
+        out,
+        "\nCtrl-C stops the cluster (the data stays for the next run)."
+    );
+    drop(out);
+    drop(client);
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("install the SIGTERM handler: {e}"))?;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+            _ = tick.tick() => {
+                let mut running = 0;
+                for n in &mut cluster.nodes {
+                    if let Some(status) = n.exited() {
+                        eprintln!("{} exited ({status}); see {}", n.name, n.log.display());
+                    }
+                    if n.is_running() {
+                        running += 1;
+                    }
+                }
+                if running == 0 {
+                    return Err("every node has exited; see the logs above".into());
+                }
+            }
+        }
+    }
+    println!("stopping the playground...");
+    cluster.stop();
+    println!("stopped; the data stays in {}", args.data_dir.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conf_round_trip_and_errors() {
+        let dir = std::env::temp_dir().join(format!("phoenix-pg-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let a = ClusterSpec::load_or_create(&dir, 17001).unwrap();
+        assert_eq!(
+            a.endpoints(),
+            vec!["127.0.0.1:17001", "127.0.0.1:17002", "127.0.0.1:17003"]
+        );
+        assert_eq!(
+            a.meta_arg(),
+            "1@127.0.0.1:17001,2@127.0.0.1:17002,3@127.0.0.1:17003"
+        );
+        // A second run ignores a different base port: the recorded addresses win.
+        let b = ClusterSpec::load_or_create(&dir, 9000).unwrap();
+        assert_eq!(a.addrs, b.addrs);
+        fs::remove_dir_all(&dir).unwrap();
+
+        assert!(parse_conf("node 1 127.0.0.1:1\nnode 2 127.0.0.1:2\n").is_err());
+        assert!(parse_conf("node 1 127.0.0.1:1\nnode 3 127.0.0.1:2\nnode 2 127.0.0.1:3").is_err());
+        assert!(parse_conf("node 1 nope\n").is_err());
+        let ok =
+            parse_conf("# c\nnode 1 127.0.0.1:1\n\nnode 2 127.0.0.1:2 # x\nnode 3 127.0.0.1:3\n");
+        assert_eq!(ok.unwrap().len(), 3);
+    }
+
+    #[test]
+    fn free_ports_are_distinct() {
+        let p = free_ports(3).unwrap();
+        assert!(p[0] != p[1] && p[1] != p[2] && p[0] != p[2]);
+    }
+}
