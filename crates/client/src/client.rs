@@ -13,7 +13,7 @@
 //! | NotLeader without hint, GroupUnavailable | forget the leader, next replica, back off |
 //! | StaleEpoch / KeyNotInGroup | take the route the server sent (or refresh), resend |
 //! | ServerBusy, transport failure | next replica, back off |
-//! | DeadlineExceeded from the server | reads/idempotent writes retry; CAS is ambiguous |
+//! | DeadlineExceeded / OutcomeUnknown | reads/idempotent writes retry; CAS is ambiguous |
 //! | key/value too large, invalid argument, internal | return the typed error |
 //!
 //! Backoff is exponential with jitter ([`crate::backoff`]) and never sleeps past the
@@ -734,7 +734,7 @@ impl Client {
                             self.backoff(&mut backoffs, deadline).await;
                         }
                         Some(Kind::ServerBusy(_)) => self.backoff(&mut backoffs, deadline).await,
-                        Some(Kind::DeadlineExceeded(_)) => {
+                        Some(Kind::DeadlineExceeded(_) | Kind::OutcomeUnknown(_)) => {
                             if !retry_ambiguous {
                                 return Err(ClientError::Ambiguous { op, why: last });
                             }

@@ -24,6 +24,8 @@ enum Fault {
     Unavailable,
     /// DeadlineExceeded on the next `n` kv requests.
     ServerTimeout(u64),
+    /// OutcomeUnknown (proposed, then leadership lost) on the next kv request.
+    LostLeadership,
 }
 
 struct State {
@@ -77,6 +79,10 @@ impl Node {
                         Fault::ServerTimeout(n - 1)
                     };
                     return Err(pb::Error::deadline_exceeded(h.timeout_ms));
+                }
+                Fault::LostLeadership => {
+                    *f = Fault::None;
+                    return Err(pb::Error::outcome_unknown(h.group_id, "scripted"));
                 }
             }
         }
@@ -661,7 +667,16 @@ async fn cas_is_not_retried_when_its_outcome_is_unknown_but_put_is() {
         "an ambiguous CAS must not be resent"
     );
 
+    *c.st.fault.lock().unwrap() = Fault::LostLeadership;
+    let err = client.cas(b"c", Some(b"1"), Some(b"3")).await.unwrap_err();
+    assert!(
+        matches!(err, ClientError::Ambiguous { op: "cas", .. }),
+        "{err:?}"
+    );
+
     *c.st.fault.lock().unwrap() = Fault::ServerTimeout(2);
+    client.put(b"c", b"4").await.unwrap();
+    *c.st.fault.lock().unwrap() = Fault::LostLeadership;
     client.put(b"c", b"4").await.unwrap();
     assert_eq!(client.get(b"c").await.unwrap(), Some(b"4".to_vec()));
     // CAS with deletion.
