@@ -411,15 +411,16 @@ async fn serve(args: Args) -> Result<(), CmdError> {
             cluster.nodes[i].log.display()
         );
     }
-    if let Ok(status) = client.cluster_status().await {
-        for g in &status.groups {
-            let _ = writeln!(
-                out,
-                "  group {}: leader node {}",
-                g.group_id,
-                g.leader.map_or("-".into(), |l| l.to_string())
-            );
-        }
+    // The client found each group's leader while probing readiness.
+    for r in client.cached_routes() {
+        let leader = r
+            .leader
+            .map_or("electing".to_string(), |l| format!("node {l}"));
+        let _ = writeln!(
+            out,
+            "  group {}: replicas {:?}, leader {leader}",
+            r.group_id, r.replicas
+        );
     }
     let _ = writeln!(out, "\nTry, in another terminal:");
     let _ = writeln!(out, "  phoenix put --endpoints {first} hello world");
