@@ -120,6 +120,21 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
 
     let hb = tokio::spawn(control::heartbeat_loop(Arc::clone(&shared)));
     let sched = tokio::spawn(control::scheduler_loop(Arc::clone(&shared)));
+    // On shutdown the driver stops first (so this node stops acting as a replica at
+    // once), then the outgoing streams close and the incoming ones are ended, so the
+    // server's graceful drain does not wait on long-lived raft streams.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    {
+        let tx = tx.clone();
+        let transport = shared.transport.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = tx.send(node::Event::Stop);
+            transport.close();
+            let _ = stop_tx.send(true);
+        });
+    }
+    let mut server_stop = stop_rx.clone();
 
     let kv = service::Services {
         shared: Arc::clone(&shared),
@@ -143,12 +158,15 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         .add_service(
             proto::raft_transport_server::RaftTransportServer::new(transport::TransportService {
                 shared: Arc::clone(&shared),
+                stop: stop_rx,
             })
             .max_decoding_message_size(max),
         )
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
+            async move {
+                let _ = server_stop.wait_for(|s| *s).await;
+            },
         )
         .await;
     hb.abort();

@@ -36,6 +36,7 @@ struct Inner {
     peers: Mutex<HashMap<u64, mpsc::Sender<proto::GroupMessage>>>,
     events: Sender<Event>,
     runtime: tokio::runtime::Handle,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// The outgoing side (cheap to clone).
@@ -59,13 +60,25 @@ impl Transport {
                 peers: Mutex::new(HashMap::new()),
                 events,
                 runtime,
+                closed: std::sync::atomic::AtomicBool::new(false),
             }),
         }
+    }
+
+    /// Stops every outgoing stream (node shutdown); later sends are dropped.
+    pub fn close(&self) {
+        self.inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.inner.peers.lock().clear();
     }
 
     /// Queues a message of group `group` for its receiver.
     pub fn send(&self, group: u64, epoch: u64, m: Message) {
         let to = m.to;
+        if self.inner.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         if to == self.inner.node_id {
             let _ = self.inner.events.send(Event::Raft { group, msg: m });
             return;
@@ -167,6 +180,8 @@ async fn connect(
 pub struct TransportService {
     /// Shared node state.
     pub shared: Arc<crate::shared::Shared>,
+    /// Turns true when the node stops: incoming streams end then.
+    pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Validates one incoming message and turns it into a driver event.
@@ -204,7 +219,13 @@ impl proto::raft_transport_server::RaftTransport for TransportService {
     ) -> Result<Response<proto::RaftStreamDone>, Status> {
         let mut s = request.into_inner();
         let me = self.shared.cfg.node_id;
-        while let Some(batch) = s.next().await {
+        let mut stop = self.stop.clone();
+        loop {
+            let batch = tokio::select! {
+                b = s.next() => b,
+                _ = stop.wait_for(|s| *s) => return Err(Status::unavailable("node stopping")),
+            };
+            let Some(batch) = batch else { break };
             let batch = batch?;
             if batch.to_node != me {
                 let why = format!("batch for node {} reached node {me}", batch.to_node);

@@ -32,6 +32,10 @@ impl Node {
 }
 
 fn start(cfg: Config) -> Node {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let (tx, rx) = oneshot::channel::<()>();
     let handle = tokio::spawn(phoenix_server::run(cfg, async move {
         let _ = rx.await;
