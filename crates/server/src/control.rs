@@ -195,7 +195,7 @@ impl MetaService {
                     .replicas
                     .iter()
                     .filter(|((g, _), _)| *g == route.group_id)
-                    .map(|(_, s)| s.clone())
+                    .map(|(_, s)| *s)
                     .collect();
                 replicas.sort_by_key(|s| s.node_id);
                 proto::GroupInfo {
@@ -282,7 +282,9 @@ macro_rules! or_err {
     ($resp:ident, $e:expr) => {
         match $e {
             Ok(v) => v,
-            Err(err) => {
+            Err(err) =>
+            {
+                #[allow(clippy::needless_update)]
                 return Ok(Response::new(proto::$resp {
                     error: Some(err),
                     ..Default::default()

@@ -147,7 +147,7 @@ impl LeaderView {
         self.nodes.insert(node, (Instant::now(), stats));
         self.replicas.retain(|(_, n), _| *n != node);
         for r in replicas {
-            self.replicas.insert((r.group_id, node), r.clone());
+            self.replicas.insert((r.group_id, node), *r);
             if r.is_leader {
                 let e = self.leaders.entry(r.group_id).or_insert((0, 0));
                 if r.term >= e.0 {

@@ -169,7 +169,9 @@ macro_rules! try_err {
     ($resp:ident, $e:expr) => {
         match $e {
             Ok(v) => v,
-            Err(err) => {
+            Err(err) =>
+            {
+                #[allow(clippy::needless_update)]
                 return Ok(Response::new(proto::$resp {
                     error: Some(err),
                     ..Default::default()
@@ -377,7 +379,7 @@ impl proto::kv_server::Kv for Services {
                 }
             }
         };
-        if !in_range(&c.route, &start) && !(start == c.route.start_key) {
+        if !in_range(&c.route, &start) {
             try_err!(
                 ScanResponse,
                 Err(PErr::key_not_in_group(

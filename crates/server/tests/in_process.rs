@@ -315,3 +315,100 @@ async fn three_nodes_replicate_and_survive_leader_stop() {
         n.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn follower_behind_truncated_log_catches_up_by_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let meta: Vec<MetaMember> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| MetaMember {
+            id: i as u64 + 1,
+            addr: a.clone(),
+        })
+        .collect();
+    let cfg = |i: usize| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        // Small memtables flush often, so the persisted applied index advances and the
+        // logs are cut far past what a stopped follower has.
+        c.memtable_bytes = 64 << 10;
+        c.log_keep_entries = 10;
+        c.log_truncate_interval = Duration::from_millis(100);
+        c
+    };
+    let mut nodes: Vec<Option<Node>> = (0..3).map(|i| Some(start(cfg(i)))).collect();
+    let route = wait_route(&addrs).await;
+    let leader = route.leader_node_id as usize - 1;
+    let follower = (leader + 1) % 3;
+    nodes[follower].take().unwrap().stop().await;
+    let live: Vec<String> = (0..3)
+        .filter(|&i| i != follower)
+        .map(|i| addrs[i].clone())
+        .collect();
+    let value = vec![7u8; 1024];
+    for i in 0..600u32 {
+        put(&live, &route, format!("s{i:05}").as_bytes(), &value).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The follower returns; its log ends far below the leader's first index.
+    nodes[follower] = Some(start(cfg(follower)));
+    // Wait until the meta leader sees it applied (nearly) everything the leader has.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "follower did not catch up");
+        let mut m = proto::meta_client::MetaClient::connect(format!("http://{}", addrs[leader]))
+            .await
+            .unwrap();
+        let c = m
+            .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
+            .await
+            .unwrap()
+            .into_inner();
+        let g = c.groups.iter().find(|g| {
+            g.route
+                .as_ref()
+                .is_some_and(|r| r.group_id == route.group_id)
+        });
+        let applied: Vec<(u64, u64)> = g
+            .map(|g| {
+                g.replicas
+                    .iter()
+                    .map(|r| (r.node_id, r.applied_index))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let f = applied
+            .iter()
+            .find(|(n, _)| *n == follower as u64 + 1)
+            .map(|x| x.1);
+        let l = applied
+            .iter()
+            .find(|(n, _)| *n == leader as u64 + 1)
+            .map(|x| x.1);
+        if let (Some(f), Some(l)) = (f, l) {
+            if f >= 600 && f + 5 >= l {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Now stop the old leader: the caught-up follower must serve every write.
+    nodes[leader].take().unwrap().stop().await;
+    let live: Vec<String> = (0..3)
+        .filter(|&i| i != leader)
+        .map(|i| addrs[i].clone())
+        .collect();
+    for i in (0..600u32).step_by(37) {
+        assert_eq!(
+            get(&live, &route, format!("s{i:05}").as_bytes()).await,
+            Some(value.clone()),
+            "key {i}"
+        );
+    }
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}
