@@ -558,7 +558,7 @@ async fn leader_crash_fails_over_within_the_deadline() {
     client.put(b"x", b"2").await.unwrap();
     let took = started.elapsed();
     assert!(
-        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        took >= Duration::from_millis(250) && took < Duration::from_secs(4),
         "took {took:?}"
     );
     assert_eq!(client.get(b"x").await.unwrap(), Some(b"2".to_vec()));
@@ -588,7 +588,7 @@ async fn unavailable_group_ends_in_deadline_exceeded_on_time() {
         other => panic!("expected DeadlineExceeded, got {other:?}"),
     }
     assert!(
-        took >= Duration::from_millis(390) && took < Duration::from_millis(900),
+        took >= Duration::from_millis(390) && took < Duration::from_millis(2_000),
         "took {took:?}"
     );
     // Backoff grows: far fewer attempts than a busy loop would make.
