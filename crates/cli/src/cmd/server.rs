@@ -1,0 +1,106 @@
+//! `phoenix server`: runs one node (see docs/cluster.md).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::CmdError;
+
+/// Runs one PhoenixKV node until Ctrl-C or SIGTERM.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// This node's id (unique in the cluster, not 0).
+    #[arg(long)]
+    pub id: u64,
+    /// Address to listen on, e.g. 127.0.0.1:7001.
+    #[arg(long)]
+    pub listen: String,
+    /// Address others use to reach this node (default: --listen).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// Data directory (engine in db/, log store in log/).
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Meta group members: id@host:port,... (a node listed here hosts a meta replica).
+    #[arg(long)]
+    pub meta: String,
+    /// Keep the engine's own WAL on (baseline of the log-as-WAL comparison).
+    #[arg(long)]
+    pub engine_wal: bool,
+    /// Replicas per data group.
+    #[arg(long, default_value_t = 3)]
+    pub replication: usize,
+    /// Split keys of the initial data groups, comma separated (n keys → n + 1 groups).
+    #[arg(long, value_delimiter = ',')]
+    pub split_keys: Vec<String>,
+    /// Engine memtable size in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub memtable_mb: usize,
+    /// Log entries kept below the persisted applied index for lagging followers.
+    #[arg(long, default_value_t = 10_000)]
+    pub log_keep_entries: u64,
+    /// How often logs are truncated, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub log_truncate_ms: u64,
+    /// Largest value accepted, in bytes.
+    #[arg(long, default_value_t = phoenix_proto::limits::VALUE_BYTES_MAX)]
+    pub value_max_bytes: usize,
+    /// Raft tick in milliseconds (election timeout = 50 ticks, heartbeat = 5 ticks).
+    #[arg(long, default_value_t = 20)]
+    pub tick_ms: u64,
+    /// Snapshot streaming rate limit in MiB/s.
+    #[arg(long, default_value_t = 64)]
+    pub snapshot_mb_per_sec: u64,
+}
+
+/// Runs the node.
+pub fn run(args: Args) -> Result<(), CmdError> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let meta = phoenix_server::parse_meta_members(&args.meta)?;
+    let mut cfg = phoenix_server::Config::new(args.id, &args.listen, args.data_dir, meta);
+    if let Some(a) = args.advertise {
+        cfg.advertise = a;
+    }
+    cfg.engine_wal = args.engine_wal;
+    cfg.replication = args.replication;
+    cfg.split_keys = args
+        .split_keys
+        .into_iter()
+        .map(String::into_bytes)
+        .collect();
+    cfg.memtable_bytes = args.memtable_mb.max(1) << 20;
+    cfg.log_keep_entries = args.log_keep_entries;
+    cfg.log_truncate_interval = Duration::from_millis(args.log_truncate_ms.max(10));
+    cfg.value_bytes_max = args.value_max_bytes;
+    cfg.tick = Duration::from_millis(args.tick_ms.max(1));
+    cfg.snapshot_bytes_per_sec = args.snapshot_mb_per_sec.max(1) << 20;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("phoenix-io")
+        .build()?;
+    rt.block_on(async move {
+        let shutdown = async {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!("cannot watch SIGTERM: {e}");
+                        let _ = tokio::signal::ctrl_c().await;
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            tracing::info!("stopping");
+        };
+        phoenix_server::run(cfg, shutdown).await
+    })?;
+    Ok(())
+}

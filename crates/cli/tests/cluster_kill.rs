@@ -1,0 +1,284 @@
+//! Real `phoenix server` processes on loopback, killed with SIGKILL: acknowledged
+//! writes survive the loss of any single node and of all nodes; a killed follower
+//! catches up; a killed leader is replaced within seconds.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use phoenix_proto as proto;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Cluster {
+    addrs: Vec<String>,
+    meta: String,
+    dir: tempfile::TempDir,
+    procs: Vec<Option<Child>>,
+}
+
+impl Cluster {
+    fn new(n: usize) -> Cluster {
+        let addrs: Vec<String> = (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let meta = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}@{a}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = Cluster {
+            addrs,
+            meta,
+            dir: tempfile::tempdir().unwrap(),
+            procs: (0..n).map(|_| None).collect(),
+        };
+        for i in 0..n {
+            c.start(i);
+        }
+        c
+    }
+
+    fn start(&mut self, i: usize) {
+        assert!(self.procs[i].is_none());
+        let data = self.dir.path().join(format!("node-{}", i + 1));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("node-{}.log", i + 1)))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_phoenix"))
+            .args([
+                "server",
+                "--id",
+                &(i + 1).to_string(),
+                "--listen",
+                &self.addrs[i],
+            ])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--meta", &self.meta])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.procs[i] = Some(child);
+    }
+
+    fn kill9(&mut self, i: usize) {
+        let mut c = self.procs[i].take().unwrap();
+        c.kill().unwrap(); // SIGKILL
+        c.wait().unwrap();
+    }
+
+    fn live(&self) -> Vec<String> {
+        (0..self.addrs.len())
+            .filter(|&i| self.procs[i].is_some())
+            .map(|i| self.addrs[i].clone())
+            .collect()
+    }
+
+    fn dump_logs(&self) {
+        for i in 0..self.addrs.len() {
+            let p = self.dir.path().join(format!("node-{}.log", i + 1));
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            eprintln!("---- node {} log tail ----", i + 1);
+            for l in tail.into_iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        for c in self.procs.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+async fn route(addrs: &[String], within: Duration) -> proto::Route {
+    let deadline = Instant::now() + within;
+    loop {
+        assert!(Instant::now() < deadline, "no route with a leader in time");
+        for a in addrs {
+            let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
+            else {
+                continue;
+            };
+            if let Ok(r) = m
+                .get_routes(proto::GetRoutesRequest { timeout_ms: 1000 })
+                .await
+            {
+                if let Some(r) = r.into_inner().routes.first() {
+                    return r.clone();
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn header(r: &proto::Route) -> Option<proto::RequestHeader> {
+    Some(proto::RequestHeader {
+        group_id: r.group_id,
+        epoch: r.epoch,
+        timeout_ms: 3000,
+    })
+}
+
+/// Puts via whichever live node leads; returns once acknowledged.
+async fn put(addrs: &[String], r: &proto::Route, key: &str, value: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "put {key} not acknowledged in 30 s"
+        );
+        for a in addrs {
+            let Ok(mut c) = proto::kv_client::KvClient::connect(format!("http://{a}")).await else {
+                continue;
+            };
+            let req = proto::PutRequest {
+                header: header(r),
+                key: key.as_bytes().to_vec().into(),
+                value: value.as_bytes().to_vec().into(),
+            };
+            if let Ok(resp) = c.put(req).await {
+                if resp.into_inner().error.is_none() {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn get(addrs: &[String], r: &proto::Route, key: &str) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "get {key} not answered in 30 s");
+        for a in addrs {
+            let Ok(mut c) = proto::kv_client::KvClient::connect(format!("http://{a}")).await else {
+                continue;
+            };
+            let req = proto::GetRequest {
+                header: header(r),
+                key: key.as_bytes().to_vec().into(),
+            };
+            if let Ok(resp) = c.get(req).await {
+                let resp = resp.into_inner();
+                if resp.error.is_none() {
+                    return resp
+                        .found
+                        .then(|| String::from_utf8(resp.value.to_vec()).unwrap());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn check_all(addrs: &[String], r: &proto::Route, acked: &[(String, String)]) {
+    for (k, v) in acked {
+        assert_eq!(
+            get(addrs, r, k).await.as_deref(),
+            Some(v.as_str()),
+            "key {k}"
+        );
+    }
+}
+
+fn leader_index(r: &proto::Route) -> usize {
+    assert!(r.leader_node_id > 0);
+    r.leader_node_id as usize - 1
+}
+
+async fn current_route(addrs: &[String]) -> proto::Route {
+    // Wait for a route whose leader is reported.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = route(addrs, Duration::from_secs(30)).await;
+        if r.leader_node_id != 0 && addrs.iter().any(|a| *a == r.leader_addr) {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "no live leader reported");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_kill_9() {
+    let mut c = Cluster::new(3);
+    let r = route(&c.addrs, Duration::from_secs(60)).await;
+    let mut acked = Vec::new();
+    let mut n = 0;
+    let write = |n: &mut i32| {
+        *n += 1;
+        (format!("key{:05}", *n), format!("value-{}", *n))
+    };
+    for _ in 0..100 {
+        let (k, v) = write(&mut n);
+        put(&c.addrs, &r, &k, &v).await;
+        acked.push((k, v));
+    }
+
+    // Kill -9 a follower; writes go on; it restarts and catches up.
+    let r = current_route(&c.addrs).await;
+    let follower = (leader_index(&r) + 1) % 3;
+    c.kill9(follower);
+    for _ in 0..50 {
+        let (k, v) = write(&mut n);
+        put(&c.live(), &r, &k, &v).await;
+        acked.push((k, v));
+    }
+    c.start(follower);
+
+    // Kill -9 the leader; a new one must take writes within seconds.
+    let r = current_route(&c.addrs).await;
+    let leader = leader_index(&r);
+    // Make sure the restarted follower is back in the quorum before the leader dies.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.kill9(leader);
+    let t = Instant::now();
+    let (k, v) = write(&mut n);
+    put(&c.live(), &r, &k, &v).await;
+    acked.push((k, v));
+    let failover = t.elapsed();
+    eprintln!("write accepted {failover:?} after the leader was killed");
+    assert!(
+        failover < Duration::from_secs(15),
+        "failover took {failover:?}"
+    );
+    for _ in 0..50 {
+        let (k, v) = write(&mut n);
+        put(&c.live(), &r, &k, &v).await;
+        acked.push((k, v));
+    }
+    c.start(leader);
+    check_all(&c.live(), &r, &acked).await;
+
+    // Kill -9 every node at once, restart all: every acknowledged write is readable.
+    for i in 0..3 {
+        c.kill9(i);
+    }
+    for i in 0..3 {
+        c.start(i);
+    }
+    let r = route(&c.addrs, Duration::from_secs(60)).await;
+    check_all(&c.addrs, &r, &acked).await;
+}
