@@ -213,7 +213,7 @@ async fn current_route(addrs: &[String]) -> proto::Route {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let r = route(addrs, Duration::from_secs(30)).await;
-        if r.leader_node_id != 0 && addrs.iter().any(|a| *a == r.leader_addr) {
+        if r.leader_node_id != 0 && addrs.contains(&r.leader_addr) {
             return r;
         }
         assert!(Instant::now() < deadline, "no live leader reported");

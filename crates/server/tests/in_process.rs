@@ -152,6 +152,20 @@ async fn get(addrs: &[String], route: &proto::Route, key: &[u8]) -> Option<Vec<u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn single_node_put_get_restart() {
+    single_node(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_node_put_get_restart_engine_wal() {
+    single_node(true).await;
+}
+
+async fn single_node(engine_wal: bool) {
+    let cfg = |addr: &str, dir: &Path, meta: &[MetaMember]| {
+        let mut c = config(1, addr, dir, meta, 1);
+        c.engine_wal = engine_wal;
+        c
+    };
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
     let meta = vec![MetaMember {
@@ -159,7 +173,7 @@ async fn single_node_put_get_restart() {
         addr: addr.clone(),
     }];
     let addrs = vec![addr.clone()];
-    let node = start(config(1, &addr, dir.path(), &meta, 1));
+    let node = start(cfg(&addr, dir.path(), &meta));
     let route = wait_route(&addrs).await;
     assert_eq!(route.group_id, 1);
     for i in 0..200u32 {
@@ -247,7 +261,7 @@ async fn single_node_put_get_restart() {
     drop(c);
     // Restart: the engine lost its memtables (WAL off); the log replays.
     node.stop().await;
-    let node = start(config(1, &addr, dir.path(), &meta, 1));
+    let node = start(cfg(&addr, dir.path(), &meta));
     let route = wait_route(&addrs).await;
     for i in (0..200u32).step_by(7) {
         let want = if i == 1 {
