@@ -281,6 +281,12 @@ impl Driver {
                     }
                 }
             }
+            // Reads confirmed in an earlier round wait for applies of later ones.
+            for p in self.peers.values_mut() {
+                if !p.reads_ready.is_empty() {
+                    release_reads(p);
+                }
+            }
             if self.last_truncate.elapsed() >= self.shared.cfg.log_truncate_interval {
                 self.last_truncate = Instant::now();
                 self.truncate_logs();
@@ -492,16 +498,7 @@ impl Driver {
                     p.reads_ready.push((rs.index, reply));
                 }
             }
-            let applied = p.raw.store().applied().0;
-            let mut i = 0;
-            while i < p.reads_ready.len() {
-                if p.reads_ready[i].0 <= applied {
-                    let (_, r) = p.reads_ready.swap_remove(i);
-                    let _ = r.send(Ok(()));
-                } else {
-                    i += 1;
-                }
-            }
+            release_reads(p);
             p.reads_waiting.retain(|_, r| !r.is_closed());
             publish_view(&self.shared, p);
         }
@@ -559,6 +556,20 @@ impl Driver {
         }
         if let Err(e) = self.shared.log.gc() {
             tracing::warn!("log gc: {e}");
+        }
+    }
+}
+
+/// Answers the confirmed reads whose read index is applied.
+fn release_reads(p: &mut Peer) {
+    let applied = p.raw.store().applied().0;
+    let mut i = 0;
+    while i < p.reads_ready.len() {
+        if p.reads_ready[i].0 <= applied {
+            let (_, r) = p.reads_ready.swap_remove(i);
+            let _ = r.send(Ok(()));
+        } else {
+            i += 1;
         }
     }
 }
