@@ -554,9 +554,7 @@ impl Driver {
                 }
             }
         }
-        if let Err(e) = self.shared.log.gc() {
-            tracing::warn!("log gc: {e}");
-        }
+        // Space is reclaimed by the log store's own maintenance thread, off this one.
     }
 }
 
