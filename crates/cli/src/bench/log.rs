@@ -198,7 +198,7 @@ fn run_store(args: &Args, fs: &SharedFs) -> Result<Outcome, BenchError> {
                     let ns = t0.elapsed().as_nanos() as u64;
                     hist.record(ns.max(1)).map_err(|e| e.to_string())?;
                     let d = done.fetch_add(1, Ordering::Relaxed) + 1;
-                    if d % 1024 == 0 {
+                    if d.is_multiple_of(1024) {
                         bar.set_position(d);
                     }
                 }
@@ -309,7 +309,7 @@ fn run_naive(args: &Args, fs: &SharedFs) -> Result<Outcome, BenchError> {
                     hist.record((t0.elapsed().as_nanos() as u64).max(1))
                         .map_err(|e| e.to_string())?;
                     let d = done.fetch_add(1, Ordering::Relaxed) + 1;
-                    if d % 256 == 0 {
+                    if d.is_multiple_of(256) {
                         bar.set_position(d);
                     }
                 }
