@@ -7,11 +7,11 @@
 //! entries from the log number on.
 //!
 //! Durability: an append with `sync` returns after the log's `fdatasync` covering it.
-//! An append without `sync` is handed to the log's group-commit writer and returns at
-//! once (like RocksDB with `manual_wal_flush`): the log keeps the stream's order, so a
-//! later synced append also makes every earlier one durable, but a crash of the process
-//! may lose the last unsynced appends. A failed asynchronous append is reported by
-//! [`Wal::failure`] and turns the engine read-only.
+//! An append without `sync` returns once its bytes are written to the segment file
+//! (`write(2)`, done on the calling thread when the log's writer is idle): like RocksDB
+//! with `sync=false`, a crash of the process loses nothing acknowledged, a crash of the
+//! machine may lose the last unsynced appends. The log keeps the stream's order, so a
+//! later synced append also makes every earlier one durable.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -66,31 +66,29 @@ impl Wal {
     }
 
     /// Appends entry `index`: with `sync`, returns once it is fsynced; without, once it
-    /// is queued (see the module docs).
+    /// is written to the file (see the module docs).
     pub fn append(&self, index: u64, data: Vec<u8>, sync: bool) -> Result<()> {
         if let Some(f) = self.failure() {
             return Err(Error::Wal(f.into()));
         }
         let entries = vec![LogEntry::new(index, 0, data)];
-        if sync {
-            return self
-                .store
+        let r = if sync {
+            self.store
                 .append_durable(WAL_STREAM, entries, None, true)
                 .wait()
-                .map_err(wal_err);
+        } else {
+            self.store.append_written(WAL_STREAM, entries, None)
+        };
+        if let Err(e) = &r {
+            // The stream's order is broken from here on: no later append may succeed.
+            self.failed
+                .lock()
+                .get_or_insert_with(|| format!("WAL append of entry {index}: {e}"));
         }
-        let failed = Arc::clone(&self.failed);
-        self.store.append_with(WAL_STREAM, entries, None, move |r| {
-            if let Err(e) = r {
-                failed.lock().get_or_insert_with(|| {
-                    format!("asynchronous WAL append of entry {index}: {e}")
-                });
-            }
-        });
-        Ok(())
+        r.map_err(wal_err)
     }
 
-    /// The first failure of an asynchronous append, if any.
+    /// The first failed append, if any.
     pub fn failure(&self) -> Option<String> {
         self.failed.lock().clone()
     }

@@ -388,3 +388,47 @@ fn wal_off_refuses_a_database_with_unflushed_wal_entries() {
     );
     db.close().unwrap();
 }
+
+/// A write acknowledged with the WAL on and `sync` off is in the WAL file when `put`
+/// returns (like RocksDB): a crash of the process right after (the file system freezes,
+/// nothing more reaches it) loses none of them, though a power loss could.
+#[test]
+fn unsynced_writes_survive_a_process_crash() {
+    let (m, fs) = fs();
+    let opts = Options {
+        write_buffer_size: 1 << 20,
+        ..small_opts(WalMode::Log)
+    };
+    let db = Db::open(fs.clone(), Path::new("/db"), opts.clone()).unwrap();
+    let wo = WriteOptions::default();
+    assert!(!wo.sync && !wo.disable_wal);
+    std::thread::scope(|s| {
+        for t in 0..3u32 {
+            let db = &db;
+            let wo = &wo;
+            s.spawn(move || {
+                for i in 0..300u32 {
+                    let k = format!("t{t}-k{i:04}");
+                    db.put(wo, k.as_bytes(), k.as_bytes()).unwrap();
+                }
+            });
+        }
+    });
+    m.freeze_after(0);
+    let _ = db.close();
+    drop(db);
+    m.clear_faults();
+    let db = Db::open(fs, Path::new("/db"), opts).unwrap();
+    let ro = ReadOptions::default();
+    for t in 0..3u32 {
+        for i in 0..300u32 {
+            let k = format!("t{t}-k{i:04}");
+            assert_eq!(
+                db.get(&ro, k.as_bytes()).unwrap().as_deref(),
+                Some(k.as_bytes()),
+                "{k} acknowledged, lost by a process crash"
+            );
+        }
+    }
+    db.close().unwrap();
+}

@@ -193,7 +193,7 @@ impl LogStore {
         let (handle, completion) = handle::pair();
         let durable = self.inner.opts.sync;
         self.inner
-            .append(stream, entries, hard_state, durable, completion);
+            .append(stream, entries, hard_state, durable, completion, false);
         handle
     }
 
@@ -213,6 +213,7 @@ impl LogStore {
             hard_state,
             durable,
             handle::Completion::Callback(Box::new(cb)),
+            false,
         );
     }
 
@@ -227,8 +228,29 @@ impl LogStore {
     ) -> AppendHandle {
         let (handle, completion) = handle::pair();
         self.inner
-            .append(stream, entries, hard_state, durable, completion);
+            .append(stream, entries, hard_state, durable, completion, false);
         handle
+    }
+
+    /// Appends and returns once the op is written to its segment file (`write(2)`, not
+    /// `fdatasync`, unless [`LogOptions::sync`] is set or a durable op shares the batch):
+    /// a crash of the process then loses nothing, a crash of the machine may. The calling
+    /// thread writes the queue's batch itself when the writer thread is idle (no thread
+    /// hand-off), so this costs about one `write(2)`: RocksDB's WAL with `sync=false`.
+    pub fn append_written(
+        &self,
+        stream: u64,
+        entries: Vec<LogEntry>,
+        hard_state: Option<HardState>,
+    ) -> Result<()> {
+        let (handle, completion) = handle::pair();
+        if let Some(q) = self
+            .inner
+            .append(stream, entries, hard_state, false, completion, true)
+        {
+            q.write_inline(&self.inner);
+        }
+        handle.wait()
     }
 
     /// Reads the entries with indexes in `range`. Errors if the range starts below the

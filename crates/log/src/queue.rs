@@ -100,6 +100,10 @@ pub(crate) struct Queue {
     state: Mutex<QState>,
     work_cv: Condvar,
     done_cv: Condvar,
+    /// The open segment file; whoever holds it writes the next batch (the writer thread,
+    /// or an appender writing its own batch inline, see [`Queue::write_inline`]). Lock
+    /// order: `writer` before `state`.
+    writer: Mutex<Writer>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -138,6 +142,10 @@ impl Queue {
             }),
             work_cv: Condvar::new(),
             done_cv: Condvar::new(),
+            writer: Mutex::new(Writer {
+                cur: None,
+                dirty: false,
+            }),
             thread: Mutex::new(None),
         });
         let weak = Arc::downgrade(inner);
@@ -163,6 +171,7 @@ impl Queue {
         releases: Vec<Release>,
         completion: Completion,
         durable: bool,
+        wake_writer: bool,
     ) -> std::result::Result<Placed, (Error, Completion)> {
         let mut guard = self.state.lock();
         loop {
@@ -242,7 +251,9 @@ impl Queue {
         st.fill.ops += 1;
         let gen = st.gen;
         drop(guard);
-        self.work_cv.notify_one();
+        if wake_writer {
+            self.work_cv.notify_one();
+        }
         Ok(Placed {
             gen,
             seg,
@@ -332,17 +343,69 @@ fn close_chunk(st: &mut QState, direct_io: bool) {
     c.wend = st.fill.buf.len();
 }
 
-/// The writer thread's own state: the open segment file.
+/// The writer's state: the open segment file.
 struct Writer {
     cur: Option<(Arc<Segment>, Box<dyn WritableFile>)>,
     dirty: bool,
 }
 
+/// What the holder of the writer lock found to do.
+enum Work {
+    /// Write the filling batch (generation `gen`).
+    Batch(Batch, u64),
+    /// Nothing to write, but a sync was asked for.
+    SyncOnly,
+    /// Stopping and drained.
+    Stop,
+    Nothing,
+}
+
+/// Takes the filling batch out of the queue (caller holds the writer lock, so batches are
+/// written in generation order).
+fn take_work(st: &mut QState, direct_io: bool, inline: bool) -> Work {
+    if st.fill.is_empty() {
+        if inline {
+            return Work::Nothing;
+        }
+        if st.stop {
+            st.sync_requested = false;
+            return Work::Stop;
+        }
+        if st.sync_requested {
+            st.sync_requested = false;
+            return Work::SyncOnly;
+        }
+        return Work::Nothing;
+    }
+    if !inline {
+        st.sync_requested = false;
+    }
+    close_chunk(st, direct_io);
+    let gen = st.gen;
+    st.gen += 1;
+    let spare = st.spare.take().unwrap_or_default();
+    Work::Batch(std::mem::replace(&mut st.fill, spare), gen)
+}
+
+impl Queue {
+    /// Writes the filling batch now on the calling thread, if there is one, instead of
+    /// handing it to the writer thread (RocksDB's leader-writes group commit): an appender
+    /// that waits for its `write(2)` saves two thread hand-offs. If the writer thread is
+    /// busy writing, this waits for it and then writes what has accumulated since.
+    pub(crate) fn write_inline(&self, inner: &Inner) {
+        let mut w = self.writer.lock();
+        let work = {
+            let mut st = self.state.lock();
+            take_work(&mut st, inner.opts.direct_io, true)
+        };
+        if let Work::Batch(batch, gen) = work {
+            self.done_cv.notify_all();
+            run_batch(inner, self, &mut w, Some((batch, gen)));
+        }
+    }
+}
+
 fn writer_loop(inner: std::sync::Weak<Inner>, q: Arc<Queue>) {
-    let mut w = Writer {
-        cur: None,
-        dirty: false,
-    };
     let (coalesce, always_sync) = match inner.upgrade() {
         Some(i) => (i.opts.group_commit_wait, i.opts.sync),
         None => return,
@@ -352,7 +415,7 @@ fn writer_loop(inner: std::sync::Weak<Inner>, q: Arc<Queue>) {
     // instead of splitting them over two syncs.
     let mut last_ops = 0u64;
     loop {
-        let (mut batch, gen, sync_only) = {
+        {
             let mut st = q.state.lock();
             loop {
                 if !st.fill.is_empty() || st.sync_requested || st.stop {
@@ -374,83 +437,93 @@ fn writer_loop(inner: std::sync::Weak<Inner>, q: Arc<Queue>) {
                 }
             }
             last_ops = st.fill.ops;
-            if st.fill.is_empty() {
-                st.sync_requested = false;
-                if st.stop {
-                    drop(st);
-                    finish(&inner, &q, &mut w);
-                    return;
-                }
-                (Batch::default(), st.written_gen, true)
-            } else {
-                st.sync_requested = false;
-                let direct = inner.upgrade().is_some_and(|i| i.opts.direct_io);
-                close_chunk(&mut st, direct);
-                let gen = st.gen;
-                st.gen += 1;
-                let spare = st.spare.take().unwrap_or_default();
-                (std::mem::replace(&mut st.fill, spare), gen, false)
-            }
-        };
-        q.done_cv.notify_all();
+        }
         let Some(inner) = inner.upgrade() else {
+            let batch = std::mem::take(&mut q.state.lock().fill);
             fail_batch(batch, &Error::Closed);
             return;
         };
-        let failed = q.state.lock().failed.clone();
-        let result = match failed {
-            Some(e) => Err(e),
-            None if sync_only => sync_cur(&inner, &mut w),
-            None => write_batch(&inner, &q, &mut w, &mut batch),
-        };
-        let synced = match &result {
-            Ok(s) => *s,
-            Err(_) => false,
-        };
-        let mut releases_now = Vec::new();
-        {
+        let mut w = q.writer.lock();
+        let work = {
             let mut st = q.state.lock();
-            match &result {
-                Ok(_) => {
-                    if !sync_only {
-                        st.written_gen = gen;
-                    }
-                    let releases = std::mem::take(&mut batch.releases);
-                    if synced {
-                        st.synced_gen = st.written_gen;
-                        for (_, r) in st.pending_releases.drain(..) {
-                            releases_now.extend(r);
-                        }
-                        releases_now.extend(releases);
-                    } else if !releases.is_empty() {
-                        st.pending_releases.push((gen, releases));
-                    }
-                }
-                Err(e) => {
-                    if st.failed.is_none() {
-                        st.failed = Some(e.clone());
-                    }
-                }
-            }
-        }
-        for r in releases_now {
-            r.apply();
-        }
-        q.done_cv.notify_all();
-        let outcome = match &result {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                inner.poison(e);
-                Err(e.clone())
-            }
+            take_work(&mut st, inner.opts.direct_io, false)
         };
-        for c in batch.completions.drain(..) {
-            c.complete(outcome.clone());
+        match work {
+            Work::Nothing => continue,
+            Work::Stop => {
+                finish(&inner, &q, &mut w);
+                return;
+            }
+            Work::SyncOnly => {
+                q.done_cv.notify_all();
+                run_batch(&inner, &q, &mut w, None);
+            }
+            Work::Batch(batch, gen) => {
+                q.done_cv.notify_all();
+                run_batch(&inner, &q, &mut w, Some((batch, gen)));
+            }
         }
-        if !sync_only {
-            batch.clear();
-            q.state.lock().spare = Some(batch);
+    }
+}
+
+/// Writes (and syncs, if asked) one taken batch, or only syncs with `None`; then
+/// acknowledges its ops. The caller holds the writer lock.
+fn run_batch(inner: &Inner, q: &Queue, w: &mut Writer, taken: Option<(Batch, u64)>) {
+    let sync_only = taken.is_none();
+    let (mut batch, gen) = taken.unwrap_or_default();
+    let failed = q.state.lock().failed.clone();
+    let result = match failed {
+        Some(e) => Err(e),
+        None if sync_only => sync_cur(inner, w),
+        None => write_batch(inner, q, w, &mut batch),
+    };
+    let synced = match &result {
+        Ok(s) => *s,
+        Err(_) => false,
+    };
+    let mut releases_now = Vec::new();
+    {
+        let mut st = q.state.lock();
+        match &result {
+            Ok(_) => {
+                if !sync_only {
+                    st.written_gen = gen;
+                }
+                let releases = std::mem::take(&mut batch.releases);
+                if synced {
+                    st.synced_gen = st.written_gen;
+                    for (_, r) in st.pending_releases.drain(..) {
+                        releases_now.extend(r);
+                    }
+                    releases_now.extend(releases);
+                } else if !releases.is_empty() {
+                    st.pending_releases.push((gen, releases));
+                }
+            }
+            Err(e) => {
+                if st.failed.is_none() {
+                    st.failed = Some(e.clone());
+                }
+            }
         }
+    }
+    for r in releases_now {
+        r.apply();
+    }
+    q.done_cv.notify_all();
+    let outcome = match &result {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            inner.poison(e);
+            Err(e.clone())
+        }
+    };
+    for c in batch.completions.drain(..) {
+        c.complete(outcome.clone());
+    }
+    if !sync_only {
+        batch.clear();
+        q.state.lock().spare = Some(batch);
     }
 }
 
@@ -579,13 +652,10 @@ fn write_aligned(f: &mut dyn WritableFile, bytes: &[u8]) -> Result<()> {
 }
 
 /// Final drain on stop: sync and seal the open segment.
-fn finish(inner: &std::sync::Weak<Inner>, q: &Queue, w: &mut Writer) {
-    let Some(inner) = inner.upgrade() else {
-        return;
-    };
+fn finish(inner: &Inner, q: &Queue, w: &mut Writer) {
     let failed = q.state.lock().failed.is_some();
     if !failed {
-        match write_seal(&inner, w).and_then(|()| sync_cur(&inner, w)) {
+        match write_seal(inner, w).and_then(|()| sync_cur(inner, w)) {
             Ok(_) => {
                 let mut releases = Vec::new();
                 {

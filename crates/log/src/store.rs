@@ -474,7 +474,8 @@ impl Inner {
         mut releases: Vec<Release>,
         completion: Completion,
         durable: bool,
-    ) {
+        wake_writer: bool,
+    ) -> Option<Arc<Queue>> {
         let q = match self.queue_by_id(st.queue) {
             Some(q) => q,
             None => {
@@ -482,7 +483,7 @@ impl Inner {
                     "stream {} assigned to missing queue {}",
                     st.id, st.queue
                 ))));
-                return;
+                return None;
             }
         };
         // A stream that changed queue: its ops on the old queue must be durable before
@@ -493,7 +494,7 @@ impl Inner {
                     if old.uid == t.queue_uid {
                         if let Err(e) = old.wait_synced(t.gen) {
                             completion.complete(Err(e));
-                            return;
+                            return None;
                         }
                     }
                 }
@@ -546,12 +547,13 @@ impl Inner {
             releases,
             completion,
             durable,
+            wake_writer,
         );
         let placed = match placed {
             Ok(p) => p,
             Err((e, completion)) => {
                 completion.complete(Err(e));
-                return;
+                return None;
             }
         };
         self.stats.appends.fetch_add(1, Ordering::Relaxed);
@@ -588,8 +590,11 @@ impl Inner {
             gen: placed.gen,
         });
         st.evict(self.opts.cache_bytes_per_stream);
+        Some(q)
     }
 
+    /// Enqueues an append; returns the queue it went to. With `inline` the writer thread
+    /// is not woken: the caller writes the batch itself ([`Queue::write_inline`]).
     pub(crate) fn append(
         &self,
         stream: u64,
@@ -597,18 +602,19 @@ impl Inner {
         hs: Option<HardState>,
         durable: bool,
         completion: Completion,
-    ) {
+        inline: bool,
+    ) -> Option<Arc<Queue>> {
         if let Err(e) = self.check_open() {
             completion.complete(Err(e));
-            return;
+            return None;
         }
         if let Err(e) = check_entries(&entries) {
             completion.complete(Err(e));
-            return;
+            return None;
         }
         if entries.is_empty() && hs.is_none() {
             completion.complete(Ok(()));
-            return;
+            return None;
         }
         let first_index = entries.first().map_or(0, |e| e.index);
         // Checksums outside every lock.
@@ -632,7 +638,7 @@ impl Inner {
                 let Some(new_last) = b.checked_add(n as u64 - 1) else {
                     drop(st);
                     completion.complete(Err(Error::InvalidArgument("entry index overflow".into())));
-                    return;
+                    return None;
                 };
                 if b < st.first {
                     let e = Error::Compacted {
@@ -642,7 +648,7 @@ impl Inner {
                     };
                     drop(st);
                     completion.complete(Err(e));
-                    return;
+                    return None;
                 }
                 if st.is_empty() {
                     // An empty stream may restart at any index at or above its first.
@@ -655,7 +661,7 @@ impl Inner {
                     };
                     drop(st);
                     completion.complete(Err(e));
-                    return;
+                    return None;
                 } else {
                     st.pop_back_from(b, &mut releases);
                     (b, st.first, new_last)
@@ -673,7 +679,8 @@ impl Inner {
             releases,
             completion,
             durable,
-        );
+            !inline,
+        )
     }
 
     /// Submits a non-append op and waits for it.
@@ -698,6 +705,7 @@ impl Inner {
             releases,
             completion,
             self.opts.sync,
+            true,
         );
         drop(st);
         h.wait()
@@ -794,6 +802,7 @@ impl Inner {
             last,
             releases,
             completion,
+            true,
             true,
         );
         self.stats.rewrites.fetch_add(1, Ordering::Relaxed);
@@ -1024,6 +1033,7 @@ impl Inner {
                 last,
                 Vec::new(),
                 completion,
+                true,
                 true,
             );
             // One at a time: a resize is rare, and it keeps the file operations of a

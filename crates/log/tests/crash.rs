@@ -182,7 +182,12 @@ fn run_seed(seed: u64, cov: &mut Coverage) -> Result<(), String> {
                     m.hs = hs;
                 }
                 durable = rng.gen_bool(0.8);
-                outcome = log.append_durable(s, entries, hs, durable).wait();
+                outcome = if !durable && rng.gen_bool(0.5) {
+                    // Written on this thread (the store's `sync` may still make it durable).
+                    log.append_written(s, entries, hs)
+                } else {
+                    log.append_durable(s, entries, hs, durable).wait()
+                };
                 next = Some(m);
             } else if roll < 62 {
                 let mut m = cur.clone().unwrap_or_else(StreamModel::new);
