@@ -1,1 +1,32 @@
-//! phoenix-meta (under construction).
+//! phoenix-meta: PhoenixKV's control plane.
+//!
+//! The meta group is raft group 0, hosted inside the servers listed in `--meta`
+//! (`docs/cluster.md`). This crate is its logic, free of I/O, clocks and threads; the
+//! server hosts it (runs the raft group, stores the records in its engine, serves the
+//! `Meta` gRPC service and proposes what the scheduler decides):
+//! - [`state`]: the replicated state machine — node registry and routing table (group
+//!   id, key range, epoch, replicas), applied from committed [`phoenix_proto::MetaCommand`]s,
+//!   rebuilt from its records; replay-safe;
+//! - [`liveness`]: the meta leader's soft state from heartbeats — liveness, node stats,
+//!   replica states, group leaders;
+//! - [`schedule`]: decisions — bootstrap placement (one group, or one per range between
+//!   split keys), placement commands for heartbeats, node registration, and the route
+//!   and cluster views served to clients;
+//! - [`error`]: typed errors ([`Error`] for what cannot be understood, [`Refusal`] for
+//!   commands the state declines).
+
+pub mod error;
+pub mod liveness;
+pub mod schedule;
+pub mod state;
+
+pub use error::{Error, Refusal, Result};
+pub use liveness::{LeaderView, ALIVE_WITHIN};
+pub use schedule::{
+    bootstrap_plan, cluster_view, place, placement_commands, registration, route_table,
+    routes_view, split_ranges,
+};
+pub use state::{
+    node_record_key, route_contains, route_record_key, validate_table, Applied, MetaState, Write,
+    META_GROUP,
+};

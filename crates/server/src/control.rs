@@ -10,7 +10,11 @@
 //!   not report hosting.
 //! - The scheduler (meta leader only) bootstraps the data groups once `replication`
 //!   nodes are alive: one group, or one per range between `--split-keys`.
+//!
+//! The decisions (registration, placement, bootstrap plan, the served views) are
+//! `phoenix_meta`'s; this module runs them on the node and carries them out.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,22 +22,47 @@ use bytes::Bytes;
 use phoenix_proto as proto;
 use prost::Message as _;
 use tokio::sync::oneshot;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::meta::{place, META_GROUP};
+use crate::meta::META_GROUP;
 use crate::node::{ApplyResult, Event};
 use crate::shared::Shared;
 
 type PErr = proto::Error;
-
-/// A node counts as alive if it sent a heartbeat within this.
-const ALIVE_WITHIN: Duration = Duration::from_secs(5);
+type MetaClient = proto::meta_client::MetaClient<Channel>;
 
 /// The `Meta` gRPC service.
 #[derive(Clone)]
 pub struct MetaService {
     /// Shared node state.
     pub shared: Arc<Shared>,
+}
+
+/// A response message whose `error` field carries a request's failure.
+pub(crate) trait ErrorReply: Default {
+    /// The response that reports `err`.
+    fn with_error(err: PErr) -> Self;
+}
+
+macro_rules! error_reply {
+    ($($resp:ident),*) => {$(
+        impl ErrorReply for proto::$resp {
+            fn with_error(err: PErr) -> Self {
+                proto::$resp {
+                    error: Some(err),
+                    ..Default::default()
+                }
+            }
+        }
+    )*};
+}
+error_reply!(GetRoutesResponse, GetClusterResponse, HeartbeatResponse);
+
+/// The gRPC answer to a request: its response, or one reporting its error (gRPC
+/// statuses are for transport failures only).
+pub(crate) fn reply<T: ErrorReply>(r: Result<T, PErr>) -> Result<Response<T>, Status> {
+    Ok(Response::new(r.unwrap_or_else(T::with_error)))
 }
 
 fn timeout_of(ms: u64) -> Result<Duration, PErr> {
@@ -43,10 +72,7 @@ fn timeout_of(ms: u64) -> Result<Duration, PErr> {
     Ok(Duration::from_millis(ms.min(proto::limits::TIMEOUT_MS_MAX)))
 }
 
-async fn connect_meta(
-    addr: &str,
-    timeout: Duration,
-) -> Result<proto::meta_client::MetaClient<tonic::transport::Channel>, PErr> {
+async fn connect_meta(addr: &str, timeout: Duration) -> Result<MetaClient, PErr> {
     let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| PErr::invalid_argument(format!("bad address {addr}: {e}")))?
         .connect_timeout(timeout.min(Duration::from_secs(2)))
@@ -55,7 +81,7 @@ async fn connect_meta(
         .connect()
         .await
         .map_err(|e| PErr::group_unavailable(META_GROUP, format!("cannot reach {addr}: {e}")))?;
-    Ok(proto::meta_client::MetaClient::new(ch))
+    Ok(MetaClient::new(ch))
 }
 
 impl MetaService {
@@ -66,6 +92,15 @@ impl MetaService {
             .read()
             .get(&META_GROUP)
             .is_some_and(|v| v.is_leader)
+    }
+
+    /// The meta group's applied index on this node (the routing table's version).
+    fn meta_applied(&self) -> u64 {
+        self.shared
+            .groups
+            .read()
+            .get(&META_GROUP)
+            .map_or(0, |v| v.applied)
     }
 
     /// Where to forward a meta read: the known meta leader, else the meta members.
@@ -89,20 +124,61 @@ impl MetaService {
             .collect()
     }
 
-    async fn read_index(&self, timeout: Duration) -> Result<(), PErr> {
+    /// Answers a meta read here if this node leads the meta group, else forwards it
+    /// once to the [`forward_targets`](Self::forward_targets) in turn, returning the
+    /// first answer (its own error included) or the last failure to reach one.
+    async fn leader_or_forward<T, L, F, Fut>(
+        &self,
+        timeout: Duration,
+        local: L,
+        call: F,
+    ) -> Result<T, PErr>
+    where
+        L: Future<Output = Result<T, PErr>>,
+        F: Fn(MetaClient) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        if self.is_meta_leader() {
+            return local.await;
+        }
+        let mut last = PErr::group_unavailable(META_GROUP, "no meta leader known");
+        for addr in self.forward_targets() {
+            match connect_meta(&addr, timeout).await {
+                Ok(c) => match call(c).await {
+                    Ok(resp) => return Ok(resp.into_inner()),
+                    Err(s) => last = PErr::group_unavailable(META_GROUP, format!("{addr}: {s}")),
+                },
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Sends `event` (built around the reply channel) to the raft driver and waits for
+    /// its answer within `timeout`.
+    async fn ask_driver<T>(
+        &self,
+        timeout: Duration,
+        event: impl FnOnce(oneshot::Sender<Result<T, PErr>>) -> Event,
+    ) -> Result<T, PErr> {
         let (tx, rx) = oneshot::channel();
         self.shared
             .events
-            .send(Event::ReadIndex {
-                group: META_GROUP,
-                reply: tx,
-            })
+            .send(event(tx))
             .map_err(|_| PErr::group_unavailable(META_GROUP, "node shutting down"))?;
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(PErr::group_unavailable(META_GROUP, "request dropped")),
             Err(_) => Err(PErr::deadline_exceeded(timeout.as_millis() as u64)),
         }
+    }
+
+    async fn read_index(&self, timeout: Duration) -> Result<(), PErr> {
+        self.ask_driver(timeout, |reply| Event::ReadIndex {
+            group: META_GROUP,
+            reply,
+        })
+        .await
     }
 
     async fn propose(
@@ -110,107 +186,38 @@ impl MetaService {
         cmd: proto::MetaCommand,
         timeout: Duration,
     ) -> Result<ApplyResult, PErr> {
-        let (tx, rx) = oneshot::channel();
-        self.shared
-            .events
-            .send(Event::Propose {
-                group: META_GROUP,
-                data: Bytes::from(cmd.encode_to_vec()),
-                reply: tx,
-            })
-            .map_err(|_| PErr::group_unavailable(META_GROUP, "node shutting down"))?;
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(PErr::group_unavailable(META_GROUP, "request dropped")),
-            Err(_) => Err(PErr::deadline_exceeded(timeout.as_millis() as u64)),
-        }
-    }
-
-    fn routes(&self) -> Vec<proto::Route> {
-        let meta = self.shared.meta.read();
-        let lv = self.shared.leader_view.lock();
-        meta.routes
-            .values()
-            .map(|r| {
-                let mut r = r.clone();
-                for rep in r.replicas.iter_mut() {
-                    if let Some(n) = meta.nodes.get(&rep.node_id) {
-                        rep.addr = n.addr.clone();
-                    }
-                }
-                if let Some(&(_, leader)) = lv.leaders.get(&r.group_id) {
-                    r.leader_node_id = leader;
-                    r.leader_addr = meta
-                        .nodes
-                        .get(&leader)
-                        .map(|n| n.addr.clone())
-                        .unwrap_or_default();
-                }
-                r
-            })
-            .collect()
+        self.ask_driver(timeout, |reply| Event::Propose {
+            group: META_GROUP,
+            data: Bytes::from(cmd.encode_to_vec()),
+            reply,
+        })
+        .await
     }
 
     async fn local_routes(&self, timeout: Duration) -> Result<proto::GetRoutesResponse, PErr> {
         self.read_index(timeout).await?;
-        let mut routes = self.routes();
-        routes.sort_by(|a, b| a.start_key.cmp(&b.start_key));
-        let version = self
-            .shared
-            .groups
-            .read()
-            .get(&META_GROUP)
-            .map_or(0, |v| v.applied);
+        let routes = {
+            let meta = self.shared.meta.read();
+            let lv = self.shared.leader_view.lock();
+            phoenix_meta::route_table(&meta, &lv)
+        };
         Ok(proto::GetRoutesResponse {
             error: None,
             routes,
-            version,
+            version: self.meta_applied(),
         })
     }
 
     async fn local_cluster(&self, timeout: Duration) -> Result<proto::GetClusterResponse, PErr> {
         self.read_index(timeout).await?;
-        let routes = self.routes();
-        let meta = self.shared.meta.read().clone();
+        let meta = self.shared.meta.read();
         let lv = self.shared.leader_view.lock();
-        let nodes = meta
-            .nodes
-            .values()
-            .map(|n| {
-                let hb = lv.nodes.get(&n.node_id);
-                let ago = hb.map_or(u64::MAX, |(t, _)| t.elapsed().as_millis() as u64);
-                proto::NodeInfo {
-                    node_id: n.node_id,
-                    addr: n.addr.clone(),
-                    last_heartbeat_ms_ago: ago,
-                    alive: hb.is_some_and(|(t, _)| t.elapsed() < ALIVE_WITHIN),
-                    stats: hb.map(|(_, s)| *s),
-                }
-            })
-            .collect();
-        let mut groups: Vec<proto::GroupInfo> = routes
-            .into_iter()
-            .map(|route| {
-                let mut replicas: Vec<proto::ReplicaStats> = lv
-                    .replicas
-                    .iter()
-                    .filter(|((g, _), _)| *g == route.group_id)
-                    .map(|(_, s)| *s)
-                    .collect();
-                replicas.sort_by_key(|s| s.node_id);
-                proto::GroupInfo {
-                    route: Some(route),
-                    replicas,
-                }
-            })
-            .collect();
-        groups.sort_by_key(|g| g.route.as_ref().map_or(0, |r| r.group_id));
-        Ok(proto::GetClusterResponse {
-            error: None,
-            nodes,
-            groups,
-            meta_leader_node_id: self.shared.cfg.node_id,
-        })
+        Ok(phoenix_meta::cluster_view(
+            &meta,
+            &lv,
+            Instant::now(),
+            self.shared.cfg.node_id,
+        ))
     }
 
     async fn heartbeat_local(
@@ -218,25 +225,9 @@ impl MetaService {
         r: proto::HeartbeatRequest,
         timeout: Duration,
     ) -> Result<proto::HeartbeatResponse, PErr> {
-        if r.node_id == 0 || r.addr.is_empty() {
-            return Err(PErr::invalid_argument(
-                "heartbeat without node id or address",
-            ));
-        }
-        let known = self
-            .shared
-            .meta
-            .read()
-            .nodes
-            .get(&r.node_id)
-            .map(|n| n.addr.clone());
-        if known.as_deref() != Some(r.addr.as_str()) {
-            let cmd = proto::MetaCommand {
-                cmd: Some(proto::meta_command::Cmd::RegisterNode(proto::Replica {
-                    node_id: r.node_id,
-                    addr: r.addr.clone(),
-                })),
-            };
+        let register = phoenix_meta::registration(&self.shared.meta.read(), &r)
+            .map_err(|e| PErr::invalid_argument(e.to_string()))?;
+        if let Some(cmd) = register {
             match self.propose(cmd, timeout).await? {
                 ApplyResult::Refused(why) => {
                     return Err(PErr::invalid_argument(format!("node {}: {why}", r.node_id)))
@@ -245,53 +236,23 @@ impl MetaService {
             }
         }
         self.shared.addrs.write().insert(r.node_id, r.addr.clone());
-        self.shared
-            .leader_view
-            .lock()
-            .record(r.node_id, r.stats.unwrap_or_default(), &r.replicas);
-        let hosted: std::collections::HashSet<u64> =
-            r.replicas.iter().map(|s| s.group_id).collect();
-        let commands = self
-            .routes()
-            .into_iter()
-            .filter(|route| {
-                route.replicas.iter().any(|x| x.node_id == r.node_id)
-                    && !hosted.contains(&route.group_id)
-            })
-            .map(|route| proto::PlacementCommand {
-                cmd: Some(proto::placement_command::Cmd::CreateReplica(
-                    proto::CreateReplica { route: Some(route) },
-                )),
-            })
-            .collect();
-        let routes_version = self
-            .shared
-            .groups
-            .read()
-            .get(&META_GROUP)
-            .map_or(0, |v| v.applied);
+        let commands = {
+            let meta = self.shared.meta.read();
+            let mut lv = self.shared.leader_view.lock();
+            lv.record(
+                Instant::now(),
+                r.node_id,
+                r.stats.unwrap_or_default(),
+                &r.replicas,
+            );
+            phoenix_meta::placement_commands(&meta, &lv, r.node_id, &r.replicas)
+        };
         Ok(proto::HeartbeatResponse {
             error: None,
             commands,
-            routes_version,
+            routes_version: self.meta_applied(),
         })
     }
-}
-
-macro_rules! or_err {
-    ($resp:ident, $e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(err) =>
-            {
-                #[allow(clippy::needless_update)]
-                return Ok(Response::new(proto::$resp {
-                    error: Some(err),
-                    ..Default::default()
-                }))
-            }
-        }
-    };
 }
 
 #[tonic::async_trait]
@@ -301,27 +262,16 @@ impl proto::meta_server::Meta for MetaService {
         req: Request<proto::GetRoutesRequest>,
     ) -> Result<Response<proto::GetRoutesResponse>, Status> {
         let r = req.into_inner();
-        let timeout = or_err!(GetRoutesResponse, timeout_of(r.timeout_ms));
-        if self.is_meta_leader() {
-            return Ok(Response::new(or_err!(
-                GetRoutesResponse,
-                self.local_routes(timeout).await
-            )));
-        }
-        let mut last = PErr::group_unavailable(META_GROUP, "no meta leader known");
-        for addr in self.forward_targets() {
-            match connect_meta(&addr, timeout).await {
-                Ok(mut c) => match c.get_routes(r).await {
-                    Ok(resp) => return Ok(resp),
-                    Err(s) => last = PErr::group_unavailable(META_GROUP, format!("{addr}: {s}")),
-                },
-                Err(e) => last = e,
+        reply(
+            async {
+                let timeout = timeout_of(r.timeout_ms)?;
+                self.leader_or_forward(timeout, self.local_routes(timeout), |mut c| async move {
+                    c.get_routes(r).await
+                })
+                .await
             }
-        }
-        Ok(Response::new(proto::GetRoutesResponse {
-            error: Some(last),
-            ..Default::default()
-        }))
+            .await,
+        )
     }
 
     async fn get_cluster(
@@ -329,27 +279,16 @@ impl proto::meta_server::Meta for MetaService {
         req: Request<proto::GetClusterRequest>,
     ) -> Result<Response<proto::GetClusterResponse>, Status> {
         let r = req.into_inner();
-        let timeout = or_err!(GetClusterResponse, timeout_of(r.timeout_ms));
-        if self.is_meta_leader() {
-            return Ok(Response::new(or_err!(
-                GetClusterResponse,
-                self.local_cluster(timeout).await
-            )));
-        }
-        let mut last = PErr::group_unavailable(META_GROUP, "no meta leader known");
-        for addr in self.forward_targets() {
-            match connect_meta(&addr, timeout).await {
-                Ok(mut c) => match c.get_cluster(r).await {
-                    Ok(resp) => return Ok(resp),
-                    Err(s) => last = PErr::group_unavailable(META_GROUP, format!("{addr}: {s}")),
-                },
-                Err(e) => last = e,
+        reply(
+            async {
+                let timeout = timeout_of(r.timeout_ms)?;
+                self.leader_or_forward(timeout, self.local_cluster(timeout), |mut c| async move {
+                    c.get_cluster(r).await
+                })
+                .await
             }
-        }
-        Ok(Response::new(proto::GetClusterResponse {
-            error: Some(last),
-            ..Default::default()
-        }))
+            .await,
+        )
     }
 
     async fn heartbeat(
@@ -357,23 +296,22 @@ impl proto::meta_server::Meta for MetaService {
         req: Request<proto::HeartbeatRequest>,
     ) -> Result<Response<proto::HeartbeatResponse>, Status> {
         let r = req.into_inner();
-        let timeout = or_err!(HeartbeatResponse, timeout_of(r.timeout_ms));
-        if !self.is_meta_leader() {
-            let leader = self
-                .shared
-                .groups
-                .read()
-                .get(&META_GROUP)
-                .map_or(0, |v| v.leader);
-            return Ok(Response::new(proto::HeartbeatResponse {
-                error: Some(PErr::not_leader(META_GROUP, self.shared.replica_of(leader))),
-                ..Default::default()
-            }));
-        }
-        Ok(Response::new(or_err!(
-            HeartbeatResponse,
-            self.heartbeat_local(r, timeout).await
-        )))
+        reply(
+            async {
+                let timeout = timeout_of(r.timeout_ms)?;
+                if !self.is_meta_leader() {
+                    let leader = self
+                        .shared
+                        .groups
+                        .read()
+                        .get(&META_GROUP)
+                        .map_or(0, |v| v.leader);
+                    return Err(PErr::not_leader(META_GROUP, self.shared.replica_of(leader)));
+                }
+                self.heartbeat_local(r, timeout).await
+            }
+            .await,
+        )
     }
 }
 
@@ -478,62 +416,39 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
     }
 }
 
-/// The meta leader's scheduler: bootstraps the data groups when enough nodes are alive.
+/// The meta leader's scheduler: bootstraps the data groups when enough nodes are alive
+/// (the decision is [`phoenix_meta::bootstrap_plan`]).
 pub async fn scheduler_loop(shared: Arc<Shared>) {
     let svc = MetaService {
         shared: Arc::clone(&shared),
     };
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        if !svc.is_meta_leader() || !shared.meta.read().routes.is_empty() {
+        if !svc.is_meta_leader() {
             continue;
         }
-        let alive: Vec<u64> = {
+        let plan = {
             let meta = shared.meta.read();
             let lv = shared.leader_view.lock();
-            meta.nodes
-                .keys()
-                .copied()
-                .filter(|id| {
-                    lv.nodes
-                        .get(id)
-                        .is_some_and(|(t, _)| t.elapsed() < ALIVE_WITHIN)
-                })
-                .collect()
+            phoenix_meta::bootstrap_plan(
+                &meta,
+                &lv,
+                Instant::now(),
+                &shared.cfg.split_keys,
+                shared.cfg.replication,
+            )
         };
-        let splits = &shared.cfg.split_keys;
-        let Some(placement) = place(&alive, splits.len() + 1, shared.cfg.replication) else {
-            continue;
+        let cmd = match plan {
+            Ok(Some(cmd)) => cmd,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!("cannot bootstrap: {e}");
+                continue;
+            }
         };
-        let nodes = shared.meta.read().nodes.clone();
-        let routes: Vec<proto::Route> = placement
-            .into_iter()
-            .enumerate()
-            .map(|(i, reps)| proto::Route {
-                group_id: i as u64 + 1,
-                start_key: if i == 0 {
-                    Bytes::new()
-                } else {
-                    Bytes::from(splits[i - 1].clone())
-                },
-                end_key: splits.get(i).cloned().map(Bytes::from).unwrap_or_default(),
-                epoch: 1,
-                replicas: reps
-                    .into_iter()
-                    .map(|id| proto::Replica {
-                        node_id: id,
-                        addr: nodes.get(&id).map(|n| n.addr.clone()).unwrap_or_default(),
-                    })
-                    .collect(),
-                leader_node_id: 0,
-                leader_addr: String::new(),
-            })
-            .collect();
-        let n = routes.len();
-        let cmd = proto::MetaCommand {
-            cmd: Some(proto::meta_command::Cmd::CreateGroups(
-                proto::CreateGroups { routes },
-            )),
+        let n = match &cmd.cmd {
+            Some(proto::meta_command::Cmd::CreateGroups(cg)) => cg.routes.len(),
+            _ => 0,
         };
         let started = Instant::now();
         match svc.propose(cmd, Duration::from_secs(5)).await {

@@ -7,7 +7,8 @@
 //! - [`transport`]: batched raft messages per peer node over one gRPC stream;
 //! - [`snapshot`]: building, streaming and receiving group snapshots (SST files);
 //! - [`service`]: the client `Kv` service; [`control`]: the `Meta` service, heartbeats
-//!   and the scheduler; [`meta`]: the meta group's state machine (group 0);
+//!   and the scheduler's host; [`meta`]: the meta group's state machine (group 0,
+//!   `phoenix_meta`) stored in the engine;
 //! - [`registry`]: the node's list of hosted replicas; [`keys`]: the engine key layout.
 //!
 //! Design and decisions: `docs/cluster.md`.
@@ -96,7 +97,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         registry::save(&data, &routes)?;
     }
     let meta_state = if routes.iter().any(|r| r.group_id == META_GROUP) {
-        MetaState::load(&engine)?
+        meta::load(&engine)?
     } else {
         MetaState::default()
     };

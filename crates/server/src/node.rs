@@ -30,7 +30,7 @@ use prost::Message as _;
 use tokio::sync::oneshot;
 
 use crate::keys;
-use crate::meta::{MetaState, META_GROUP};
+use crate::meta::META_GROUP;
 use crate::shared::{GroupView, Shared};
 use crate::storage::GroupStorage;
 
@@ -626,7 +626,7 @@ fn install_snapshot(
         .map_err(|e| crate::Error::Raft(e.into()))?;
     crate::snapshot::remove_dir(&dir);
     if g == META_GROUP {
-        *shared.meta.write() = MetaState::load(&shared.engine)?;
+        *shared.meta.write() = crate::meta::load(&shared.engine)?;
     }
     tracing::info!(group = g, index = meta.index, "snapshot installed");
     Ok(())
@@ -666,17 +666,7 @@ fn apply_entries(
             },
             EntryKind::Normal if e.data.is_empty() => ApplyResult::Done,
             EntryKind::Normal if g == META_GROUP => {
-                let cmd = proto::MetaCommand::decode(e.data.as_ref()).map_err(|err| {
-                    crate::Error::Corruption(format!(
-                        "group {g} entry {}: undecodable meta command: {err}",
-                        e.index
-                    ))
-                })?;
-                let mut meta = shared.meta.write();
-                match meta.apply(cmd, &mut wb) {
-                    Ok(()) => ApplyResult::Done,
-                    Err(why) => ApplyResult::Refused(why),
-                }
+                crate::meta::apply_entry(&mut shared.meta.write(), e.index, &e.data, &mut wb)?
             }
             EntryKind::Normal => {
                 let cmd = proto::KvCommand::decode(e.data.as_ref()).map_err(|err| {

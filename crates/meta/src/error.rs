@@ -1,0 +1,87 @@
+//! Errors of the control plane.
+//!
+//! Two kinds, kept apart because they mean different things to the host:
+//! - [`Error`]: input that cannot be understood (an undecodable command or stored
+//!   record, a malformed heartbeat, a bad bootstrap plan). For a committed log entry or
+//!   a stored record this is corruption: the host stops the group.
+//! - [`Refusal`]: a well-formed command that the state machine declines in its current
+//!   state. Refusals are deterministic (every replica refuses the same entry), leave
+//!   the state unchanged and are reported to the proposer; they are not failures.
+
+/// What could not be understood.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A committed meta command does not decode.
+    #[error("meta entry {index}: undecodable meta command: {source}")]
+    DecodeCommand {
+        /// Log index of the entry.
+        index: u64,
+        /// The decoder's error.
+        source: prost::DecodeError,
+    },
+    /// A stored record of the meta state does not decode.
+    #[error("meta record {key:?}: {source}")]
+    DecodeRecord {
+        /// The record's key (relative to the meta key space).
+        key: Vec<u8>,
+        /// The decoder's error.
+        source: prost::DecodeError,
+    },
+    /// A stored record has a key that belongs to no record kind.
+    #[error("unknown meta record key {0:?}")]
+    UnknownRecord(Vec<u8>),
+    /// A stored record's key does not match its value (e.g. a node record stored under
+    /// another node's id).
+    #[error("meta record {key:?} holds {what}")]
+    MismatchedRecord {
+        /// The record's key.
+        key: Vec<u8>,
+        /// What the value says instead.
+        what: String,
+    },
+    /// A heartbeat without the fields every heartbeat needs.
+    #[error("heartbeat without node id or address")]
+    BadHeartbeat,
+    /// Split keys that cannot delimit ranges.
+    #[error("split keys must be non-empty, sorted and distinct")]
+    BadSplitKeys,
+}
+
+/// Why a well-formed command was declined (the state is unchanged).
+///
+/// The `Display` texts are what the proposer sees.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The command carries no operation.
+    #[error("empty meta command")]
+    EmptyCommand,
+    /// Node id 0 means "none" everywhere.
+    #[error("node id 0 is reserved")]
+    ReservedNodeId,
+    /// Another node is registered at that address.
+    #[error("address {addr} already belongs to node {owner}")]
+    AddressTaken {
+        /// The address asked for.
+        addr: String,
+        /// The node registered there.
+        owner: u64,
+    },
+    /// A node registration without an address.
+    #[error("node {0} has no address")]
+    NoAddress(u64),
+    /// `CreateGroups` with no routes.
+    #[error("no groups to create")]
+    NoGroups,
+    /// A group id that is the meta group's or already in the routing table.
+    #[error("group {0} already exists")]
+    GroupExists(u64),
+    /// Data groups are created once, at bootstrap.
+    #[error("the cluster is already bootstrapped")]
+    AlreadyBootstrapped,
+    /// The routes of a `CreateGroups` do not form a valid routing table.
+    #[error("invalid routing table: {0}")]
+    InvalidRoutes(String),
+}
+
+/// Result with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

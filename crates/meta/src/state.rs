@@ -1,0 +1,762 @@
+//! The replicated meta state (raft group 0): node registry and routing table.
+//!
+//! [`MetaState`] is a deterministic state machine over [`MetaCommand`]s. It does no
+//! I/O: [`MetaState::apply`] returns the record [`Write`]s the host must persist in the
+//! same engine batch as the group's applied-index sentinel, and
+//! [`MetaState::from_records`] rebuilds the state from those records and the sentinel
+//! at start and after a snapshot install.
+//!
+//! Records (keys relative to the meta key space; the host prefixes them with
+//! `0u64 BE ‖ 'd'`):
+//! ```text
+//! record      := node_record | route_record
+//! node_record := 'n' ‖ node_id: u64 BE   → protobuf Replica (node id, address)
+//! route_record:= 'r' ‖ group_id: u64 BE  → protobuf Route (range, epoch, replicas)
+//! ```
+//!
+//! Invariants (checked by [`MetaState::check`] in tests and debug builds):
+//! 1. node 0 is never registered; no two nodes share an address;
+//! 2. the routing table is empty, or its ranges are contiguous, start at the empty key,
+//!    end unbounded and do not overlap; group 0 (the meta group) is never in it;
+//! 3. every route has epoch ≥ 1 and at least one replica, with distinct non-zero ids.
+//!
+//! Replay: the state remembers the last log index it applied. An entry at or below it
+//! is skipped ([`Applied::Replayed`]), so applying the same committed entry twice (a
+//! host that replays its log after a restart from an older point) changes nothing.
+
+use std::collections::{BTreeMap, HashSet};
+
+use phoenix_proto::{meta_command, MetaCommand, Replica, Route};
+use prost::Message;
+
+use crate::error::{Error, Refusal, Result};
+
+/// Group id of the meta group.
+pub const META_GROUP: u64 = 0;
+
+/// Record kind byte of a node record.
+const NODE_RECORD: u8 = b'n';
+/// Record kind byte of a route record.
+const ROUTE_RECORD: u8 = b'r';
+
+/// One record to persist (key relative to the meta key space).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    /// Record key.
+    pub key: Vec<u8>,
+    /// Encoded record.
+    pub value: Vec<u8>,
+}
+
+/// What applying one committed command did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// The state changed; persist these records with the applied index.
+    Changed(Vec<Write>),
+    /// A valid command that changes nothing (e.g. a node re-registering its address).
+    Unchanged,
+    /// The entry's index was applied before: skipped.
+    Replayed,
+}
+
+/// The replicated meta state.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct MetaState {
+    /// Registered nodes by id.
+    nodes: BTreeMap<u64, Replica>,
+    /// Data group routes by group id.
+    routes: BTreeMap<u64, Route>,
+    /// Last log index applied (0 = none).
+    applied: u64,
+}
+
+fn record_key(kind: u8, id: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(kind);
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// Record key of node `id`.
+pub fn node_record_key(id: u64) -> Vec<u8> {
+    record_key(NODE_RECORD, id)
+}
+
+/// Record key of the route of group `id`.
+pub fn route_record_key(id: u64) -> Vec<u8> {
+    record_key(ROUTE_RECORD, id)
+}
+
+/// Decodes a record key into (kind, id).
+fn parse_record_key(key: &[u8]) -> Option<(u8, u64)> {
+    let (&kind, id) = key.split_first()?;
+    let id: [u8; 8] = id.try_into().ok()?;
+    Some((kind, u64::from_be_bytes(id)))
+}
+
+/// Whether `key` lies in the range of `route` ([start, end), empty end = unbounded).
+pub fn route_contains(route: &Route, key: &[u8]) -> bool {
+    key >= route.start_key.as_ref() && (route.end_key.is_empty() || key < route.end_key.as_ref())
+}
+
+/// Checks that `routes` form a whole routing table: ids distinct and not the meta
+/// group's, epochs ≥ 1, replicas present with distinct non-zero ids, and ranges that,
+/// sorted by start key, begin at the empty key, meet end to start, and end unbounded.
+pub fn validate_table(routes: &[Route]) -> std::result::Result<(), String> {
+    let mut ids = HashSet::new();
+    for r in routes {
+        if r.group_id == META_GROUP {
+            return Err("group 0 is the meta group".into());
+        }
+        if !ids.insert(r.group_id) {
+            return Err(format!("group {} listed twice", r.group_id));
+        }
+        if r.epoch == 0 {
+            return Err(format!("group {} has epoch 0", r.group_id));
+        }
+        if r.replicas.is_empty() {
+            return Err(format!("group {} has no replicas", r.group_id));
+        }
+        let mut reps = HashSet::new();
+        if let Some(bad) = r
+            .replicas
+            .iter()
+            .find(|x| x.node_id == 0 || !reps.insert(x.node_id))
+        {
+            return Err(format!(
+                "group {} lists replica node {} twice or as 0",
+                r.group_id, bad.node_id
+            ));
+        }
+        if !r.end_key.is_empty() && r.start_key >= r.end_key {
+            return Err(format!(
+                "group {} has an empty range [{:?}, {:?})",
+                r.group_id, r.start_key, r.end_key
+            ));
+        }
+    }
+    let mut sorted: Vec<&Route> = routes.iter().collect();
+    sorted.sort_by(|a, b| a.start_key.cmp(&b.start_key));
+    let mut expect_start: &[u8] = b"";
+    for (i, r) in sorted.iter().enumerate() {
+        if r.start_key.as_ref() != expect_start {
+            return Err(format!(
+                "group {} starts at {:?} but the previous range ends at {:?}",
+                r.group_id, r.start_key, expect_start
+            ));
+        }
+        let last = i + 1 == sorted.len();
+        if r.end_key.is_empty() != last {
+            return Err(format!(
+                "group {} {} the unbounded end",
+                r.group_id,
+                if last { "must reach" } else { "reaches" }
+            ));
+        }
+        expect_start = r.end_key.as_ref();
+    }
+    Ok(())
+}
+
+impl MetaState {
+    /// Rebuilds the state from its stored records; `applied` is the log index those
+    /// records reflect (the group's applied-index sentinel).
+    pub fn from_records<K, V>(
+        applied: u64,
+        records: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<MetaState>
+    where
+        K: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        let mut st = MetaState {
+            applied,
+            ..MetaState::default()
+        };
+        for (k, v) in records {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            let mismatch = |what: String| Error::MismatchedRecord {
+                key: k.to_vec(),
+                what,
+            };
+            match parse_record_key(k) {
+                Some((NODE_RECORD, id)) => {
+                    let n = Replica::decode(v).map_err(|source| Error::DecodeRecord {
+                        key: k.to_vec(),
+                        source,
+                    })?;
+                    if n.node_id != id {
+                        return Err(mismatch(format!("node {}", n.node_id)));
+                    }
+                    st.nodes.insert(id, n);
+                }
+                Some((ROUTE_RECORD, id)) => {
+                    let r = Route::decode(v).map_err(|source| Error::DecodeRecord {
+                        key: k.to_vec(),
+                        source,
+                    })?;
+                    if r.group_id != id {
+                        return Err(mismatch(format!("the route of group {}", r.group_id)));
+                    }
+                    st.routes.insert(id, r);
+                }
+                _ => return Err(Error::UnknownRecord(k.to_vec())),
+            }
+        }
+        Ok(st)
+    }
+
+    /// Every record of the state, in key order (what the host stores; a snapshot of
+    /// group 0 carries exactly these).
+    pub fn records(&self) -> Vec<Write> {
+        let nodes = self.nodes.values().map(|n| Write {
+            key: node_record_key(n.node_id),
+            value: n.encode_to_vec(),
+        });
+        let routes = self.routes.values().map(|r| Write {
+            key: route_record_key(r.group_id),
+            value: r.encode_to_vec(),
+        });
+        nodes.chain(routes).collect()
+    }
+
+    /// Decodes and applies the committed entry at log index `index` (≥ 1).
+    ///
+    /// `Err(Error)` means the entry is not a meta command at all (corruption: the host
+    /// stops the group); `Ok(Err(refusal))` is a declined command (state unchanged).
+    pub fn apply_entry(
+        &mut self,
+        index: u64,
+        data: &[u8],
+    ) -> Result<std::result::Result<Applied, Refusal>> {
+        if index <= self.applied {
+            // Skipped before decoding: a replayed entry was decoded the first time.
+            return Ok(Ok(Applied::Replayed));
+        }
+        let cmd =
+            MetaCommand::decode(data).map_err(|source| Error::DecodeCommand { index, source })?;
+        Ok(self.apply(index, &cmd))
+    }
+
+    /// Applies the committed command at log index `index` (≥ 1).
+    ///
+    /// A refusal leaves the state unchanged but still consumes the index.
+    pub fn apply(
+        &mut self,
+        index: u64,
+        cmd: &MetaCommand,
+    ) -> std::result::Result<Applied, Refusal> {
+        if index <= self.applied {
+            return Ok(Applied::Replayed);
+        }
+        self.applied = index;
+        let out = match &cmd.cmd {
+            Some(meta_command::Cmd::RegisterNode(n)) => self.register_node(n),
+            Some(meta_command::Cmd::CreateGroups(cg)) => self.create_groups(&cg.routes),
+            None => Err(Refusal::EmptyCommand),
+        };
+        #[cfg(debug_assertions)]
+        if let Err(broken) = self.check() {
+            // An applied command broke an invariant: a bug in the checks above.
+            panic!("meta state invariant broken at index {index}: {broken}");
+        }
+        out
+    }
+
+    fn register_node(&mut self, n: &Replica) -> std::result::Result<Applied, Refusal> {
+        if n.node_id == 0 {
+            return Err(Refusal::ReservedNodeId);
+        }
+        if n.addr.is_empty() {
+            return Err(Refusal::NoAddress(n.node_id));
+        }
+        if let Some(other) = self
+            .nodes
+            .values()
+            .find(|o| o.addr == n.addr && o.node_id != n.node_id)
+        {
+            return Err(Refusal::AddressTaken {
+                addr: n.addr.clone(),
+                owner: other.node_id,
+            });
+        }
+        if self.nodes.get(&n.node_id) == Some(n) {
+            return Ok(Applied::Unchanged);
+        }
+        self.nodes.insert(n.node_id, n.clone());
+        Ok(Applied::Changed(vec![Write {
+            key: node_record_key(n.node_id),
+            value: n.encode_to_vec(),
+        }]))
+    }
+
+    fn create_groups(&mut self, routes: &[Route]) -> std::result::Result<Applied, Refusal> {
+        if routes.is_empty() {
+            return Err(Refusal::NoGroups);
+        }
+        if let Some(r) = routes
+            .iter()
+            .find(|r| r.group_id == META_GROUP || self.routes.contains_key(&r.group_id))
+        {
+            return Err(Refusal::GroupExists(r.group_id));
+        }
+        if !self.routes.is_empty() {
+            return Err(Refusal::AlreadyBootstrapped);
+        }
+        validate_table(routes).map_err(Refusal::InvalidRoutes)?;
+        let mut writes = Vec::with_capacity(routes.len());
+        for r in routes {
+            writes.push(Write {
+                key: route_record_key(r.group_id),
+                value: r.encode_to_vec(),
+            });
+            self.routes.insert(r.group_id, r.clone());
+        }
+        Ok(Applied::Changed(writes))
+    }
+
+    /// Checks the invariants of the module doc.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let mut addrs = HashSet::new();
+        for (id, n) in &self.nodes {
+            if *id == 0 || n.node_id != *id {
+                return Err(format!("node record {id} holds node {}", n.node_id));
+            }
+            if !addrs.insert(n.addr.as_str()) {
+                return Err(format!("address {} registered twice", n.addr));
+            }
+        }
+        for (id, r) in &self.routes {
+            if r.group_id != *id {
+                return Err(format!("route record {id} holds group {}", r.group_id));
+            }
+        }
+        if self.routes.is_empty() {
+            return Ok(());
+        }
+        let table: Vec<Route> = self.routes.values().cloned().collect();
+        validate_table(&table)
+    }
+
+    /// Registered nodes by id.
+    pub fn nodes(&self) -> &BTreeMap<u64, Replica> {
+        &self.nodes
+    }
+
+    /// Routes by group id.
+    pub fn routes(&self) -> &BTreeMap<u64, Route> {
+        &self.routes
+    }
+
+    /// Address of node `id`, if registered.
+    pub fn addr_of(&self, id: u64) -> Option<&str> {
+        self.nodes.get(&id).map(|n| n.addr.as_str())
+    }
+
+    /// Whether the data groups exist.
+    pub fn is_bootstrapped(&self) -> bool {
+        !self.routes.is_empty()
+    }
+
+    /// The route whose range holds user key `key`.
+    pub fn route_for(&self, key: &[u8]) -> Option<&Route> {
+        self.routes.values().find(|r| route_contains(r, key))
+    }
+
+    /// Last log index applied.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use phoenix_proto::CreateGroups;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn register(id: u64, addr: &str) -> MetaCommand {
+        MetaCommand {
+            cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                node_id: id,
+                addr: addr.into(),
+            })),
+        }
+    }
+
+    fn create(routes: Vec<Route>) -> MetaCommand {
+        MetaCommand {
+            cmd: Some(meta_command::Cmd::CreateGroups(CreateGroups { routes })),
+        }
+    }
+
+    fn route(id: u64, start: &str, end: &str, replicas: &[u64]) -> Route {
+        Route {
+            group_id: id,
+            start_key: Bytes::from(start.as_bytes().to_vec()),
+            end_key: Bytes::from(end.as_bytes().to_vec()),
+            epoch: 1,
+            replicas: replicas
+                .iter()
+                .map(|&n| Replica {
+                    node_id: n,
+                    addr: format!("h:{n}"),
+                })
+                .collect(),
+            leader_node_id: 0,
+            leader_addr: String::new(),
+        }
+    }
+
+    /// Applies the record writes to a map, as the host's engine batch does.
+    fn persist(store: &mut BTreeMap<Vec<u8>, Vec<u8>>, applied: &Applied) {
+        if let Applied::Changed(ws) = applied {
+            for w in ws {
+                store.insert(w.key.clone(), w.value.clone());
+            }
+        }
+    }
+
+    #[test]
+    fn register_node_new_same_moved() {
+        let mut st = MetaState::default();
+        let got = st.apply(1, &register(1, "a:1")).unwrap();
+        let Applied::Changed(ws) = got else {
+            panic!("expected a change, got {got:?}")
+        };
+        assert_eq!(ws.len(), 1);
+        assert_eq!(ws[0].key, node_record_key(1));
+        assert_eq!(
+            Replica::decode(ws[0].value.as_slice()).unwrap(),
+            Replica {
+                node_id: 1,
+                addr: "a:1".into()
+            }
+        );
+        assert_eq!(st.apply(2, &register(1, "a:1")), Ok(Applied::Unchanged));
+        assert!(matches!(
+            st.apply(3, &register(1, "a:2")),
+            Ok(Applied::Changed(_))
+        ));
+        assert_eq!(st.addr_of(1), Some("a:2"));
+        // The old address is free again.
+        assert!(matches!(
+            st.apply(4, &register(2, "a:1")),
+            Ok(Applied::Changed(_))
+        ));
+        assert_eq!(st.nodes().len(), 2);
+        assert_eq!(st.applied(), 4);
+        st.check().unwrap();
+    }
+
+    #[test]
+    fn register_node_refusals_leave_state_unchanged() {
+        let mut st = MetaState::default();
+        st.apply(1, &register(1, "a:1")).unwrap();
+        let before = st.clone();
+        assert_eq!(
+            st.apply(2, &register(0, "z:0")),
+            Err(Refusal::ReservedNodeId)
+        );
+        assert_eq!(st.apply(3, &register(5, "")), Err(Refusal::NoAddress(5)));
+        assert_eq!(
+            st.apply(4, &register(2, "a:1")),
+            Err(Refusal::AddressTaken {
+                addr: "a:1".into(),
+                owner: 1
+            })
+        );
+        assert_eq!(
+            st.apply(5, &MetaCommand { cmd: None }),
+            Err(Refusal::EmptyCommand)
+        );
+        assert_eq!(st.nodes(), before.nodes());
+        assert_eq!(st.routes(), before.routes());
+        // A refused entry is still applied: its index is consumed.
+        assert_eq!(st.applied(), 5);
+        // Texts the proposer sees.
+        assert_eq!(
+            Refusal::AddressTaken {
+                addr: "a:1".into(),
+                owner: 1
+            }
+            .to_string(),
+            "address a:1 already belongs to node 1"
+        );
+    }
+
+    #[test]
+    fn create_groups_once() {
+        let mut st = MetaState::default();
+        let r1 = route(1, "", "", &[1, 2, 3]);
+        let got = st.apply(1, &create(vec![r1.clone()])).unwrap();
+        assert_eq!(
+            got,
+            Applied::Changed(vec![Write {
+                key: route_record_key(1),
+                value: r1.encode_to_vec()
+            }])
+        );
+        assert!(st.is_bootstrapped());
+        assert_eq!(
+            st.apply(2, &create(vec![r1.clone()])),
+            Err(Refusal::GroupExists(1))
+        );
+        assert_eq!(
+            st.apply(3, &create(vec![route(2, "", "", &[1])])),
+            Err(Refusal::AlreadyBootstrapped)
+        );
+        assert_eq!(st.routes().len(), 1);
+        assert_eq!(st.route_for(b"anything"), Some(&r1));
+    }
+
+    #[test]
+    fn create_groups_refuses_bad_tables() {
+        let cases: Vec<(Vec<Route>, Refusal)> = vec![
+            (vec![], Refusal::NoGroups),
+            (vec![route(0, "", "", &[1])], Refusal::GroupExists(0)),
+        ];
+        for (routes, want) in cases {
+            let mut st = MetaState::default();
+            assert_eq!(st.apply(1, &create(routes)), Err(want));
+            assert_eq!(
+                st,
+                MetaState {
+                    applied: 1,
+                    ..MetaState::default()
+                }
+            );
+        }
+        let mut epoch0 = route(1, "", "", &[1]);
+        epoch0.epoch = 0;
+        let bad: Vec<(&str, Vec<Route>)> = vec![
+            (
+                "gap",
+                vec![route(1, "", "b", &[1]), route(2, "c", "", &[1])],
+            ),
+            (
+                "overlap",
+                vec![route(1, "", "c", &[1]), route(2, "b", "", &[1])],
+            ),
+            (
+                "bounded end",
+                vec![route(1, "", "b", &[1]), route(2, "b", "z", &[1])],
+            ),
+            ("not from the start", vec![route(1, "a", "", &[1])]),
+            (
+                "two unbounded",
+                vec![route(1, "", "", &[1]), route(2, "b", "", &[1])],
+            ),
+            (
+                "empty range",
+                vec![
+                    route(1, "", "b", &[1]),
+                    route(2, "b", "b", &[1]),
+                    route(3, "b", "", &[1]),
+                ],
+            ),
+            (
+                "duplicate id",
+                vec![route(1, "", "b", &[1]), route(1, "b", "", &[1])],
+            ),
+            ("no replicas", vec![route(1, "", "", &[])]),
+            ("replica twice", vec![route(1, "", "", &[2, 2])]),
+            ("replica 0", vec![route(1, "", "", &[0, 1])]),
+            ("epoch 0", vec![epoch0]),
+        ];
+        for (what, routes) in bad {
+            let mut st = MetaState::default();
+            match st.apply(1, &create(routes)) {
+                Err(Refusal::InvalidRoutes(_)) => {}
+                other => panic!("{what}: expected InvalidRoutes, got {other:?}"),
+            }
+            assert!(!st.is_bootstrapped(), "{what}");
+        }
+    }
+
+    #[test]
+    fn malformed_entry_is_a_typed_error() {
+        let mut st = MetaState::default();
+        st.apply(1, &register(1, "a:1")).unwrap();
+        let before = st.clone();
+        // Field 1 (length-delimited) claiming 100 bytes that are not there.
+        let err = st.apply_entry(2, &[0x0a, 100, 1, 2]).unwrap_err();
+        assert!(
+            matches!(err, Error::DecodeCommand { index: 2, .. }),
+            "{err}"
+        );
+        assert_eq!(st, before, "a malformed entry must not touch the state");
+        // A well-formed entry decodes and applies.
+        let ok = st
+            .apply_entry(2, &register(2, "b:2").encode_to_vec())
+            .unwrap();
+        assert!(matches!(ok, Ok(Applied::Changed(_))));
+    }
+
+    #[test]
+    fn records_round_trip_and_bad_records() {
+        let mut st = MetaState::default();
+        st.apply(1, &register(1, "a:1")).unwrap();
+        st.apply(2, &register(2, "a:2")).unwrap();
+        st.apply(
+            3,
+            &create(vec![route(1, "", "m", &[1, 2]), route(2, "m", "", &[1, 2])]),
+        )
+        .unwrap();
+        let recs: Vec<(Vec<u8>, Vec<u8>)> =
+            st.records().into_iter().map(|w| (w.key, w.value)).collect();
+        assert_eq!(MetaState::from_records(3, recs.clone()).unwrap(), st);
+
+        let node = Replica {
+            node_id: 1,
+            addr: "a:1".into(),
+        }
+        .encode_to_vec();
+        assert!(matches!(
+            MetaState::from_records(0, [(b"x".to_vec(), node.clone())]),
+            Err(Error::UnknownRecord(_))
+        ));
+        assert!(matches!(
+            MetaState::from_records(0, [(b"n\0\0\0\0\0\0\0".to_vec(), node.clone())]),
+            Err(Error::UnknownRecord(_))
+        ));
+        assert!(matches!(
+            MetaState::from_records(0, [(node_record_key(1), vec![0x0a, 9])]),
+            Err(Error::DecodeRecord { .. })
+        ));
+        assert!(matches!(
+            MetaState::from_records(0, [(node_record_key(7), node)]),
+            Err(Error::MismatchedRecord { .. })
+        ));
+        assert!(matches!(
+            MetaState::from_records(
+                0,
+                [(route_record_key(7), route(1, "", "", &[1]).encode_to_vec())]
+            ),
+            Err(Error::MismatchedRecord { .. })
+        ));
+    }
+
+    #[test]
+    fn replay_after_restart_changes_nothing() {
+        let log = [
+            register(1, "a:1"),
+            register(2, "a:2"),
+            register(3, "a:3"),
+            create(vec![
+                route(1, "", "k", &[1, 2, 3]),
+                route(2, "k", "", &[1, 2, 3]),
+            ]),
+            register(3, "a:33"),
+            register(1, "a:3"),
+        ];
+        let mut st = MetaState::default();
+        let mut store = BTreeMap::new();
+        for (i, c) in log.iter().enumerate() {
+            let a = st.apply(i as u64 + 1, c).unwrap();
+            persist(&mut store, &a);
+        }
+        // Restart from the persisted records at the last index; the host replays the
+        // whole log (some of it twice).
+        let mut again = MetaState::from_records(log.len() as u64, store.clone()).unwrap();
+        assert_eq!(again, st);
+        for (i, c) in log.iter().enumerate() {
+            assert_eq!(again.apply(i as u64 + 1, c), Ok(Applied::Replayed));
+        }
+        assert_eq!(again, st);
+    }
+
+    /// Random commands (registrations over small id/address pools, bootstraps valid or
+    /// not); restarts at random points rebuild the state from the records persisted so
+    /// far and replay from a random earlier index. The state must equal the one that
+    /// never restarted, and the invariants hold throughout.
+    /// `PHOENIX_SEED` replays a run; `PHOENIX_META_RUNS` sets the number of runs.
+    #[test]
+    fn random_restarts_and_replays_match_the_model() {
+        let runs: u64 = std::env::var("PHOENIX_META_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(50);
+        let base: u64 = std::env::var("PHOENIX_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| rand::thread_rng().gen());
+        for run in 0..runs {
+            let seed = base.wrapping_add(run);
+            let result = std::panic::catch_unwind(|| replay_run(seed));
+            if result.is_err() {
+                panic!("failed with PHOENIX_SEED={seed} PHOENIX_META_RUNS=1");
+            }
+        }
+    }
+
+    fn random_command(rng: &mut ChaCha8Rng) -> MetaCommand {
+        match rng.gen_range(0..10) {
+            0 => MetaCommand { cmd: None },
+            1 | 2 => {
+                let n = rng.gen_range(1..4u64);
+                let mut keys: Vec<String> = (0..n - 1)
+                    .map(|_| format!("k{}", rng.gen_range(0..20)))
+                    .collect();
+                keys.sort();
+                if rng.gen_bool(0.8) {
+                    keys.dedup();
+                }
+                let starts = std::iter::once(String::new()).chain(keys.iter().cloned());
+                let ends = keys.iter().cloned().chain(std::iter::once(String::new()));
+                let routes = starts
+                    .zip(ends)
+                    .enumerate()
+                    .map(|(i, (s, e))| route(i as u64 + rng.gen_range(0..2), &s, &e, &[1, 2]))
+                    .collect();
+                create(routes)
+            }
+            _ => register(rng.gen_range(0..5), &format!("h:{}", rng.gen_range(0..5))),
+        }
+    }
+
+    fn replay_run(seed: u64) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let log: Vec<MetaCommand> = (0..rng.gen_range(1..60))
+            .map(|_| random_command(&mut rng))
+            .collect();
+        // The model: applied once, in order, never restarted.
+        let mut model = MetaState::default();
+        let outcomes: Vec<_> = log
+            .iter()
+            .enumerate()
+            .map(|(i, c)| model.apply(i as u64 + 1, c))
+            .collect();
+        model.check().unwrap();
+
+        let mut st = MetaState::default();
+        let mut store = BTreeMap::new();
+        let mut next = 1u64; // next index to apply
+        let mut applied_persisted = 0u64;
+        while next <= log.len() as u64 {
+            let c = &log[next as usize - 1];
+            let got = st.apply(next, c);
+            if next > applied_persisted {
+                assert_eq!(got, outcomes[next as usize - 1], "index {next}");
+            } else {
+                assert_eq!(got, Ok(Applied::Replayed), "index {next}");
+            }
+            if let Ok(a) = &got {
+                persist(&mut store, a);
+            }
+            applied_persisted = applied_persisted.max(next);
+            st.check().unwrap();
+            next += 1;
+            if rng.gen_bool(0.2) {
+                // Restart: rebuild from what was persisted, replay from an earlier point.
+                st = MetaState::from_records(applied_persisted, store.clone()).unwrap();
+                next = rng.gen_range(1..=next);
+            }
+        }
+        assert_eq!(st.nodes(), model.nodes());
+        assert_eq!(st.routes(), model.routes());
+        assert_eq!(st.applied(), model.applied());
+    }
+}
