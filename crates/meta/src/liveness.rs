@@ -88,3 +88,99 @@ impl LeaderView {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use phoenix_proto::{meta_command, MetaCommand, Replica};
+
+    fn rep(group: u64, leader: bool, term: u64) -> ReplicaStats {
+        ReplicaStats {
+            group_id: group,
+            is_leader: leader,
+            term,
+            ..ReplicaStats::default()
+        }
+    }
+
+    fn stats(groups: u64) -> NodeStats {
+        NodeStats {
+            groups,
+            ..NodeStats::default()
+        }
+    }
+
+    #[test]
+    fn liveness_follows_the_last_heartbeat() {
+        let t0 = Instant::now();
+        let mut v = LeaderView::default();
+        assert!(!v.is_alive(1, t0));
+        assert!(v.last_heartbeat(1).is_none());
+        v.record(t0, 1, stats(2), &[]);
+        assert!(v.is_alive(1, t0));
+        assert!(v.is_alive(1, t0 + ALIVE_WITHIN - Duration::from_millis(1)));
+        assert!(!v.is_alive(1, t0 + ALIVE_WITHIN));
+        // A clock that reads earlier than the heartbeat does not make it dead.
+        v.record(t0 + Duration::from_secs(1), 1, stats(3), &[]);
+        assert!(v.is_alive(1, t0));
+        let (t, s) = v.last_heartbeat(1).unwrap();
+        assert_eq!((t, s.groups), (t0 + Duration::from_secs(1), 3));
+        assert!(v.is_alive(1, t0 + ALIVE_WITHIN));
+    }
+
+    #[test]
+    fn alive_nodes_are_registered_and_recent() {
+        let mut st = MetaState::default();
+        for (i, id) in [1u64, 2, 3].iter().enumerate() {
+            let cmd = MetaCommand {
+                cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                    node_id: *id,
+                    addr: format!("h:{id}"),
+                })),
+            };
+            st.apply(i as u64 + 1, &cmd).unwrap();
+        }
+        let t0 = Instant::now();
+        let mut v = LeaderView::default();
+        v.record(t0, 1, stats(0), &[]);
+        v.record(t0 + Duration::from_secs(4), 2, stats(0), &[]);
+        v.record(t0 + Duration::from_secs(4), 9, stats(0), &[]); // not registered
+        let now = t0 + Duration::from_secs(6);
+        assert_eq!(v.alive_nodes(&st, now), vec![2]);
+        assert_eq!(v.alive_nodes(&st, t0), vec![1, 2]);
+    }
+
+    #[test]
+    fn leaders_by_highest_term_and_replicas_replaced() {
+        let t = Instant::now();
+        let mut v = LeaderView::default();
+        v.record(t, 1, stats(2), &[rep(1, true, 3), rep(2, false, 1)]);
+        v.record(t, 2, stats(2), &[rep(1, false, 3), rep(2, true, 1)]);
+        assert_eq!(v.leader(1), Some(1));
+        assert_eq!(v.leader(2), Some(2));
+        assert_eq!(v.leader(3), None);
+        // A stale report of an older term does not win.
+        v.record(t, 3, stats(1), &[rep(1, true, 2)]);
+        assert_eq!(v.leader(1), Some(1));
+        // A newer term does.
+        v.record(t, 2, stats(2), &[rep(1, true, 4), rep(2, true, 1)]);
+        assert_eq!(v.leader(1), Some(2));
+        let nodes: Vec<u64> = v.replicas_of(1).iter().map(|r| r.node_id).collect();
+        assert_eq!(nodes, vec![1, 2, 3]);
+        // Node 3 no longer reports group 1: its replica state goes.
+        v.record(t, 3, stats(0), &[]);
+        let nodes: Vec<u64> = v.replicas_of(1).iter().map(|r| r.node_id).collect();
+        assert_eq!(nodes, vec![1, 2]);
+        // Replica stats carry the reporting node's id whatever the report says.
+        v.record(
+            t,
+            4,
+            stats(1),
+            &[ReplicaStats {
+                node_id: 77,
+                ..rep(5, false, 1)
+            }],
+        );
+        assert_eq!(v.replicas_of(5)[0].node_id, 4);
+    }
+}

@@ -202,3 +202,295 @@ pub fn placement_commands(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{route_contains, validate_table, Applied};
+    use phoenix_proto::{NodeStats, ReplicaStats};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use std::time::Duration;
+
+    fn registered(ids: &[u64]) -> MetaState {
+        let mut st = MetaState::default();
+        for (i, id) in ids.iter().enumerate() {
+            let cmd = MetaCommand {
+                cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                    node_id: *id,
+                    addr: format!("h:{id}"),
+                })),
+            };
+            st.apply(i as u64 + 1, &cmd).unwrap();
+        }
+        st
+    }
+
+    fn heard(ids: &[u64], at: Instant) -> LeaderView {
+        let mut v = LeaderView::default();
+        for id in ids {
+            v.record(at, *id, NodeStats::default(), &[]);
+        }
+        v
+    }
+
+    fn routes_of(cmd: &MetaCommand) -> Vec<Route> {
+        match &cmd.cmd {
+            Some(meta_command::Cmd::CreateGroups(cg)) => cg.routes.clone(),
+            other => panic!("expected CreateGroups, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn placement_round_robin() {
+        assert_eq!(place(&[1, 2], 1, 3), None);
+        assert_eq!(place(&[1, 2, 3], 1, 0), None);
+        assert_eq!(
+            place(&[1, 2, 3], 2, 3),
+            Some(vec![vec![1, 2, 3], vec![1, 2, 3]])
+        );
+        assert_eq!(
+            place(&[1, 2, 3, 4], 2, 3),
+            Some(vec![vec![1, 2, 3], vec![2, 3, 4]])
+        );
+        assert_eq!(
+            place(&[1, 2, 3, 4], 3, 1),
+            Some(vec![vec![1], vec![2], vec![3]])
+        );
+    }
+
+    #[test]
+    fn split_ranges_cover_the_key_space() {
+        assert_eq!(
+            split_ranges(&[]).unwrap(),
+            vec![(Bytes::new(), Bytes::new())]
+        );
+        let r = split_ranges(&[b"b".to_vec(), b"d".to_vec()]).unwrap();
+        assert_eq!(
+            r,
+            vec![
+                (Bytes::new(), Bytes::from_static(b"b")),
+                (Bytes::from_static(b"b"), Bytes::from_static(b"d")),
+                (Bytes::from_static(b"d"), Bytes::new()),
+            ]
+        );
+        for bad in [
+            vec![b"d".to_vec(), b"b".to_vec()],
+            vec![b"b".to_vec(), b"b".to_vec()],
+            vec![Vec::new()],
+        ] {
+            assert!(
+                matches!(split_ranges(&bad), Err(Error::BadSplitKeys)),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bootstrap_waits_for_enough_live_nodes() {
+        let st = registered(&[1, 2, 3]);
+        let t0 = Instant::now();
+        // Only two heard from.
+        let v = heard(&[1, 2], t0);
+        assert!(bootstrap_plan(&st, &v, t0, &[], 3).unwrap().is_none());
+        // Three heard from, but one too long ago.
+        let mut v = heard(&[1, 2], t0 + Duration::from_secs(10));
+        v.record(t0, 3, NodeStats::default(), &[]);
+        assert!(
+            bootstrap_plan(&st, &v, t0 + Duration::from_secs(10), &[], 3)
+                .unwrap()
+                .is_none()
+        );
+        // Bad split keys are an error, not a plan.
+        let v = heard(&[1, 2, 3], t0);
+        assert!(matches!(
+            bootstrap_plan(&st, &v, t0, &[b"b".to_vec(), b"a".to_vec()], 3),
+            Err(Error::BadSplitKeys)
+        ));
+        // One group over everything, epoch 1, addresses from the registry.
+        let cmd = bootstrap_plan(&st, &v, t0, &[], 3).unwrap().unwrap();
+        let routes = routes_of(&cmd);
+        assert_eq!(routes.len(), 1);
+        let r = &routes[0];
+        assert_eq!((r.group_id, r.epoch), (1, 1));
+        assert!(r.start_key.is_empty() && r.end_key.is_empty());
+        let reps: Vec<(u64, &str)> = r
+            .replicas
+            .iter()
+            .map(|x| (x.node_id, x.addr.as_str()))
+            .collect();
+        assert_eq!(reps, vec![(1, "h:1"), (2, "h:2"), (3, "h:3")]);
+        // Once applied, nothing more to do.
+        let mut st = st;
+        assert!(matches!(st.apply(10, &cmd), Ok(Applied::Changed(_))));
+        assert!(bootstrap_plan(&st, &v, t0, &[], 3).unwrap().is_none());
+    }
+
+    /// Random split keys and node counts: the plan is a valid routing table (contiguous,
+    /// covering, no overlap), every key falls in exactly one route, the state accepts it.
+    /// `PHOENIX_SEED` replays a run.
+    #[test]
+    fn bootstrap_with_split_keys_is_a_whole_table() {
+        let seed: u64 = std::env::var("PHOENIX_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| rand::thread_rng().gen());
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        for _ in 0..200 {
+            let nodes: Vec<u64> = (1..=rng.gen_range(3..7u64)).collect();
+            let mut keys: Vec<Vec<u8>> = (0..rng.gen_range(0..8))
+                .map(|_| {
+                    (0..rng.gen_range(1..4))
+                        .map(|_| rng.gen_range(0..4u8))
+                        .collect()
+                })
+                .collect();
+            keys.sort();
+            keys.dedup();
+            let st = registered(&nodes);
+            let t = Instant::now();
+            let v = heard(&nodes, t);
+            let cmd = bootstrap_plan(&st, &v, t, &keys, 3)
+                .unwrap()
+                .unwrap_or_else(|| panic!("seed {seed}: no plan"));
+            let routes = routes_of(&cmd);
+            assert_eq!(routes.len(), keys.len() + 1, "seed {seed}");
+            validate_table(&routes).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            for r in &routes {
+                assert_eq!(r.replicas.len(), 3, "seed {seed}");
+            }
+            for _ in 0..20 {
+                let k: Vec<u8> = (0..rng.gen_range(0..5))
+                    .map(|_| rng.gen_range(0..5u8))
+                    .collect();
+                let n = routes.iter().filter(|r| route_contains(r, &k)).count();
+                assert_eq!(n, 1, "seed {seed}: key {k:?} in {n} routes");
+            }
+            let mut st = st;
+            assert!(
+                matches!(st.apply(100, &cmd), Ok(Applied::Changed(_))),
+                "seed {seed}"
+            );
+            st.check().unwrap();
+        }
+    }
+
+    #[test]
+    fn registration_of_new_and_moved_nodes() {
+        let st = registered(&[1]);
+        let hb = |id: u64, addr: &str| HeartbeatRequest {
+            node_id: id,
+            addr: addr.into(),
+            ..HeartbeatRequest::default()
+        };
+        assert!(matches!(
+            registration(&st, &hb(0, "h:0")),
+            Err(Error::BadHeartbeat)
+        ));
+        assert!(matches!(
+            registration(&st, &hb(4, "")),
+            Err(Error::BadHeartbeat)
+        ));
+        assert!(registration(&st, &hb(1, "h:1")).unwrap().is_none());
+        for (id, addr) in [(1, "moved:1"), (2, "h:2")] {
+            let cmd = registration(&st, &hb(id, addr)).unwrap().unwrap();
+            assert_eq!(
+                cmd.cmd,
+                Some(meta_command::Cmd::RegisterNode(Replica {
+                    node_id: id,
+                    addr: addr.into()
+                }))
+            );
+        }
+    }
+
+    #[test]
+    fn placement_creates_missing_replicas_and_views_fill_in() {
+        let mut st = registered(&[1, 2, 3, 4]);
+        let t = Instant::now();
+        let mut v = heard(&[1, 2, 3, 4], t);
+        let cmd = bootstrap_plan(&st, &v, t, &[b"m".to_vec()], 3)
+            .unwrap()
+            .unwrap();
+        st.apply(10, &cmd).unwrap();
+        // Group 1 on 1,2,3; group 2 on 2,3,4. Node 3 moves: views use the registry.
+        st.apply(
+            11,
+            &MetaCommand {
+                cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                    node_id: 3,
+                    addr: "new:3".into(),
+                })),
+            },
+        )
+        .unwrap();
+        let hosting = |g: u64, leader: bool| ReplicaStats {
+            group_id: g,
+            is_leader: leader,
+            term: 1,
+            ..ReplicaStats::default()
+        };
+        v.record(
+            t,
+            2,
+            NodeStats::default(),
+            &[hosting(1, false), hosting(2, true)],
+        );
+
+        let groups_of = |cmds: Vec<PlacementCommand>| -> Vec<(u64, Vec<String>)> {
+            cmds.into_iter()
+                .map(|c| match c.cmd {
+                    Some(placement_command::Cmd::CreateReplica(cr)) => {
+                        let r = cr.route.unwrap();
+                        (r.group_id, r.replicas.into_iter().map(|x| x.addr).collect())
+                    }
+                    None => panic!("empty placement command"),
+                })
+                .collect()
+        };
+        assert_eq!(
+            groups_of(placement_commands(&st, &v, 1, &[])),
+            vec![(1, vec!["h:1".into(), "h:2".into(), "new:3".into()])]
+        );
+        assert_eq!(
+            groups_of(placement_commands(&st, &v, 3, &[hosting(1, false)])),
+            vec![(2, vec!["h:2".into(), "new:3".into(), "h:4".into()])]
+        );
+        assert!(placement_commands(&st, &v, 2, &[hosting(1, false), hosting(2, true)]).is_empty());
+        assert!(placement_commands(&st, &v, 9, &[]).is_empty());
+
+        let table = route_table(&st, &v);
+        let ids: Vec<u64> = table.iter().map(|r| r.group_id).collect();
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(table[1].leader_node_id, 2);
+        assert_eq!(table[1].leader_addr, "h:2");
+        assert_eq!(table[0].leader_node_id, 0);
+
+        let later = t + Duration::from_millis(1500);
+        let c = cluster_view(&st, &v, later, 7);
+        assert_eq!(c.meta_leader_node_id, 7);
+        let nodes: Vec<(u64, bool, u64)> = c
+            .nodes
+            .iter()
+            .map(|n| (n.node_id, n.alive, n.last_heartbeat_ms_ago))
+            .collect();
+        assert_eq!(
+            nodes,
+            vec![
+                (1, true, 1500),
+                (2, true, 1500),
+                (3, true, 1500),
+                (4, true, 1500)
+            ]
+        );
+        let c = cluster_view(&st, &LeaderView::default(), later, 7);
+        assert!(c
+            .nodes
+            .iter()
+            .all(|n| !n.alive && n.last_heartbeat_ms_ago == u64::MAX));
+        let c = cluster_view(&st, &v, later, 7);
+        assert_eq!(c.groups.len(), 2);
+        assert_eq!(c.groups[1].replicas.len(), 1);
+        assert_eq!(c.groups[1].replicas[0].node_id, 2);
+    }
+}
