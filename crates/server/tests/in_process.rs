@@ -1,5 +1,6 @@
 //! Nodes started in-process on loopback: single-node put/get through raft with
-//! restart recovery (log-as-WAL), and a three-node cluster with the meta group.
+//! restart recovery (log-as-WAL), a three-node cluster with the meta group, and the meta
+//! group bootstrapping split ranges and serving its table from every node.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -423,6 +424,152 @@ async fn follower_behind_truncated_log_catches_up_by_snapshot() {
         );
     }
     for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}
+
+async fn meta_client(addr: &str) -> proto::meta_client::MetaClient<tonic::transport::Channel> {
+    proto::meta_client::MetaClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+}
+
+/// Asks `addr` for the routing table until it returns `want` routes that all have a
+/// known leader.
+async fn routes_with_leaders(addr: &str, want: usize) -> Vec<proto::Route> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "{addr}: no {want} routes with leaders within 30 s"
+        );
+        if let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{addr}")).await {
+            if let Ok(r) = m
+                .get_routes(proto::GetRoutesRequest { timeout_ms: 1000 })
+                .await
+            {
+                let r = r.into_inner();
+                if r.error.is_none()
+                    && r.routes.len() == want
+                    && r.routes.iter().all(|x| x.leader_node_id != 0)
+                {
+                    return r.routes;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Bootstrap with split keys, served by every node (meta leader, meta followers that
+/// forward to it, and a node outside the meta group that forwards to the members);
+/// the table survives a restart of every node (meta state reloaded from the engine,
+/// its log replayed past the persisted applied index).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn meta_bootstraps_split_keys_and_every_node_serves_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let addrs: Vec<String> = (0..4)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    // Nodes 1-3 host the meta group; node 4 does not.
+    let meta: Vec<MetaMember> = addrs[..3]
+        .iter()
+        .enumerate()
+        .map(|(i, a)| MetaMember {
+            id: i as u64 + 1,
+            addr: a.clone(),
+        })
+        .collect();
+    let cfg = |i: usize| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        c.split_keys = vec![b"g".to_vec(), b"p".to_vec()];
+        c
+    };
+    let mut nodes: Vec<Node> = (0..4).map(|i| start(cfg(i))).collect();
+
+    let table = routes_with_leaders(&addrs[3], 3).await;
+    let ranges: Vec<(&[u8], &[u8])> = table
+        .iter()
+        .map(|r| (r.start_key.as_ref(), r.end_key.as_ref()))
+        .collect();
+    assert_eq!(
+        ranges,
+        vec![
+            (&b""[..], &b"g"[..]),
+            (&b"g"[..], &b"p"[..]),
+            (&b"p"[..], &b""[..])
+        ]
+    );
+    for r in &table {
+        assert_eq!(r.epoch, 1);
+        assert_eq!(r.replicas.len(), 3, "{r:?}");
+        for rep in &r.replicas {
+            assert_eq!(rep.addr, addrs[rep.node_id as usize - 1], "{r:?}");
+        }
+    }
+    // Every node serves the same table; a request without a deadline is refused with
+    // a typed error wherever it lands.
+    for a in &addrs {
+        let got = routes_with_leaders(a, 3).await;
+        let ids: Vec<(u64, u64)> = got.iter().map(|r| (r.group_id, r.epoch)).collect();
+        assert_eq!(ids, vec![(1, 1), (2, 1), (3, 1)], "{a}");
+        let bad = meta_client(a)
+            .await
+            .get_routes(proto::GetRoutesRequest { timeout_ms: 0 })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            matches!(
+                bad.error.and_then(|e| e.kind),
+                Some(proto::error::Kind::InvalidArgument(_))
+            ),
+            "{a}"
+        );
+    }
+    // Each group takes writes in its own range.
+    for (r, key) in table.iter().zip([&b"apple"[..], b"kiwi", b"zucchini"]) {
+        put(&addrs, r, key, b"v").await;
+    }
+    // Cluster status from a node outside the meta group: all four nodes alive.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let cluster = loop {
+        let c = meta_client(&addrs[3])
+            .await
+            .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
+            .await
+            .unwrap()
+            .into_inner();
+        if c.error.is_none() && c.nodes.len() == 4 && c.nodes.iter().all(|n| n.alive) {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "cluster status: {c:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!((1..=3).contains(&cluster.meta_leader_node_id));
+    assert_eq!(cluster.groups.len(), 3);
+
+    // Stop everything and start again: the same table comes back.
+    for n in nodes.drain(..) {
+        n.stop().await;
+    }
+    let nodes: Vec<Node> = (0..4).map(|i| start(cfg(i))).collect();
+    let again = routes_with_leaders(&addrs[0], 3).await;
+    // Routes without the soft parts (leaders, addresses as served).
+    let key = |rs: &[proto::Route]| -> Vec<proto::Route> {
+        rs.iter()
+            .map(|r| proto::Route {
+                leader_node_id: 0,
+                leader_addr: String::new(),
+                ..r.clone()
+            })
+            .collect()
+    };
+    assert_eq!(key(&again), key(&table));
+    for (r, k) in again.iter().zip([&b"apple"[..], b"kiwi", b"zucchini"]) {
+        assert_eq!(get(&addrs, r, k).await, Some(b"v".to_vec()));
+    }
+    for n in nodes {
         n.stop().await;
     }
 }
