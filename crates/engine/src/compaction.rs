@@ -17,9 +17,9 @@
 //!
 //! Output files are cut at the target file size (between user keys, so a key's versions
 //! never straddle two files) and, from L1 down, at group boundaries once the file holds
-//! `min_group_file_size` bytes: a group with at least that much data never shares a file,
-//! while tiny groups share files instead of making one file per key (drop_group rewrites
-//! shared files). Range tombstones are clipped to each file's interval (between the
+//! `min_group_file_size` bytes (default 0: at every boundary, so no L1+ file holds points
+//! of two groups; a positive value lets groups smaller than it share files, which
+//! drop_group then rewrites). Range tombstones are clipped to each file's interval (between the
 //! neighbouring files' first keys and within the file's group); tombstone pieces over
 //! stretches without point data go to tombstone-only files (which may span several
 //! groups that hold no data in this compaction).

@@ -156,6 +156,9 @@ pub struct LevelStats {
     pub files: usize,
     /// Bytes of those files.
     pub bytes: u64,
+    /// Files holding point entries of more than one group (from L1 down, 0 unless
+    /// `Options::min_group_file_size` is positive).
+    pub mixed_group_files: usize,
 }
 
 /// Engine figures.
@@ -1323,6 +1326,11 @@ impl Inner {
             .map(|l| LevelStats {
                 files: v.files(l).len(),
                 bytes: v.level_bytes(l),
+                mixed_group_files: v
+                    .files(l)
+                    .iter()
+                    .filter(|f| f.min_group != f.max_group && f.num_entries > f.num_range_deletions)
+                    .count(),
             })
             .collect();
         let c = &self.counters;

@@ -51,9 +51,11 @@ pub struct Options {
     /// Target size of compaction output files.
     pub target_file_size_base: u64,
     /// From L1 down, an output file is cut at a group boundary once it holds this many
-    /// bytes: groups with more data than this never share a file (drop_group deletes
-    /// their files outright), smaller groups share files (drop_group rewrites those)
-    /// rather than producing one tiny file per group.
+    /// bytes. The default, 0, cuts at every boundary: no file of L1+ holds points of two
+    /// groups, so `drop_group` frees a group by deleting files. A positive value (TiKV's
+    /// compaction-guard minimum) lets groups smaller than it share files, trading fewer
+    /// tiny files for a rewrite of the shared ones in `drop_group`; worth it only with
+    /// very many tiny groups (e.g. db_bench's key layout, where every key is a group).
     pub min_group_file_size: u64,
     /// Levels of the tree (L0 included).
     pub num_levels: usize,
@@ -90,7 +92,7 @@ impl Default for Options {
             max_bytes_for_level_base: 256 << 20,
             max_bytes_for_level_multiplier: 10,
             target_file_size_base: 64 << 20,
-            min_group_file_size: 1 << 20,
+            min_group_file_size: 0,
             num_levels: 7,
             max_background_jobs: 2,
             table: TableOptions::default(),

@@ -240,7 +240,15 @@ fn run(seed: u64) {
                     snaps.remove(rng.gen_range(0..snaps.len()));
                 }
             }
-            85..=88 => db.flush().unwrap(),
+            85..=88 => {
+                db.flush().unwrap();
+                if opts.min_group_file_size == 0 {
+                    let st = db.stats();
+                    for (l, ls) in st.levels.iter().enumerate().skip(1) {
+                        assert_eq!(ls.mixed_group_files, 0, "seed {seed}: L{l} mixes groups");
+                    }
+                }
+            }
             89..=91 => {
                 if rng.gen_bool(0.5) {
                     db.compact_range(None, None).unwrap();

@@ -107,6 +107,11 @@ pub struct Args {
     /// Groups the key space is split into (contiguous ranges), with `--key_layout=group`.
     #[arg(long = "groups", default_value_t = 1)]
     groups: u64,
+    /// The engine's `min_group_file_size` (bytes): from L1 down, a file is cut at a group
+    /// boundary only once it holds this much. Default: 0 (every boundary) with
+    /// `--key_layout=group`, 1 MiB with `--key_layout=db_bench` (every key is a group).
+    #[arg(long = "min_group_file_size")]
+    min_group_file_size: Option<u64>,
     /// Seed of the key generators (thread i uses seed + i).
     #[arg(long = "seed", default_value_t = 301)]
     seed: u64,
@@ -351,6 +356,13 @@ fn engine_options(args: &Args) -> Result<Options, BenchError> {
         } else {
             WalMode::Log
         },
+        min_group_file_size: args
+            .min_group_file_size
+            .unwrap_or(if args.key_layout == "db_bench" {
+                1 << 20
+            } else {
+                0
+            }),
         ..Options::default()
     })
 }
