@@ -39,6 +39,10 @@ pub enum Error {
         /// What the value says instead.
         what: String,
     },
+    /// Stored records that together break an invariant of the state (e.g. two nodes
+    /// at one address, or routes that do not form a whole table).
+    #[error("meta records break an invariant: {0}")]
+    BrokenInvariant(String),
     /// A heartbeat without the fields every heartbeat needs.
     #[error("heartbeat without node id or address")]
     BadHeartbeat,

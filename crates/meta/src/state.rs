@@ -14,7 +14,8 @@
 //! route_record:= 'r' ‖ group_id: u64 BE  → protobuf Route (range, epoch, replicas)
 //! ```
 //!
-//! Invariants (checked by [`MetaState::check`] in tests and debug builds):
+//! Invariants (checked by [`MetaState::check`] when rebuilding from records, and after
+//! every apply in debug builds):
 //! 1. node 0 is never registered; no two nodes share an address;
 //! 2. the routing table is empty, or its ranges are contiguous, start at the empty key,
 //!    end unbounded and do not overlap; group 0 (the meta group) is never in it;
@@ -203,6 +204,7 @@ impl MetaState {
                 _ => return Err(Error::UnknownRecord(k.to_vec())),
             }
         }
+        st.check().map_err(Error::BrokenInvariant)?;
         Ok(st)
     }
 
@@ -627,8 +629,25 @@ mod tests {
             Err(Error::DecodeRecord { .. })
         ));
         assert!(matches!(
-            MetaState::from_records(0, [(node_record_key(7), node)]),
+            MetaState::from_records(0, [(node_record_key(7), node.clone())]),
             Err(Error::MismatchedRecord { .. })
+        ));
+        // Records that decode one by one but together break an invariant.
+        let node2 = Replica {
+            node_id: 2,
+            addr: "a:1".into(),
+        }
+        .encode_to_vec();
+        assert!(matches!(
+            MetaState::from_records(0, [(node_record_key(1), node), (node_record_key(2), node2)]),
+            Err(Error::BrokenInvariant(_))
+        ));
+        assert!(matches!(
+            MetaState::from_records(
+                0,
+                [(route_record_key(1), route(1, "a", "", &[1]).encode_to_vec())]
+            ),
+            Err(Error::BrokenInvariant(_))
         ));
         assert!(matches!(
             MetaState::from_records(
