@@ -1,6 +1,7 @@
 //! Real `phoenix server` processes on loopback, killed with SIGKILL: acknowledged
 //! writes survive the loss of any single node and of all nodes; a killed follower
-//! catches up; a killed leader is replaced within seconds.
+//! catches up (by snapshot when its log was truncated meanwhile); a killed leader is
+//! replaced within seconds.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::{Child, Command, Stdio};
@@ -21,10 +22,16 @@ struct Cluster {
     meta: String,
     dir: tempfile::TempDir,
     procs: Vec<Option<Child>>,
+    extra: Vec<String>,
 }
 
 impl Cluster {
     fn new(n: usize) -> Cluster {
+        Cluster::with_args(n, &[])
+    }
+
+    /// Starts `n` servers with `extra` arguments each.
+    fn with_args(n: usize, extra: &[&str]) -> Cluster {
         let addrs: Vec<String> = (0..n)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
@@ -39,6 +46,7 @@ impl Cluster {
             meta,
             dir: tempfile::tempdir().unwrap(),
             procs: (0..n).map(|_| None).collect(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         for i in 0..n {
             c.start(i);
@@ -65,6 +73,7 @@ impl Cluster {
             .arg("--data-dir")
             .arg(&data)
             .args(["--meta", &self.meta])
+            .args(&self.extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -84,6 +93,11 @@ impl Cluster {
             .filter(|&i| self.procs[i].is_some())
             .map(|i| self.addrs[i].clone())
             .collect()
+    }
+
+    fn log_text(&self, i: usize) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("node-{}.log", i + 1)))
+            .unwrap_or_default()
     }
 
     fn dump_logs(&self) {
@@ -281,4 +295,97 @@ async fn acknowledged_writes_survive_kill_9() {
     }
     let r = route(&c.addrs, Duration::from_secs(60)).await;
     check_all(&c.addrs, &r, &acked).await;
+}
+
+/// The applied index of each replica of group `g` as the meta group last heard it.
+async fn applied_indexes(addrs: &[String], g: u64) -> Vec<(u64, u64)> {
+    for a in addrs {
+        let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
+        else {
+            continue;
+        };
+        let Ok(c) = m
+            .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
+            .await
+        else {
+            continue;
+        };
+        let c = c.into_inner();
+        if let Some(grp) = c
+            .groups
+            .iter()
+            .find(|x| x.route.as_ref().is_some_and(|r| r.group_id == g))
+        {
+            return grp
+                .replicas
+                .iter()
+                .map(|r| (r.node_id, r.applied_index))
+                .collect();
+        }
+    }
+    Vec::new()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_follower_behind_truncated_log_catches_up_by_snapshot() {
+    // Small memtables flush often and logs are cut every 100 ms down to 10 entries past
+    // the persisted applied index, so a follower down for a while falls off the log.
+    let mut c = Cluster::with_args(
+        3,
+        &[
+            "--memtable-mb",
+            "1",
+            "--log-keep-entries",
+            "10",
+            "--log-truncate-ms",
+            "100",
+        ],
+    );
+    route(&c.addrs, Duration::from_secs(60)).await;
+    let r = current_route(&c.addrs).await;
+    let follower = (leader_index(&r) + 1) % 3;
+    c.kill9(follower);
+    let filler = "x".repeat(16 << 10);
+    let mut acked = Vec::new();
+    for n in 0..300 {
+        let (k, v) = (format!("snap{n:05}"), format!("{n}-{filler}"));
+        put(&c.live(), &r, &k, &v).await;
+        acked.push((k, v));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    c.start(follower);
+    // It must be sent a snapshot (its log ends below the leader's first entry) and
+    // then apply as far as the leader.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "follower {} did not catch up by snapshot",
+            follower + 1
+        );
+        let snap = c.log_text(follower).contains("snapshot received");
+        let applied = applied_indexes(&c.addrs, r.group_id).await;
+        let of = |id: usize| {
+            applied
+                .iter()
+                .find(|(n, _)| *n == id as u64 + 1)
+                .map(|x| x.1)
+        };
+        let leader_applied = applied.iter().map(|x| x.1).max();
+        if let (true, Some(f), Some(l)) = (snap, of(follower), leader_applied) {
+            if f >= 300 && f + 5 >= l {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The old leader dies: the caught-up follower is needed for every new write.
+    let r = current_route(&c.addrs).await;
+    c.kill9(leader_index(&r));
+    for n in 300..320 {
+        let (k, v) = (format!("snap{n:05}"), format!("{n}-after"));
+        put(&c.live(), &r, &k, &v).await;
+        acked.push((k, v));
+    }
+    check_all(&c.live(), &r, &acked).await;
 }
