@@ -300,8 +300,7 @@ async fn acknowledged_writes_survive_kill_9() {
 /// The applied index of each replica of group `g` as the meta group last heard it.
 async fn applied_indexes(addrs: &[String], g: u64) -> Vec<(u64, u64)> {
     for a in addrs {
-        let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
-        else {
+        let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await else {
             continue;
         };
         let Ok(c) = m

@@ -36,8 +36,8 @@ use phoenix_storage::{LocalFs, SharedFs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::common::progress;
 use super::BenchError;
+use super::common::progress;
 
 /// Flags of `phoenix bench engine` (db_bench's names and defaults).
 #[derive(Debug, clap::Args)]
@@ -336,7 +336,7 @@ fn engine_options(args: &Args) -> Result<Options, BenchError> {
         other => {
             return Err(
                 format!("compression_type {other:?} is not supported (none, lz4, zstd)").into(),
-            )
+            );
         }
     };
     Ok(Options {
