@@ -36,8 +36,8 @@ use phoenix_storage::{LocalFs, SharedFs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::BenchError;
 use super::common::progress;
+use super::BenchError;
 
 /// Flags of `phoenix bench engine` (db_bench's names and defaults).
 #[derive(Debug, clap::Args)]
