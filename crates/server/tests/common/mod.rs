@@ -1,0 +1,151 @@
+//! Shared setup of the in-process server tests: nodes started on loopback inside the
+//! test's runtime, and put/get helpers that follow the leader.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use phoenix_proto as proto;
+use phoenix_server::{Config, MetaMember};
+use tokio::sync::oneshot;
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Node {
+    stop: Option<oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<phoenix_server::Result<()>>,
+}
+
+impl Node {
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.handle.await.unwrap().unwrap();
+    }
+}
+
+pub fn start(cfg: Config) -> Node {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(phoenix_server::run(cfg, async move {
+        let _ = rx.await;
+    }));
+    Node {
+        stop: Some(tx),
+        handle,
+    }
+}
+
+pub fn config(id: u64, addr: &str, dir: &Path, meta: &[MetaMember], replication: usize) -> Config {
+    let mut c = Config::new(id, addr, dir.join(format!("node-{id}")), meta.to_vec());
+    c.replication = replication;
+    c.tick = Duration::from_millis(10);
+    c.heartbeat_interval = Duration::from_millis(200);
+    c
+}
+
+pub async fn kv(addr: &str) -> proto::kv_client::KvClient<tonic::transport::Channel> {
+    proto::kv_client::KvClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+}
+
+/// Waits until some node reports a route and returns (route, leader addr).
+pub async fn wait_route(addrs: &[String]) -> proto::Route {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no route with a leader within 30 s"
+        );
+        for a in addrs {
+            let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
+            else {
+                continue;
+            };
+            if let Ok(r) = m
+                .get_routes(proto::GetRoutesRequest { timeout_ms: 1000 })
+                .await
+            {
+                let r = r.into_inner();
+                if let Some(route) = r.routes.first() {
+                    if route.leader_node_id != 0 {
+                        return route.clone();
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn header(route: &proto::Route) -> Option<proto::RequestHeader> {
+    Some(proto::RequestHeader {
+        group_id: route.group_id,
+        epoch: route.epoch,
+        timeout_ms: 5000,
+    })
+}
+
+/// Puts through whichever replica is the leader now (retrying on NotLeader).
+pub async fn put(addrs: &[String], route: &proto::Route, key: &[u8], value: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "put of {key:?} did not succeed");
+        for a in addrs {
+            let Ok(mut c) = proto::kv_client::KvClient::connect(format!("http://{a}")).await else {
+                continue;
+            };
+            let Ok(r) = c
+                .put(proto::PutRequest {
+                    header: header(route),
+                    key: key.to_vec().into(),
+                    value: value.to_vec().into(),
+                })
+                .await
+            else {
+                continue;
+            };
+            if r.into_inner().error.is_none() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn get(addrs: &[String], route: &proto::Route, key: &[u8]) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "get of {key:?} did not succeed");
+        for a in addrs {
+            let Ok(mut c) = proto::kv_client::KvClient::connect(format!("http://{a}")).await else {
+                continue;
+            };
+            let Ok(r) = c
+                .get(proto::GetRequest {
+                    header: header(route),
+                    key: key.to_vec().into(),
+                })
+                .await
+            else {
+                continue;
+            };
+            let r = r.into_inner();
+            if r.error.is_none() {
+                return r.found.then(|| r.value.to_vec());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

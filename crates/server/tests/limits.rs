@@ -1,0 +1,169 @@
+//! Limits a node enforces with clear errors, and overload it survives: oversized keys,
+//! values, batches and messages are refused with their typed error; a flood of requests
+//! beyond the in-flight limit gets `ServerBusy` for the excess, and the node goes on
+//! serving with every acknowledged write intact.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use phoenix_proto as proto;
+use phoenix_server::MetaMember;
+use proto::error::Kind;
+
+mod common;
+use common::*;
+
+fn kind(e: Option<proto::Error>) -> Option<Kind> {
+    e.and_then(|e| e.kind)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn oversized_requests_are_refused_and_overload_gets_server_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let meta = vec![MetaMember {
+        id: 1,
+        addr: addr.clone(),
+    }];
+    let mut cfg = config(1, &addr, dir.path(), &meta, 1);
+    cfg.value_bytes_max = 1024;
+    cfg.inflight_requests_max = 4;
+    let node = start(cfg);
+    let addrs = vec![addr.clone()];
+    let route = wait_route(&addrs).await;
+    put(&addrs, &route, b"before", b"ok").await;
+    let mut c = kv(&addr).await;
+
+    // A value over the configured limit.
+    let r = c
+        .put(proto::PutRequest {
+            header: header(&route),
+            key: b"big".to_vec().into(),
+            value: vec![1u8; 2000].into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    match kind(r.error) {
+        Some(Kind::ValueTooLarge(v)) => assert_eq!((v.size, v.limit), (2000, 1024)),
+        other => panic!("expected ValueTooLarge, got {other:?}"),
+    }
+    // A key over 4 KiB, in a batch this time: the whole batch is refused.
+    let r = c
+        .batch_write(proto::BatchWriteRequest {
+            header: header(&route),
+            mutations: vec![
+                proto::Mutation {
+                    op: proto::MutationOp::Put as i32,
+                    key: b"fine".to_vec().into(),
+                    value: b"v".to_vec().into(),
+                },
+                proto::Mutation {
+                    op: proto::MutationOp::Put as i32,
+                    key: vec![b'k'; proto::limits::KEY_BYTES_MAX + 1].into(),
+                    value: b"v".to_vec().into(),
+                },
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        matches!(kind(r.error), Some(Kind::KeyTooLarge(_))),
+        "oversized key in a batch accepted"
+    );
+    // Too many keys in one batch.
+    let many: Vec<proto::Mutation> = (0..proto::limits::BATCH_KEYS_MAX + 1)
+        .map(|i| proto::Mutation {
+            op: proto::MutationOp::Delete as i32,
+            key: format!("m{i}").into_bytes().into(),
+            value: Default::default(),
+        })
+        .collect();
+    let r = c
+        .batch_write(proto::BatchWriteRequest {
+            header: header(&route),
+            mutations: many,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        matches!(kind(r.error), Some(Kind::RequestTooLarge(_))),
+        "batch over BATCH_KEYS_MAX accepted"
+    );
+    // A gRPC message over the transport limit is refused by the transport.
+    let st = c
+        .put(proto::PutRequest {
+            header: header(&route),
+            key: b"huge".to_vec().into(),
+            value: vec![0u8; proto::limits::MESSAGE_BYTES_MAX + 1].into(),
+        })
+        .await;
+    assert!(st.is_err(), "a message over MESSAGE_BYTES_MAX got through");
+    for k in [&b"big"[..], b"fine", b"m0", b"huge"] {
+        assert_eq!(
+            get(&addrs, &route, k).await,
+            None,
+            "refused write {k:?} applied"
+        );
+    }
+
+    // A flood: many more concurrent requests than the in-flight limit. The excess gets
+    // ServerBusy, nothing else; what was acknowledged is there afterwards.
+    let mut tasks = Vec::new();
+    for t in 0..8u32 {
+        let ch = kv(&addr).await;
+        let route = route.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..40u32 {
+                let mut ch = ch.clone();
+                let h = header(&route);
+                set.spawn(async move {
+                    let k = format!("flood-{t}-{i}");
+                    let r = ch
+                        .put(proto::PutRequest {
+                            header: h,
+                            key: k.clone().into_bytes().into(),
+                            value: k.clone().into_bytes().into(),
+                        })
+                        .await
+                        .unwrap()
+                        .into_inner();
+                    (k, kind(r.error))
+                });
+            }
+            let mut out = Vec::new();
+            while let Some(r) = set.join_next().await {
+                out.push(r.unwrap());
+            }
+            out
+        }));
+    }
+    let (mut ok, mut busy) = (Vec::new(), 0);
+    for t in tasks {
+        for (k, e) in t.await.unwrap() {
+            match e {
+                None => ok.push(k),
+                Some(Kind::ServerBusy(_)) => busy += 1,
+                other => panic!("flooded put {k}: unexpected {other:?}"),
+            }
+        }
+    }
+    eprintln!("flood: {} acknowledged, {busy} ServerBusy", ok.len());
+    assert!(busy > 0, "320 concurrent puts never exceeded 4 in flight");
+    assert!(!ok.is_empty(), "no flooded put was served");
+    for k in &ok {
+        assert_eq!(
+            get(&addrs, &route, k.as_bytes()).await,
+            Some(k.clone().into_bytes())
+        );
+    }
+    // Still serving normally.
+    put(&addrs, &route, b"after", b"ok").await;
+    assert_eq!(get(&addrs, &route, b"before").await, Some(b"ok".to_vec()));
+    tokio::time::timeout(Duration::from_secs(30), node.stop())
+        .await
+        .unwrap();
+}
