@@ -477,8 +477,9 @@ pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Resul
         tombstones.extend_from_slice(t.range_tombstones());
         bytes_read += f.size;
         if c.level == 0 && c.inputs.iter().any(|i| i.number == f.number) {
-            // L0 files overlap: one cursor each.
-            children.push(Box::new(t.iter()));
+            // L0 files overlap: one cursor each. Compaction reads stay out of the block
+            // cache: its inputs are about to be deleted.
+            children.push(Box::new(t.iter_with(false)));
         }
     }
     // Sorted, non-overlapping inputs of one level: one concatenating cursor per level.
@@ -493,6 +494,7 @@ pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Resul
             children.push(Box::new(LevelIter::new(
                 Arc::clone(env.tables),
                 Arc::new(files),
+                false,
             )));
         }
     }

@@ -461,7 +461,7 @@ impl Db {
     pub fn get(&self, ro: &ReadOptions<'_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let view = self.inner.view()?;
         let snap = self.inner.read_seq(ro);
-        self.inner.get_in(&view, key, snap)
+        self.inner.get_in(&view, key, snap, ro.fill_cache)
     }
 
     /// Reads several keys from one consistent view.
@@ -469,7 +469,7 @@ impl Db {
         let view = self.inner.view()?;
         let snap = self.inner.read_seq(ro);
         keys.iter()
-            .map(|k| self.inner.get_in(&view, k, snap))
+            .map(|k| self.inner.get_in(&view, k, snap, ro.fill_cache))
             .collect()
     }
 
@@ -477,7 +477,10 @@ impl Db {
     /// off).
     pub fn get_persisted(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let view = self.inner.view()?;
-        match view.version.get(&self.inner.tables, key, MAX_SEQUENCE, 0)? {
+        match view
+            .version
+            .get(&self.inner.tables, key, MAX_SEQUENCE, 0, true)?
+        {
             TableGet::Value(v) => Ok(Some(v)),
             _ => Ok(None),
         }
@@ -612,7 +615,13 @@ impl Inner {
         }
     }
 
-    fn get_in(&self, view: &View, key: &[u8], snap: SequenceNumber) -> Result<Option<Vec<u8>>> {
+    fn get_in(
+        &self,
+        view: &View,
+        key: &[u8],
+        snap: SequenceNumber,
+        fill_cache: bool,
+    ) -> Result<Option<Vec<u8>>> {
         let mut tomb = 0;
         for m in std::iter::once(&view.mem).chain(view.imms.iter()) {
             if m.has_range_tombstones() {
@@ -625,7 +634,7 @@ impl Inner {
                 MemGet::Absent => {}
             }
         }
-        match view.version.get(&self.tables, key, snap, 0)? {
+        match view.version.get(&self.tables, key, snap, 0, fill_cache)? {
             TableGet::Value(v) => Ok(Some(v)),
             _ => Ok(None),
         }
@@ -652,7 +661,7 @@ impl Inner {
             }
             let t = self.tables.get(f.number, f.size)?;
             tombstones.extend_from_slice(t.range_tombstones());
-            children.push(Box::new(t.iter()));
+            children.push(Box::new(t.iter_with(ro.fill_cache)));
         }
         for level in 1..view.version.num_levels() {
             let files = &view.version.levels[level];
@@ -668,6 +677,7 @@ impl Inner {
             children.push(Box::new(LevelIter::new(
                 Arc::clone(&self.tables),
                 Arc::clone(files),
+                ro.fill_cache,
             )));
         }
         let frags = Fragments::new(&tombstones, snap);

@@ -21,14 +21,16 @@ pub struct LevelIter {
     index: usize,
     cur: Option<BoxIter>,
     error: Option<Error>,
+    fill_cache: bool,
 }
 
 impl LevelIter {
-    /// A cursor over `files`.
-    pub fn new(tables: Arc<TableCache>, files: Arc<Vec<Arc<FileMeta>>>) -> Self {
+    /// A cursor over `files`; blocks read enter the block cache only with `fill_cache`.
+    pub fn new(tables: Arc<TableCache>, files: Arc<Vec<Arc<FileMeta>>>, fill_cache: bool) -> Self {
         LevelIter {
             tables,
             files,
+            fill_cache,
             index: 0,
             cur: None,
             error: None,
@@ -43,7 +45,7 @@ impl LevelIter {
         };
         match self.tables.get(f.number, f.size) {
             Ok(t) => {
-                self.cur = Some(Box::new(t.iter()));
+                self.cur = Some(Box::new(t.iter_with(self.fill_cache)));
                 true
             }
             Err(e) => {

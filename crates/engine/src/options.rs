@@ -151,7 +151,7 @@ pub struct WriteOptions {
 }
 
 /// Options of one read.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ReadOptions<'a> {
     /// Read as of this snapshot (default: the latest state).
     pub snapshot: Option<&'a Snapshot>,
@@ -159,7 +159,18 @@ pub struct ReadOptions<'a> {
     pub lower_bound: Option<Vec<u8>>,
     /// Iterators: first user key excluded.
     pub upper_bound: Option<Vec<u8>>,
-    /// Advisory: whether blocks read should enter the block cache. The table layer
-    /// currently always caches what it reads.
+    /// Whether data blocks read from files enter the block cache (default true). A
+    /// long scan with `false` leaves the cache to the hot point reads.
     pub fill_cache: bool,
+}
+
+impl Default for ReadOptions<'_> {
+    fn default() -> Self {
+        ReadOptions {
+            snapshot: None,
+            lower_bound: None,
+            upper_bound: None,
+            fill_cache: true,
+        }
+    }
 }

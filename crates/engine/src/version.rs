@@ -145,6 +145,7 @@ impl Version {
         user_key: &[u8],
         snapshot: SequenceNumber,
         mut max_tombstone: SequenceNumber,
+        fill_cache: bool,
     ) -> Result<TableGet> {
         let target = seek_key(user_key, snapshot);
         let probe =
@@ -159,7 +160,7 @@ impl Version {
                         *max_tombstone = rt.seq;
                     }
                 }
-                if let Some((ikey, value)) = t.get(&target)? {
+                if let Some((ikey, value)) = t.get(&target, fill_cache)? {
                     if let Some(p) = parse_internal_key(&ikey) {
                         if p.user_key == user_key && p.seq <= snapshot {
                             if p.seq < *max_tombstone || p.kind != ValueKind::Put {

@@ -432,3 +432,44 @@ fn unsynced_writes_survive_a_process_crash() {
     }
     db.close().unwrap();
 }
+
+/// `fill_cache = false` keeps scans out of the block cache; the default fills it.
+#[test]
+fn fill_cache_false_leaves_the_block_cache_alone() {
+    let (_m, fs) = fs();
+    let opts = Options {
+        block_cache_size: 8 << 20,
+        ..small_opts(WalMode::None)
+    };
+    let db = Db::open(fs, Path::new("/db"), opts).unwrap();
+    let wo = WriteOptions::default();
+    for i in 0..2000u32 {
+        db.put(&wo, format!("k{i:05}").as_bytes(), &[7u8; 100])
+            .unwrap();
+    }
+    db.flush().unwrap();
+    db.compact_range(None, None).unwrap();
+    let before = db.stats().block_cache_usage;
+    let cold = ReadOptions {
+        fill_cache: false,
+        ..ReadOptions::default()
+    };
+    assert_eq!(scan(&db, &cold).len(), 2000);
+    for i in (0..2000u32).step_by(7) {
+        assert!(db
+            .get(&cold, format!("k{i:05}").as_bytes())
+            .unwrap()
+            .is_some());
+    }
+    assert_eq!(
+        db.stats().block_cache_usage,
+        before,
+        "a fill_cache=false read filled the cache"
+    );
+    assert_eq!(scan(&db, &ReadOptions::default()).len(), 2000);
+    assert!(
+        db.stats().block_cache_usage > before + (100 << 10),
+        "a default scan did not fill the cache"
+    );
+    db.close().unwrap();
+}

@@ -182,7 +182,7 @@ pub fn fuzz_table(data: &[u8]) {
         n -= 1;
     }
     for k in &keys {
-        match table.get(k) {
+        match table.get(k, true) {
             Ok(_) => {}
             Err(e) => check_error(&e, data.len()),
         }

@@ -160,8 +160,9 @@ impl Table {
         })
     }
 
-    /// The data block `h`, from the cache when it is there.
-    fn block(&self, h: BlockHandle) -> Result<Arc<Block>> {
+    /// The data block `h`, from the cache when it is there; a block read from the file
+    /// enters the cache only with `fill_cache`.
+    fn block(&self, h: BlockHandle, fill_cache: bool) -> Result<Arc<Block>> {
         if let Some(c) = &self.cache {
             if let Some(b) = c.get(self.cache_id, h.offset) {
                 return Ok(b);
@@ -169,7 +170,7 @@ impl Table {
         }
         let data = read_block(&*self.file, self.size, h, &self.path)?;
         let block = Arc::new(Block::new(data, Arc::clone(&self.path), h.offset)?);
-        if let Some(c) = &self.cache {
+        if let Some(c) = self.cache.as_ref().filter(|_| fill_cache) {
             c.insert(self.cache_id, h.offset, Arc::clone(&block));
         }
         Ok(block)
@@ -186,8 +187,9 @@ impl Table {
     }
 
     /// The first entry `>= seek_key` whose user key equals `seek_key`'s, if any (the
-    /// bloom filter is checked first). Range tombstones are not applied here.
-    pub fn get(&self, seek_key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+    /// bloom filter is checked first). Range tombstones are not applied here. Blocks read
+    /// enter the block cache only with `fill_cache`.
+    pub fn get(&self, seek_key: &[u8], fill_cache: bool) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
         if seek_key.len() < key::TRAILER_LEN {
             return Err(Error::InvalidArgument(format!(
                 "seek key of {} bytes is shorter than a trailer",
@@ -207,7 +209,7 @@ impl Table {
             return Ok(None);
         }
         let h = self.handle_at(&ix)?;
-        let block = self.block(h)?;
+        let block = self.block(h, fill_cache)?;
         let mut it = block.iter(compare_internal, key::TRAILER_LEN);
         it.seek(seek_key);
         it.status()?;
@@ -217,9 +219,16 @@ impl Table {
         Ok(None)
     }
 
-    /// A cursor over the table's point entries.
+    /// A cursor over the table's point entries; the blocks it reads enter the cache.
     pub fn iter(self: &Arc<Self>) -> TableIter {
+        self.iter_with(true)
+    }
+
+    /// A cursor whose blocks read from the file enter the block cache only with
+    /// `fill_cache` (scans and compactions leave the cache to point reads).
+    pub fn iter_with(self: &Arc<Self>, fill_cache: bool) -> TableIter {
         TableIter {
+            fill_cache,
             index: self.index.iter(compare_internal, key::TRAILER_LEN),
             table: Arc::clone(self),
             data: None,
@@ -275,6 +284,7 @@ pub struct TableIter {
     data: Option<BlockIter>,
     data_offset: u64,
     err: Option<Error>,
+    fill_cache: bool,
 }
 
 impl TableIter {
@@ -304,7 +314,7 @@ impl TableIter {
         if self.data.is_some() && self.data_offset == h.offset {
             return true;
         }
-        match self.table.block(h) {
+        match self.table.block(h, self.fill_cache) {
             Ok(b) => {
                 self.data = Some(b.iter(compare_internal, key::TRAILER_LEN));
                 self.data_offset = h.offset;

@@ -156,10 +156,17 @@ fn round_trip_under_every_option_set() {
                 .iter()
                 .find(|e| key::parse_internal_key(&e.0).unwrap().seq <= snap)
                 .map(|e| (e.0.clone(), e.1.clone()));
-            assert_eq!(t.get(&seek_key(uk, snap)).unwrap(), want, "seed {seed}");
+            assert_eq!(
+                t.get(&seek_key(uk, snap), true).unwrap(),
+                want,
+                "seed {seed}"
+            );
             let mut missing = uk.clone();
             missing.push(b'x');
-            assert_eq!(t.get(&seek_key(&missing, MAX_SEQUENCE)).unwrap(), None);
+            assert_eq!(
+                t.get(&seek_key(&missing, MAX_SEQUENCE), true).unwrap(),
+                None
+            );
         }
         // Seeks both ways against the model.
         for _ in 0..500 {
@@ -349,7 +356,7 @@ fn every_flipped_byte_is_detected_or_harmless() {
             Err(e) => check_err(&e),
         }
         for (k, v) in kvs.iter().step_by(7) {
-            match t.get(k) {
+            match t.get(k, true) {
                 Ok(Some(got)) => assert_eq!(&got, &(k.clone(), v.clone()), "byte {i}"),
                 Ok(None) => panic!("byte {i}: key lost silently"),
                 Err(e) => check_err(&e),
@@ -378,7 +385,7 @@ fn table_cache_bounds_open_tables_and_evicts() {
     for n in 1..=10u64 {
         let t = tc.get(n, sizes[n as usize - 1]).unwrap();
         assert_eq!(t.number(), n);
-        assert!(t.get(&seek_key(b"k", 5)).unwrap().is_some());
+        assert!(t.get(&seek_key(b"k", 5), true).unwrap().is_some());
     }
     assert!(tc.open_tables() <= 4);
     let a = tc.get(10, sizes[9]).unwrap();
