@@ -3,12 +3,16 @@
 //!
 //! One round, for all groups with something to do:
 //! 1. send each ready's `messages` (snapshots go to the snapshot sender);
-//! 2. install snapshots, then append every group's entries and hard state to the
-//!    shared log store and wait for all those appends (the log store group-commits
-//!    them: one fsync covers the readies of many groups);
-//! 3. `on_persist_ready` and send `persisted_messages`;
-//! 4. apply committed entries as ONE engine batch per group carrying the group's
-//!    applied-index sentinel (seed 000), answer proposals and reads.
+//! 2. install snapshots, then submit every group's entries and hard state to the
+//!    shared log store without waiting (the log store group-commits them: one fsync
+//!    covers the readies of many groups; a hard state that only moves the commit index
+//!    is not synced);
+//! 3. apply committed entries (durable on a quorum already) as ONE engine batch per
+//!    group carrying the group's applied-index sentinel (seed 000), answer proposals
+//!    and reads;
+//! 4. when the log store reports a ready durable (`Event::Persisted`, from its writer
+//!    thread), `on_persist_ready` (in ready order) and send its `persisted_messages`.
+//!    Meanwhile the driver keeps stepping messages and running rounds.
 //!
 //! Periodically each group's log is truncated to the engine's persisted applied index
 //! (`get_persisted`), keeping `log_keep_entries` for lagging followers.
@@ -102,10 +106,28 @@ pub enum Event {
         /// Whether it was delivered and accepted.
         ok: bool,
     },
+    /// The appends of ready `number` of `group` are durable (or failed).
+    Persisted {
+        /// Group.
+        group: u64,
+        /// Ready number.
+        number: u64,
+        /// Outcome of the append.
+        result: Result<(), String>,
+    },
     /// A node could not be reached.
     Unreachable(u64),
     /// Stop the driver.
     Stop,
+}
+
+/// A ready handed out but not yet acknowledged to raft: acknowledgements go in ready
+/// order, so a ready with nothing to persist still waits for the ones before it.
+struct Unpersisted {
+    number: u64,
+    /// `persisted_messages`: sent once this ready and all before it are durable.
+    msgs: Vec<Message>,
+    durable: bool,
 }
 
 struct PendingProposal {
@@ -125,6 +147,8 @@ pub struct Peer {
     reads_ready: Vec<(u64, ReadReply)>,
     /// A received snapshot not yet installed: (index, dir).
     pending_snapshot: Option<(u64, PathBuf)>,
+    /// Readies whose appends are in flight, oldest first.
+    unpersisted: std::collections::VecDeque<Unpersisted>,
 }
 
 impl Peer {
@@ -221,6 +245,7 @@ impl Driver {
                 reads_waiting: HashMap::new(),
                 reads_ready: Vec::new(),
                 pending_snapshot: None,
+                unpersisted: std::collections::VecDeque::new(),
             },
         );
         Ok(())
@@ -414,6 +439,27 @@ impl Driver {
                     p.raw.report_snapshot(to, st);
                 }
             }
+            Event::Persisted {
+                group,
+                number,
+                result,
+            } => {
+                let Some(p) = self.peers.get_mut(&group) else {
+                    return;
+                };
+                if let Err(e) = result {
+                    // Raft is never told: the group stops making progress on this node
+                    // rather than acknowledge what is not durable.
+                    tracing::error!(group, "log append failed: {e}");
+                    return;
+                }
+                if let Some(u) = p.unpersisted.iter_mut().find(|u| u.number == number) {
+                    u.durable = true;
+                }
+                if let Err(e) = self.acknowledge_persisted(group) {
+                    tracing::error!(group, "acknowledging a durable ready: {e}");
+                }
+            }
             Event::Unreachable(node) => {
                 for p in self.peers.values_mut() {
                     if p.raw.raft().conf_state().contains(node) {
@@ -449,8 +495,10 @@ impl Driver {
                 }
             }
         }
-        // 2. Persist: snapshots, then entries + hard state of all groups, one wait.
-        let mut handles = Vec::new();
+        // 2. Persist: snapshots, then submit entries + hard state of all groups. The log
+        //    store group-commits them (one fsync covers the readies of many groups) and
+        //    reports each as an `Event::Persisted`: the driver keeps stepping messages
+        //    (e.g. the followers' acknowledgements) meanwhile instead of waiting here.
         for (g, rd) in readies.iter_mut() {
             let Some(p) = self.peers.get_mut(g) else {
                 continue;
@@ -458,26 +506,28 @@ impl Driver {
             if let Some(snap) = rd.snapshot.take() {
                 install_snapshot(&self.shared, p, &snap.meta)?;
             }
-            if !rd.entries.is_empty() || rd.hard_state.is_some() {
-                handles.push((*g, p.raw.store_mut().append(&rd.entries, rd.hard_state)));
-            }
+            let (group, number) = (*g, rd.number());
+            let events = self.shared.events.clone();
+            let submitted =
+                p.raw
+                    .store_mut()
+                    .append_then(&rd.entries, rd.hard_state, move |result| {
+                        let result = result.map_err(|e| e.to_string());
+                        // A closed channel means the driver stopped: nothing to tell.
+                        let _ = events.send(Event::Persisted {
+                            group,
+                            number,
+                            result,
+                        });
+                    });
+            p.unpersisted.push_back(Unpersisted {
+                number,
+                msgs: std::mem::take(&mut rd.persisted_messages),
+                durable: !submitted,
+            });
         }
-        for (g, h) in handles {
-            h.wait().map_err(|e| {
-                tracing::error!(group = g, "log append failed: {e}");
-                crate::Error::Log(e)
-            })?;
-        }
-        // 3. Durable: acknowledge, send what waited for durability.
-        for (g, rd) in readies.iter_mut() {
-            let Some(p) = self.peers.get_mut(g) else {
-                continue;
-            };
-            p.raw.on_persist_ready(rd.number())?;
-            let msgs = std::mem::take(&mut rd.persisted_messages);
-            self.send_messages(*g, msgs);
-        }
-        // 4. Apply.
+        // 3. Apply: committed entries are durable here and on a quorum already, so their
+        //    proposers are answered without waiting for this round's appends.
         for (g, rd) in readies.iter_mut() {
             let Some(p) = self.peers.get_mut(g) else {
                 continue;
@@ -500,9 +550,35 @@ impl Driver {
             }
             release_reads(p);
             p.reads_waiting.retain(|_, r| !r.is_closed());
-            publish_view(&self.shared, p);
+        }
+        // 4. Readies with nothing to persist are acknowledged now (after older ones).
+        for (g, _) in readies.iter() {
+            self.acknowledge_persisted(*g)?;
         }
         Ok(true)
+    }
+
+    /// Tells raft about the readies of `g` that are durable, in order, and sends what
+    /// waited for them.
+    fn acknowledge_persisted(&mut self, g: u64) -> crate::Result<()> {
+        let Some(p) = self.peers.get_mut(&g) else {
+            return Ok(());
+        };
+        let mut last = None;
+        let mut msgs = Vec::new();
+        while p.unpersisted.front().is_some_and(|u| u.durable) {
+            if let Some(u) = p.unpersisted.pop_front() {
+                last = Some(u.number);
+                msgs.extend(u.msgs);
+            }
+        }
+        let Some(number) = last else {
+            return Ok(());
+        };
+        p.raw.on_persist_ready(number)?;
+        publish_view(&self.shared, p);
+        self.send_messages(g, msgs);
+        Ok(())
     }
 
     fn send_messages(&mut self, g: u64, msgs: Vec<Message>) {

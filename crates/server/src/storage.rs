@@ -8,6 +8,13 @@
 //!
 //! On restart the replica starts at its persisted applied index `P` (engine sentinel):
 //! `snap = (P, term at P)`, entries `(P, last]` are replayed (seed 000, log-as-WAL).
+//!
+//! Only entries and term/vote changes must be durable before raft acts on them. A hard
+//! state whose sole change is the commit index is kept in memory and written with the
+//! next append that must be durable anyway (etcd's `MustSync`): the commit index is
+//! recoverable (a restarted replica learns it from the leader, and never starts below
+//! its persisted applied index), and syncing it costs a second `fdatasync` per write on
+//! every replica — on the leader between the quorum's acknowledgement and the reply.
 
 use std::sync::Arc;
 
@@ -62,6 +69,8 @@ pub struct GroupStorage {
     /// for it.
     snap: SnapshotMeta,
     hard_state: HardState,
+    /// Whether `hard_state` holds a commit index not yet handed to the log store.
+    hard_state_pending: bool,
     conf: ConfState,
     /// Last applied (index, term): what a snapshot built now would cover.
     applied: (u64, u64),
@@ -103,6 +112,7 @@ impl GroupStorage {
                 conf: conf.clone(),
             },
             hard_state,
+            hard_state_pending: false,
             conf,
             applied,
         })
@@ -143,23 +153,35 @@ impl GroupStorage {
         self.snap.index
     }
 
-    /// Appends entries (replacing a conflicting suffix) and the hard state; returns the
-    /// log store's handle, complete once durable.
-    pub fn append(
+    /// Appends entries (replacing a conflicting suffix) and the hard state; `done` runs
+    /// (on the log store's writer thread) once they are durable. Returns `false`, without
+    /// calling `done`, when nothing had to be written: a hard state that only moved the
+    /// commit index is held back until the next durable append (see the module doc).
+    pub fn append_then(
         &mut self,
         entries: &[Entry],
         hs: Option<HardState>,
-    ) -> phoenix_log::AppendHandle {
-        let ents = entries.iter().map(encode_entry).collect();
-        let hs = hs.map(|h| {
+        done: impl FnOnce(Result<(), phoenix_log::Error>) + Send + 'static,
+    ) -> bool {
+        if let Some(h) = hs {
+            let must_sync = h.term != self.hard_state.term || h.vote != self.hard_state.vote;
             self.hard_state = h;
-            phoenix_log::HardState {
-                term: h.term,
-                vote: h.vote,
-                commit: h.commit,
+            self.hard_state_pending = true;
+            if entries.is_empty() && !must_sync {
+                return false;
             }
+        }
+        if entries.is_empty() && !self.hard_state_pending {
+            return false;
+        }
+        let ents = entries.iter().map(encode_entry).collect();
+        let hs = std::mem::take(&mut self.hard_state_pending).then_some(phoenix_log::HardState {
+            term: self.hard_state.term,
+            vote: self.hard_state.vote,
+            commit: self.hard_state.commit,
         });
-        self.log.append(self.group, ents, hs)
+        self.log.append_with(self.group, ents, hs, done);
+        true
     }
 
     /// Drops entries up to `index` (inclusive), which must be at or below the engine's
