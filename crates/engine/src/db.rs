@@ -190,7 +190,8 @@ pub struct Stats {
     pub stall_count: u64,
     /// Microseconds writers spent stalled or slowed down.
     pub stall_micros: u64,
-    /// Writes delayed by the L0 slowdown trigger.
+    /// Times the write leader slept to hold writes to `delayed_write_rate` (L0 at the
+    /// slowdown trigger).
     pub slowdown_count: u64,
     /// Bytes held by the block cache.
     pub block_cache_usage: usize,
@@ -219,6 +220,8 @@ struct Inner {
     last_seq: AtomicU64,
     snapshots: Arc<SnapshotList>,
     compaction_lock: RwLock<()>,
+    /// Rate limiter of writes while L0 is at the slowdown trigger (write leader only).
+    write_delay: Mutex<crate::write_delay::WriteDelay>,
     counters: Counters,
     wal: Option<Wal>,
     /// Next WAL entry index; only the write leader advances it.
@@ -380,6 +383,7 @@ impl Db {
                 seqs: Mutex::new(BTreeMap::new()),
             }),
             compaction_lock: RwLock::new(()),
+            write_delay: Mutex::new(crate::write_delay::WriteDelay::default()),
             counters: Counters::default(),
             wal,
             wal_next: AtomicU64::new(wal_next),
@@ -742,7 +746,7 @@ impl Inner {
 
         let result = match batch {
             Some(b) => self.apply_group(b, sync, disable_wal),
-            None => self.make_room(force).map(|_| ()),
+            None => self.make_room(force, 0).map(|_| ()),
         };
 
         let mut q = self.queue.lock();
@@ -763,7 +767,7 @@ impl Inner {
     }
 
     fn apply_group(&self, mut batch: WriteBatch, sync: bool, disable_wal: bool) -> Result<()> {
-        let mem = self.make_room(false)?;
+        let mem = self.make_room(false, batch.approximate_size() as u64)?;
         let seq = self.last_seq.load(AtOrd::Acquire) + 1;
         let count = u64::from(batch.count());
         if seq + count > MAX_SEQUENCE {
@@ -806,7 +810,7 @@ impl Inner {
     /// Returns the memtable to write into, switching it if full (or if `force` and it is
     /// not empty) and stalling when too much waits for flush or compaction. Called only
     /// by the write leader.
-    fn make_room(&self, mut force: bool) -> Result<Arc<MemTable>> {
+    fn make_room(&self, mut force: bool, bytes: u64) -> Result<Arc<MemTable>> {
         let mut slowed = false;
         let mut stalled = false;
         let mut st = self.state.lock();
@@ -825,13 +829,21 @@ impl Inner {
             let auto = !self.opts.disable_auto_compactions;
             if auto && !slowed && !force && l0 >= self.opts.level0_slowdown_writes_trigger {
                 slowed = true;
-                self.counters.slowdowns.fetch_add(1, AtOrd::Relaxed);
                 let t = Instant::now();
-                MutexGuard::unlocked(&mut st, || std::thread::sleep(Duration::from_millis(1)));
-                self.counters
-                    .stall_micros
-                    .fetch_add(t.elapsed().as_micros() as u64, AtOrd::Relaxed);
+                let pause = self
+                    .write_delay
+                    .lock()
+                    .charge(t, bytes, self.opts.delayed_write_rate);
+                if !pause.is_zero() {
+                    self.counters.slowdowns.fetch_add(1, AtOrd::Relaxed);
+                    MutexGuard::unlocked(&mut st, || std::thread::sleep(pause));
+                    self.counters
+                        .stall_micros
+                        .fetch_add(t.elapsed().as_micros() as u64, AtOrd::Relaxed);
+                }
                 continue;
+            } else if !slowed && l0 < self.opts.level0_slowdown_writes_trigger {
+                self.write_delay.lock().reset();
             }
             let full = st.mem.approximate_memory_usage() >= self.opts.write_buffer_size;
             if !(full || force && !st.mem.is_empty()) {

@@ -19,6 +19,7 @@ pub mod version_edit;
 pub mod version_set;
 pub mod wal;
 pub mod write_batch;
+mod write_delay;
 
 pub use db::{Db, LevelStats, Snapshot, Stats};
 pub use db_iter::DbIterator;

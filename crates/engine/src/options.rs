@@ -40,8 +40,11 @@ pub struct Options {
     pub max_write_buffer_number: usize,
     /// L0 files that trigger an L0 → L1 compaction.
     pub level0_file_num_compaction_trigger: usize,
-    /// L0 files at which each write is delayed by a millisecond.
+    /// L0 files at which writes are slowed to `delayed_write_rate`.
     pub level0_slowdown_writes_trigger: usize,
+    /// Bytes per second let through while L0 is at the slowdown trigger (RocksDB's
+    /// `delayed_write_rate`).
+    pub delayed_write_rate: u64,
     /// L0 files at which writes wait for compaction.
     pub level0_stop_writes_trigger: usize,
     /// Target size of L1 in bytes.
@@ -88,6 +91,7 @@ impl Default for Options {
             max_write_buffer_number: 2,
             level0_file_num_compaction_trigger: 4,
             level0_slowdown_writes_trigger: 20,
+            delayed_write_rate: 16 << 20,
             level0_stop_writes_trigger: 36,
             max_bytes_for_level_base: 256 << 20,
             max_bytes_for_level_multiplier: 10,
