@@ -168,7 +168,19 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
             .max_decoding_message_size(max),
         )
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            // The builder's `tcp_nodelay` applies only to listeners it creates itself:
+            // without this, replies wait on Nagle behind the peer's delayed ACK (~40 ms).
+            tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                |conn| {
+                    if let Ok(c) = &conn {
+                        if let Err(e) = c.set_nodelay(true) {
+                            tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
+                        }
+                    }
+                    conn
+                },
+            ),
             async move {
                 let _ = server_stop.wait_for(|s| *s).await;
             },
