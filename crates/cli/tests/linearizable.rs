@@ -1,0 +1,876 @@
+//! Linearizability of a running cluster under kill -9, checked the way Knossos and
+//! porcupine do it.
+//!
+//! Three real `phoenix server` processes on loopback; several concurrent clients run
+//! random get / put / compare-and-swap on a few keys with unique values while a nemesis
+//! kill -9's the group's leader (twice) and then a random node, restarting each. Every
+//! operation's invocation and completion time is recorded. A write whose outcome the
+//! client cannot know (deadline, outcome unknown, broken connection) is recorded as
+//! never completing: it may take effect at any point after its invocation, or never.
+//! A read that fails has no effect and is left out.
+//!
+//! The history is checked per key (a register is P-compositional) against a register
+//! with compare-and-swap by a Wing–Gong–Lowe search with memoization (the algorithm of
+//! porcupine): a depth-first search over linearization points whose visited
+//! (linearized set, register value) pairs are cached.
+//!
+//! `PHOENIX_SEED` seeds the workload (operation choices, values, the nemesis' choice of
+//! node); `PHOENIX_LIN_SECS` sets how long the workload runs (default 18 s).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use phoenix_client::{Client, ClientOptions};
+use phoenix_proto as proto;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+// ---------------------------------------------------------------------------------
+// The model and the checker.
+// ---------------------------------------------------------------------------------
+
+/// Register values are unique numbers (so a read names the write it observed).
+type Value = u64;
+
+/// What a client asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Input {
+    Read,
+    Write(Value),
+    /// Set to `new` if the register holds `expect` (None = absent).
+    Cas {
+        expect: Option<Value>,
+        new: Value,
+    },
+}
+
+/// What the client was told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    Read(Option<Value>),
+    Write,
+    /// Whether the swap happened, and the value before it.
+    Cas {
+        ok: bool,
+        prev: Option<Value>,
+    },
+    /// No answer the client could trust: may have taken effect, or not.
+    Unknown,
+}
+
+/// One operation of the history, times in nanoseconds since the workload started.
+#[derive(Clone, Debug)]
+struct Op {
+    client: usize,
+    key: usize,
+    call: u64,
+    /// None = the outcome is unknown (the operation never completes).
+    ret: Option<u64>,
+    input: Input,
+    output: Output,
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |t: u64| t as f64 / 1e6;
+        let ret = match self.ret {
+            Some(r) => format!("{:.3}", ms(r)),
+            None => "∞".into(),
+        };
+        write!(
+            f,
+            "client {} key {} [{:.3} ms, {} ms] {:?} -> {:?}",
+            self.client,
+            self.key,
+            ms(self.call),
+            ret,
+            self.input,
+            self.output
+        )
+    }
+}
+
+/// The register-with-CAS model: the state after applying `op` to `state`, or None if
+/// `op`'s recorded output is impossible from `state`.
+fn step(state: Option<Value>, op: &Op) -> Option<Option<Value>> {
+    match (op.input, op.output) {
+        (Input::Read, Output::Read(v)) => (v == state).then_some(state),
+        (Input::Read, Output::Unknown) => Some(state),
+        (Input::Write(v), Output::Write | Output::Unknown) => Some(Some(v)),
+        (Input::Cas { expect, new }, Output::Unknown) => {
+            Some(if state == expect { Some(new) } else { state })
+        }
+        (Input::Cas { expect, new }, Output::Cas { ok, prev }) => {
+            if prev != state || ok != (state == expect) {
+                None
+            } else if ok {
+                Some(Some(new))
+            } else {
+                Some(state)
+            }
+        }
+        _ => panic!("output does not match input: {op}"),
+    }
+}
+
+/// Why a key's history is not linearizable (or could not be decided).
+#[derive(Debug)]
+struct Violation {
+    /// Operations placed in the deepest partial linearization found, in order.
+    linearized: Vec<usize>,
+    /// The register's value after them.
+    state: Option<Value>,
+    /// The operation that completed but could not be placed after them.
+    stuck: usize,
+    /// The search gave up (step budget) instead of exhausting all orders.
+    inconclusive: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    op: usize,
+    call: bool,
+}
+
+/// Checks one key's history (all ops on one register, which starts absent).
+fn check(ops: &[Op], budget: u64) -> Result<(), Violation> {
+    let n = ops.len();
+    if n == 0 {
+        return Ok(());
+    }
+    // Entries in time order; a call sorts before a return at the same instant (that
+    // makes the two operations concurrent: the permissive reading of a tie).
+    let mut entries: Vec<(u64, u8, Entry)> = Vec::with_capacity(2 * n);
+    for (i, op) in ops.iter().enumerate() {
+        assert!(
+            op.ret.is_none_or(|r| r >= op.call),
+            "returns before call: {op}"
+        );
+        entries.push((op.call, 0, Entry { op: i, call: true }));
+        entries.push((op.ret.unwrap_or(u64::MAX), 1, Entry { op: i, call: false }));
+    }
+    entries.sort_by_key(|(t, kind, e)| (*t, *kind, e.op));
+    let entries: Vec<Entry> = entries.into_iter().map(|(_, _, e)| e).collect();
+    let m = entries.len();
+    let head = m; // sentinel of the circular doubly-linked list
+    let mut next: Vec<usize> = (0..=m).map(|i| (i + 1) % (m + 1)).collect();
+    let mut prev: Vec<usize> = (0..=m).map(|i| (i + m) % (m + 1)).collect();
+    let mut call_at = vec![0; n];
+    let mut ret_at = vec![0; n];
+    for (i, e) in entries.iter().enumerate() {
+        if e.call {
+            call_at[e.op] = i;
+        } else {
+            ret_at[e.op] = i;
+        }
+    }
+    let unlink = |x: usize, next: &mut Vec<usize>, prev: &mut Vec<usize>| {
+        let (p, q) = (prev[x], next[x]);
+        next[p] = q;
+        prev[q] = p;
+    };
+    // Dancing links: relinking in the reverse order of unlinking restores the list.
+    let relink = |x: usize, next: &mut Vec<usize>, prev: &mut Vec<usize>| {
+        let (p, q) = (prev[x], next[x]);
+        next[p] = x;
+        prev[q] = x;
+    };
+
+    let words = n.div_ceil(64);
+    let mut linearized = vec![0u64; words];
+    let mut cache: HashSet<(Vec<u64>, Option<Value>)> = HashSet::new();
+    let mut stack: Vec<(usize, Option<Value>)> = Vec::new();
+    let mut state: Option<Value> = None;
+    let mut best: Option<(Vec<usize>, Option<Value>, usize)> = None;
+    let mut steps = 0u64;
+    let mut entry = next[head];
+    while next[head] != head {
+        steps += 1;
+        if steps > budget {
+            let (lin, st, stuck) = best.unwrap_or((Vec::new(), None, entries[entry].op));
+            return Err(Violation {
+                linearized: lin,
+                state: st,
+                stuck,
+                inconclusive: true,
+            });
+        }
+        assert_ne!(entry, head, "the list always ends with a return entry");
+        let e = entries[entry];
+        if e.call {
+            if let Some(new_state) = step(state, &ops[e.op]) {
+                linearized[e.op / 64] |= 1 << (e.op % 64);
+                if cache.insert((linearized.clone(), new_state)) {
+                    stack.push((e.op, state));
+                    state = new_state;
+                    unlink(call_at[e.op], &mut next, &mut prev);
+                    unlink(ret_at[e.op], &mut next, &mut prev);
+                    entry = next[head];
+                    continue;
+                }
+                linearized[e.op / 64] &= !(1 << (e.op % 64));
+            }
+            entry = next[entry];
+        } else {
+            // An operation completed before any order could place it: undo the last
+            // choice and try the next candidate after it.
+            if best.as_ref().is_none_or(|b| stack.len() > b.0.len()) {
+                best = Some((stack.iter().map(|x| x.0).collect(), state, e.op));
+            }
+            let Some((op, old)) = stack.pop() else {
+                let (lin, st, stuck) = best.unwrap_or((Vec::new(), None, e.op));
+                return Err(Violation {
+                    linearized: lin,
+                    state: st,
+                    stuck,
+                    inconclusive: false,
+                });
+            };
+            linearized[op / 64] &= !(1 << (op % 64));
+            state = old;
+            relink(ret_at[op], &mut next, &mut prev);
+            relink(call_at[op], &mut next, &mut prev);
+            entry = next[call_at[op]];
+        }
+    }
+    Ok(())
+}
+
+/// Checks every key; on failure returns a human-readable account.
+fn check_history(history: &[Op], keys: usize, budget: u64) -> Result<(), String> {
+    let mut report = String::new();
+    for k in 0..keys {
+        let ops: Vec<Op> = history.iter().filter(|o| o.key == k).cloned().collect();
+        if let Err(v) = check(&ops, budget) {
+            report.push_str(&describe(k, &ops, &v));
+        }
+    }
+    if report.is_empty() {
+        Ok(())
+    } else {
+        Err(report)
+    }
+}
+
+fn describe(key: usize, ops: &[Op], v: &Violation) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let stuck = &ops[v.stuck];
+    let _ = writeln!(
+        s,
+        "key {key}: {} ({} ops); deepest partial linearization placed {} ops, leaving the \
+         register at {:?}; then this completed op could not be placed:\n  {stuck}",
+        if v.inconclusive {
+            "search budget exhausted, undecided"
+        } else {
+            "NOT linearizable"
+        },
+        ops.len(),
+        v.linearized.len(),
+        v.state,
+    );
+    let _ = writeln!(s, "last ops of that partial linearization:");
+    for &i in v.linearized.iter().rev().take(8).rev() {
+        let _ = writeln!(s, "  {}", ops[i]);
+    }
+    // Everything concurrent with the stuck op, and a little before it.
+    let from = stuck.call.saturating_sub(200_000_000);
+    let to = stuck.ret.unwrap_or(u64::MAX);
+    let _ = writeln!(
+        s,
+        "ops of key {key} overlapping [stuck.call - 200 ms, stuck.ret]:"
+    );
+    let mut near: Vec<&Op> = ops
+        .iter()
+        .filter(|o| o.call <= to && o.ret.is_none_or(|r| r >= from))
+        .collect();
+    near.sort_by_key(|o| o.call);
+    for o in near.iter().take(60) {
+        let _ = writeln!(s, "  {o}");
+    }
+    s
+}
+
+const BUDGET: u64 = 50_000_000;
+
+fn op(client: usize, call: u64, ret: Option<u64>, input: Input, output: Output) -> Op {
+    Op {
+        client,
+        key: 0,
+        call,
+        ret,
+        input,
+        output,
+    }
+}
+
+#[test]
+fn checker_accepts_linearizable_histories() {
+    use Input as I;
+    use Output as O;
+    // Concurrent writes; a read overlapping them may see either order.
+    let h = vec![
+        op(0, 0, Some(10), I::Write(1), O::Write),
+        op(1, 5, Some(30), I::Write(2), O::Write),
+        op(2, 12, Some(20), I::Read, O::Read(Some(1))),
+        op(0, 21, Some(25), I::Read, O::Read(Some(2))),
+        op(
+            2,
+            31,
+            Some(40),
+            I::Cas {
+                expect: Some(2),
+                new: 3,
+            },
+            O::Cas {
+                ok: true,
+                prev: Some(2),
+            },
+        ),
+        op(
+            1,
+            35,
+            Some(45),
+            I::Cas {
+                expect: Some(2),
+                new: 4,
+            },
+            O::Cas {
+                ok: false,
+                prev: Some(3),
+            },
+        ),
+        op(0, 50, Some(60), I::Read, O::Read(Some(3))),
+    ];
+    check(&h, BUDGET).unwrap();
+    // An unknown write may take effect long after it was sent, or never.
+    let h = vec![
+        op(0, 0, Some(10), I::Write(1), O::Write),
+        op(1, 5, None, I::Write(2), O::Unknown),
+        op(2, 20, Some(30), I::Read, O::Read(Some(1))),
+        op(2, 40, Some(50), I::Read, O::Read(Some(2))),
+        op(0, 60, Some(70), I::Read, O::Read(Some(2))),
+    ];
+    check(&h, BUDGET).unwrap();
+    let h = vec![
+        op(0, 0, Some(10), I::Write(1), O::Write),
+        op(1, 5, None, I::Write(2), O::Unknown),
+        op(
+            1,
+            6,
+            None,
+            I::Cas {
+                expect: Some(1),
+                new: 3,
+            },
+            O::Unknown,
+        ),
+        op(2, 20, Some(30), I::Read, O::Read(Some(1))),
+    ];
+    check(&h, BUDGET).unwrap();
+    // Absent at first.
+    let h = vec![op(0, 0, Some(1), I::Read, O::Read(None))];
+    check(&h, BUDGET).unwrap();
+}
+
+#[test]
+fn checker_rejects_violations() {
+    use Input as I;
+    use Output as O;
+    // Stale read: write 2 completed after write 1, then a read returns 1.
+    let h = vec![
+        op(0, 0, Some(10), I::Write(1), O::Write),
+        op(1, 20, Some(30), I::Write(2), O::Write),
+        op(2, 40, Some(50), I::Read, O::Read(Some(1))),
+    ];
+    let v = check(&h, BUDGET).unwrap_err();
+    assert!(!v.inconclusive);
+    assert_eq!(v.stuck, 2, "the stale read is the op that cannot be placed");
+    // Two overlapping writes seen in an order their intervals forbid: write 1 must
+    // land by 10, so after a read of 2 (at 12..20) nothing can bring back 1.
+    let h = vec![
+        op(0, 0, Some(10), I::Write(1), O::Write),
+        op(1, 5, Some(30), I::Write(2), O::Write),
+        op(2, 12, Some(20), I::Read, O::Read(Some(2))),
+        op(0, 21, Some(25), I::Read, O::Read(Some(1))),
+    ];
+    assert!(check(&h, BUDGET).is_err());
+    // Lost update: two sequential CAS from the same expected value both succeed.
+    let cas = |c, t, new| {
+        op(
+            c,
+            t,
+            Some(t + 5),
+            I::Cas {
+                expect: Some(1),
+                new,
+            },
+            O::Cas {
+                ok: true,
+                prev: Some(1),
+            },
+        )
+    };
+    let h = vec![
+        op(0, 0, Some(1), I::Write(1), O::Write),
+        cas(1, 10, 2),
+        cas(2, 20, 3),
+    ];
+    assert!(check(&h, BUDGET).is_err());
+    // A read of a value nobody wrote.
+    let h = vec![
+        op(0, 0, Some(10), I::Write(1), O::Write),
+        op(1, 20, Some(30), I::Read, O::Read(Some(7))),
+    ];
+    assert!(check(&h, BUDGET).is_err());
+    // A failed CAS must report the value it saw.
+    let h = vec![
+        op(0, 0, Some(10), I::Write(1), O::Write),
+        op(
+            1,
+            20,
+            Some(30),
+            I::Cas {
+                expect: Some(5),
+                new: 6,
+            },
+            O::Cas {
+                ok: false,
+                prev: None,
+            },
+        ),
+    ];
+    assert!(check(&h, BUDGET).is_err());
+    // An unknown write seen, then a read of the value before it (with nothing able
+    // to restore it): not linearizable.
+    let h = vec![
+        op(0, 0, Some(10), I::Write(1), O::Write),
+        op(1, 5, None, I::Write(2), O::Unknown),
+        op(2, 20, Some(30), I::Read, O::Read(Some(2))),
+        op(2, 40, Some(50), I::Read, O::Read(Some(1))),
+    ];
+    assert!(check(&h, BUDGET).is_err());
+    // The account names the key and the stuck op.
+    let text = check_history(&h, 1, BUDGET).unwrap_err();
+    assert!(text.contains("NOT linearizable"), "{text}");
+}
+
+/// Plants a stale read into a real history: a read, after everything, of the value of
+/// a completed write that a later completed write (invoked after the first returned)
+/// overwrote. No unknown op can write that value again (values are unique), so the
+/// planted history is certainly not linearizable. None if no such pair exists.
+fn plant_stale_read(history: &[Op]) -> Option<Vec<Op>> {
+    let end = history.iter().filter_map(|o| o.ret).max()? + 1;
+    let written = |o: &Op| match (o.input, o.output) {
+        (Input::Write(v), Output::Write) => Some(v),
+        (Input::Cas { new, .. }, Output::Cas { ok: true, .. }) => Some(new),
+        _ => None,
+    };
+    for a in history {
+        let (Some(va), Some(ra)) = (written(a), a.ret) else {
+            continue;
+        };
+        let overwritten = history
+            .iter()
+            .any(|b| b.key == a.key && b.call > ra && b.ret.is_some() && written(b).is_some());
+        if overwritten {
+            let mut h = history.to_vec();
+            h.push(Op {
+                client: usize::MAX,
+                key: a.key,
+                call: end,
+                ret: Some(end + 1),
+                input: Input::Read,
+                output: Output::Read(Some(va)),
+            });
+            return Some(h);
+        }
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------------
+// The cluster (the process harness of cluster_kill.rs).
+// ---------------------------------------------------------------------------------
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Cluster {
+    addrs: Vec<String>,
+    meta: String,
+    dir: tempfile::TempDir,
+    procs: Vec<Option<Child>>,
+}
+
+impl Cluster {
+    fn new(n: usize) -> Cluster {
+        let addrs: Vec<String> = (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let meta = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}@{a}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = Cluster {
+            addrs,
+            meta,
+            dir: tempfile::tempdir().unwrap(),
+            procs: (0..n).map(|_| None).collect(),
+        };
+        for i in 0..n {
+            c.start(i);
+        }
+        c
+    }
+
+    fn start(&mut self, i: usize) {
+        assert!(self.procs[i].is_none());
+        let data = self.dir.path().join(format!("node-{}", i + 1));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("node-{}.log", i + 1)))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_phoenix"))
+            .args([
+                "server",
+                "--id",
+                &(i + 1).to_string(),
+                "--listen",
+                &self.addrs[i],
+            ])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--meta", &self.meta])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.procs[i] = Some(child);
+    }
+
+    fn kill9(&mut self, i: usize) {
+        let mut c = self.procs[i].take().unwrap();
+        c.kill().unwrap(); // SIGKILL
+        c.wait().unwrap();
+    }
+
+    fn is_live(&self, i: usize) -> bool {
+        self.procs[i].is_some()
+    }
+
+    fn dump_logs(&self) {
+        for i in 0..self.addrs.len() {
+            let p = self.dir.path().join(format!("node-{}.log", i + 1));
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            eprintln!("---- node {} log tail ----", i + 1);
+            for l in tail.into_iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        for c in self.procs.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The node index the meta group reports as group `g`'s leader, if it is live.
+async fn reported_leader(c: &Cluster) -> Option<usize> {
+    for (i, a) in c.addrs.iter().enumerate() {
+        if !c.is_live(i) {
+            continue;
+        }
+        let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await else {
+            continue;
+        };
+        let Ok(Ok(r)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            m.get_routes(proto::GetRoutesRequest { timeout_ms: 1000 }),
+        )
+        .await
+        else {
+            continue;
+        };
+        let r = r.into_inner();
+        if let Some(route) = r.routes.first() {
+            let l = route.leader_node_id as usize;
+            if l >= 1 && l <= c.addrs.len() && c.is_live(l - 1) {
+                return Some(l - 1);
+            }
+        }
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------------
+// The workload and the nemesis.
+// ---------------------------------------------------------------------------------
+
+const KEYS: usize = 3;
+const CLIENTS: usize = 6;
+
+fn key_name(k: usize) -> Vec<u8> {
+    format!("lin/key{k}").into_bytes()
+}
+
+fn parse_value(bytes: &[u8]) -> Value {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("read a value no client wrote: {bytes:?}"))
+}
+
+async fn client_loop(
+    id: usize,
+    endpoints: Vec<String>,
+    seed: u64,
+    start: Instant,
+    stop: Instant,
+    history: Arc<Mutex<Vec<Op>>>,
+) {
+    let opts = ClientOptions {
+        timeout: Duration::from_secs(2),
+        // A put retried after an unknown outcome could apply twice, around another
+        // write; the history must hold each write's single fate.
+        retry_ambiguous_writes: false,
+        seed: seed ^ (id as u64 + 1),
+        ..ClientOptions::default()
+    };
+    let client = Client::new_lazy(endpoints, opts).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ id as u64);
+    let mut seen: [Option<Value>; KEYS] = [None; KEYS];
+    let mut seq = 0u64;
+    let now = || start.elapsed().as_nanos() as u64;
+    while Instant::now() < stop {
+        let key = rng.gen_range(0..KEYS);
+        let kb = key_name(key);
+        seq += 1;
+        // Unique across clients and runs of this loop.
+        let fresh = (id as u64 + 1) * 1_000_000_000 + seq;
+        let dice = rng.gen_range(0..100);
+        let call = now();
+        let (input, output, ok) = if dice < 45 {
+            match client.get(&kb).await {
+                Ok(v) => {
+                    let v = v.map(|b| parse_value(&b));
+                    seen[key] = v;
+                    (Input::Read, Output::Read(v), true)
+                }
+                // A failed read had no effect: it is left out of the history.
+                Err(_) => continue,
+            }
+        } else if dice < 70 {
+            let r = client.put(&kb, fresh.to_string().as_bytes()).await;
+            (Input::Write(fresh), Output::Write, r.is_ok())
+        } else {
+            // Mostly expect what this client saw last, so many swaps succeed.
+            let expect = if rng.gen_bool(0.85) { seen[key] } else { None };
+            let exp_bytes = expect.map(|v| v.to_string().into_bytes());
+            let r = client
+                .cas(
+                    &kb,
+                    exp_bytes.as_deref(),
+                    Some(fresh.to_string().as_bytes()),
+                )
+                .await;
+            let input = Input::Cas { expect, new: fresh };
+            match r {
+                Ok(o) => {
+                    let prev = o.previous.map(|b| parse_value(&b));
+                    seen[key] = if o.succeeded { Some(fresh) } else { prev };
+                    (
+                        input,
+                        Output::Cas {
+                            ok: o.succeeded,
+                            prev,
+                        },
+                        true,
+                    )
+                }
+                Err(_) => (input, Output::Unknown, false),
+            }
+        };
+        let ret = now();
+        // Any failed write is taken as possibly applied: sound whatever the error was.
+        let rec = Op {
+            client: id,
+            key,
+            call,
+            ret: ok.then_some(ret),
+            input,
+            output: if ok { output } else { Output::Unknown },
+        };
+        history.lock().unwrap().push(rec);
+    }
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Prints the seed if the test panics.
+struct SeedGuard(u64);
+
+impl Drop for SeedGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "linearizability test failed; replay the workload with PHOENIX_SEED={}",
+                self.0
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_are_linearizable_under_kill_9() {
+    let seed = env_u64("PHOENIX_SEED", 0x5EED_11AE);
+    let secs = env_u64("PHOENIX_LIN_SECS", 18);
+    let _guard = SeedGuard(seed);
+    eprintln!("PHOENIX_SEED={seed} PHOENIX_LIN_SECS={secs}");
+    let mut nemesis_rng = ChaCha8Rng::seed_from_u64(seed ^ 0xDEAD);
+
+    let mut c = Cluster::new(3);
+    // Ready: a write goes through (group created, leader elected).
+    let probe = Client::new_lazy(
+        c.addrs.clone(),
+        ClientOptions {
+            timeout: Duration::from_secs(60),
+            ..ClientOptions::default()
+        },
+    )
+    .unwrap();
+    probe.put(b"lin/probe", b"ready").await.unwrap();
+
+    let history = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let stop = start + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|id| {
+            tokio::spawn(client_loop(
+                id,
+                c.addrs.clone(),
+                seed,
+                start,
+                stop,
+                history.clone(),
+            ))
+        })
+        .collect();
+
+    // Nemesis: kill -9 the leader twice, then a random node; each comes back after 2 s.
+    let mut events = Vec::new();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for round in 0..3 {
+        if Instant::now() + Duration::from_secs(4) > stop {
+            break;
+        }
+        let victim = if round < 2 {
+            match reported_leader(&c).await {
+                Some(l) => l,
+                None => nemesis_rng.gen_range(0..3),
+            }
+        } else {
+            nemesis_rng.gen_range(0..3)
+        };
+        let t = start.elapsed();
+        c.kill9(victim);
+        events.push(format!(
+            "{:.3} s: kill -9 node {}{}",
+            t.as_secs_f64(),
+            victim + 1,
+            if round < 2 { " (leader)" } else { "" }
+        ));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        c.start(victim);
+        events.push(format!(
+            "{:.3} s: restart node {}",
+            start.elapsed().as_secs_f64(),
+            victim + 1
+        ));
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let history = std::mem::take(&mut *history.lock().unwrap());
+    for e in &events {
+        eprintln!("nemesis {e}");
+    }
+
+    let count = |f: &dyn Fn(&Op) -> bool| history.iter().filter(|o| f(o)).count();
+    let reads = count(&|o| matches!(o.output, Output::Read(_)));
+    let reads_some = count(&|o| matches!(o.output, Output::Read(Some(_))));
+    let writes = count(&|o| o.output == Output::Write);
+    let cas_ok = count(&|o| matches!(o.output, Output::Cas { ok: true, .. }));
+    let cas_fail = count(&|o| matches!(o.output, Output::Cas { ok: false, .. }));
+    let unknown = count(&|o| o.output == Output::Unknown);
+    eprintln!(
+        "history: {} ops: {reads} reads ({reads_some} found), {writes} writes, \
+         {cas_ok} CAS ok, {cas_fail} CAS failed, {unknown} unknown outcome",
+        history.len()
+    );
+    // Completions per second, to see how long each failover stalled the clients.
+    let mut per_sec = vec![0usize; secs as usize + 3];
+    for o in &history {
+        if let Some(r) = o.ret {
+            let b = ((r / 1_000_000_000) as usize).min(per_sec.len() - 1);
+            per_sec[b] += 1;
+        }
+    }
+    eprintln!("completed ops per second: {per_sec:?}");
+    // The check must have something to bite on.
+    assert!(
+        events.len() >= 6,
+        "the nemesis did not run its three rounds"
+    );
+    assert!(
+        reads_some >= 50 && writes >= 20 && cas_ok >= 10,
+        "too few operations completed"
+    );
+
+    let t = Instant::now();
+    let verdict = check_history(&history, KEYS, BUDGET);
+    eprintln!("checked in {:?}", t.elapsed());
+    if let Err(report) = verdict {
+        let path = std::env::temp_dir().join(format!("phoenix-lin-history-{seed}.txt"));
+        let text: String = history.iter().map(|o| format!("{o}\n")).collect();
+        let _ = std::fs::write(&path, text);
+        panic!(
+            "history is not linearizable (seed {seed}; full history in {}):\n{report}",
+            path.display()
+        );
+    }
+
+    // The checker must reject this very history with one stale read planted in it.
+    let planted = plant_stale_read(&history).expect("no overwritten completed write to plant");
+    let report = check_history(&planted, KEYS, BUDGET)
+        .expect_err("the checker accepted a planted stale read");
+    assert!(report.contains("NOT linearizable"), "{report}");
+    eprintln!("planted stale read rejected:\n{report}");
+}
