@@ -1,12 +1,13 @@
-//! Linearizability of a running cluster under kill -9, checked the way Knossos and
+//! Linearizability of a running cluster under kill -9 and pauses, checked the way Knossos and
 //! porcupine do it.
 //!
 //! Three real `phoenix server` processes on loopback; several concurrent clients run
 //! random get / put / compare-and-swap on a few keys with unique values while a nemesis
-//! kill -9's the group's leader (twice) and then a random node, restarting each. Every
-//! operation's invocation and completion time is recorded. A write whose outcome the
-//! client cannot know (deadline, outcome unknown, broken connection) is recorded as
-//! never completing: it may take effect at any point after its invocation, or never.
+//! kill -9's the group's leader, pauses the leader (SIGSTOP, then SIGCONT), kill -9's a
+//! random node, and again, bringing each back after 2 s. Every operation's invocation
+//! and completion time is recorded. A write whose outcome the client cannot know
+//! (deadline, outcome unknown, broken connection) is recorded as never completing: it
+//! may take effect at any point after its invocation, or never.
 //! A read that fails has no effect and is left out.
 //!
 //! The history is checked per key (a register is P-compositional) against a register
@@ -15,7 +16,7 @@
 //! (linearized set, register value) pairs are cached.
 //!
 //! `PHOENIX_SEED` seeds the workload (operation choices, values, the nemesis' choice of
-//! node); `PHOENIX_LIN_SECS` sets how long the workload runs (default 18 s; longer runs
+//! node); `PHOENIX_LIN_SECS` sets how long the workload runs (default 22 s; longer runs
 //! get more nemesis rounds); `PHOENIX_LIN_LOGS=DIR` keeps the servers' logs there.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -632,6 +633,17 @@ impl Cluster {
         c.wait().unwrap();
     }
 
+    /// Sends `kill -<sig>` to node `i` (STOP / CONT).
+    fn signal(&self, i: usize, sig: &str) {
+        let pid = self.procs[i].as_ref().unwrap().id();
+        let st = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill -{sig} {pid} failed");
+    }
+
     fn is_live(&self, i: usize) -> bool {
         self.procs[i].is_some()
     }
@@ -667,13 +679,20 @@ impl Drop for Cluster {
     }
 }
 
-/// The node index the meta group reports as group `g`'s leader, if it is live.
-async fn reported_leader(c: &Cluster) -> Option<usize> {
+/// The live node that serves reads of the data group as its leader right now (the meta
+/// group's report lags by a heartbeat, so each node is asked directly), if any.
+async fn current_leader(c: &Cluster) -> Option<usize> {
+    let mut group = None;
     for (i, a) in c.addrs.iter().enumerate() {
         if !c.is_live(i) {
             continue;
         }
-        let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await else {
+        let Ok(Ok(mut m)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            proto::meta_client::MetaClient::connect(format!("http://{a}")),
+        )
+        .await
+        else {
             continue;
         };
         let Ok(Ok(r)) = tokio::time::timeout(
@@ -684,11 +703,35 @@ async fn reported_leader(c: &Cluster) -> Option<usize> {
         else {
             continue;
         };
-        let r = r.into_inner();
-        if let Some(route) = r.routes.first() {
-            let l = route.leader_node_id as usize;
-            if l >= 1 && l <= c.addrs.len() && c.is_live(l - 1) {
-                return Some(l - 1);
+        if let Some(route) = r.into_inner().routes.first() {
+            group = Some(route.group_id);
+            break;
+        }
+    }
+    let group = group?;
+    for (i, a) in c.addrs.iter().enumerate() {
+        if !c.is_live(i) {
+            continue;
+        }
+        let Ok(Ok(mut kv)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            proto::kv_client::KvClient::connect(format!("http://{a}")),
+        )
+        .await
+        else {
+            continue;
+        };
+        let req = proto::GetRequest {
+            header: Some(proto::RequestHeader {
+                group_id: group,
+                epoch: 0,
+                timeout_ms: 1000,
+            }),
+            key: b"lin/probe".to_vec().into(),
+        };
+        if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(2), kv.get(req)).await {
+            if resp.into_inner().error.is_none() {
+                return Some(i);
             }
         }
     }
@@ -821,7 +864,7 @@ impl Drop for SeedGuard {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operations_are_linearizable_under_kill_9() {
     let seed = env_u64("PHOENIX_SEED", 0x5EED_11AE);
-    let secs = env_u64("PHOENIX_LIN_SECS", 18);
+    let secs = env_u64("PHOENIX_LIN_SECS", 22);
     let _guard = SeedGuard(seed);
     eprintln!("PHOENIX_SEED={seed} PHOENIX_LIN_SECS={secs}");
     let mut nemesis_rng = ChaCha8Rng::seed_from_u64(seed ^ 0xDEAD);
@@ -854,36 +897,51 @@ async fn operations_are_linearizable_under_kill_9() {
         })
         .collect();
 
-    // Nemesis: kill -9 the leader twice, then a random node, and again while time is
-    // left (a longer PHOENIX_LIN_SECS gives more rounds); each comes back after 2 s.
+    // Nemesis, in rounds of 4.5 s while time is left: kill -9 the leader, pause the
+    // leader (SIGSTOP: it wakes up later still believing it leads, the classic way to
+    // get a deposed leader answering), kill -9 a random node, again. A killed node
+    // restarts, a paused one continues, after 2 s.
     let mut events = Vec::new();
     tokio::time::sleep(Duration::from_secs(3)).await;
     for round in 0.. {
         if Instant::now() + Duration::from_secs(4) > stop {
             break;
         }
-        let leader_round = round % 3 != 2;
-        let victim = if leader_round {
-            match reported_leader(&c).await {
+        let (what, leader_round) = match round % 4 {
+            0 | 3 => ("kill -9", true),
+            1 => ("pause (SIGSTOP)", true),
+            _ => ("kill -9", false),
+        };
+        let victim = match leader_round {
+            true => match current_leader(&c).await {
                 Some(l) => l,
                 None => nemesis_rng.gen_range(0..3),
-            }
-        } else {
-            nemesis_rng.gen_range(0..3)
+            },
+            false => nemesis_rng.gen_range(0..3),
         };
+        let pause = what.starts_with("pause");
         let t = start.elapsed();
-        c.kill9(victim);
+        if pause {
+            c.signal(victim, "STOP");
+        } else {
+            c.kill9(victim);
+        }
         events.push(format!(
-            "{:.3} s: kill -9 node {}{}",
+            "{:.3} s: {what} node {}{}",
             t.as_secs_f64(),
             victim + 1,
             if leader_round { " (leader)" } else { "" }
         ));
         tokio::time::sleep(Duration::from_secs(2)).await;
-        c.start(victim);
+        if pause {
+            c.signal(victim, "CONT");
+        } else {
+            c.start(victim);
+        }
         events.push(format!(
-            "{:.3} s: restart node {}",
+            "{:.3} s: {} node {}",
             start.elapsed().as_secs_f64(),
+            if pause { "continue" } else { "restart" },
             victim + 1
         ));
         tokio::time::sleep(Duration::from_millis(2500)).await;
