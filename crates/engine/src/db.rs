@@ -51,6 +51,9 @@ use crate::version_set::VersionSet;
 use crate::wal::Wal;
 use crate::write_batch::{BatchRecord, WriteBatch};
 
+/// Times a waiting writer yields its CPU before it sleeps on its condition variable.
+const WRITER_YIELDS: u32 = 16;
+
 /// A consistent set of sources for a read: the memtables and the version.
 struct View {
     mem: Arc<MemTable>,
@@ -88,6 +91,11 @@ impl State {
 
 struct Slot {
     state: Mutex<SlotState>,
+    /// Signalled (with the queue mutex) when this writer is done or becomes the leader:
+    /// a wake-up goes only to the writers it concerns, not to every waiting writer.
+    cv: Condvar,
+    /// Set once `state.done` is: lets a waiting writer check without locks.
+    done: AtomicBool,
 }
 
 struct SlotState {
@@ -216,7 +224,6 @@ struct Inner {
     /// close, new immutable memtable).
     bg_cv: Condvar,
     queue: Mutex<VecDeque<Arc<Slot>>>,
-    queue_cv: Condvar,
     last_seq: AtomicU64,
     snapshots: Arc<SnapshotList>,
     compaction_lock: RwLock<()>,
@@ -377,7 +384,6 @@ impl Db {
             closed: AtomicBool::new(false),
             bg_cv: Condvar::new(),
             queue: Mutex::new(VecDeque::new()),
-            queue_cv: Condvar::new(),
             last_seq: AtomicU64::new(last_seq),
             snapshots: Arc::new(SnapshotList {
                 seqs: Mutex::new(BTreeMap::new()),
@@ -701,20 +707,27 @@ impl Inner {
     fn write_slot(&self, slot_state: SlotState) -> Result<()> {
         let slot = Arc::new(Slot {
             state: Mutex::new(slot_state),
+            cv: Condvar::new(),
+            done: AtomicBool::new(false),
         });
         let mut q = self.queue.lock();
         q.push_back(Arc::clone(&slot));
+        let mut yields = 0;
         loop {
-            {
-                let mut s = slot.state.lock();
-                if s.done {
-                    return s.result.take().unwrap_or(Ok(()));
-                }
+            if slot.done.load(AtOrd::Acquire) {
+                return slot.state.lock().result.take().unwrap_or(Ok(()));
             }
             if q.front().is_some_and(|f| Arc::ptr_eq(f, &slot)) {
                 break;
             }
-            self.queue_cv.wait(&mut q);
+            if yields < WRITER_YIELDS {
+                // A group usually completes within microseconds: yielding a few times
+                // is cheaper than a futex sleep and wake-up (RocksDB's writers do the same).
+                yields += 1;
+                MutexGuard::unlocked(&mut q, std::thread::yield_now);
+                continue;
+            }
+            slot.cv.wait(&mut q);
         }
         // Leader: gather the group.
         let mut group: Vec<Arc<Slot>> = vec![Arc::clone(&slot)];
@@ -759,9 +772,14 @@ impl Inner {
                 Ok(()) => Ok(()),
                 Err(e) => Err(clone_error(e)),
             });
+            drop(s);
+            member.done.store(true, AtOrd::Release);
+            member.cv.notify_one();
+        }
+        if let Some(next) = q.front() {
+            next.cv.notify_one();
         }
         drop(q);
-        self.queue_cv.notify_all();
         let mut s = slot.state.lock();
         s.result.take().unwrap_or(Ok(()))
     }
