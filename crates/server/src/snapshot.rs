@@ -143,6 +143,8 @@ fn build_files(
         snapshot: Some(snap),
         lower_bound: Some(keys::group_start(g)),
         upper_bound: keys::group_end(g),
+        // A whole-group scan would evict the hot blocks of every other group.
+        fill_cache: false,
         ..ReadOptions::default()
     };
     let mut it = shared.engine.iter(&ro)?;

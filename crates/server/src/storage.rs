@@ -255,22 +255,32 @@ impl Storage for GroupStorage {
         if lo >= hi {
             return Ok(Vec::new());
         }
-        let raw = self.log.read(self.group, lo..hi).map_err(|e| match e {
-            phoenix_log::Error::Compacted { .. } => StorageError::Compacted {
-                index: lo,
-                first_index: self.snap.index + 1,
-            },
-            e => other(format!("group {} entries {lo}..{hi}: {e}", self.group)),
-        })?;
-        let mut out = Vec::with_capacity(raw.len());
+        // Read in growing chunks and stop at `max_size`: a follower far behind asks for
+        // everything up to the last index, and reading (and decoding) all of it on the
+        // raft driver thread for every append message stalled heartbeats of every group.
+        let mut out = Vec::new();
         let mut size = 0u64;
-        for e in raw {
-            let e = decode_entry(self.group, e)?;
-            size += e.size();
-            if !out.is_empty() && size > max_size {
-                break;
+        let mut cur = lo;
+        let mut chunk = 16u64;
+        while cur < hi {
+            let end = hi.min(cur.saturating_add(chunk));
+            let raw = self.log.read(self.group, cur..end).map_err(|e| match e {
+                phoenix_log::Error::Compacted { .. } => StorageError::Compacted {
+                    index: lo,
+                    first_index: self.snap.index + 1,
+                },
+                e => other(format!("group {} entries {cur}..{end}: {e}", self.group)),
+            })?;
+            for e in raw {
+                let e = decode_entry(self.group, e)?;
+                size += e.size();
+                if !out.is_empty() && size > max_size {
+                    return Ok(out);
+                }
+                out.push(e);
             }
-            out.push(e);
+            cur = end;
+            chunk = (chunk * 2).min(1024);
         }
         Ok(out)
     }
