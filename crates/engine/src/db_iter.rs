@@ -31,6 +31,9 @@ pub struct DbIterator {
     valid: bool,
     saved_key: Vec<u8>,
     saved_value: Vec<u8>,
+    /// Going forward: the user key whose remaining versions are skipped (reused so a
+    /// step allocates nothing).
+    skip_key: Vec<u8>,
     /// Keeps the version, memtables and snapshot the iterator reads alive.
     _pins: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -54,6 +57,7 @@ impl DbIterator {
             valid: false,
             saved_key: Vec::new(),
             saved_value: Vec::new(),
+            skip_key: Vec::new(),
             _pins: pins,
         }
     }
@@ -112,7 +116,7 @@ impl DbIterator {
         self.direction = Direction::Forward;
         self.inner
             .seek(&internal_key(&t, self.snapshot, ValueKind::RangeDelete));
-        self.find_next_user_entry(None);
+        self.find_next_user_entry(false);
     }
 
     /// Positions on the first key.
@@ -122,7 +126,7 @@ impl DbIterator {
             None => {
                 self.direction = Direction::Forward;
                 self.inner.seek_to_first();
-                self.find_next_user_entry(None);
+                self.find_next_user_entry(false);
             }
         }
     }
@@ -169,13 +173,16 @@ impl DbIterator {
             } else {
                 self.inner.seek_to_first();
             }
-            let skip = std::mem::take(&mut self.saved_key);
-            self.find_next_user_entry(Some(skip));
+            // `saved_key` holds the current key; `saved_*` are rebuilt when going back.
+            std::mem::swap(&mut self.skip_key, &mut self.saved_key);
+            self.find_next_user_entry(true);
             return;
         }
-        let skip = crate::key::user_key(self.inner.key()).to_vec();
+        self.skip_key.clear();
+        self.skip_key
+            .extend_from_slice(crate::key::user_key(self.inner.key()));
         self.inner.next();
-        self.find_next_user_entry(Some(skip));
+        self.find_next_user_entry(true);
     }
 
     /// Moves to the previous key. Requires `valid()`.
@@ -202,9 +209,9 @@ impl DbIterator {
         self.find_prev_user_entry();
     }
 
-    /// Forward: settles on the first visible entry, skipping versions of `skip` and of
-    /// any key whose newest visible version is a deletion.
-    fn find_next_user_entry(&mut self, mut skip: Option<Vec<u8>>) {
+    /// Forward: settles on the first visible entry, skipping (when `skipping`) versions
+    /// of `skip_key` and of any key whose newest visible version is a deletion.
+    fn find_next_user_entry(&mut self, mut skipping: bool) {
         while self.inner.valid() {
             let Some(p) = parse_internal_key(self.inner.key()) else {
                 self.inner.next();
@@ -214,14 +221,15 @@ impl DbIterator {
                 break;
             }
             if p.seq <= self.snapshot {
-                let skipping = skip.as_deref().is_some_and(|s| p.user_key <= s);
-                if !skipping {
+                if !(skipping && p.user_key <= self.skip_key.as_slice()) {
                     if p.kind == ValueKind::Put && !self.covered(p.user_key, p.seq) {
                         self.valid = true;
                         return;
                     }
                     // The newest visible version is deleted: skip the whole key.
-                    skip = Some(p.user_key.to_vec());
+                    self.skip_key.clear();
+                    self.skip_key.extend_from_slice(p.user_key);
+                    skipping = true;
                 }
             }
             self.inner.next();
