@@ -2,6 +2,8 @@
 # Runs `phoenix bench engine` and RocksDB's `db_bench` side by side with identical flags
 # over the cells of docs/bench-engine.md (100/256 B values, 1/4 threads, WAL on without
 # sync / WAL off), REPS times, interleaved (PhoenixKV then db_bench for each cell).
+# Every cell has a 1M-key space (`--num` is per thread and also the key space, so
+# 4 threads write 4M records over 1M keys) and 1M reads in all (`--reads` is per thread).
 # Raw output goes to stdout with a "## cell" header per run; summarize with
 # crates/engine/scripts/summarize-vs-rocksdb.py.
 #
@@ -19,7 +21,7 @@ for rep in $(seq 1 "$REPS"); do
   for vs in 100 256; do
     for th in 1 4; do
       for wal in 0 1; do
-        if [ "$th" = 1 ]; then sizes="--num=1000000 --reads=200000"; else sizes="--num=250000 --reads=50000"; fi
+        sizes="--num=1000000 --reads=$((1000000 / th))"
         flags="$COMMON $sizes --threads=$th --value_size=$vs --disable_wal=$wal"
         for sys in phoenix rocksdb; do
           rm -rf "$DIR/pdb" "$DIR/rdb"

@@ -38,7 +38,8 @@ use crate::error::{Error, Result};
 use crate::filename::{self, FileKind};
 use crate::iter::InternalIterator;
 use crate::key::{
-    compare_internal, group_range, parse_internal_key, SequenceNumber, ValueKind, MAX_SEQUENCE,
+    compare_internal, encode_internal_key, group_range, parse_internal_key, SequenceNumber,
+    ValueKind, MAX_SEQUENCE,
 };
 use crate::memtable::{MemGet, MemTable};
 use crate::merge::{clone_error, BoxIter, LevelIter, MergingIterator};
@@ -227,6 +228,10 @@ struct Inner {
     last_seq: AtomicU64,
     snapshots: Arc<SnapshotList>,
     compaction_lock: RwLock<()>,
+    /// Held shared by the write leader while it applies a group or switches memtables;
+    /// held exclusively by an ingest that assigns a sequence number, so no write lands
+    /// between its memtable check and its sequence.
+    write_gate: RwLock<()>,
     /// Rate limiter of writes while L0 is at the slowdown trigger (write leader only).
     write_delay: Mutex<crate::write_delay::WriteDelay>,
     counters: Counters,
@@ -389,6 +394,7 @@ impl Db {
                 seqs: Mutex::new(BTreeMap::new()),
             }),
             compaction_lock: RwLock::new(()),
+            write_gate: RwLock::new(()),
             write_delay: Mutex::new(crate::write_delay::WriteDelay::default()),
             counters: Counters::default(),
             wal,
@@ -534,12 +540,14 @@ impl Db {
         self.inner.drop_group(g)
     }
 
-    /// Adds tables built with [`crate::SstWriter`]. Their entries carry sequence 0, so
-    /// their key ranges must hold nothing (no entry or tombstone in a memtable or table,
-    /// e.g. a group dropped with `drop_group`); otherwise `InvalidArgument`. The files
-    /// are moved (renamed) into the database and placed at the lowest level where no
-    /// file's key range overlaps them (L0 if every level has one). Snapshots taken before
-    /// the ingest also see them.
+    /// Adds tables built with [`crate::SstWriter`] (entries at sequence 0, files not
+    /// overlapping each other), atomically. Where their key ranges hold nothing (no
+    /// entry or tombstone in a memtable or table, e.g. a group dropped with
+    /// `drop_group`), the files are moved (renamed) in as they are, each at the deepest
+    /// level where no file's range overlaps it; snapshots taken before also see them.
+    /// Otherwise writes are held off, overlapping memtables are flushed, and the files
+    /// are copied in with one new sequence number so they shadow the older data; then
+    /// snapshots taken before do not see them. The source files are gone afterwards.
     pub fn ingest(&self, paths: &[PathBuf]) -> Result<()> {
         self.inner.ingest(paths)
     }
@@ -757,10 +765,12 @@ impl Inner {
         }
         drop(q);
 
+        let gate = self.write_gate.read();
         let result = match batch {
             Some(b) => self.apply_group(b, sync, disable_wal),
             None => self.make_room(force, 0).map(|_| ()),
         };
+        drop(gate);
 
         let mut q = self.queue.lock();
         for member in &group {
@@ -1235,11 +1245,10 @@ impl Inner {
     }
 
     fn ingest(&self, paths: &[PathBuf]) -> Result<()> {
-        struct Prepared {
-            path: PathBuf,
-            props_meta: Arc<FileMeta>,
-        }
         let mut prepared = Vec::new();
+        if paths.is_empty() {
+            return Ok(());
+        }
         for path in paths {
             let file = self.fs.open(path)?;
             let size = file.size();
@@ -1279,45 +1288,64 @@ impl Inner {
                 )));
             }
         }
-        let _c = self.compaction_lock.write();
-        let view = self.view()?;
-        for p in &prepared {
-            let lo = p.props_meta.smallest_user_key();
-            let hi = p.props_meta.largest_user_key();
-            if memtables_overlap(&view, lo, hi) {
-                return Err(Error::InvalidArgument(format!(
-                    "{}: its key range holds unflushed writes",
-                    p.path.display()
-                )));
+        {
+            let _c = self.compaction_lock.write();
+            let view = self.view()?;
+            let mut empty = true;
+            for p in &prepared {
+                if self.holds_data_in(&view, &p.props_meta)? {
+                    empty = false;
+                    break;
+                }
             }
-            for level in 0..view.version.num_levels() {
-                for f in view.version.files(level) {
-                    if f.overlaps_exactly(lo, hi) && self.table_has_data_in(f, lo, hi)? {
-                        return Err(Error::InvalidArgument(format!(
-                            "{}: its key range holds data in table {} at L{level}",
-                            p.path.display(),
-                            f.number
-                        )));
-                    }
+            if empty {
+                return self.ingest_moved(&view, &prepared);
+            }
+        }
+        self.ingest_sequenced(&prepared)
+    }
+
+    /// Whether the engine holds an entry or a range tombstone in `m`'s key range.
+    fn holds_data_in(&self, view: &View, m: &FileMeta) -> Result<bool> {
+        let lo = m.smallest_user_key();
+        let hi = m.largest_user_key();
+        if memtables_overlap(view, lo, hi) {
+            return Ok(true);
+        }
+        for level in 0..view.version.num_levels() {
+            for f in view.version.files(level) {
+                if f.overlaps_exactly(lo, hi) && self.table_has_data_in(f, lo, hi)? {
+                    return Ok(true);
                 }
             }
         }
+        Ok(false)
+    }
+
+    /// Ingest into empty key ranges: the files keep sequence 0 and are moved in as they
+    /// are, each at the deepest level with room. Caller holds the compaction lock.
+    fn ingest_moved(&self, view: &View, prepared: &[Prepared]) -> Result<()> {
         let mut edit = VersionEdit::default();
-        for p in &prepared {
+        for p in prepared {
             // The deepest level whose files' ranges leave room for it (a file may span
             // the range without holding anything in it); L0 if none does.
             let lo = p.props_meta.smallest_user_key();
             let hi = p.props_meta.largest_user_key();
-            let level = (1..view.version.num_levels())
-                .rev()
-                .find(|&l| {
-                    !view
-                        .version
-                        .files(l)
-                        .iter()
-                        .any(|f| f.overlaps_exactly(lo, hi))
-                })
-                .unwrap_or(0);
+            let level = if p.props_meta.min_group != p.props_meta.max_group {
+                // Below L0 files hold one group each; compaction will cut this one.
+                0
+            } else {
+                (1..view.version.num_levels())
+                    .rev()
+                    .find(|&l| {
+                        !view
+                            .version
+                            .files(l)
+                            .iter()
+                            .any(|f| f.overlaps_exactly(lo, hi))
+                    })
+                    .unwrap_or(0)
+            };
             let number = self.state.lock().vset.new_file_number();
             let dest = filename::table_path(&self.dir, number);
             if self.fs.rename(&p.path, &dest).is_err() {
@@ -1337,6 +1365,149 @@ impl Inner {
         drop(st);
         self.bg_cv.notify_all();
         Ok(())
+    }
+
+    /// Ingest over existing data (RocksDB's global sequence number): writes are held
+    /// off, memtables holding keys of the files' ranges are flushed, then every file is
+    /// rewritten with one new sequence number `S` for all its entries, so it shadows
+    /// what was there and snapshots taken before do not see it. Each file goes to the
+    /// deepest level above every table overlapping its range (L0 if L0 overlaps); the
+    /// manifest edit that adds the files also records `S` as the last sequence.
+    fn ingest_sequenced(&self, prepared: &[Prepared]) -> Result<()> {
+        let _gate = self.write_gate.write();
+        // No write group is in flight from here on.
+        let view = self.view()?;
+        if prepared.iter().any(|p| {
+            memtables_overlap(
+                &view,
+                p.props_meta.smallest_user_key(),
+                p.props_meta.largest_user_key(),
+            )
+        }) {
+            drop(view);
+            self.make_room(true, 0)?;
+            self.wait_immutables_flushed()?;
+        }
+        let _c = self.compaction_lock.write();
+        let view = self.view()?;
+        debug_assert!(
+            !prepared.iter().any(|p| memtables_overlap(
+                &view,
+                p.props_meta.smallest_user_key(),
+                p.props_meta.largest_user_key()
+            )),
+            "ingest over unflushed writes"
+        );
+        let seq = self.last_seq.load(AtOrd::Acquire) + 1;
+        if seq > MAX_SEQUENCE {
+            return Err(Error::InvalidArgument("sequence numbers exhausted".into()));
+        }
+        let mut edit = VersionEdit {
+            last_sequence: Some(seq),
+            ..Default::default()
+        };
+        let mut written: Vec<PathBuf> = Vec::new();
+        let result = (|| -> Result<()> {
+            for p in prepared {
+                let lo = p.props_meta.smallest_user_key();
+                let hi = p.props_meta.largest_user_key();
+                let overlaps = |l: usize| {
+                    view.version
+                        .files(l)
+                        .iter()
+                        .any(|f| f.overlaps_exactly(lo, hi))
+                };
+                let mut level = 0;
+                // Below L0 files hold one group each; compaction will cut a mixed one.
+                if p.props_meta.min_group == p.props_meta.max_group && !overlaps(0) {
+                    while level + 1 < view.version.num_levels() && !overlaps(level + 1) {
+                        level += 1;
+                    }
+                }
+                let number = self.state.lock().vset.new_file_number();
+                let dest = filename::table_path(&self.dir, number);
+                written.push(dest.clone());
+                let meta = self.rewrite_with_sequence(&p.path, &dest, number, seq)?;
+                edit.new_files.push((level, meta));
+            }
+            self.fs.sync_dir(&self.dir)?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            for w in &written {
+                // Best effort; a leftover is removed on the next open as not in the manifest.
+                let _ = self.fs.delete(w);
+            }
+            return Err(e);
+        }
+        let mut st = self.state.lock();
+        st.vset.log_and_apply(edit)?;
+        // The view with the files first, then the sequence that makes them visible: a
+        // reader never holds `seq` with a view that lacks them.
+        st.refresh_view();
+        self.last_seq.store(seq, AtOrd::Release);
+        drop(st);
+        for p in prepared {
+            // The files were copied in; the originals go, as a moved file would.
+            if let Err(e) = self.fs.delete(&p.path) {
+                tracing::warn!(file = %p.path.display(), error = %e, "could not remove an ingested source file");
+            }
+        }
+        self.bg_cv.notify_all();
+        Ok(())
+    }
+
+    /// Waits until every immutable memtable is flushed.
+    fn wait_immutables_flushed(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        loop {
+            if let Some(e) = &st.bg_error {
+                return Err(Error::Background(e.clone()));
+            }
+            if st.imm.is_empty() {
+                return Ok(());
+            }
+            if st.closed {
+                return Err(Error::Closed);
+            }
+            self.bg_cv.notify_all();
+            self.bg_cv.wait_for(&mut st, Duration::from_millis(100));
+        }
+    }
+
+    /// Copies table `src` to `dest` (file `number`) with every entry and range tombstone
+    /// at sequence `seq`.
+    fn rewrite_with_sequence(
+        &self,
+        src: &Path,
+        dest: &Path,
+        number: u64,
+        seq: SequenceNumber,
+    ) -> Result<Arc<FileMeta>> {
+        let file = self.fs.open(src)?;
+        let size = file.size();
+        let table = Arc::new(Table::open(file, 0, size, None)?);
+        let out = self.fs.create(dest, Default::default())?;
+        let mut b = crate::table::TableBuilder::new(out, &self.opts.table);
+        let mut it = table.iter_with(false);
+        it.seek_to_first();
+        let mut key = Vec::new();
+        while it.valid() {
+            let p = parse_internal_key(it.key())
+                .ok_or_else(|| Error::corruption(src, 0, "malformed internal key"))?;
+            key.clear();
+            encode_internal_key(&mut key, p.user_key, seq, p.kind);
+            b.add(&key, it.value())?;
+            it.next();
+        }
+        it.status()?;
+        for t in table.range_tombstones() {
+            let mut t = t.clone();
+            t.seq = seq;
+            b.add_range_tombstone(&t)?;
+        }
+        let summary = b.finish()?;
+        Ok(compaction::meta_from(number, &summary))
     }
 
     /// Whether table `f` holds an entry or a range tombstone for a key in `[lo, hi]`.
@@ -1401,6 +1572,12 @@ impl Inner {
             snapshots: self.snapshots.seqs.lock().values().sum(),
         }
     }
+}
+
+/// A file checked for ingestion, with the metadata its properties give.
+struct Prepared {
+    path: PathBuf,
+    props_meta: Arc<FileMeta>,
 }
 
 fn memtables_overlap(view: &View, lo: &[u8], hi: &[u8]) -> bool {

@@ -306,7 +306,12 @@ impl MergingIterator {
             for i in 1..self.heap.len() {
                 let parent = (i - 1) / 2;
                 debug_assert!(
-                    !before(&self.children, self.direction, self.heap[i], self.heap[parent]),
+                    !before(
+                        &self.children,
+                        self.direction,
+                        self.heap[i],
+                        self.heap[parent]
+                    ),
                     "merging iterator heap out of order at {i}"
                 );
             }
@@ -477,10 +482,8 @@ mod tests {
                 all.push(internal_key(k.as_bytes(), seq, ValueKind::Put));
             }
             all.sort_by(|x, y| compare_internal(x, y));
-            let children: Vec<BoxIter> = mems
-                .iter()
-                .map(|m| Box::new(m.iter()) as BoxIter)
-                .collect();
+            let children: Vec<BoxIter> =
+                mems.iter().map(|m| Box::new(m.iter()) as BoxIter).collect();
             let mut it = MergingIterator::new(children);
             // Model position: Some(i) = on all[i], None = invalid.
             let mut pos: Option<usize> = None;
@@ -506,8 +509,8 @@ mod tests {
                         let k = format!("{:03}", rng.gen_range(0..82u32));
                         let t = internal_key(k.as_bytes(), rng.gen_range(0..320), ValueKind::Put);
                         it.seek_for_prev(&t);
-                        let i = all
-                            .partition_point(|x| compare_internal(x, &t) != Ordering::Greater);
+                        let i =
+                            all.partition_point(|x| compare_internal(x, &t) != Ordering::Greater);
                         pos = i.checked_sub(1);
                     }
                     4 if pos.is_some() => {

@@ -1,8 +1,8 @@
 //! Building tables outside the engine for [`crate::Db::ingest`] (snapshot install).
 //!
-//! Every entry is written with sequence number 0: an ingested file is placed where its
-//! key range holds nothing else, so no ordering against other versions is needed, and
-//! the file's bytes need no rewrite when it is moved into the database.
+//! Every entry is written with sequence number 0. Ingested into an empty key range, the
+//! file is moved in as it is (nothing else there to order against); ingested over
+//! existing data, the engine copies it with one new sequence number (see `Db::ingest`).
 
 use std::path::Path;
 

@@ -1,5 +1,6 @@
 //! Crash test on MemFs: seeded random workloads of writes, deletes, range deletes,
-//! flushes, compactions, drop_group and ingest are stopped at a random file-system operation
+//! flushes, compactions, drop_group and ingest (into an emptied group, and over existing
+//! data with a new sequence number) are stopped at a random file-system operation
 //! (mid-flush, mid-compaction, mid-manifest, mid-WAL append: the file system freezes,
 //! then crashes, optionally tearing unsynced writes), reopened and compared with a model.
 //!
@@ -46,6 +47,8 @@ enum Step {
     DropGroup(u64),
     /// drop_group(g), then ingest `n` keys into g from a file built with SstWriter.
     DropAndIngest(u64, u64),
+    /// Ingest `n` keys into g over whatever is there (a new sequence number).
+    Ingest(u64, u64),
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -89,7 +92,8 @@ fn plan(rng: &mut ChaCha8Rng, wal: bool) -> Vec<Step> {
             }
             80..=87 => Step::Flush,
             88..=92 => Step::Compact,
-            93..=96 => Step::DropGroup(rng.gen_range(0..3)),
+            93..=95 => Step::DropGroup(rng.gen_range(0..3)),
+            96..=97 => Step::Ingest(rng.gen_range(0..3), rng.gen_range(1..30)),
             _ => Step::DropAndIngest(rng.gen_range(0..3), rng.gen_range(1..30)),
         })
         .collect()
@@ -190,7 +194,7 @@ fn ingest(db: &Db, fs: &SharedFs, out: &mut Outcome, g: u64, n: u64) -> bool {
         // An ingest may only fail because the crash point froze the file system.
         assert!(
             !matches!(e, phoenix_engine::Error::InvalidArgument(_)),
-            "ingest after drop_group refused: {e}"
+            "ingest refused: {e}"
         );
     }
     let ok = r.is_ok();
@@ -236,6 +240,7 @@ fn workload(db: &Db, fs: &SharedFs, steps: &[Step], wal: bool) -> Outcome {
             Step::DropAndIngest(g, n) => {
                 drop_group(db, &mut out, *g, wal) && ingest(db, fs, &mut out, *g, *n)
             }
+            Step::Ingest(g, n) => ingest(db, fs, &mut out, *g, *n),
         };
         if !wal {
             if let Ok(Some(v)) = db.get_persisted(SENTINEL) {
@@ -250,9 +255,11 @@ fn workload(db: &Db, fs: &SharedFs, steps: &[Step], wal: bool) -> Outcome {
     out
 }
 
-/// The model after batch `n`, with the ingests done before it (a returned ingest is
-/// durable, so it is there even past `n`; `with_cut` also applies an ingest the crash
-/// interrupted).
+/// The model after batch `n`, with the ingests done in between at their places. A
+/// returned ingest is durable, so one issued after batch `n` is there too, applied last:
+/// an ingest flushes every memtable when one holds keys of its range, so the batches
+/// after `n` that a crash can lose never touch its keys. `with_cut` also applies an
+/// ingest the crash interrupted.
 fn model_after(out: &Outcome, n: u64, with_cut: bool) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let mut m = BTreeMap::new();
     let apply_ingests = |m: &mut BTreeMap<Vec<u8>, Vec<u8>>, after: u64| {
@@ -279,6 +286,9 @@ fn model_after(out: &Outcome, n: u64, with_cut: bool) -> BTreeMap<Vec<u8>, Vec<u
         }
         m.insert(SENTINEL.to_vec(), (i as u64 + 1).to_le_bytes().to_vec());
         apply_ingests(&mut m, i as u64 + 1);
+    }
+    for after in n + 1..=out.issued {
+        apply_ingests(&mut m, after);
     }
     m
 }

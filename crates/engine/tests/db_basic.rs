@@ -473,3 +473,160 @@ fn fill_cache_false_leaves_the_block_cache_alone() {
     );
     db.close().unwrap();
 }
+
+/// An ingest over existing data (memtable, L0 and lower levels, a range tombstone) shadows
+/// it, is invisible to an older snapshot, is durable across reopen in both WAL modes, and
+/// later writes shadow it in turn.
+#[test]
+fn ingest_over_existing_data_takes_a_new_sequence() {
+    for wal in [WalMode::Log, WalMode::None] {
+        let (_m, fs) = fs();
+        let dir = Path::new("/db");
+        let db = Db::open(Arc::clone(&fs), dir, small_opts(wal.clone())).unwrap();
+        let wo = WriteOptions::default();
+        let ro = ReadOptions::default();
+        let key = |i: u32| format!("k{i:04}").into_bytes();
+        // Old data on several levels, then a memtable, then a range tombstone.
+        for i in 0..400 {
+            db.put(&wo, &key(i), b"old").unwrap();
+        }
+        db.compact_range(None, None).unwrap();
+        for i in (0..400).step_by(3) {
+            db.put(&wo, &key(i), b"newer").unwrap();
+        }
+        db.flush().unwrap();
+        for i in (0..400).step_by(7) {
+            db.put(&wo, &key(i), b"mem").unwrap();
+        }
+        db.delete_range(&wo, &key(390), &key(400)).unwrap();
+        let before = scan(&db, &ro);
+        let snap = db.snapshot();
+
+        // The file: even keys 100..=398 get "ing"; 101 and 103 are deleted.
+        let src = Path::new("/incoming.sst");
+        let mut w =
+            phoenix_engine::SstWriter::create(&fs, src, &small_opts(wal.clone()).table).unwrap();
+        for i in 100..400 {
+            if i == 101 || i == 103 {
+                w.delete(&key(i)).unwrap();
+            } else if i % 2 == 0 {
+                w.put(&key(i), b"ing").unwrap();
+            }
+        }
+        w.finish().unwrap();
+        let seq_before = db.latest_sequence();
+        db.ingest(&[src.to_path_buf()]).unwrap();
+        assert!(
+            db.latest_sequence() > seq_before,
+            "ingest over data takes a sequence"
+        );
+        assert!(!fs.exists(src).unwrap(), "the source file is moved in");
+
+        let mut want = std::collections::BTreeMap::new();
+        for (k, v) in &before {
+            want.insert(k.clone(), v.clone());
+        }
+        for i in 100..400 {
+            if i == 101 || i == 103 {
+                want.remove(&key(i));
+            } else if i % 2 == 0 {
+                want.insert(key(i), b"ing".to_vec());
+            }
+        }
+        let want: Vec<_> = want.into_iter().collect();
+        assert_eq!(
+            scan(&db, &ro),
+            want,
+            "{wal:?}: ingested data shadows the old"
+        );
+        assert_eq!(scan_rev(&db, &ro), want);
+        let at_snap = ReadOptions {
+            snapshot: Some(&snap),
+            ..Default::default()
+        };
+        assert_eq!(
+            scan(&db, &at_snap),
+            before,
+            "{wal:?}: older snapshot sees no ingest"
+        );
+        assert_eq!(db.get(&at_snap, &key(104)).unwrap(), Some(b"old".to_vec()));
+        assert_eq!(db.get(&ro, &key(104)).unwrap(), Some(b"ing".to_vec()));
+        drop(snap);
+
+        // A later write shadows the ingested value.
+        db.put(&wo, &key(200), b"after").unwrap();
+        assert_eq!(db.get(&ro, &key(200)).unwrap(), Some(b"after".to_vec()));
+        db.flush().unwrap();
+        db.compact_range(None, None).unwrap();
+        let mut want = want;
+        if let Some(e) = want.iter_mut().find(|(k, _)| *k == key(200)) {
+            e.1 = b"after".to_vec();
+        }
+        assert_eq!(scan(&db, &ro), want);
+        db.close().unwrap();
+        drop(db);
+        let db = Db::open(Arc::clone(&fs), dir, small_opts(wal.clone())).unwrap();
+        assert_eq!(scan(&db, &ro), want, "{wal:?}: after reopen");
+        db.put(&wo, &key(102), b"reopened").unwrap();
+        assert_eq!(db.get(&ro, &key(102)).unwrap(), Some(b"reopened".to_vec()));
+        db.close().unwrap();
+    }
+}
+
+/// Writers keep writing into the ingested range during the ingest: every key ends with
+/// either the ingested value or a later write, never an older one, and each writer's
+/// own keys read back as its last write or the ingest.
+#[test]
+fn ingest_with_concurrent_writers() {
+    let (_m, fs) = fs();
+    let db =
+        Arc::new(Db::open(Arc::clone(&fs), Path::new("/db"), small_opts(WalMode::None)).unwrap());
+    let wo = WriteOptions::default();
+    let key = |i: u32| format!("k{i:04}").into_bytes();
+    for i in 0..200 {
+        db.put(&wo, &key(i), b"old").unwrap();
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..2u32)
+        .map(|t| {
+            let db = Arc::clone(&db);
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut n = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let i = (n * 2 + t) % 200;
+                    db.put(
+                        &WriteOptions::default(),
+                        &key(i),
+                        format!("w{t}-{n}").as_bytes(),
+                    )
+                    .unwrap();
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let src = Path::new("/incoming.sst");
+    let mut w =
+        phoenix_engine::SstWriter::create(&fs, src, &small_opts(WalMode::None).table).unwrap();
+    for i in 0..200 {
+        w.put(&key(i), b"ing").unwrap();
+    }
+    w.finish().unwrap();
+    db.ingest(&[src.to_path_buf()]).unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in writers {
+        h.join().unwrap();
+    }
+    let ro = ReadOptions::default();
+    for i in 0..200 {
+        let v = db.get(&ro, &key(i)).unwrap().unwrap();
+        assert!(
+            v == b"ing" || v.starts_with(b"w"),
+            "key {i}: {:?}",
+            String::from_utf8_lossy(&v)
+        );
+    }
+    // Nothing older than the ingest survives it.
+    assert!(scan(&db, &ro).iter().all(|(_, v)| v != b"old"));
+}
