@@ -220,17 +220,16 @@ impl DbIterator {
             if self.above_upper(p.user_key) {
                 break;
             }
-            if p.seq <= self.snapshot {
-                if !(skipping && p.user_key <= self.skip_key.as_slice()) {
-                    if p.kind == ValueKind::Put && !self.covered(p.user_key, p.seq) {
-                        self.valid = true;
-                        return;
-                    }
-                    // The newest visible version is deleted: skip the whole key.
-                    self.skip_key.clear();
-                    self.skip_key.extend_from_slice(p.user_key);
-                    skipping = true;
+            let skipped = skipping && p.user_key <= self.skip_key.as_slice();
+            if p.seq <= self.snapshot && !skipped {
+                if p.kind == ValueKind::Put && !self.covered(p.user_key, p.seq) {
+                    self.valid = true;
+                    return;
                 }
+                // The newest visible version is deleted: skip the whole key.
+                self.skip_key.clear();
+                self.skip_key.extend_from_slice(p.user_key);
+                skipping = true;
             }
             self.inner.next();
         }
