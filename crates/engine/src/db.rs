@@ -438,7 +438,8 @@ impl Db {
 
     /// Sets `key` to `value`.
     pub fn put(&self, wo: &WriteOptions, key: &[u8], value: &[u8]) -> Result<()> {
-        let mut b = WriteBatch::new();
+        // Kind byte, two varint32 lengths (5 bytes at most each), key and value.
+        let mut b = WriteBatch::with_capacity(11 + key.len() + value.len());
         b.put(key, value);
         self.write(wo, b)
     }

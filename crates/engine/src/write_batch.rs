@@ -98,7 +98,12 @@ pub(crate) fn get_length_prefixed<'a>(data: &'a [u8], pos: &mut usize) -> Option
 impl WriteBatch {
     /// An empty batch.
     pub fn new() -> Self {
-        let mut rep = Vec::with_capacity(64);
+        Self::with_capacity(64)
+    }
+
+    /// An empty batch whose buffer holds `bytes` of records without growing.
+    pub fn with_capacity(bytes: usize) -> Self {
+        let mut rep = Vec::with_capacity(HEADER_LEN + bytes);
         rep.resize(HEADER_LEN, 0);
         WriteBatch {
             rep,
