@@ -1289,6 +1289,10 @@ impl Inner {
                 )));
             }
         }
+        // Writes are held off for the whole ingest (RocksDB blocks them too): a write
+        // landing in a range between the check below and the manifest edit could reach
+        // L0 through a flush and be shadowed by an ingested file placed in L0 after it.
+        let _gate = self.write_gate.write();
         {
             let _c = self.compaction_lock.write();
             let view = self.view()?;
@@ -1324,7 +1328,8 @@ impl Inner {
     }
 
     /// Ingest into empty key ranges: the files keep sequence 0 and are moved in as they
-    /// are, each at the deepest level with room. Caller holds the compaction lock.
+    /// are, each at the deepest level with room. Caller holds the write gate and the
+    /// compaction lock.
     fn ingest_moved(&self, view: &View, prepared: &[Prepared]) -> Result<()> {
         let mut edit = VersionEdit::default();
         for p in prepared {
@@ -1373,10 +1378,9 @@ impl Inner {
     /// rewritten with one new sequence number `S` for all its entries, so it shadows
     /// what was there and snapshots taken before do not see it. Each file goes to the
     /// deepest level above every table overlapping its range (L0 if L0 overlaps); the
-    /// manifest edit that adds the files also records `S` as the last sequence.
+    /// manifest edit that adds the files also records `S` as the last sequence. Caller
+    /// holds the write gate (no write group is in flight), not the compaction lock.
     fn ingest_sequenced(&self, prepared: &[Prepared]) -> Result<()> {
-        let _gate = self.write_gate.write();
-        // No write group is in flight from here on.
         let view = self.view()?;
         if prepared.iter().any(|p| {
             memtables_overlap(
