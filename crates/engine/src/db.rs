@@ -942,6 +942,11 @@ impl Inner {
             done: false,
             result: None,
         })?;
+        self.wait_immutables_flushed()
+    }
+
+    /// Waits until every memtable that is immutable now has been flushed.
+    fn wait_immutables_flushed(&self) -> Result<()> {
         let mut st = self.state.lock();
         let target = st.next_mem_id;
         loop {
@@ -1246,10 +1251,10 @@ impl Inner {
     }
 
     fn ingest(&self, paths: &[PathBuf]) -> Result<()> {
-        let mut prepared = Vec::new();
         if paths.is_empty() {
             return Ok(());
         }
+        let mut prepared = Vec::new();
         for path in paths {
             let file = self.fs.open(path)?;
             let size = file.size();
@@ -1277,6 +1282,7 @@ impl Inner {
             prepared.push(Prepared {
                 path: path.clone(),
                 props_meta: meta,
+                table,
             });
         }
         prepared.sort_by(|a, b| compare_internal(&a.props_meta.smallest, &b.props_meta.smallest));
@@ -1293,34 +1299,28 @@ impl Inner {
         // landing in a range between the check below and the manifest edit could reach
         // L0 through a flush and be shadowed by an ingested file placed in L0 after it.
         let _gate = self.write_gate.write();
-        {
+        let in_memtables = {
             let _c = self.compaction_lock.write();
             let view = self.view()?;
-            let mut empty = true;
-            for p in &prepared {
-                if self.holds_data_in(&view, &p.props_meta)? {
-                    empty = false;
-                    break;
-                }
-            }
-            if empty {
+            let in_memtables = prepared.iter().any(|p| memtables_overlap_file(&view, p));
+            if !in_memtables && !self.tables_hold_data_in(&view, &prepared)? {
                 return self.ingest_moved(&view, &prepared);
             }
-        }
-        self.ingest_sequenced(&prepared)
+            in_memtables
+        };
+        self.ingest_sequenced(&prepared, in_memtables)
     }
 
-    /// Whether the engine holds an entry or a range tombstone in `m`'s key range.
-    fn holds_data_in(&self, view: &View, m: &FileMeta) -> Result<bool> {
-        let lo = m.smallest_user_key();
-        let hi = m.largest_user_key();
-        if memtables_overlap(view, lo, hi) {
-            return Ok(true);
-        }
-        for level in 0..view.version.num_levels() {
-            for f in view.version.files(level) {
-                if f.overlaps_exactly(lo, hi) && self.table_has_data_in(f, lo, hi)? {
-                    return Ok(true);
+    /// Whether a table holds an entry or a range tombstone in any prepared file's range.
+    fn tables_hold_data_in(&self, view: &View, prepared: &[Prepared]) -> Result<bool> {
+        for p in prepared {
+            let lo = p.props_meta.smallest_user_key();
+            let hi = p.props_meta.largest_user_key();
+            for level in 0..view.version.num_levels() {
+                for f in view.version.files(level) {
+                    if f.overlaps_exactly(lo, hi) && self.table_has_data_in(f, lo, hi)? {
+                        return Ok(true);
+                    }
                 }
             }
         }
@@ -1333,25 +1333,9 @@ impl Inner {
     fn ingest_moved(&self, view: &View, prepared: &[Prepared]) -> Result<()> {
         let mut edit = VersionEdit::default();
         for p in prepared {
-            // The deepest level whose files' ranges leave room for it (a file may span
-            // the range without holding anything in it); L0 if none does.
-            let lo = p.props_meta.smallest_user_key();
-            let hi = p.props_meta.largest_user_key();
-            let level = if p.props_meta.min_group != p.props_meta.max_group {
-                // Below L0 files hold one group each; compaction will cut this one.
-                0
-            } else {
-                (1..view.version.num_levels())
-                    .rev()
-                    .find(|&l| {
-                        !view
-                            .version
-                            .files(l)
-                            .iter()
-                            .any(|f| f.overlaps_exactly(lo, hi))
-                    })
-                    .unwrap_or(0)
-            };
+            // A file may span the range without holding anything in it: any level whose
+            // files leave room will do.
+            let level = ingest_level(&view.version, &p.props_meta, false);
             let number = self.state.lock().vset.new_file_number();
             let dest = filename::table_path(&self.dir, number);
             if self.fs.rename(&p.path, &dest).is_err() {
@@ -1379,28 +1363,17 @@ impl Inner {
     /// what was there and snapshots taken before do not see it. Each file goes to the
     /// deepest level above every table overlapping its range (L0 if L0 overlaps); the
     /// manifest edit that adds the files also records `S` as the last sequence. Caller
-    /// holds the write gate (no write group is in flight), not the compaction lock.
-    fn ingest_sequenced(&self, prepared: &[Prepared]) -> Result<()> {
-        let view = self.view()?;
-        if prepared.iter().any(|p| {
-            memtables_overlap(
-                &view,
-                p.props_meta.smallest_user_key(),
-                p.props_meta.largest_user_key(),
-            )
-        }) {
-            drop(view);
+    /// holds the write gate (no write group is in flight), not the compaction lock;
+    /// `in_memtables` says whether a memtable holds keys of the ranges.
+    fn ingest_sequenced(&self, prepared: &[Prepared], in_memtables: bool) -> Result<()> {
+        if in_memtables {
             self.make_room(true, 0)?;
             self.wait_immutables_flushed()?;
         }
         let _c = self.compaction_lock.write();
         let view = self.view()?;
         debug_assert!(
-            !prepared.iter().any(|p| memtables_overlap(
-                &view,
-                p.props_meta.smallest_user_key(),
-                p.props_meta.largest_user_key()
-            )),
+            !prepared.iter().any(|p| memtables_overlap_file(&view, p)),
             "ingest over unflushed writes"
         );
         let seq = self.last_seq.load(AtOrd::Acquire) + 1;
@@ -1414,25 +1387,12 @@ impl Inner {
         let mut written: Vec<PathBuf> = Vec::new();
         let result = (|| -> Result<()> {
             for p in prepared {
-                let lo = p.props_meta.smallest_user_key();
-                let hi = p.props_meta.largest_user_key();
-                let overlaps = |l: usize| {
-                    view.version
-                        .files(l)
-                        .iter()
-                        .any(|f| f.overlaps_exactly(lo, hi))
-                };
-                let mut level = 0;
-                // Below L0 files hold one group each; compaction will cut a mixed one.
-                if p.props_meta.min_group == p.props_meta.max_group && !overlaps(0) {
-                    while level + 1 < view.version.num_levels() && !overlaps(level + 1) {
-                        level += 1;
-                    }
-                }
+                // Its data is newer than any table's: above every overlapping one.
+                let level = ingest_level(&view.version, &p.props_meta, true);
                 let number = self.state.lock().vset.new_file_number();
                 let dest = filename::table_path(&self.dir, number);
                 written.push(dest.clone());
-                let meta = self.rewrite_with_sequence(&p.path, &dest, number, seq)?;
+                let meta = self.rewrite_with_sequence(p, &dest, number, seq)?;
                 edit.new_files.push((level, meta));
             }
             self.fs.sync_dir(&self.dir)?;
@@ -1462,36 +1422,16 @@ impl Inner {
         Ok(())
     }
 
-    /// Waits until every immutable memtable is flushed.
-    fn wait_immutables_flushed(&self) -> Result<()> {
-        let mut st = self.state.lock();
-        loop {
-            if let Some(e) = &st.bg_error {
-                return Err(Error::Background(e.clone()));
-            }
-            if st.imm.is_empty() {
-                return Ok(());
-            }
-            if st.closed {
-                return Err(Error::Closed);
-            }
-            self.bg_cv.notify_all();
-            self.bg_cv.wait_for(&mut st, Duration::from_millis(100));
-        }
-    }
-
-    /// Copies table `src` to `dest` (file `number`) with every entry and range tombstone
-    /// at sequence `seq`.
+    /// Copies prepared table `src` to `dest` (file `number`) with every entry and range
+    /// tombstone at sequence `seq`.
     fn rewrite_with_sequence(
         &self,
-        src: &Path,
+        src: &Prepared,
         dest: &Path,
         number: u64,
         seq: SequenceNumber,
     ) -> Result<Arc<FileMeta>> {
-        let file = self.fs.open(src)?;
-        let size = file.size();
-        let table = Arc::new(Table::open(file, 0, size, None)?);
+        let table = &src.table;
         let out = self.fs.create(dest, Default::default())?;
         let mut b = crate::table::TableBuilder::new(out, &self.opts.table);
         let mut it = table.iter_with(false);
@@ -1499,7 +1439,7 @@ impl Inner {
         let mut key = Vec::new();
         while it.valid() {
             let p = parse_internal_key(it.key())
-                .ok_or_else(|| Error::corruption(src, 0, "malformed internal key"))?;
+                .ok_or_else(|| Error::corruption(&src.path, 0, "malformed internal key"))?;
             key.clear();
             encode_internal_key(&mut key, p.user_key, seq, p.kind);
             b.add(&key, it.value())?;
@@ -1583,6 +1523,42 @@ impl Inner {
 struct Prepared {
     path: PathBuf,
     props_meta: Arc<FileMeta>,
+    /// The open, validated table (the sequenced path copies from it).
+    table: Arc<Table>,
+}
+
+/// The level an ingested file goes to: L0 if it holds several groups (below L0 files hold
+/// one group each; compaction will cut it), else the deepest level where no file
+/// overlaps its range; with `above_overlaps`, also none in any level above (its data is
+/// newer than theirs). L0 if there is no such level.
+fn ingest_level(version: &Version, m: &FileMeta, above_overlaps: bool) -> usize {
+    if m.min_group != m.max_group {
+        return 0;
+    }
+    let (lo, hi) = (m.smallest_user_key(), m.largest_user_key());
+    let overlaps = |l: usize| version.files(l).iter().any(|f| f.overlaps_exactly(lo, hi));
+    if above_overlaps {
+        if overlaps(0) {
+            return 0;
+        }
+        (1..version.num_levels())
+            .take_while(|&l| !overlaps(l))
+            .last()
+            .unwrap_or(0)
+    } else {
+        (1..version.num_levels())
+            .rev()
+            .find(|&l| !overlaps(l))
+            .unwrap_or(0)
+    }
+}
+
+fn memtables_overlap_file(view: &View, p: &Prepared) -> bool {
+    memtables_overlap(
+        view,
+        p.props_meta.smallest_user_key(),
+        p.props_meta.largest_user_key(),
+    )
 }
 
 fn memtables_overlap(view: &View, lo: &[u8], hi: &[u8]) -> bool {

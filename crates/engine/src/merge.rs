@@ -291,12 +291,10 @@ impl MergingIterator {
         let Some(&top) = self.heap.first() else {
             return;
         };
-        if self.children[top].valid() {
-            sift_down(&self.children, self.direction, &mut self.heap, 0);
-        } else {
+        if !self.children[top].valid() {
             self.heap.swap_remove(0);
-            sift_down(&self.children, self.direction, &mut self.heap, 0);
         }
+        sift_down(&self.children, self.direction, &mut self.heap, 0);
         self.check_heap();
     }
 
