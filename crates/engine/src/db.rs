@@ -553,6 +553,19 @@ impl Db {
         self.inner.ingest(paths)
     }
 
+    /// Replaces every key of group `g` with the contents of `paths` (tables built with
+    /// [`crate::SstWriter`] holding keys of `g` only), atomically: after a crash at any
+    /// point the group holds either all its old keys or exactly the files' keys (a raft
+    /// snapshot install). The memtables are flushed and L0 compacted if it holds `g`
+    /// (semantically neutral); then ONE manifest edit removes the files of `g` alone,
+    /// replaces each file sharing `g` with other groups by a copy without g's keys, and
+    /// adds the new files, moved in as they are (sequence 0, each at the deepest level
+    /// with room). The caller must not write to `g` meanwhile. The source files are gone
+    /// afterwards; snapshots taken before do not keep the old keys.
+    pub fn replace_group(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
+        self.inner.replace_group(g, paths)
+    }
+
     /// Engine figures.
     pub fn stats(&self) -> Stats {
         self.inner.stats()
@@ -1139,6 +1152,12 @@ impl Inner {
         {
             st.pointers[c.level] = last.clone();
         }
+        self.install_edit(st, edit)
+    }
+
+    /// Logs `edit` to the manifest (durable before anything sees it), publishes the new
+    /// view, deletes the files no version needs any more and wakes the background work.
+    fn install_edit(&self, mut st: MutexGuard<'_, State>, edit: VersionEdit) -> Result<()> {
         st.vset.log_and_apply(edit)?;
         st.refresh_view();
         for n in st.vset.delete_obsolete_files() {
@@ -1228,7 +1247,7 @@ impl Inner {
         if mixed {
             self.compact_range_locked(Some(&gs), Some(&last_key_of_group))?;
         }
-        let mut st = self.state.lock();
+        let st = self.state.lock();
         let v = st.vset.current();
         let mut edit = VersionEdit::default();
         for (level, f) in v.group_only_files(g) {
@@ -1240,20 +1259,33 @@ impl Inner {
             self.purge_obsolete();
             return Ok(());
         }
-        st.vset.log_and_apply(edit)?;
-        st.refresh_view();
-        for n in st.vset.delete_obsolete_files() {
-            self.tables.evict(n);
-        }
-        drop(st);
-        self.bg_cv.notify_all();
-        Ok(())
+        self.install_edit(st, edit)
     }
 
     fn ingest(&self, paths: &[PathBuf]) -> Result<()> {
         if paths.is_empty() {
             return Ok(());
         }
+        let prepared = self.prepare_ingest(paths)?;
+        // Writes are held off for the whole ingest (RocksDB blocks them too): a write
+        // landing in a range between the check below and the manifest edit could reach
+        // L0 through a flush and be shadowed by an ingested file placed in L0 after it.
+        let _gate = self.write_gate.write();
+        let in_memtables = {
+            let _c = self.compaction_lock.write();
+            let view = self.view()?;
+            let in_memtables = prepared.iter().any(|p| memtables_overlap_file(&view, p));
+            if !in_memtables && !self.tables_hold_data_in(&view, &prepared)? {
+                return self.ingest_moved(&view, &prepared);
+            }
+            in_memtables
+        };
+        self.ingest_sequenced(&prepared, in_memtables)
+    }
+
+    /// Opens and checks files to ingest: each built with `SstWriter` (sequence 0, keys in
+    /// order), not empty; the files must not overlap each other. Sorted by smallest key.
+    fn prepare_ingest(&self, paths: &[PathBuf]) -> Result<Vec<Prepared>> {
         let mut prepared = Vec::new();
         for path in paths {
             let file = self.fs.open(path)?;
@@ -1295,20 +1327,202 @@ impl Inner {
                 )));
             }
         }
-        // Writes are held off for the whole ingest (RocksDB blocks them too): a write
-        // landing in a range between the check below and the manifest edit could reach
-        // L0 through a flush and be shadowed by an ingested file placed in L0 after it.
-        let _gate = self.write_gate.write();
-        let in_memtables = {
+        Ok(prepared)
+    }
+
+    /// See [`Db::replace_group`].
+    fn replace_group(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
+        let prepared = self.prepare_ingest(paths)?;
+        if let Some(p) = prepared
+            .iter()
+            .find(|p| p.props_meta.min_group != g || p.props_meta.max_group != g)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{} holds keys outside group {g} (groups {}..={})",
+                p.path.display(),
+                p.props_meta.min_group,
+                p.props_meta.max_group
+            )));
+        }
+        let (gs, ge) = group_range(g);
+        // Inclusive bound for the overlap checks: the first key past the group counts
+        // too, which can only make a check say "holds" needlessly.
+        let last_key_of_group = ge
+            .clone()
+            .unwrap_or_else(|| vec![0xff; crate::options::KEY_LEN_MAX]);
+        // 1. Semantically neutral preparation, safe to crash in: g's writes leave the
+        //    memtables, and L0 (whose files mix groups) is compacted into L1 if it holds
+        //    g, so the switch below rewrites at most a few files of L1 and below.
+        self.flush()?;
+        {
             let _c = self.compaction_lock.write();
-            let view = self.view()?;
-            let in_memtables = prepared.iter().any(|p| memtables_overlap_file(&view, p));
-            if !in_memtables && !self.tables_hold_data_in(&view, &prepared)? {
-                return self.ingest_moved(&view, &prepared);
+            self.compact_l0_holding(g, &gs, &last_key_of_group)?;
+        }
+        // 2. The switch. Writes are held off so none lands between the checks and the
+        //    edit; then ONE manifest edit removes g's own files, replaces each file that
+        //    shares g with other groups by a copy without g's keys (same level, same
+        //    sequence numbers), and adds the new files.
+        let _gate = self.write_gate.write();
+        if memtables_overlap(&*self.view()?, &gs, &last_key_of_group) {
+            // Written (or a range deletion spanning g) since the flush: flush again.
+            self.make_room(true, 0)?;
+            self.wait_immutables_flushed()?;
+        }
+        let _c = self.compaction_lock.write();
+        self.compact_l0_holding(g, &gs, &last_key_of_group)?;
+        let view = self.view()?;
+        let mut edit = VersionEdit::default();
+        let mut written: Vec<PathBuf> = Vec::new();
+        let mut moved: Vec<PathBuf> = Vec::new();
+        let result = (|| -> Result<()> {
+            for level in 0..view.version.num_levels() {
+                for f in view.version.files(level) {
+                    if f.min_group == g && f.max_group == g {
+                        edit.deleted_files.push((level, f.number));
+                    } else if f.overlaps_exactly(&gs, &last_key_of_group)
+                        && self.table_has_data_in(f, &gs, &last_key_of_group)?
+                    {
+                        if level == 0 {
+                            return Err(Error::Background(format!(
+                                "replacing group {g}: L0 file {} still holds the group",
+                                f.number
+                            )));
+                        }
+                        edit.deleted_files.push((level, f.number));
+                        let number = self.state.lock().vset.new_file_number();
+                        let dest = filename::table_path(&self.dir, number);
+                        written.push(dest.clone());
+                        if let Some(m) =
+                            self.rewrite_without(f, &dest, number, &gs, ge.as_deref())?
+                        {
+                            edit.new_files.push((level, m));
+                        }
+                    }
+                }
             }
-            in_memtables
-        };
-        self.ingest_sequenced(&prepared, in_memtables)
+            // Levels for the new files are chosen as if the edit's deletions were done.
+            let remaining = {
+                let mut e = VersionEdit::default();
+                e.deleted_files.clone_from(&edit.deleted_files);
+                e.new_files.clone_from(&edit.new_files);
+                view.version
+                    .apply(&e)
+                    .map_err(|why| Error::Background(format!("replacing group {g}: {why}")))?
+            };
+            for p in &prepared {
+                let level = ingest_level(&remaining, &p.props_meta, false);
+                let number = self.state.lock().vset.new_file_number();
+                let dest = filename::table_path(&self.dir, number);
+                self.move_in(&p.path, &dest)?;
+                moved.push(dest);
+                let mut m = (*p.props_meta).clone();
+                m.number = number;
+                edit.new_files.push((level, Arc::new(m)));
+            }
+            self.fs.sync_dir(&self.dir)?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            for w in written.iter().chain(&moved) {
+                // Best effort; a leftover is removed on the next open as not in the manifest.
+                let _ = self.fs.delete(w);
+            }
+            return Err(e);
+        }
+        let st = self.state.lock();
+        self.install_edit(st, edit)
+    }
+
+    /// Compacts every L0 file into L1 if one holds a key or tombstone of group `g`.
+    /// Caller holds `compaction_lock`.
+    fn compact_l0_holding(&self, g: u64, gs: &[u8], last_key_of_group: &[u8]) -> Result<()> {
+        let v = self.state.lock().vset.current();
+        let mut holds = false;
+        for f in v.files(0) {
+            if f.overlaps_exactly(gs, last_key_of_group)
+                && (f.min_group == g && f.max_group == g
+                    || self.table_has_data_in(f, gs, last_key_of_group)?)
+            {
+                holds = true;
+                break;
+            }
+        }
+        if holds {
+            let c = compaction::complete(&v, 0, v.files(0).to_vec(), Reason::Manual);
+            drop(v);
+            self.run_compaction(&c)?;
+        }
+        Ok(())
+    }
+
+    /// Copies table `f` to `dest` (file `number`) without the keys in `[lo, hi)` (`hi`
+    /// `None`: unbounded) and with its range tombstones cut around that range; entries
+    /// keep their sequence numbers. `None` (and no file) if nothing is left.
+    fn rewrite_without(
+        &self,
+        f: &FileMeta,
+        dest: &Path,
+        number: u64,
+        lo: &[u8],
+        hi: Option<&[u8]>,
+    ) -> Result<Option<Arc<FileMeta>>> {
+        let inside = |k: &[u8]| k >= lo && hi.is_none_or(|h| k < h);
+        let table = self.tables.get(f.number, f.size)?;
+        let mut tombstones = Vec::new();
+        for t in table.range_tombstones() {
+            if t.start.as_slice() < lo {
+                let end = t.end.as_slice().min(lo);
+                tombstones.push(crate::key::RangeTombstone {
+                    start: t.start.clone(),
+                    end: end.to_vec(),
+                    seq: t.seq,
+                });
+            }
+            if let Some(h) = hi {
+                if t.end.as_slice() > h {
+                    tombstones.push(crate::key::RangeTombstone {
+                        start: t.start.as_slice().max(h).to_vec(),
+                        end: t.end.clone(),
+                        seq: t.seq,
+                    });
+                }
+            }
+        }
+        let mut it = table.iter_with(false);
+        it.seek_to_first();
+        let mut kept = Vec::new();
+        while it.valid() {
+            if !inside(crate::key::user_key(it.key())) {
+                kept.push((it.key().to_vec(), it.value().to_vec()));
+            }
+            it.next();
+        }
+        it.status()?;
+        if kept.is_empty() && tombstones.is_empty() {
+            return Ok(None);
+        }
+        let out = self.fs.create(dest, Default::default())?;
+        let mut b = crate::table::TableBuilder::new(out, &self.opts.table);
+        for (k, v) in &kept {
+            b.add(k, v)?;
+        }
+        for t in &tombstones {
+            b.add_range_tombstone(t)?;
+        }
+        let summary = b.finish()?;
+        Ok(Some(compaction::meta_from(number, &summary)))
+    }
+
+    /// Moves file `src` to `dest` (a rename, or a synced copy across file systems).
+    fn move_in(&self, src: &Path, dest: &Path) -> Result<()> {
+        if self.fs.rename(src, dest).is_err() {
+            let data = self.fs.read_all(src)?;
+            let mut f = self.fs.create(dest, Default::default())?;
+            f.append(&data)?;
+            f.sync_all()?;
+            self.fs.delete(src)?;
+        }
+        Ok(())
     }
 
     /// Whether a table holds an entry or a range tombstone in any prepared file's range.
@@ -1338,12 +1552,7 @@ impl Inner {
             let level = ingest_level(&view.version, &p.props_meta, false);
             let number = self.state.lock().vset.new_file_number();
             let dest = filename::table_path(&self.dir, number);
-            if self.fs.rename(&p.path, &dest).is_err() {
-                let data = self.fs.read_all(&p.path)?;
-                let mut f = self.fs.create(&dest, Default::default())?;
-                f.append(&data)?;
-                f.sync_all()?;
-            }
+            self.move_in(&p.path, &dest)?;
             let mut m = (*p.props_meta).clone();
             m.number = number;
             edit.new_files.push((level, Arc::new(m)));

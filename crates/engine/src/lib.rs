@@ -25,5 +25,5 @@ pub use db::{Db, LevelStats, Snapshot, Stats};
 pub use db_iter::DbIterator;
 pub use error::{Error, Result};
 pub use options::{Options, ReadOptions, WalMode, WriteOptions};
-pub use sst_writer::SstWriter;
+pub use sst_writer::{sst_get, SstWriter};
 pub use write_batch::WriteBatch;

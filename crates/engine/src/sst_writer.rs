@@ -81,3 +81,20 @@ impl SstWriter {
         Ok(self.builder.finish()?.properties)
     }
 }
+
+/// The value of `key` in an ingestable table at `path` (one written by [`SstWriter`]),
+/// `None` if absent or deleted there. Lets a caller check a file before ingesting it.
+pub fn sst_get(fs: &SharedFs, path: &Path, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    let file = fs.open(path)?;
+    let size = file.size();
+    let table = crate::table::Table::open(file, 0, size, None)?;
+    let seek = internal_key(key, crate::key::MAX_SEQUENCE, ValueKind::Put);
+    Ok(match table.get(&seek, false)? {
+        Some((ikey, value)) => match crate::key::parse_internal_key(&ikey) {
+            Some(p) if p.kind == ValueKind::Put => Some(value),
+            Some(_) => None,
+            None => return Err(Error::corruption(path, 0, "malformed internal key")),
+        },
+        None => None,
+    })
+}

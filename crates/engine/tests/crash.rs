@@ -1,6 +1,6 @@
 //! Crash test on MemFs: seeded random workloads of writes, deletes, range deletes,
-//! flushes, compactions, drop_group and ingest (into an emptied group, and over existing
-//! data with a new sequence number) are stopped at a random file-system operation
+//! flushes, compactions, drop_group, ingest (into an emptied group, and over existing
+//! data with a new sequence number) and replace_group (a snapshot install) are stopped at a random file-system operation
 //! (mid-flush, mid-compaction, mid-manifest, mid-WAL append: the file system freezes,
 //! then crashes, optionally tearing unsynced writes), reopened and compared with a model.
 //!
@@ -10,7 +10,8 @@
 //! - the prefix includes every write acknowledged with `sync` (WAL on), every write before
 //!   a completed `flush`, and (WAL off) everything `get_persisted` showed before the crash;
 //! - with the WAL off, `get_persisted` of the sentinel names the same prefix;
-//! - an ingest that returned is there; one cut by the crash is there whole or not at all.
+//! - an ingest that returned is there; one cut by the crash is there whole or not at all;
+//!   a group replaced by replace_group holds its old keys or exactly the new ones.
 //!
 //! Runs use `inline_background`, so a seed replays exactly. `PHOENIX_ENGINE_CRASH_SEEDS`
 //! (default 3000) runs from `PHOENIX_ENGINE_CRASH_BASE_SEED` (default 1).
@@ -49,6 +50,8 @@ enum Step {
     DropAndIngest(u64, u64),
     /// Ingest `n` keys into g over whatever is there (a new sequence number).
     Ingest(u64, u64),
+    /// Replace every key of g with `n` keys (replace_group).
+    Replace(u64, u64),
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -93,7 +96,8 @@ fn plan(rng: &mut ChaCha8Rng, wal: bool) -> Vec<Step> {
             80..=87 => Step::Flush,
             88..=92 => Step::Compact,
             93..=95 => Step::DropGroup(rng.gen_range(0..3)),
-            96..=97 => Step::Ingest(rng.gen_range(0..3), rng.gen_range(1..30)),
+            96 => Step::Ingest(rng.gen_range(0..3), rng.gen_range(1..30)),
+            97 => Step::Replace(rng.gen_range(0..3), rng.gen_range(1..30)),
             _ => Step::DropAndIngest(rng.gen_range(0..3), rng.gen_range(1..30)),
         })
         .collect()
@@ -131,8 +135,9 @@ struct Outcome {
     must_have: u64,
     /// All batches in order (index = number - 1).
     batches: Vec<Vec<Rec>>,
-    /// Ingests: (number of batches issued before, puts, whether `ingest` returned Ok).
-    ingests: Vec<(u64, Puts, bool)>,
+    /// Ingests: (number of batches issued before, puts, whether `ingest` returned Ok,
+    /// the group it replaced whole if it was a replace_group).
+    ingests: Vec<(u64, Puts, bool, Option<u64>)>,
 }
 
 fn batch_of(recs: &[Rec], number: u64) -> WriteBatch {
@@ -167,7 +172,7 @@ fn drop_group(db: &Db, out: &mut Outcome, g: u64, wal: bool) -> bool {
     r.is_ok() && db.drop_group(g).is_ok()
 }
 
-fn ingest(db: &Db, fs: &SharedFs, out: &mut Outcome, g: u64, n: u64) -> bool {
+fn ingest(db: &Db, fs: &SharedFs, out: &mut Outcome, g: u64, n: u64, replace: bool) -> bool {
     let path = PathBuf::from(format!("/ingest-{}-{g}.sst", out.issued));
     let puts: Puts = (0..n)
         .map(|i| {
@@ -187,9 +192,14 @@ fn ingest(db: &Db, fs: &SharedFs, out: &mut Outcome, g: u64, n: u64) -> bool {
     if built.is_err() {
         return false;
     }
-    out.ingests.push((out.issued, puts, false));
+    out.ingests
+        .push((out.issued, puts, false, replace.then_some(g)));
     INGESTS_TRIED.fetch_add(1, Ordering::Relaxed);
-    let r = db.ingest(&[path]);
+    let r = if replace {
+        db.replace_group(g, &[path])
+    } else {
+        db.ingest(&[path])
+    };
     if let Err(e) = &r {
         // An ingest may only fail because the crash point froze the file system.
         assert!(
@@ -203,6 +213,10 @@ fn ingest(db: &Db, fs: &SharedFs, out: &mut Outcome, g: u64, n: u64) -> bool {
     }
     if let Some(last) = out.ingests.last_mut() {
         last.2 = ok;
+    }
+    if ok && replace {
+        // replace_group flushed every batch before it.
+        out.must_have = out.issued;
     }
     ok
 }
@@ -238,9 +252,10 @@ fn workload(db: &Db, fs: &SharedFs, steps: &[Step], wal: bool) -> Outcome {
             Step::Compact => db.compact_range(None, None).is_ok(),
             Step::DropGroup(g) => drop_group(db, &mut out, *g, wal),
             Step::DropAndIngest(g, n) => {
-                drop_group(db, &mut out, *g, wal) && ingest(db, fs, &mut out, *g, *n)
+                drop_group(db, &mut out, *g, wal) && ingest(db, fs, &mut out, *g, *n, false)
             }
-            Step::Ingest(g, n) => ingest(db, fs, &mut out, *g, *n),
+            Step::Ingest(g, n) => ingest(db, fs, &mut out, *g, *n, false),
+            Step::Replace(g, n) => ingest(db, fs, &mut out, *g, *n, true),
         };
         if !wal {
             if let Ok(Some(v)) = db.get_persisted(SENTINEL) {
@@ -263,8 +278,12 @@ fn workload(db: &Db, fs: &SharedFs, steps: &[Step], wal: bool) -> Outcome {
 fn model_after(out: &Outcome, n: u64, with_cut: bool) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let mut m = BTreeMap::new();
     let apply_ingests = |m: &mut BTreeMap<Vec<u8>, Vec<u8>>, after: u64| {
-        for (at, puts, acked) in &out.ingests {
+        for (at, puts, acked, replace) in &out.ingests {
             if *at == after && (*acked || with_cut) {
+                if let Some(g) = replace {
+                    let (s, e) = group_key_range(*g);
+                    m.retain(|k, _| !(s.as_slice() <= k.as_slice() && k < e.as_ref().unwrap()));
+                }
                 for (k, v) in puts {
                     m.insert(k.clone(), v.clone());
                 }

@@ -639,3 +639,102 @@ fn ingest_with_concurrent_writers() {
     }
     assert!(scan(&db, &ro).iter().all(|(_, v)| v != b"old"));
 }
+
+/// replace_group swaps one group's keys for a file's, whatever levels and memtables held
+/// the old ones (including L0 files shared with other groups and a range tombstone
+/// spanning groups); other groups are untouched; files with keys of other groups are
+/// refused; the result survives a reopen.
+#[test]
+fn replace_group_swaps_exactly_one_group() {
+    for wal in [WalMode::Log, WalMode::None] {
+        let (_m, fs) = fs();
+        let dir = Path::new("/db");
+        let db = Db::open(Arc::clone(&fs), dir, small_opts(wal.clone())).unwrap();
+        let wo = WriteOptions::default();
+        let ro = ReadOptions::default();
+        let key = |g: u64, i: u32| {
+            let mut k = g.to_be_bytes().to_vec();
+            k.extend_from_slice(format!("d{i:04}").as_bytes());
+            k
+        };
+        for round in 0..3u32 {
+            for i in 0..300 {
+                for g in 1..=3 {
+                    db.put(&wo, &key(g, i), format!("old{round}").as_bytes())
+                        .unwrap();
+                }
+            }
+            if round == 0 {
+                db.compact_range(None, None).unwrap();
+            } else {
+                db.flush().unwrap();
+            }
+        }
+        // In the memtable: a range tombstone over the end of group 1 and the start of 2.
+        db.delete_range(&wo, &key(1, 250), &key(2, 10)).unwrap();
+        db.put(&wo, &key(2, 5), b"mem").unwrap();
+        let others_before: Vec<_> = scan(&db, &ro)
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with(&2u64.to_be_bytes()))
+            .collect();
+
+        let src = Path::new("/snapshot.sst");
+        let table = small_opts(wal.clone()).table;
+        let mut w = phoenix_engine::SstWriter::create(&fs, src, &table).unwrap();
+        for i in (1000..1100).step_by(2) {
+            w.put(&key(2, i), b"new").unwrap();
+        }
+        w.finish().unwrap();
+
+        // A file holding another group's key is refused and changes nothing.
+        let bad = Path::new("/bad.sst");
+        let mut w = phoenix_engine::SstWriter::create(&fs, bad, &table).unwrap();
+        w.put(&key(2, 1), b"x").unwrap();
+        w.put(&key(3, 1), b"x").unwrap();
+        w.finish().unwrap();
+        let err = db.replace_group(2, &[bad.to_path_buf()]).unwrap_err();
+        assert!(err.to_string().contains("outside group 2"), "{err}");
+
+        db.replace_group(2, &[src.to_path_buf()]).unwrap();
+        assert!(!fs.exists(src).unwrap(), "the source file is moved in");
+        let check = |db: &Db, when: &str| {
+            let all = scan(db, &ro);
+            let g2: Vec<_> = all
+                .iter()
+                .filter(|(k, _)| k.starts_with(&2u64.to_be_bytes()))
+                .cloned()
+                .collect();
+            let want: Vec<_> = (1000..1100)
+                .step_by(2)
+                .map(|i| (key(2, i), b"new".to_vec()))
+                .collect();
+            assert_eq!(
+                g2, want,
+                "{wal:?} {when}: group 2 holds exactly the new keys"
+            );
+            let others: Vec<_> = all
+                .into_iter()
+                .filter(|(k, _)| !k.starts_with(&2u64.to_be_bytes()))
+                .collect();
+            assert_eq!(
+                others, others_before,
+                "{wal:?} {when}: other groups untouched"
+            );
+            assert_eq!(db.get(&ro, &key(2, 5)).unwrap(), None);
+            assert_eq!(db.get(&ro, &key(2, 1000)).unwrap(), Some(b"new".to_vec()));
+        };
+        check(&db, "after replace");
+        // Later writes to the group win over the replaced data.
+        db.put(&wo, &key(2, 1000), b"later").unwrap();
+        assert_eq!(db.get(&ro, &key(2, 1000)).unwrap(), Some(b"later".to_vec()));
+        db.delete(&wo, &key(2, 1000)).unwrap();
+        db.compact_range(None, None).unwrap();
+        db.put(&wo, &key(2, 1000), b"new").unwrap();
+        check(&db, "after compaction");
+        db.close().unwrap();
+        drop(db);
+        let db = Db::open(Arc::clone(&fs), dir, small_opts(wal.clone())).unwrap();
+        check(&db, "after reopen");
+        db.close().unwrap();
+    }
+}
