@@ -4,7 +4,7 @@ use crate::error::Kind;
 use crate::{
     DeadlineExceeded, Error, GroupUnavailable, Internal, InvalidArgument, KeyNotInGroup,
     KeyTooLarge, NotLeader, OutcomeUnknown, Replica, RequestTooLarge, Route, ServerBusy,
-    StaleEpoch, ValueTooLarge,
+    SessionExpired, StaleEpoch, ValueTooLarge,
 };
 
 impl Error {
@@ -127,6 +127,21 @@ impl Error {
         Error::with(
             Kind::OutcomeUnknown(OutcomeUnknown { group_id }),
             format!("group {group_id}: outcome unknown: {why}"),
+        )
+    }
+
+    /// A resent write whose first result is forgotten (see `SessionExpired`).
+    pub fn session_expired(group_id: u64, client_id: u64, seq: u64) -> Error {
+        Error::with(
+            Kind::SessionExpired(SessionExpired {
+                group_id,
+                client_id,
+                seq,
+            }),
+            format!(
+                "group {group_id}: write {seq} of client {client_id:#x} was resent after its \
+                 result was forgotten; it may or may not have been applied"
+            ),
         )
     }
 

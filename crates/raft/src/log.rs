@@ -370,6 +370,12 @@ impl<S: Storage> RaftLog<S> {
         self.unstable.entries.get(start..).unwrap_or(&[])
     }
 
+    /// Index of the snapshot raft waits for the application to install (handed out in
+    /// a ready or not yet), if any.
+    pub fn pending_snapshot_index(&self) -> Option<u64> {
+        self.unstable.snapshot.as_ref().map(|s| s.meta.index)
+    }
+
     pub(crate) fn has_next_unstable_snapshot(&self) -> bool {
         self.unstable.snapshot.is_some() && !self.unstable.snapshot_in_progress
     }
