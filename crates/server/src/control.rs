@@ -331,6 +331,7 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
             log_first_index: v.log_first,
             approximate_bytes: 0,
             epoch: v.route.epoch,
+            stopped: v.failed.clone().unwrap_or_default(),
         })
         .collect();
     let es = shared.engine.stats();

@@ -29,6 +29,9 @@ pub enum Error {
     /// Networking.
     #[error("transport: {0}")]
     Transport(String),
+    /// A failpoint fired (tests).
+    #[error("injected failure at {0}")]
+    Injected(String),
 }
 
 /// Result with [`Error`].

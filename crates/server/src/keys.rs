@@ -5,6 +5,7 @@
 //! namespace    := 'd' (user data: rest = user key) | 's' (system keys of the group)
 //! system keys  := "applied"  → applied_index: u64 BE ‖ applied_term: u64 BE
 //!                 "conf"     → voters_count: u32 BE ‖ voter: u64 BE * ‖ learners_count: u32 BE ‖ learner: u64 BE *
+//!                 "sess/" ‖ client_id: u64 BE → a client session (apply.rs, `Session`)
 //! ```
 //!
 //! The "applied" sentinel is written in the same engine batch as the entries it
@@ -52,6 +53,18 @@ pub fn applied_key(g: u64) -> Vec<u8> {
 /// The group's membership key.
 pub fn conf_key(g: u64) -> Vec<u8> {
     sys_key(g, b"conf")
+}
+
+/// System key prefix of the client sessions of group `g` (apply.rs).
+pub fn sessions_prefix(g: u64) -> Vec<u8> {
+    sys_key(g, b"sess/")
+}
+
+/// The record of client session `client_id` in group `g`.
+pub fn session_key(g: u64, client_id: u64) -> Vec<u8> {
+    let mut k = sessions_prefix(g);
+    k.extend_from_slice(&client_id.to_be_bytes());
+    k
 }
 
 /// First engine key of group `g` (any namespace).

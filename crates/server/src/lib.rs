@@ -2,7 +2,8 @@
 //!
 //! A node hosts replicas of raft groups over ONE engine (WAL off by default: the raft
 //! log is the WAL, seed 000) and ONE shared log store. Its parts:
-//! - [`node`]: the raft driver thread (ticks, steps, ready rounds, apply, truncation);
+//! - [`node`]: the raft driver thread (ticks, steps, ready rounds, truncation);
+//! - [`apply`]: the apply stage (committed entries → one engine batch with the sentinel);
 //! - [`storage`]: raft storage of a group over the log store;
 //! - [`transport`]: batched raft messages per peer node over one gRPC stream;
 //! - [`snapshot`]: building, streaming and receiving group snapshots (SST files);
@@ -17,9 +18,11 @@
 // they are built only on the error path, so their size does not matter.
 #![allow(clippy::result_large_err)]
 
+pub mod apply;
 pub mod config;
 pub mod control;
 pub mod error;
+pub mod failpoint;
 pub mod keys;
 pub mod meta;
 pub mod node;

@@ -24,13 +24,12 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use phoenix_engine::{ReadOptions, WriteBatch, WriteOptions};
+use phoenix_engine::ReadOptions;
 use phoenix_proto as proto;
 use phoenix_raft::{
     ConfChange, Config as RaftConfig, EntryKind, Message, MessageType, RawNode, SnapshotStatus,
     StateRole,
 };
-use prost::Message as _;
 use tokio::sync::oneshot;
 
 use crate::keys;
@@ -38,21 +37,7 @@ use crate::meta::META_GROUP;
 use crate::shared::{GroupView, Shared};
 use crate::storage::GroupStorage;
 
-/// What a committed command produced, for the proposer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ApplyResult {
-    /// Applied.
-    Done,
-    /// Compare-and-swap outcome and the value before it.
-    Cas {
-        /// Whether the condition held and the write happened.
-        succeeded: bool,
-        /// The value before, if any.
-        current: Option<Vec<u8>>,
-    },
-    /// The state machine refused the command (meta commands).
-    Refused(String),
-}
+pub use crate::apply::ApplyResult;
 
 /// Reply channel of a proposal.
 pub type ProposeReply = oneshot::Sender<Result<ApplyResult, proto::Error>>;
@@ -145,8 +130,13 @@ pub struct Peer {
     reads_waiting: HashMap<u64, ReadReply>,
     /// Confirmed reads waiting for the apply index to reach theirs.
     reads_ready: Vec<(u64, ReadReply)>,
-    /// A received snapshot not yet installed: (index, dir).
-    pending_snapshot: Option<(u64, PathBuf)>,
+    /// Received snapshots not yet installed, by index: only the one raft holds as its
+    /// pending snapshot is kept.
+    pending_snapshots: BTreeMap<u64, PathBuf>,
+    /// Why the replica stopped: set when a step of its work failed. A stopped replica
+    /// takes no input and hands raft nothing more, so raft never gets ahead of what was
+    /// really done; restarting the node reopens it from its durable state.
+    failed: Option<String>,
     /// Readies whose appends are in flight, oldest first.
     unpersisted: std::collections::VecDeque<Unpersisted>,
 }
@@ -176,6 +166,9 @@ pub struct Driver {
     events: Receiver<Event>,
     next_read_ctx: u64,
     last_truncate: Instant,
+    /// Replicas in the registry that could not be opened, with the cause: stopped from
+    /// the start, the node's other replicas serve.
+    unopened: BTreeMap<u64, String>,
 }
 
 fn raft_config(shared: &Shared, applied: u64) -> RaftConfig {
@@ -200,17 +193,44 @@ impl Driver {
             events,
             next_read_ctx: 1,
             last_truncate: Instant::now(),
+            unopened: BTreeMap::new(),
         };
         for r in routes {
-            d.open_peer(r)?;
+            let g = r.group_id;
+            if let Err(e) = d.open_peer(r.clone()) {
+                let why = format!("opening the replica: {e}");
+                tracing::error!(group = g, "replica stopped: {why}");
+                d.shared.learn_addrs(&r);
+                d.shared.groups.write().insert(
+                    g,
+                    GroupView {
+                        route: r,
+                        failed: Some(why.clone()),
+                        ..GroupView::default()
+                    },
+                );
+                d.unopened.insert(g, why);
+            }
         }
         Ok(d)
+    }
+
+    /// The refusal of a request for group `g`, which has no open replica here.
+    fn not_open(&self, g: u64) -> proto::Error {
+        match self.unopened.get(&g) {
+            Some(why) => stopped_error(g, why),
+            None => proto::Error::group_unavailable(g, "not hosted on this node"),
+        }
     }
 
     /// Opens a replica from its persisted state (or fresh, with the route's replicas as
     /// voters).
     fn open_peer(&mut self, route: proto::Route) -> crate::Result<()> {
         let g = route.group_id;
+        crate::failpoint::check(
+            crate::failpoint::names::OPEN_REPLICA,
+            self.shared.cfg.node_id,
+        )?;
         let db = &self.shared.engine;
         let applied = match db.get(&ReadOptions::default(), &keys::applied_key(g))? {
             Some(v) => keys::decode_applied(&v).ok_or_else(|| {
@@ -244,7 +264,8 @@ impl Driver {
                 proposals: BTreeMap::new(),
                 reads_waiting: HashMap::new(),
                 reads_ready: Vec::new(),
-                pending_snapshot: None,
+                pending_snapshots: BTreeMap::new(),
+                failed: None,
                 unpersisted: std::collections::VecDeque::new(),
             },
         );
@@ -252,12 +273,16 @@ impl Driver {
     }
 
     fn create_replica(&mut self, route: proto::Route) -> crate::Result<()> {
-        if self.peers.contains_key(&route.group_id) {
+        if self.peers.contains_key(&route.group_id) || self.unopened.contains_key(&route.group_id) {
             return Ok(());
         }
         let mut routes: Vec<proto::Route> = self.peers.values().map(|p| p.route.clone()).collect();
         routes.push(route.clone());
         crate::registry::save(&self.shared.cfg.data_dir, &routes)?;
+        crate::failpoint::check(
+            crate::failpoint::names::CREATE_AFTER_REGISTRY,
+            self.shared.cfg.node_id,
+        )?;
         tracing::info!(group = route.group_id, "creating replica");
         self.open_peer(route)
     }
@@ -286,10 +311,14 @@ impl Driver {
                 }
             }
             if Instant::now() >= next_tick {
-                for p in self.peers.values_mut() {
+                let mut failed = Vec::new();
+                for p in self.peers.values_mut().filter(|p| p.failed.is_none()) {
                     if let Err(e) = p.raw.tick() {
-                        tracing::error!(group = p.group, "tick: {e}");
+                        failed.push((p.group, format!("tick: {e}")));
                     }
+                }
+                for (g, why) in failed {
+                    self.fail_group(g, why);
                 }
                 next_tick += tick;
                 if next_tick < Instant::now() {
@@ -297,13 +326,8 @@ impl Driver {
                 }
             }
             for _ in 0..4 {
-                match self.round() {
-                    Ok(true) => {}
-                    Ok(false) => break,
-                    Err(e) => {
-                        tracing::error!("raft round failed: {e}");
-                        break;
-                    }
+                if !self.round() {
+                    break;
                 }
             }
             // Reads confirmed in an earlier round wait for applies of later ones.
@@ -337,18 +361,25 @@ impl Driver {
                     );
                     return;
                 };
+                if p.failed.is_some() {
+                    return;
+                }
                 if let Err(e) = p.raw.step(msg) {
                     tracing::debug!(group, "step refused: {e}");
                 }
             }
             Event::Propose { group, data, reply } => {
+                if !self.peers.contains_key(&group) {
+                    let _ = reply.send(Err(self.not_open(group)));
+                    return;
+                }
                 let Some(p) = self.peers.get_mut(&group) else {
-                    let _ = reply.send(Err(proto::Error::group_unavailable(
-                        group,
-                        "not hosted on this node",
-                    )));
                     return;
                 };
+                if let Some(why) = &p.failed {
+                    let _ = reply.send(Err(stopped_error(group, why)));
+                    return;
+                }
                 if p.raw.raft().role() != StateRole::Leader {
                     let hint = self.shared.replica_of(p.raw.raft().leader());
                     let _ = reply.send(Err(proto::Error::not_leader(group, hint)));
@@ -368,13 +399,17 @@ impl Driver {
                 }
             }
             Event::ReadIndex { group, reply } => {
+                if !self.peers.contains_key(&group) {
+                    let _ = reply.send(Err(self.not_open(group)));
+                    return;
+                }
                 let Some(p) = self.peers.get_mut(&group) else {
-                    let _ = reply.send(Err(proto::Error::group_unavailable(
-                        group,
-                        "not hosted on this node",
-                    )));
                     return;
                 };
+                if let Some(why) = &p.failed {
+                    let _ = reply.send(Err(stopped_error(group, why)));
+                    return;
+                }
                 if p.raw.raft().role() != StateRole::Leader {
                     let hint = self.shared.replica_of(p.raw.raft().leader());
                     let _ = reply.send(Err(proto::Error::not_leader(group, hint)));
@@ -415,19 +450,27 @@ impl Driver {
                 let Some(p) = self.peers.get_mut(&group) else {
                     return;
                 };
+                if p.failed.is_some() {
+                    crate::snapshot::remove_dir(&dir);
+                    return;
+                }
                 let index = msg.snapshot.as_ref().map_or(0, |s| s.meta.index);
-                if let Some((_, old)) = p.pending_snapshot.replace((index, dir)) {
+                if let Some(old) = p.pending_snapshots.insert(index, dir) {
                     crate::snapshot::remove_dir(&old);
                 }
                 if let Err(e) = p.raw.step(msg) {
                     tracing::warn!(group, "snapshot message refused: {e}");
                 }
-                // A snapshot the core did not take (stale) is not installed: drop its files.
-                if !p.raw.has_ready() || p.raw.raft().committed() < index {
-                    if let Some((_, d)) = p.pending_snapshot.take() {
-                        crate::snapshot::remove_dir(&d);
+                // Keep only the files of the snapshot raft will hand back to install (a
+                // stale one, or one superseded by this, is not installed).
+                let wanted = p.raw.raft().raft_log().pending_snapshot_index();
+                p.pending_snapshots.retain(|i, d| {
+                    let keep = Some(*i) == wanted;
+                    if !keep {
+                        crate::snapshot::remove_dir(d);
                     }
-                }
+                    keep
+                });
             }
             Event::SnapshotSent { group, to, ok } => {
                 if let Some(p) = self.peers.get_mut(&group) {
@@ -447,21 +490,24 @@ impl Driver {
                 let Some(p) = self.peers.get_mut(&group) else {
                     return;
                 };
+                if p.failed.is_some() {
+                    return;
+                }
                 if let Err(e) = result {
-                    // Raft is never told: the group stops making progress on this node
-                    // rather than acknowledge what is not durable.
-                    tracing::error!(group, "log append failed: {e}");
+                    // Raft is never told: the replica stops rather than acknowledge what
+                    // is not durable.
+                    self.fail_group(group, format!("log append failed: {e}"));
                     return;
                 }
                 if let Some(u) = p.unpersisted.iter_mut().find(|u| u.number == number) {
                     u.durable = true;
                 }
                 if let Err(e) = self.acknowledge_persisted(group) {
-                    tracing::error!(group, "acknowledging a durable ready: {e}");
+                    self.fail_group(group, format!("acknowledging a durable ready: {e}"));
                 }
             }
             Event::Unreachable(node) => {
-                for p in self.peers.values_mut() {
+                for p in self.peers.values_mut().filter(|p| p.failed.is_none()) {
                     if p.raw.raft().conf_state().contains(node) {
                         p.raw.report_unreachable(node);
                     }
@@ -471,91 +517,109 @@ impl Driver {
         }
     }
 
-    /// One ready round over all groups. Returns whether anything was done.
-    fn round(&mut self) -> crate::Result<bool> {
-        let mut readies = Vec::new();
-        for (g, p) in self.peers.iter_mut() {
-            if p.raw.has_ready() {
-                readies.push((*g, p.raw.ready()?));
+    /// One ready round over the groups with work. Returns whether anything was done. A
+    /// group whose work fails is stopped ([`Driver::fail_group`]); the others go on.
+    fn round(&mut self) -> bool {
+        let groups: Vec<u64> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.failed.is_none() && p.raw.has_ready())
+            .map(|(g, _)| *g)
+            .collect();
+        for &g in &groups {
+            if let Err(e) = self.handle_ready(g) {
+                self.fail_group(g, e.to_string());
             }
         }
-        if readies.is_empty() {
-            return Ok(false);
-        }
-        // 1. Messages that may leave now; role changes.
-        for (g, rd) in readies.iter_mut() {
-            let msgs = std::mem::take(&mut rd.messages);
-            self.send_messages(*g, msgs);
-            if let Some(ss) = rd.soft_state {
-                if let Some(p) = self.peers.get_mut(g) {
-                    if ss.role != StateRole::Leader {
-                        p.fail_all("leadership lost");
-                    }
-                    tracing::info!(group = *g, leader = ss.leader, role = ?ss.role, "role change");
-                }
+        !groups.is_empty()
+    }
+
+    /// Takes one ready of group `g` and does its work: send what may leave now, install
+    /// a snapshot, submit entries and hard state to the log store (the log store
+    /// group-commits the submissions of many groups: one fsync; each completes as an
+    /// `Event::Persisted`, meanwhile the driver goes on stepping, e.g. the followers'
+    /// acknowledgements), apply committed entries (durable on a quorum already, so their
+    /// proposers are answered without waiting for this node's append), release reads.
+    /// On an error the caller stops the group: what raft handed out and was not done is
+    /// never acknowledged to it.
+    fn handle_ready(&mut self, g: u64) -> crate::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let Some(p) = self.peers.get_mut(&g) else {
+            return Ok(());
+        };
+        let mut rd = p.raw.ready()?;
+        if let Some(ss) = rd.soft_state {
+            if ss.role != StateRole::Leader {
+                p.fail_all("leadership lost");
             }
+            tracing::info!(group = g, leader = ss.leader, role = ?ss.role, "role change");
         }
-        // 2. Persist: snapshots, then submit entries + hard state of all groups. The log
-        //    store group-commits them (one fsync covers the readies of many groups) and
-        //    reports each as an `Event::Persisted`: the driver keeps stepping messages
-        //    (e.g. the followers' acknowledgements) meanwhile instead of waiting here.
-        for (g, rd) in readies.iter_mut() {
-            let Some(p) = self.peers.get_mut(g) else {
-                continue;
-            };
-            if let Some(snap) = rd.snapshot.take() {
-                install_snapshot(&self.shared, p, &snap.meta)?;
-            }
-            let (group, number) = (*g, rd.number());
-            let events = self.shared.events.clone();
-            let submitted =
-                p.raw
-                    .store_mut()
-                    .append_then(&rd.entries, rd.hard_state, move |result| {
-                        let result = result.map_err(|e| e.to_string());
-                        // A closed channel means the driver stopped: nothing to tell.
-                        let _ = events.send(Event::Persisted {
-                            group,
-                            number,
-                            result,
-                        });
-                    });
-            p.unpersisted.push_back(Unpersisted {
-                number,
-                msgs: std::mem::take(&mut rd.persisted_messages),
-                durable: !submitted,
+        let msgs = std::mem::take(&mut rd.messages);
+        self.send_messages(g, msgs);
+        let Some(p) = self.peers.get_mut(&g) else {
+            return Ok(());
+        };
+        if let Some(snap) = rd.snapshot.take() {
+            install_snapshot(&shared, p, &snap.meta)?;
+        }
+        let number = rd.number();
+        let events = shared.events.clone();
+        let submitted = p
+            .raw
+            .store_mut()
+            .append_then(&rd.entries, rd.hard_state, move |result| {
+                let result = result.map_err(|e| e.to_string());
+                // A closed channel means the driver stopped: nothing to tell.
+                let _ = events.send(Event::Persisted {
+                    group: g,
+                    number,
+                    result,
+                });
             });
+        p.unpersisted.push_back(Unpersisted {
+            number,
+            msgs: std::mem::take(&mut rd.persisted_messages),
+            durable: !submitted,
+        });
+        let committed = std::mem::take(&mut rd.committed_entries);
+        if let Some(last) = committed.last().map(|e| e.index) {
+            apply_entries(&shared, p, committed)?;
+            p.raw.advance_apply_to(last)?;
         }
-        // 3. Apply: committed entries are durable here and on a quorum already, so their
-        //    proposers are answered without waiting for this round's appends.
-        for (g, rd) in readies.iter_mut() {
-            let Some(p) = self.peers.get_mut(g) else {
-                continue;
-            };
-            let committed = std::mem::take(&mut rd.committed_entries);
-            if let Some(last) = committed.last().map(|e| e.index) {
-                apply_entries(&self.shared, p, committed)?;
-                p.raw.advance_apply_to(last)?;
+        for rs in std::mem::take(&mut rd.read_states) {
+            let ctx = rs
+                .context
+                .as_ref()
+                .try_into()
+                .map(u64::from_be_bytes)
+                .unwrap_or(0);
+            if let Some(reply) = p.reads_waiting.remove(&ctx) {
+                p.reads_ready.push((rs.index, reply));
             }
-            for rs in std::mem::take(&mut rd.read_states) {
-                let ctx = rs
-                    .context
-                    .as_ref()
-                    .try_into()
-                    .map(u64::from_be_bytes)
-                    .unwrap_or(0);
-                if let Some(reply) = p.reads_waiting.remove(&ctx) {
-                    p.reads_ready.push((rs.index, reply));
-                }
-            }
-            release_reads(p);
-            p.reads_waiting.retain(|_, r| !r.is_closed());
         }
-        // 4. Readies with nothing to persist are acknowledged now (after older ones).
-        for (g, _) in readies.iter() {
-            self.acknowledge_persisted(*g)?;
+        release_reads(p);
+        p.reads_waiting.retain(|_, r| !r.is_closed());
+        // A ready with nothing to persist is acknowledged now (after older ones).
+        self.acknowledge_persisted(g)
+    }
+
+    /// Stops replica `g` after a failure in its work: it takes no more input, its
+    /// waiting requests fail, the cause is logged and published (cluster status). The
+    /// other replicas go on.
+    fn fail_group(&mut self, g: u64, why: String) {
+        let Some(p) = self.peers.get_mut(&g) else {
+            return;
+        };
+        if p.failed.is_some() {
+            return;
         }
-        Ok(true)
+        tracing::error!(group = g, "replica stopped: {why}");
+        p.fail_all(&format!("replica stopped ({why})"));
+        for d in std::mem::take(&mut p.pending_snapshots).into_values() {
+            crate::snapshot::remove_dir(&d);
+        }
+        p.failed = Some(why);
+        publish_view(&self.shared, p);
     }
 
     /// Tells raft about the readies of `g` that are durable, in order, and sends what
@@ -596,7 +660,7 @@ impl Driver {
 
     fn truncate_logs(&mut self) {
         let keep = self.shared.cfg.log_keep_entries;
-        for p in self.peers.values_mut() {
+        for p in self.peers.values_mut().filter(|p| p.failed.is_none()) {
             let g = p.group;
             let persisted = match self.shared.engine.get_persisted(&keys::applied_key(g)) {
                 Ok(Some(v)) => keys::decode_applied(&v).map_or(0, |(i, _)| i),
@@ -623,7 +687,16 @@ impl Driver {
                 }
             }
             if target > p.raw.store().snap_index() {
-                if let Err(e) = p.raw.store_mut().compact_to(target) {
+                let fp = crate::failpoint::check(
+                    crate::failpoint::names::TRUNCATE_BEFORE,
+                    self.shared.cfg.node_id,
+                );
+                if let Err(e) = fp.map_err(|e| e.to_string()).and_then(|()| {
+                    p.raw
+                        .store_mut()
+                        .compact_to(target)
+                        .map_err(|e| e.to_string())
+                }) {
                     tracing::warn!(group = g, "log truncation to {target}: {e}");
                 } else {
                     tracing::debug!(group = g, upto = target, "log truncated");
@@ -663,44 +736,42 @@ fn publish_view(shared: &Shared, p: &Peer) {
     v.commit = r.committed();
     v.applied = p.raw.store().applied().0;
     v.log_first = p.raw.store().snap_index() + 1;
+    v.failed.clone_from(&p.failed);
+    if p.failed.is_some() {
+        // A stopped replica leads nothing, whatever its raft state still says.
+        v.is_leader = false;
+        v.leader = 0;
+    }
 }
 
-/// Installs a received snapshot: replace the group's engine data with the snapshot's
-/// files, then restart the group's log after the snapshot index.
+/// The error a request to a stopped replica gets.
+fn stopped_error(g: u64, why: &str) -> proto::Error {
+    proto::Error::group_unavailable(g, format!("replica stopped on this node: {why}"))
+}
+
+/// Installs a received snapshot, crash-atomically: the engine swaps the group's data for
+/// the snapshot's files in one manifest edit (the sentinel inside names the snapshot's
+/// index and term), then the log is reset to start after the snapshot — suffix first,
+/// so a crash in between leaves no divergent entry above the snapshot that a restart
+/// could take for the log's continuation (`GroupStorage::open` checks the term at the
+/// applied index and drops such a suffix).
 fn install_snapshot(
     shared: &Shared,
     p: &mut Peer,
     meta: &phoenix_raft::SnapshotMeta,
 ) -> crate::Result<()> {
     let g = p.group;
-    let dir = match p.pending_snapshot.take() {
-        Some((idx, dir)) if idx == meta.index => dir,
-        other => {
-            return Err(crate::Error::Corruption(format!(
-                "group {g}: raft installs snapshot {} but the received files are for {:?}",
-                meta.index,
-                other.map(|(i, _)| i)
-            )))
-        }
-    };
-    let files = crate::snapshot::files_in(&dir)?;
-    shared.engine.drop_group(g)?;
-    shared.engine.ingest(&files)?;
-    let got = shared
-        .engine
-        .get(&ReadOptions::default(), &keys::applied_key(g))?
-        .and_then(|v| keys::decode_applied(&v));
-    if got != Some((meta.index, meta.term)) {
+    let Some(dir) = p.pending_snapshots.remove(&meta.index) else {
         return Err(crate::Error::Corruption(format!(
-            "group {g}: snapshot data says applied {got:?}, message says ({}, {})",
-            meta.index, meta.term
+            "group {g}: raft installs snapshot {} but no files were received for it (have {:?})",
+            meta.index,
+            p.pending_snapshots.keys().collect::<Vec<_>>()
         )));
-    }
-    p.raw
-        .store_mut()
-        .apply_snapshot(meta)
-        .map_err(|e| crate::Error::Raft(e.into()))?;
+    };
+    let installed = install_files(shared, p, meta, &dir);
+    // Installed or not, the received files are not needed again: a retry gets a new copy.
     crate::snapshot::remove_dir(&dir);
+    installed?;
     if g == META_GROUP {
         *shared.meta.write() = crate::meta::load(&shared.engine)?;
     }
@@ -708,32 +779,109 @@ fn install_snapshot(
     Ok(())
 }
 
-/// Applies committed entries of one group as one engine batch (more only when a
-/// compare-and-swap must read past a range deletion of the same round).
+/// The steps of [`install_snapshot`] once the files of `dir` are found.
+fn install_files(
+    shared: &Shared,
+    p: &mut Peer,
+    meta: &phoenix_raft::SnapshotMeta,
+    dir: &std::path::Path,
+) -> crate::Result<()> {
+    use crate::failpoint::{check, names};
+    let g = p.group;
+    let node = shared.cfg.node_id;
+    let files = crate::snapshot::files_in(dir)?;
+    // The files must hold the snapshot's sentinel before they replace the group's data:
+    // the switch cannot be undone.
+    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    let mut sentinel = None;
+    for f in &files {
+        if let Some(v) = phoenix_engine::sst_get(&fs, f, &keys::applied_key(g))? {
+            sentinel = keys::decode_applied(&v);
+            break;
+        }
+    }
+    if sentinel != Some((meta.index, meta.term)) {
+        return Err(crate::Error::Corruption(format!(
+            "group {g}: snapshot files say applied {sentinel:?}, the message says ({}, {}); \
+             not installed",
+            meta.index, meta.term
+        )));
+    }
+    check(names::INSTALL_BEFORE_REPLACE, node)?;
+    shared.engine.replace_group(g, &files)?;
+    let got = shared
+        .engine
+        .get(&ReadOptions::default(), &keys::applied_key(g))?
+        .and_then(|v| keys::decode_applied(&v));
+    if got != Some((meta.index, meta.term)) {
+        return Err(crate::Error::Corruption(format!(
+            "group {g}: after the install the engine says applied {got:?}, the snapshot is \
+             ({}, {})",
+            meta.index, meta.term
+        )));
+    }
+    check(names::INSTALL_AFTER_REPLACE, node)?;
+    p.raw
+        .store_mut()
+        .apply_snapshot(meta, || {
+            check(names::INSTALL_AFTER_SUFFIX, node).map_err(|e| e.to_string())
+        })
+        .map_err(|e| crate::Error::Raft(e.into()))?;
+    Ok(())
+}
+
+/// Applies committed entries of one group as ONE engine batch carrying the group's
+/// applied-index sentinel (apply.rs), then answers their proposers.
 fn apply_entries(
     shared: &Shared,
     p: &mut Peer,
     entries: Vec<phoenix_raft::Entry>,
 ) -> crate::Result<()> {
     let g = p.group;
-    let wo = WriteOptions {
-        sync: false,
-        disable_wal: !shared.cfg.engine_wal,
+    let engine = crate::apply::EngineState {
+        db: &shared.engine,
+        wal: shared.cfg.engine_wal,
     };
-    let mut wb = WriteBatch::new();
-    // Writes of this batch not yet in the engine, for compare-and-swap reads.
-    let mut overlay: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
-    let mut has_range_delete = false;
     let mut replies: Vec<(ProposeReply, Result<ApplyResult, proto::Error>)> = Vec::new();
-    let mut last = (0u64, 0u64);
+    let applied = apply_round(shared, p, &engine, entries, &mut replies);
+    if let Err(e) = &applied {
+        // These entries are committed: the other replicas apply them. Their proposers
+        // must not take this failure for "not applied" (and retry a CAS).
+        for (reply, _) in replies.drain(..) {
+            let _ = reply.send(Err(proto::Error::outcome_unknown(
+                g,
+                format!("replica stopped while applying: {e}"),
+            )));
+        }
+    }
+    applied?;
+    for (reply, r) in replies {
+        let _ = reply.send(r);
+    }
+    Ok(())
+}
+
+/// The body of [`apply_entries`]: takes every entry into one apply round and writes it;
+/// the proposers' answers go to `replies` (sent by the caller).
+fn apply_round(
+    shared: &Shared,
+    p: &mut Peer,
+    engine: &crate::apply::EngineState<'_>,
+    entries: Vec<phoenix_raft::Entry>,
+    replies: &mut Vec<(ProposeReply, Result<ApplyResult, proto::Error>)>,
+) -> crate::Result<()> {
+    let g = p.group;
+    let mut a = crate::apply::Applier::new(g, engine);
+    let mut conf = None;
     for e in entries {
-        last = (e.index, e.term);
+        a.entry(e.index, e.term);
         let result = match e.kind {
             EntryKind::ConfChange => match ConfChange::decode(&e.data) {
                 Ok(cc) => match p.raw.apply_conf_change(cc) {
                     Ok(cs) => {
-                        wb.put(&keys::conf_key(g), &keys::encode_conf(&cs));
-                        p.raw.store_mut().set_conf(cs);
+                        a.batch_mut()
+                            .put(&keys::conf_key(g), &keys::encode_conf(&cs));
+                        conf = Some(cs);
                         ApplyResult::Done
                     }
                     Err(err) => ApplyResult::Refused(format!("conf change: {err}")),
@@ -742,78 +890,9 @@ fn apply_entries(
             },
             EntryKind::Normal if e.data.is_empty() => ApplyResult::Done,
             EntryKind::Normal if g == META_GROUP => {
-                crate::meta::apply_entry(&mut shared.meta.write(), e.index, &e.data, &mut wb)?
+                crate::meta::apply_entry(&mut shared.meta.write(), e.index, &e.data, a.batch_mut())?
             }
-            EntryKind::Normal => {
-                let cmd = proto::KvCommand::decode(e.data.as_ref()).map_err(|err| {
-                    crate::Error::Corruption(format!(
-                        "group {g} entry {}: undecodable command: {err}",
-                        e.index
-                    ))
-                })?;
-                match cmd.cmd {
-                    Some(proto::kv_command::Cmd::Batch(b)) => {
-                        for m in b.mutations {
-                            let k = keys::data_key(g, &m.key);
-                            if m.op == proto::MutationOp::Delete as i32 {
-                                wb.delete(&k);
-                                overlay.insert(k, None);
-                            } else {
-                                wb.put(&k, &m.value);
-                                overlay.insert(k, Some(m.value.to_vec()));
-                            }
-                        }
-                        ApplyResult::Done
-                    }
-                    Some(proto::kv_command::Cmd::DeleteRange(r)) => {
-                        let start = keys::data_key(g, &r.start);
-                        let end = if r.end.is_empty() {
-                            keys::data_end(g)
-                        } else {
-                            keys::data_key(g, &r.end)
-                        };
-                        if start < end {
-                            wb.delete_range(&start, &end);
-                            overlay.retain(|k, _| *k < start || *k >= end);
-                            has_range_delete = true;
-                        }
-                        ApplyResult::Done
-                    }
-                    Some(proto::kv_command::Cmd::Cas(c)) => {
-                        let k = keys::data_key(g, &c.key);
-                        if has_range_delete && !overlay.contains_key(&k) {
-                            // The engine must see the range deletion before we read.
-                            wb.put(&keys::applied_key(g), &keys::encode_applied(last.0, last.1));
-                            shared.engine.write(&wo, std::mem::take(&mut wb))?;
-                            overlay.clear();
-                            has_range_delete = false;
-                        }
-                        let current = match overlay.get(&k) {
-                            Some(v) => v.clone(),
-                            None => shared.engine.get(&ReadOptions::default(), &k)?,
-                        };
-                        let holds = match (&current, c.expect_exists) {
-                            (Some(v), true) => v.as_slice() == c.expected.as_ref(),
-                            (None, false) => true,
-                            _ => false,
-                        };
-                        if holds {
-                            if c.delete {
-                                wb.delete(&k);
-                                overlay.insert(k, None);
-                            } else {
-                                wb.put(&k, &c.new_value);
-                                overlay.insert(k, Some(c.new_value.to_vec()));
-                            }
-                        }
-                        ApplyResult::Cas {
-                            succeeded: holds,
-                            current,
-                        }
-                    }
-                    None => ApplyResult::Refused("empty command".into()),
-                }
-            }
+            EntryKind::Normal => a.kv(e.index, &e.data)?,
         };
         if let Some(pp) = p.proposals.remove(&e.index) {
             if pp.term == e.term {
@@ -832,11 +911,15 @@ fn apply_entries(
             }
         }
     }
-    wb.put(&keys::applied_key(g), &keys::encode_applied(last.0, last.1));
-    shared.engine.write(&wo, wb)?;
-    p.raw.store_mut().set_applied(last.0, last.1);
-    for (reply, r) in replies {
-        let _ = reply.send(r);
+    crate::failpoint::check(
+        crate::failpoint::names::APPLY_BEFORE_WRITE,
+        shared.cfg.node_id,
+    )?;
+    if let Some((index, term)) = a.finish(engine)? {
+        p.raw.store_mut().set_applied(index, term);
+    }
+    if let Some(cs) = conf {
+        p.raw.store_mut().set_conf(cs);
     }
     Ok(())
 }

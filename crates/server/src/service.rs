@@ -43,6 +43,8 @@ struct Ctx {
     route: proto::Route,
     deadline: Instant,
     timeout_ms: u64,
+    /// The writer's session (client id, sequence, acknowledged below), if it sent one.
+    session: Option<(u64, u64, u64)>,
 }
 
 impl Services {
@@ -89,6 +91,7 @@ impl Services {
             route: v.route.clone(),
             deadline: Instant::now() + timeout,
             timeout_ms: h.timeout_ms,
+            session: (h.client_id != 0).then_some((h.client_id, h.seq, h.acked_below)),
         })
     }
 
@@ -127,7 +130,23 @@ impl Services {
         }
     }
 
-    async fn propose(&self, c: &Ctx, cmd: proto::KvCommand) -> Result<ApplyResult, PErr> {
+    async fn propose(&self, c: &Ctx, mut cmd: proto::KvCommand) -> Result<ApplyResult, PErr> {
+        if let Some((client_id, seq, acked_below)) = c.session {
+            if seq == 0 {
+                return Err(PErr::invalid_argument(
+                    "a write with a client id needs a sequence number (from 1)",
+                ));
+            }
+            cmd.session = Some(proto::ClientSession {
+                client_id,
+                seq,
+                acked_below,
+                // The leader's clock decides session expiry for every replica.
+                time_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+            });
+        }
         let (tx, rx) = oneshot::channel();
         self.shared
             .events
@@ -137,7 +156,12 @@ impl Services {
                 reply: tx,
             })
             .map_err(|_| PErr::group_unavailable(c.group, "node shutting down"))?;
-        self.wait(c, rx).await
+        match self.wait(c, rx).await? {
+            ApplyResult::SessionExpired { client_id, seq } => {
+                Err(PErr::session_expired(c.group, client_id, seq))
+            }
+            r => Ok(r),
+        }
     }
 
     async fn read_index(&self, c: &Ctx) -> Result<(), PErr> {
@@ -159,6 +183,7 @@ impl Services {
 
 fn batch(mutations: Vec<proto::Mutation>) -> proto::KvCommand {
     proto::KvCommand {
+        session: None,
         cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
             mutations,
         })),
@@ -473,6 +498,7 @@ impl proto::kv_server::Kv for Services {
             r.end
         };
         let cmd = proto::KvCommand {
+            session: None,
             cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
                 start: r.start,
                 end,
@@ -492,6 +518,7 @@ impl proto::kv_server::Kv for Services {
         try_err!(CasResponse, self.check_key(&c, &r.key));
         try_err!(CasResponse, self.check_value(&r.new_value));
         let cmd = proto::KvCommand {
+            session: None,
             cmd: Some(proto::kv_command::Cmd::Cas(proto::CasCommand {
                 key: r.key,
                 expect_exists: r.expect_exists,

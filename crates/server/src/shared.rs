@@ -32,6 +32,8 @@ pub struct GroupView {
     pub applied: u64,
     /// First index still in the log.
     pub log_first: u64,
+    /// Why the replica stopped, if it did (node.rs `fail_group`).
+    pub failed: Option<String>,
 }
 
 /// The node's shared state.

@@ -60,6 +60,52 @@ pub fn decode_entry(stream: u64, e: LogEntry) -> Result<Entry, StorageError> {
     })
 }
 
+/// Makes the log of `group` continue the engine's state at `applied` = (X, term), before
+/// the replica opens:
+/// - entries at or below X are dropped (the engine holds their effect);
+/// - entries above X are kept only if they continue X: the log holds X with the same
+///   term (log matching), or the log was cut at exactly X. Otherwise they were left by a
+///   snapshot install that crashed between the engine's switch and the log's reset: the
+///   install keeps nothing above the snapshot (see `apply_snapshot`), so neither does this.
+/// - a log that starts past X + 1 has lost entries the engine never applied: corruption.
+fn reconcile_log(log: &LogStore, group: u64, applied: (u64, u64)) -> crate::Result<()> {
+    let (x, term) = applied;
+    let first = log.first_index(group).unwrap_or(1);
+    let last = log.last_index(group).unwrap_or(0);
+    if x == u64::MAX {
+        return Err(crate::Error::Corruption(format!(
+            "group {group}: applied index {x} is out of range"
+        )));
+    }
+    if first > x + 1 {
+        return Err(crate::Error::Corruption(format!(
+            "raft log of group {group} starts at {first} but the engine has applied only up \
+             to {x}: entries {}..{first} are missing",
+            x + 1
+        )));
+    }
+    if last > x {
+        match log.term(group, x) {
+            Ok(Some(t)) if t != term => {
+                tracing::warn!(
+                    group,
+                    applied = x,
+                    "log entries above the installed snapshot diverge from it; dropping them"
+                );
+                log.truncate_suffix(group, x + 1)?;
+            }
+            // Holds X with its term (continues it), or was cut at exactly X.
+            Ok(Some(_)) | Err(phoenix_log::Error::Compacted { .. }) => {}
+            Ok(None) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if first <= x || log.last_index(group).unwrap_or(0) <= x {
+        log.truncate_prefix(group, x + 1)?;
+    }
+    Ok(())
+}
+
 /// Raft storage of one group (see the module doc).
 #[derive(Debug)]
 pub struct GroupStorage {
@@ -88,20 +134,15 @@ impl GroupStorage {
         group: u64,
         applied: (u64, u64),
         conf: ConfState,
-    ) -> Result<GroupStorage, phoenix_log::Error> {
+    ) -> crate::Result<GroupStorage> {
         let hs = log.hard_state(group).unwrap_or_default();
         let hard_state = HardState {
             term: hs.term.max(applied.1),
             vote: hs.vote,
             commit: hs.commit.max(applied.0),
         };
-        // Entries the engine already holds are not needed any more; and if the log ends
-        // before the applied index (a snapshot was installed but the log not yet cut),
-        // the stream must restart after it.
-        let last = log.last_index(group).unwrap_or(0);
-        let first = log.first_index(group).unwrap_or(1);
-        if applied.0 > 0 && (last <= applied.0 || first <= applied.0) {
-            log.truncate_prefix(group, applied.0 + 1)?;
+        if applied.0 > 0 {
+            reconcile_log(&log, group, applied)?;
         }
         Ok(GroupStorage {
             log,
@@ -208,9 +249,20 @@ impl GroupStorage {
         Ok(())
     }
 
-    /// Installs a snapshot's position: the log restarts after `meta.index` (the engine
-    /// already ingested the data).
-    pub fn apply_snapshot(&mut self, meta: &SnapshotMeta) -> Result<(), StorageError> {
+    /// Installs a snapshot's position once the engine holds its data: the log is reset to
+    /// start right after `meta.index`. Entries above it go first (they may diverge from
+    /// the snapshot's history: raft installs a snapshot only when its log does not hold
+    /// the snapshot's last entry), then the ones below; `between` runs in between (a
+    /// failpoint). A crash at any point is repaired by [`GroupStorage::open`].
+    pub fn apply_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        between: impl FnOnce() -> Result<(), String>,
+    ) -> Result<(), StorageError> {
+        self.log
+            .truncate_suffix(self.group, meta.index + 1)
+            .map_err(other)?;
+        between().map_err(other)?;
         self.log
             .truncate_prefix(self.group, meta.index + 1)
             .map_err(other)?;
@@ -328,5 +380,92 @@ impl Storage for GroupStorage {
             },
             data: Bytes::new(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use phoenix_log::LogOptions;
+
+    fn store() -> Arc<LogStore> {
+        let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::MemFs::new());
+        LogStore::open(fs, std::path::Path::new("/log"), LogOptions::default()).unwrap()
+    }
+
+    fn append(log: &LogStore, g: u64, range: std::ops::RangeInclusive<u64>, term: u64) {
+        let ents = range
+            .map(|i| {
+                encode_entry(&Entry {
+                    term,
+                    index: i,
+                    kind: EntryKind::Normal,
+                    data: Bytes::from_static(b"x"),
+                    conflict_keys: None,
+                })
+            })
+            .collect();
+        log.append(g, ents, None).wait().unwrap();
+    }
+
+    fn meta(index: u64, term: u64) -> SnapshotMeta {
+        SnapshotMeta {
+            index,
+            term,
+            conf: ConfState::with_voters([1, 2, 3]),
+        }
+    }
+
+    /// Finding: installing a snapshot kept a divergent suffix above it; the replica's
+    /// last index then named entries of another history.
+    #[test]
+    fn snapshot_install_drops_the_divergent_suffix() {
+        let log = store();
+        append(&log, 1, 1..=10, 1);
+        let conf = ConfState::with_voters([1, 2, 3]);
+        let mut s = GroupStorage::open(Arc::clone(&log), 1, (0, 0), conf).unwrap();
+        s.apply_snapshot(&meta(5, 2), || Ok(())).unwrap();
+        assert_eq!(s.last_index().unwrap(), 5);
+        assert_eq!(s.first_index().unwrap(), 6);
+        assert_eq!(s.term(5).unwrap(), 2);
+        assert!(s.entries(6, 7, u64::MAX).is_err());
+        assert_eq!(log.last_index(1), Some(5));
+    }
+
+    /// A crash after the engine took a snapshot at (X, term) but before the log was reset:
+    /// opening drops the entries that do not continue X, keeps those that do.
+    #[test]
+    fn open_reconciles_the_log_with_the_applied_index() {
+        let conf = ConfState::with_voters([1, 2, 3]);
+        // Old history above X with another term at X: dropped.
+        let log = store();
+        append(&log, 1, 1..=10, 1);
+        let s = GroupStorage::open(Arc::clone(&log), 1, (5, 2), conf.clone()).unwrap();
+        assert_eq!(s.last_index().unwrap(), 5);
+        assert_eq!(s.term(5).unwrap(), 2);
+        // The log continues X (same term at X): kept.
+        let log = store();
+        append(&log, 1, 1..=10, 2);
+        let s = GroupStorage::open(Arc::clone(&log), 1, (5, 2), conf.clone()).unwrap();
+        assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (6, 10));
+        // The log was cut at exactly X (normal truncation): kept.
+        let log = store();
+        append(&log, 1, 1..=10, 2);
+        log.truncate_prefix(1, 6).unwrap();
+        let s = GroupStorage::open(Arc::clone(&log), 1, (5, 2), conf.clone()).unwrap();
+        assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (6, 10));
+        // The log ends below X: restarts after X.
+        let log = store();
+        append(&log, 1, 1..=3, 1);
+        let s = GroupStorage::open(Arc::clone(&log), 1, (5, 2), conf.clone()).unwrap();
+        assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (6, 5));
+        // The log starts past X + 1: entries the engine never applied are gone.
+        let log = store();
+        append(&log, 1, 1..=10, 2);
+        log.truncate_prefix(1, 8).unwrap();
+        let err = GroupStorage::open(Arc::clone(&log), 1, (5, 2), conf).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
     }
 }

@@ -68,6 +68,7 @@ async fn single_node(engine_wal: bool) {
                 group_id: 1,
                 epoch: 1,
                 timeout_ms: 0,
+                ..Default::default()
             }),
             key: b"a".to_vec().into(),
         })
@@ -433,4 +434,98 @@ async fn meta_bootstraps_split_keys_and_every_node_serves_the_table() {
     for n in nodes {
         n.stop().await;
     }
+}
+
+/// Exactly-once writes through a real node: a resent write (same client id and
+/// sequence) is answered with its first result and not applied again, even after
+/// another client's write of the same key, and across a restart; a resend below the
+/// session's acknowledged mark gets SessionExpired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn resent_writes_apply_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let meta = vec![MetaMember {
+        id: 1,
+        addr: addr.clone(),
+    }];
+    let addrs = vec![addr.clone()];
+    let mut node = start(config(1, &addr, dir.path(), &meta, 1));
+    let route = wait_route(&addrs).await;
+    let h = |client_id: u64, seq: u64, acked_below: u64| {
+        Some(proto::RequestHeader {
+            client_id,
+            seq,
+            acked_below,
+            ..header(&route).unwrap()
+        })
+    };
+    let cas = |client_id, seq, acked_below| proto::CasRequest {
+        header: h(client_id, seq, acked_below),
+        key: b"counter".to_vec().into(),
+        expect_exists: false,
+        new_value: b"1".to_vec().into(),
+        ..Default::default()
+    };
+    let put = |client_id, seq, value: &str| proto::PutRequest {
+        header: h(client_id, seq, 1),
+        key: b"k".to_vec().into(),
+        value: value.as_bytes().to_vec().into(),
+    };
+    let mut c = kv(&addr).await;
+    // The first CAS creates the key; its resend gets the same answer, not a failure.
+    for _ in 0..2 {
+        let r = c.cas(cas(7, 1, 1)).await.unwrap().into_inner();
+        assert!(r.error.is_none(), "{:?}", r.error);
+        assert!(r.succeeded && !r.current_found, "{r:?}");
+    }
+    // A different write of the same client is applied.
+    let r = c.cas(cas(7, 2, 1)).await.unwrap().into_inner();
+    assert!(!r.succeeded && r.current_found, "{r:?}");
+    // put(k=a) by client 7, put(k=b) by client 8, then 7's put resent: k stays b.
+    assert!(c
+        .put(put(7, 3, "a"))
+        .await
+        .unwrap()
+        .into_inner()
+        .error
+        .is_none());
+    assert!(c
+        .put(put(8, 1, "b"))
+        .await
+        .unwrap()
+        .into_inner()
+        .error
+        .is_none());
+    assert!(c
+        .put(put(7, 3, "a"))
+        .await
+        .unwrap()
+        .into_inner()
+        .error
+        .is_none());
+    assert_eq!(get(&addrs, &route, b"k").await, Some(b"b".to_vec()));
+    // Sessions are state: they survive a restart.
+    node.stop().await;
+    node = start(config(1, &addr, dir.path(), &meta, 1));
+    wait_route(&addrs).await;
+    let mut c = kv(&addr).await;
+    let r = c.cas(cas(7, 1, 1)).await.unwrap().into_inner();
+    assert!(r.succeeded && !r.current_found, "after restart: {r:?}");
+    assert!(c
+        .put(put(7, 3, "a"))
+        .await
+        .unwrap()
+        .into_inner()
+        .error
+        .is_none());
+    assert_eq!(get(&addrs, &route, b"k").await, Some(b"b".to_vec()));
+    // Client 7 says it has every answer below 4: a resend of 1 is refused.
+    let r = c.cas(cas(7, 4, 4)).await.unwrap().into_inner();
+    assert!(r.error.is_none() && !r.succeeded, "{r:?}");
+    let r = c.cas(cas(7, 1, 4)).await.unwrap().into_inner();
+    assert!(matches!(
+        r.error.and_then(|e| e.kind),
+        Some(proto::error::Kind::SessionExpired(_))
+    ));
+    node.stop().await;
 }

@@ -94,6 +94,7 @@ pub fn header(route: &proto::Route) -> Option<proto::RequestHeader> {
         group_id: route.group_id,
         epoch: route.epoch,
         timeout_ms: 5000,
+        ..Default::default()
     })
 }
 
