@@ -13,14 +13,17 @@
 //! | NotLeader without hint, GroupUnavailable | forget the leader, next replica, back off |
 //! | StaleEpoch / KeyNotInGroup | take the route the server sent (or refresh), resend |
 //! | ServerBusy, transport failure | next replica, back off |
-//! | DeadlineExceeded / OutcomeUnknown | reads/idempotent writes retry; CAS is ambiguous |
+//! | DeadlineExceeded / OutcomeUnknown | reads and (with sessions) writes resend |
+//! | SessionExpired | the write is ambiguous |
 //! | key/value too large, invalid argument, internal | return the typed error |
 //!
 //! Backoff is exponential with jitter ([`crate::backoff`]) and never sleeps past the
 //! deadline. A write whose fate is unknown (the connection broke after sending, or the
-//! server timed out) is retried only if it is idempotent (put, delete, batch write,
-//! delete range) and `retry_ambiguous_writes` is on; compare-and-swap then fails with
-//! [`ClientError::Ambiguous`].
+//! server timed out) is resent with the same session sequence number (exactly-once:
+//! the group applies it at most once and answers the resend with the first result),
+//! compare-and-swap included. Without sessions it is resent only if it is idempotent
+//! (put, delete, batch write, delete range) and `retry_ambiguous_writes` is on;
+//! otherwise it fails with [`ClientError::Ambiguous`], as it does on `SessionExpired`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -56,7 +59,14 @@ pub struct ClientOptions {
     pub key_bytes_max: usize,
     /// Values longer than this are refused before sending (servers may allow less).
     pub value_bytes_max: usize,
-    /// Retry idempotent writes whose outcome is unknown (at-least-once under failures).
+    /// Exactly-once writes: every write carries this client's session id and a sequence
+    /// number that a resend keeps, and the group applies it at most once (answering a
+    /// resend with the first result). Writes whose outcome is unknown are then resent,
+    /// compare-and-swap included. On by default.
+    pub sessions: bool,
+    /// Without sessions: resend idempotent writes whose outcome is unknown
+    /// (at-least-once: a resent put can apply again after another client's acknowledged
+    /// write of the same key, which is not linearizable). Off by default.
     pub retry_ambiguous_writes: bool,
     /// Seed of the backoff jitter (0 = from the OS).
     pub seed: u64,
@@ -70,7 +80,8 @@ impl Default for ClientOptions {
             backoff: BackoffPolicy::default(),
             key_bytes_max: limits::KEY_BYTES_MAX,
             value_bytes_max: limits::VALUE_BYTES_MAX,
-            retry_ambiguous_writes: true,
+            sessions: true,
+            retry_ambiguous_writes: false,
             seed: 0,
         }
     }
@@ -149,6 +160,8 @@ pub struct ReplicaStatus {
     pub log_first_index: u64,
     /// Approximate bytes of the group's data.
     pub approximate_bytes: u64,
+    /// Why the replica stopped on its node (empty: running).
+    pub stopped: String,
 }
 
 /// A group: its route and its replicas' states.
@@ -214,6 +227,53 @@ struct Inner {
     channels: Mutex<HashMap<String, Channel>>,
     rng: Mutex<StdRng>,
     stats: ClientStats,
+    session: Session,
+}
+
+/// This client's write session (see [`ClientOptions::sessions`]).
+struct Session {
+    /// Random, never 0; fresh for every client (not from the jitter seed).
+    client_id: u64,
+    /// The next sequence and the sequences of writes not yet answered, under ONE lock:
+    /// a sequence is taken and registered at once, so no `acked_below` computed
+    /// meanwhile can pass a write that is about to be sent.
+    seqs: Mutex<(u64, std::collections::BTreeSet<u64>)>,
+}
+
+impl Session {
+    fn begin(&self) -> u64 {
+        let mut g = self.seqs.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = g.0;
+        g.0 += 1;
+        g.1.insert(seq);
+        seq
+    }
+
+    fn end(&self, seq: u64) {
+        self.seqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .remove(&seq);
+    }
+
+    /// Every write below this has its answer.
+    fn acked_below(&self) -> u64 {
+        let g = self.seqs.lock().unwrap_or_else(|e| e.into_inner());
+        g.1.first().copied().unwrap_or(g.0)
+    }
+}
+
+/// Ends a write's sequence when its call returns, whichever way.
+struct SeqGuard<'a> {
+    session: &'a Session,
+    seq: u64,
+}
+
+impl Drop for SeqGuard<'_> {
+    fn drop(&mut self) {
+        self.session.end(self.seq);
+    }
 }
 
 /// A PhoenixKV client: cheap to clone, safe to share between tasks.
@@ -335,6 +395,10 @@ impl Client {
                 channels: Mutex::new(HashMap::new()),
                 rng: Mutex::new(rng),
                 stats: ClientStats::default(),
+                session: Session {
+                    client_id: rand::random::<u64>().max(1),
+                    seqs: Mutex::new((1, std::collections::BTreeSet::new())),
+                },
             }),
             timeout,
         };
@@ -570,11 +634,23 @@ impl Client {
         let mut rotate = 0usize;
         let mut redirects_in_row = 0u32;
         let mut last = String::from("no attempt made");
+        let sessions = self.inner.opts.sessions && retry != Retry::Read;
         let retry_ambiguous = match retry {
             Retry::Read => true,
+            _ if sessions => true,
             Retry::Idempotent => self.inner.opts.retry_ambiguous_writes,
             Retry::Never => false,
         };
+        // One sequence number for the write, kept by every resend of it.
+        let session = &self.inner.session;
+        let seq_guard = sessions.then(|| SeqGuard {
+            session,
+            seq: session.begin(),
+        });
+        // Set once an attempt of a write may have been applied: whatever ends the call
+        // after that, the caller must hear "ambiguous", not a definite failure.
+        let mut maybe_applied = false;
+        let result: Result<T> = async {
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -644,12 +720,25 @@ impl Client {
                 group_id: route.group_id,
                 epoch: route.epoch,
                 timeout_ms: (remaining.as_millis() as u64).clamp(1, limits::TIMEOUT_MS_MAX),
+                client_id: seq_guard.as_ref().map_or(0, |_| session.client_id),
+                seq: seq_guard.as_ref().map_or(0, |g| g.seq),
+                acked_below: seq_guard.as_ref().map_or(0, |_| session.acked_below()),
             };
             let answer = tokio::time::timeout_at(deadline, call(channel, header)).await;
             let group = route.group_id;
             match answer {
                 Err(_) => {
-                    last = format!("node {node} at {addr} did not answer before the deadline");
+                    // The deadline often falls inside an attempt; keep what the
+                    // cluster said before it, which is usually the real cause.
+                    last = if attempts <= 1 {
+                        format!("node {node} at {addr} did not answer before the deadline")
+                    } else {
+                        format!(
+                            "node {node} at {addr} did not answer before the deadline \
+                             (before that: {last})"
+                        )
+                    };
+                    maybe_applied = true;
                     if !retry_ambiguous && retry != Retry::Read {
                         return Err(ClientError::Ambiguous { op, why: last });
                     }
@@ -657,8 +746,11 @@ impl Client {
                 Ok(Err(status)) => {
                     last = format!("node {node} at {addr}: {}", status.message());
                     tracing::debug!(op, group, node, %addr, %status, "transport failure");
-                    if !retry_ambiguous && !never_sent(&status) {
-                        return Err(ClientError::Ambiguous { op, why: last });
+                    if !never_sent(&status) {
+                        maybe_applied = true;
+                        if !retry_ambiguous {
+                            return Err(ClientError::Ambiguous { op, why: last });
+                        }
                     }
                     // The node may be down: try another replica, and learn the leader anew.
                     {
@@ -735,10 +827,15 @@ impl Client {
                         }
                         Some(Kind::ServerBusy(_)) => self.backoff(&mut backoffs, deadline).await,
                         Some(Kind::DeadlineExceeded(_) | Kind::OutcomeUnknown(_)) => {
+                            maybe_applied = true;
                             if !retry_ambiguous {
                                 return Err(ClientError::Ambiguous { op, why: last });
                             }
                             self.backoff(&mut backoffs, deadline).await;
+                        }
+                        Some(Kind::SessionExpired(_)) => {
+                            // The group forgot this write's result: it may have applied.
+                            return Err(ClientError::Ambiguous { op, why: last });
                         }
                         Some(Kind::KeyTooLarge(k)) => {
                             return Err(ClientError::KeyTooLarge {
@@ -762,6 +859,21 @@ impl Client {
                     }
                 }
             }
+        }
+        }
+        .await;
+        match result {
+            Err(e)
+                if maybe_applied
+                    && retry != Retry::Read
+                    && !matches!(e, ClientError::Ambiguous { .. }) =>
+            {
+                Err(ClientError::Ambiguous {
+                    op,
+                    why: format!("{e} (after an attempt whose outcome is unknown)"),
+                })
+            }
+            r => r,
         }
     }
 
@@ -1284,6 +1396,7 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
                     applied_index: s.applied_index,
                     log_first_index: s.log_first_index,
                     approximate_bytes: s.approximate_bytes,
+                    stopped: s.stopped.clone(),
                 })
                 .collect();
             Some(GroupStatus {
@@ -1307,6 +1420,34 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A write's `acked_below` never passes a write still unanswered, however the
+    /// threads interleave (the sequence is taken and registered under one lock).
+    #[test]
+    fn acked_below_never_passes_an_unanswered_write() {
+        let session = Arc::new(Session {
+            client_id: 1,
+            seqs: Mutex::new((1, std::collections::BTreeSet::new())),
+        });
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let session = Arc::clone(&session);
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        let seq = session.begin();
+                        let acked = session.acked_below();
+                        assert!(acked <= seq, "acked_below {acked} passes unanswered {seq}");
+                        session.end(seq);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join()
+                .map_err(|_| "a thread panicked")
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
 
     #[test]
     fn prefix_end_cases() {

@@ -39,6 +39,8 @@ struct State {
     fault: Mutex<Fault>,
     /// Kv requests received, per node id.
     hits: Mutex<HashMap<u64, u64>>,
+    /// (client id, sequence) of every kv request received, in order.
+    sessions: Mutex<Vec<(u64, u64)>>,
     /// Largest page a Scan answers.
     page: u32,
     addrs: Mutex<HashMap<u64, String>>,
@@ -64,6 +66,7 @@ impl Node {
     ) -> Result<pb::Route, pb::Error> {
         *self.st.hits.lock().unwrap().entry(self.id).or_default() += 1;
         let h = header.ok_or_else(|| pb::Error::invalid_argument("no header"))?;
+        self.st.sessions.lock().unwrap().push((h.client_id, h.seq));
         assert!(h.timeout_ms > 0, "the client must send a deadline");
         {
             let mut f = self.st.fault.lock().unwrap();
@@ -378,6 +381,7 @@ impl Meta for Node {
                     log_first_index: 1,
                     approximate_bytes: 4096,
                     epoch: r.epoch,
+                    stopped: String::new(),
                 }],
             })
             .collect();
@@ -441,6 +445,7 @@ impl Cluster {
             data: Mutex::new(BTreeMap::new()),
             fault: Mutex::new(Fault::None),
             hits: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(Vec::new()),
             page,
             addrs: Mutex::new(
                 addrs
@@ -645,7 +650,7 @@ async fn stale_epoch_after_split_reroutes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cas_is_not_retried_when_its_outcome_is_unknown_but_put_is() {
+async fn writes_are_resent_in_their_session_and_not_without_one() {
     let c = Cluster::start(&[("", "")], true, 100).await;
     let client = c.client(Duration::from_secs(5)).await;
     let out = client.cas(b"c", None, Some(b"1")).await.unwrap();
@@ -654,31 +659,73 @@ async fn cas_is_not_retried_when_its_outcome_is_unknown_but_put_is() {
     assert!(!out.succeeded);
     assert_eq!(out.previous, Some(b"1".to_vec()));
 
-    *c.st.fault.lock().unwrap() = Fault::ServerTimeout(1);
-    let before = c.total_hits();
-    let err = client.cas(b"c", Some(b"1"), Some(b"3")).await.unwrap_err();
-    assert!(
-        matches!(err, ClientError::Ambiguous { op: "cas", .. }),
-        "{err:?}"
-    );
-    assert_eq!(
-        c.total_hits() - before,
-        1,
-        "an ambiguous CAS must not be resent"
-    );
-
-    *c.st.fault.lock().unwrap() = Fault::LostLeadership;
-    let err = client.cas(b"c", Some(b"1"), Some(b"3")).await.unwrap_err();
-    assert!(
-        matches!(err, ClientError::Ambiguous { op: "cas", .. }),
-        "{err:?}"
-    );
-
-    *c.st.fault.lock().unwrap() = Fault::ServerTimeout(2);
+    // With a session (the default) an ambiguous write is resent under the same
+    // (client id, sequence): the group applies it at most once.
+    for fault in [Fault::ServerTimeout(1), Fault::LostLeadership] {
+        *c.st.fault.lock().unwrap() = fault;
+        c.st.sessions.lock().unwrap().clear();
+        let out = client.cas(b"c", Some(b"1"), Some(b"3")).await.unwrap();
+        assert!(out.succeeded, "{fault:?}");
+        let seen = c.st.sessions.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{fault:?}: sent, then resent: {seen:?}");
+        assert!(seen[0].0 != 0 && seen[0].1 != 0, "{seen:?}");
+        assert_eq!(seen[0], seen[1], "a resend keeps its sequence");
+        client.put(b"c", b"1").await.unwrap();
+    }
+    // Each write has its own sequence; reads carry none.
+    c.st.sessions.lock().unwrap().clear();
     client.put(b"c", b"4").await.unwrap();
-    *c.st.fault.lock().unwrap() = Fault::LostLeadership;
     client.put(b"c", b"4").await.unwrap();
     assert_eq!(client.get(b"c").await.unwrap(), Some(b"4".to_vec()));
+    let seen = c.st.sessions.lock().unwrap().clone();
+    assert!(seen[1].1 > seen[0].1 && seen[2] == (0, 0), "{seen:?}");
+
+    // Without a session nothing ambiguous is resent by default: a resent put could apply
+    // again after another client's acknowledged write (a reader would see 1, 2, 1).
+    let plain = Client::connect(
+        vec![c.addrs[0].clone()],
+        ClientOptions {
+            timeout: Duration::from_secs(5),
+            seed: 42,
+            sessions: false,
+            ..ClientOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    for op in ["cas", "put"] {
+        *c.st.fault.lock().unwrap() = Fault::ServerTimeout(1);
+        let before = c.total_hits();
+        let err = if op == "cas" {
+            plain.cas(b"c", Some(b"4"), Some(b"5")).await.unwrap_err()
+        } else {
+            plain.put(b"c", b"5").await.unwrap_err()
+        };
+        assert!(
+            matches!(&err, ClientError::Ambiguous { op: o, .. } if *o == op),
+            "{err:?}"
+        );
+        assert_eq!(
+            c.total_hits() - before,
+            1,
+            "an ambiguous {op} must not be resent"
+        );
+    }
+    // At-least-once, when asked for.
+    let retrying = Client::connect(
+        vec![c.addrs[0].clone()],
+        ClientOptions {
+            timeout: Duration::from_secs(5),
+            seed: 42,
+            sessions: false,
+            retry_ambiguous_writes: true,
+            ..ClientOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    *c.st.fault.lock().unwrap() = Fault::ServerTimeout(2);
+    retrying.put(b"c", b"4").await.unwrap();
     // CAS with deletion.
     let out = client.cas(b"c", Some(b"4"), None).await.unwrap();
     assert!(out.succeeded);

@@ -37,13 +37,14 @@ impl LeaderView {
             // The reporting node is the authority on its own replicas.
             let r = ReplicaStats {
                 node_id: node,
-                ..*r
+                ..r.clone()
             };
-            self.replicas.insert((r.group_id, node), r);
-            if r.is_leader {
-                let e = self.leaders.entry(r.group_id).or_insert((0, 0));
-                if r.term >= e.0 {
-                    *e = (r.term, node);
+            let (group, is_leader, term) = (r.group_id, r.is_leader, r.term);
+            self.replicas.insert((group, node), r);
+            if is_leader {
+                let e = self.leaders.entry(group).or_insert((0, 0));
+                if term >= e.0 {
+                    *e = (term, node);
                 }
             }
         }
@@ -82,7 +83,7 @@ impl LeaderView {
             .replicas
             .iter()
             .filter(|((g, _), _)| *g == group)
-            .map(|(_, s)| *s)
+            .map(|(_, s)| s.clone())
             .collect();
         out.sort_by_key(|s| s.node_id);
         out
