@@ -152,6 +152,7 @@ fn header(r: &proto::Route) -> Option<proto::RequestHeader> {
         group_id: r.group_id,
         epoch: r.epoch,
         timeout_ms: 3000,
+        ..Default::default()
     })
 }
 

@@ -726,6 +726,7 @@ async fn current_leader(c: &Cluster) -> Option<usize> {
                 group_id: group,
                 epoch: 0,
                 timeout_ms: 1000,
+                ..Default::default()
             }),
             key: b"lin/probe".to_vec().into(),
         };
@@ -766,9 +767,10 @@ async fn client_loop(
 ) {
     let opts = ClientOptions {
         timeout: Duration::from_secs(2),
-        // A put retried after an unknown outcome could apply twice, around another
-        // write; the history must hold each write's single fate.
-        retry_ambiguous_writes: false,
+        // Writes carry the client's session (the default): one resent after an unknown
+        // outcome applies at most once, so the history still holds each write's single
+        // fate, and the checker sees the resend's answer as the write's.
+        sessions: true,
         seed: seed ^ (id as u64 + 1),
         ..ClientOptions::default()
     };

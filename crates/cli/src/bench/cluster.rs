@@ -33,6 +33,7 @@ use rand_distr::Distribution as _;
 use super::common::{latency_histogram, progress};
 use super::BenchError;
 use crate::cmd::playground::{free_ports, ClusterSpec, LocalCluster, Proc};
+use crate::output::Report;
 
 /// Flags of `phoenix bench cluster`.
 #[derive(Debug, clap::Args)]
@@ -258,7 +259,7 @@ fn mix64(mut z: u64) -> u64 {
 #[derive(Clone)]
 enum Target {
     Phoenix(Client),
-    Etcd(Box<etcd_client::KvClient>),
+    Etcd(super::etcd::KvClient),
 }
 
 impl Target {
@@ -289,13 +290,8 @@ impl Target {
                         }
                     })
                     .collect();
-                let opts = etcd_client::ConnectOptions::new()
-                    .with_connect_timeout(Duration::from_secs(3))
-                    .with_timeout(timeout);
-                let client = etcd_client::Client::connect(&urls, Some(opts))
-                    .await
-                    .map_err(|e| format!("connect to etcd at {urls:?}: {e}"))?;
-                Ok(Target::Etcd(Box::new(client.kv_client())))
+                let client = super::etcd::KvClient::new(&urls, Duration::from_secs(3), timeout)?;
+                Ok(Target::Etcd(client))
             }
         }
     }
@@ -306,11 +302,10 @@ impl Target {
             Target::Etcd(kv) => {
                 // etcd's Range is linearizable unless `serializable` is set: the same
                 // guarantee as PhoenixKV's ReadIndex reads.
-                let r = tokio::time::timeout(timeout, kv.get(key, None))
+                tokio::time::timeout(timeout, kv.get(key))
                     .await
                     .map_err(|_| "deadline exceeded".to_string())?
-                    .map_err(|e| e.to_string())?;
-                Ok(r.kvs().first().map(|kv| kv.value().to_vec()))
+                    .map_err(|e| e.to_string())
             }
         }
     }
@@ -319,7 +314,7 @@ impl Target {
         match self {
             Target::Phoenix(c) => c.put(key, value).await.map_err(|e| e.to_string()),
             Target::Etcd(kv) => {
-                tokio::time::timeout(timeout, kv.put(key, value, None))
+                tokio::time::timeout(timeout, kv.put(key, value))
                     .await
                     .map_err(|_| "deadline exceeded".to_string())?
                     .map_err(|e| e.to_string())?;
@@ -615,6 +610,7 @@ async fn run_once(
     args: &Args,
     run: RunSpec,
     verify: Option<Vec<tokio::sync::Mutex<KeyState>>>,
+    report: Report,
 ) -> Result<(RunResult, Option<Vec<tokio::sync::Mutex<KeyState>>>), BenchError> {
     let RunSpec { clients, ops, fill } = run;
     let label = if fill { "fill" } else { kind.name() };
@@ -629,7 +625,7 @@ async fn run_once(
         verify,
         bad_reads: Mutex::new(Vec::new()),
     });
-    println!(
+    report.line(format_args!(
         "-- {label}: {clients} clients, {ops} ops, read ratio {}, {} B keys, {} B values, {} keys {:?}, seed {}",
         if fill { 0.0 } else { args.read_ratio },
         args.key_size,
@@ -637,7 +633,7 @@ async fn run_once(
         args.keys,
         args.distribution,
         args.seed
-    );
+    ));
     let bar = progress(ops, label);
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -685,7 +681,7 @@ async fn run_once(
                     win.errors,
                     win.first_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
                 );
-                if bar.is_hidden() { println!("{line}"); } else { bar.println(line); }
+                if bar.is_hidden() { report.line(format_args!("{line}")); } else { bar.println(line); }
                 total.merge(&win);
                 bar.set_position((total.ops() + total.errors).min(ops));
                 if deadline.is_some_and(|d| now >= d) {
@@ -713,7 +709,7 @@ async fn run_once(
         read_p99_us: us(&total.reads, 0.99),
         write_p99_us: us(&total.writes, 0.99),
     };
-    println!(
+    report.line(format_args!(
         "   {label}: {} ops in {:.2} s = {:.0} ops/s; all p50 {:.0} us p99 {:.0} us p999 {:.0} us; reads {} (p99 {:.0} us), writes {} (p99 {:.0} us); errors {}{}",
         result.ops,
         elapsed.as_secs_f64(),
@@ -727,7 +723,7 @@ async fn run_once(
         result.write_p99_us,
         total.errors,
         total.first_error.as_deref().map(|e| format!(" (first: {e})")).unwrap_or_default()
-    );
+    ));
     let bad = shared
         .bad_reads
         .lock()
@@ -793,7 +789,7 @@ async fn verify_all(
 }
 
 /// Runs the benchmark.
-pub fn run(args: Args) -> Result<(), BenchError> {
+pub fn run(args: Args, report: Report) -> Result<(), BenchError> {
     let workload = Workload::new(&args)?;
     if args.clients.is_empty() || args.clients.contains(&0) {
         return Err("--clients must list positive numbers".into());
@@ -810,26 +806,30 @@ pub fn run(args: Args) -> Result<(), BenchError> {
         .enable_all()
         .build()
         .map_err(|e| format!("start the async runtime: {e}"))?;
-    rt.block_on(run_all(args, workload))
+    rt.block_on(run_all(args, workload, report))
 }
 
-async fn run_all(args: Args, workload: Workload) -> Result<(), BenchError> {
+async fn run_all(args: Args, workload: Workload, report: Report) -> Result<(), BenchError> {
     let timeout = Duration::from_millis(args.timeout_ms);
     let mut results = Vec::new();
     for &kind in &args.target {
         let (spawned, endpoints) = match &args.spawn {
             Some(root) => {
-                println!(
+                report.line(format_args!(
                     "== starting a 3-node {} cluster under {}",
                     kind.name(),
                     root.display()
-                );
+                ));
                 let (s, e) = spawn_target(kind, root, &args).await?;
                 (Some(s), e)
             }
             None => (None, args.endpoints.clone()),
         };
-        println!("== {} at {}", kind.name(), endpoints.join(","));
+        report.line(format_args!(
+            "== {} at {}",
+            kind.name(),
+            endpoints.join(",")
+        ));
         let mut target = Target::connect(kind, &endpoints, timeout).await?;
         let mut verify: Option<Vec<tokio::sync::Mutex<KeyState>>> = if args.verify {
             let n = usize::try_from(args.keys).map_err(|_| "--keys too large for --verify")?;
@@ -853,6 +853,7 @@ async fn run_all(args: Args, workload: Workload) -> Result<(), BenchError> {
                     fill: true,
                 },
                 verify.take(),
+                report,
             )
             .await?;
             verify = v;
@@ -869,6 +870,7 @@ async fn run_all(args: Args, workload: Workload) -> Result<(), BenchError> {
                     fill: false,
                 },
                 verify.take(),
+                report,
             )
             .await?;
             verify = v;
@@ -876,9 +878,9 @@ async fn run_all(args: Args, workload: Workload) -> Result<(), BenchError> {
         }
         if let Some(states) = &verify {
             let n = verify_all(&mut target, &workload, states, timeout).await?;
-            println!(
+            report.line(format_args!(
                 "   verify: all {n} written keys read back with their last acknowledged value"
-            );
+            ));
         }
         drop(target);
         match spawned {
@@ -891,8 +893,31 @@ async fn run_all(args: Args, workload: Workload) -> Result<(), BenchError> {
             None => {}
         }
     }
-    print!("{}", summary_table(&results));
+    report.text(&summary_table(&results));
+    report.summary(&summary_json(&results))?;
     Ok(())
+}
+
+/// The runs as one JSON object (`--output json`).
+fn summary_json(results: &[RunResult]) -> serde_json::Value {
+    let runs: Vec<serde_json::Value> = results
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "target": r.target.name(),
+                "clients": r.clients,
+                "ops": r.ops,
+                "seconds": r.elapsed.as_secs_f64(),
+                "ops_per_sec": r.throughput(),
+                "errors": r.errors,
+                "p50_us": r.p50_us,
+                "p99_us": r.p99_us,
+                "read_p99_us": r.read_p99_us,
+                "write_p99_us": r.write_p99_us,
+            })
+        })
+        .collect();
+    serde_json::json!({ "benchmark": "cluster", "runs": runs })
 }
 
 fn summary_table(results: &[RunResult]) -> String {

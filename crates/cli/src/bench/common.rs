@@ -41,3 +41,14 @@ pub fn latency_summary(h: &Histogram<u64>) -> String {
         Duration::from_nanos(h.max()).as_secs_f64() * 1e6
     )
 }
+
+/// p50/p99/p999/max of a nanosecond histogram in microseconds, as a JSON object.
+pub fn latency_json(h: &Histogram<u64>) -> serde_json::Value {
+    let us = |ns: u64| Duration::from_nanos(ns).as_secs_f64() * 1e6;
+    serde_json::json!({
+        "p50_us": us(h.value_at_quantile(0.50)),
+        "p99_us": us(h.value_at_quantile(0.99)),
+        "p999_us": us(h.value_at_quantile(0.999)),
+        "max_us": us(h.max()),
+    })
+}

@@ -38,6 +38,7 @@ use rand::{Rng, SeedableRng};
 
 use super::common::progress;
 use super::BenchError;
+use crate::output::Report;
 
 /// Flags of `phoenix bench engine` (db_bench's names and defaults).
 #[derive(Debug, clap::Args)]
@@ -371,7 +372,8 @@ fn open_db(fs: &SharedFs, dir: &Path, opts: &Options) -> Result<Arc<Db>, BenchEr
     Ok(Db::open(Arc::clone(fs), dir, opts.clone())?)
 }
 
-fn report(name: &str, stats: &[ThreadStats]) {
+/// Prints db_bench's line for one benchmark and returns the same figures as JSON.
+fn report(out: Report, name: &str, stats: &[ThreadStats]) -> serde_json::Value {
     let done: u64 = stats.iter().map(|s| s.done).sum();
     let bytes: u64 = stats.iter().map(|s| s.bytes).sum();
     let found: u64 = stats.iter().map(|s| s.found).sum();
@@ -401,14 +403,28 @@ fn report(name: &str, stats: &[ThreadStats]) {
         "readrandom" | "seekrandom" => format!(" ({found} of {done} found)"),
         _ => String::new(),
     };
-    println!(
-        "{name:<12} : {micros:11.3} micros/op {} ops/sec {elapsed:.3} seconds {done} operations;{rate}{extra}",
-        (done as f64 / elapsed) as u64
-    );
+    let ops_per_sec = (done as f64 / elapsed) as u64;
+    out.line(format_args!(
+        "{name:<12} : {micros:11.3} micros/op {ops_per_sec} ops/sec {elapsed:.3} seconds {done} operations;{rate}{extra}"
+    ));
+    let mut v = serde_json::json!({
+        "name": name,
+        "micros_per_op": micros,
+        "ops_per_sec": ops_per_sec,
+        "seconds": elapsed,
+        "operations": done,
+    });
+    if bytes > 0 {
+        v["mb_per_sec"] = (bytes as f64 / 1048576.0 / elapsed).into();
+    }
+    if matches!(name, "readrandom" | "seekrandom") {
+        v["found"] = found.into();
+    }
+    v
 }
 
 /// Runs the benchmark.
-pub fn run(args: Args) -> Result<(), BenchError> {
+pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
     let layout = match args.key_layout.as_str() {
         "db_bench" if args.key_size >= 8 => KeyLayout::DbBench,
         "group" if args.key_size >= 9 && args.groups > 0 => KeyLayout::Group {
@@ -437,11 +453,11 @@ pub fn run(args: Args) -> Result<(), BenchError> {
         args.reads as u64
     };
     let fs: SharedFs = Arc::new(LocalFs::new());
-    println!("PhoenixKV engine benchmark");
-    println!("Keys:       {} bytes each", args.key_size);
-    println!("Values:     {} bytes each", args.value_size);
-    println!("Entries:    {}", args.num);
-    println!(
+    out.line(format_args!("PhoenixKV engine benchmark"));
+    out.line(format_args!("Keys:       {} bytes each", args.key_size));
+    out.line(format_args!("Values:     {} bytes each", args.value_size));
+    out.line(format_args!("Entries:    {}", args.num));
+    out.line(format_args!(
         "Key layout: {}{}",
         args.key_layout,
         if matches!(layout, KeyLayout::Group { .. }) {
@@ -449,19 +465,21 @@ pub fn run(args: Args) -> Result<(), BenchError> {
         } else {
             String::new()
         }
-    );
-    println!("Threads:    {}", args.threads);
-    println!(
+    ));
+    out.line(format_args!("Threads:    {}", args.threads));
+    out.line(format_args!(
         "WAL:        {}{}",
         if args.disable_wal { "off" } else { "on" },
         if args.sync { ", sync" } else { "" }
-    );
-    println!(
+    ));
+    out.line(format_args!(
         "Bloom bits: {}, block cache: {} bytes, write buffer: {} bytes, compression: {}",
         args.bloom_bits, args.cache_size, args.write_buffer_size, args.compression_type
-    );
-    println!("DB path:    [{}]", args.db.display());
-    println!("------------------------------------------------");
+    ));
+    out.line(format_args!("DB path:    [{}]", args.db.display()));
+    out.line(format_args!(
+        "------------------------------------------------"
+    ));
 
     let wo = WriteOptions {
         sync: args.sync,
@@ -469,6 +487,7 @@ pub fn run(args: Args) -> Result<(), BenchError> {
     };
     let mut db: Option<Arc<Db>> = None;
     let mut threads_started = 0u64;
+    let mut summaries = Vec::new();
     for (i, bench) in benches.iter().enumerate() {
         let name = args
             .benchmarks
@@ -478,7 +497,7 @@ pub fn run(args: Args) -> Result<(), BenchError> {
             .unwrap_or("?");
         if *bench == Bench::Stats {
             if let Some(d) = &db {
-                print_stats(d);
+                print_stats(out, d);
             }
             continue;
         }
@@ -532,37 +551,46 @@ pub fn run(args: Args) -> Result<(), BenchError> {
         });
         bar.finish_and_clear();
         let stats = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-        report(name, &stats);
+        summaries.push(report(out, name, &stats));
     }
     if let Some(d) = db {
         d.close()?;
     }
+    out.summary(&serde_json::json!({
+        "benchmark": "engine",
+        "key_bytes": args.key_size,
+        "value_bytes": args.value_size,
+        "entries": args.num,
+        "threads": args.threads,
+        "db": args.db.display().to_string(),
+        "results": summaries,
+    }))?;
     Ok(())
 }
 
-fn print_stats(db: &Db) {
+fn print_stats(out: Report, db: &Db) {
     let s = db.stats();
-    println!("Engine stats:");
+    out.line(format_args!("Engine stats:"));
     for (i, l) in s.levels.iter().enumerate() {
         if l.files > 0 {
-            println!(
+            out.line(format_args!(
                 "  L{i}: {} files, {:.1} MiB",
                 l.files,
                 l.bytes as f64 / 1048576.0
-            );
+            ));
         }
     }
-    println!(
+    out.line(format_args!(
         "  flushes {}, compactions {} ({} trivial moves), write amplification {:.2}",
         s.flushes, s.compactions, s.trivial_moves, s.write_amplification
-    );
-    println!(
+    ));
+    out.line(format_args!(
         "  stalls {} ({:.1} ms), slowdowns {}, block cache {:.1} MiB",
         s.stall_count,
         s.stall_micros as f64 / 1000.0,
         s.slowdown_count,
         s.block_cache_usage as f64 / 1048576.0
-    );
+    ));
 }
 
 #[cfg(test)]

@@ -17,8 +17,9 @@ use hdrhistogram::Histogram;
 use phoenix_log::{Bytes, LogEntry, LogOptions, LogStore};
 use phoenix_storage::{LocalFs, SharedFs, WritableFile, WriteOptions};
 
-use super::common::{latency_histogram, latency_summary, progress};
+use super::common::{latency_histogram, latency_json, latency_summary, progress};
 use super::BenchError;
+use crate::output::Report;
 
 /// Flags of `phoenix bench log`.
 #[derive(Debug, clap::Args)]
@@ -66,7 +67,7 @@ pub struct Args {
 }
 
 /// Runs the benchmark.
-pub fn run(args: Args) -> Result<(), BenchError> {
+pub fn run(args: Args, report: Report) -> Result<(), BenchError> {
     if args.writers == 0 || args.streams == 0 || args.num == 0 {
         return Err("--writers, --streams and --num must be positive".into());
     }
@@ -77,7 +78,7 @@ pub fn run(args: Args) -> Result<(), BenchError> {
     wipe(&args.dir)?;
     let total = args.num * args.writers as u64;
     let entry_bytes = args.key_size + args.value_size;
-    println!(
+    report.line(format_args!(
         "phoenix bench log: {} writers, {} streams, {} queues, {} B entries, {} appends, sync={}{}",
         args.writers,
         args.streams,
@@ -90,27 +91,45 @@ pub fn run(args: Args) -> Result<(), BenchError> {
         } else {
             ""
         }
-    );
+    ));
     let result = if args.naive {
         run_naive(&args, &fs)?
     } else {
-        run_store(&args, &fs)?
+        run_store(&args, &fs, report)?
     };
     let secs = result.elapsed.as_secs_f64();
     let ops = total as f64 / secs;
     let mb = ops * entry_bytes as f64 / (1 << 20) as f64;
-    println!(
-        "{:<12}: {:>10.3} micros/op {:>10.0} ops/sec {:>8.1} MB/s ({:.2} s)",
-        if args.naive { "naive" } else { "logappend" },
+    let name = if args.naive { "naive" } else { "logappend" };
+    report.line(format_args!(
+        "{name:<12}: {:>10.3} micros/op {:>10.0} ops/sec {:>8.1} MB/s ({:.2} s)",
         1e6 / ops,
         ops,
         mb,
         secs
-    );
-    println!("latency     : {}", latency_summary(&result.hist));
-    if let Some(extra) = result.extra {
-        println!("{extra}");
+    ));
+    report.line(format_args!(
+        "latency     : {}",
+        latency_summary(&result.hist)
+    ));
+    if let Some(extra) = &result.extra {
+        report.text(extra);
     }
+    report.summary(&serde_json::json!({
+        "benchmark": "log",
+        "name": name,
+        "writers": args.writers,
+        "streams": args.streams,
+        "queues": args.queues,
+        "entry_bytes": entry_bytes,
+        "appends": total,
+        "sync": args.sync,
+        "seconds": secs,
+        "micros_per_op": 1e6 / ops,
+        "ops_per_sec": ops,
+        "mb_per_sec": mb,
+        "latency": latency_json(&result.hist),
+    }))?;
     Ok(())
 }
 
@@ -139,7 +158,7 @@ fn payload(stream: u64, index: u64, len: usize) -> Bytes {
     Bytes::from(v)
 }
 
-fn run_store(args: &Args, fs: &SharedFs) -> Result<Outcome, BenchError> {
+fn run_store(args: &Args, fs: &SharedFs, report: Report) -> Result<Outcome, BenchError> {
     let opts = LogOptions {
         queues: args.queues,
         segment_size: args.segment_mb << 20,
@@ -212,12 +231,12 @@ fn run_store(args: &Args, fs: &SharedFs) -> Result<Outcome, BenchError> {
         }
         let t = Instant::now();
         log.set_queue_count(n)?;
-        println!(
+        report.line(format_args!(
             "resized queues {} -> {n} at {} appends in {:.1} ms",
             args.queues,
             done.load(Ordering::Relaxed),
             t.elapsed().as_secs_f64() * 1e3
-        );
+        ));
     }
     let mut hist = latency_histogram();
     for t in threads {

@@ -3,10 +3,13 @@
 pub mod cluster;
 pub mod common;
 pub mod engine;
+pub mod etcd;
 pub mod log;
 pub mod raft;
 
 use clap::Subcommand;
+
+use crate::output::Report;
 
 /// Error of a benchmark run: a message for the user.
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
@@ -24,12 +27,13 @@ pub enum BenchCmd {
     Cluster(cluster::Args),
 }
 
-/// Runs the chosen benchmark.
-pub fn run(cmd: BenchCmd) -> Result<(), BenchError> {
+/// Runs the chosen benchmark. Its lines go to `report`; with `--output json` its
+/// figures are printed at the end as one JSON document.
+pub fn run(cmd: BenchCmd, report: Report) -> Result<(), BenchError> {
     match cmd {
-        BenchCmd::Engine(args) => engine::run(args),
-        BenchCmd::Log(args) => log::run(args),
-        BenchCmd::Raft(args) => raft::run(args),
-        BenchCmd::Cluster(args) => cluster::run(args),
+        BenchCmd::Engine(args) => engine::run(args, report),
+        BenchCmd::Log(args) => log::run(args, report),
+        BenchCmd::Raft(args) => raft::run(args, report),
+        BenchCmd::Cluster(args) => cluster::run(args, report),
     }
 }

@@ -12,8 +12,9 @@ use phoenix_raft::{
     Bytes, ConfState, Config, EntryKind, MemStorage, Message, NodeId, RawNode, StateRole,
 };
 
-use super::common::{latency_histogram, latency_summary, progress};
+use super::common::{latency_histogram, latency_json, latency_summary, progress};
 use super::BenchError;
+use crate::output::Report;
 
 /// Flags of `phoenix bench raft`.
 #[derive(Debug, clap::Args)]
@@ -113,7 +114,7 @@ fn maybe_compact(nodes: &mut [Node], every: u64) -> Result<(), BenchError> {
 }
 
 /// Runs the benchmark.
-pub fn run(args: Args) -> Result<(), BenchError> {
+pub fn run(args: Args, report: Report) -> Result<(), BenchError> {
     if args.nodes == 0 || args.batch == 0 || args.window == 0 {
         return Err("--nodes, --batch and --window must be positive".into());
     }
@@ -237,27 +238,42 @@ pub fn run(args: Args) -> Result<(), BenchError> {
     }
 
     let secs = wall.as_secs_f64();
-    println!(
+    report.line(format_args!(
         "raft: {} nodes, {} proposals, batch {}, payload {} B, window {} batches",
         args.nodes, committed, args.batch, args.payload, args.window
-    );
-    println!(
+    ));
+    report.line(format_args!(
         "raft: {:.0} proposals/s committed ({:.1} MB/s of payload), wall {:.2} s",
         committed as f64 / secs,
         committed as f64 * args.payload as f64 / secs / 1e6,
         secs
-    );
-    match cpu {
-        Some(ns) => println!(
-            "raft: {:.0} ns CPU per proposal (all {} nodes and the in-memory network, one thread)",
-            ns as f64 / committed.max(1) as f64,
+    ));
+    let cpu_per_proposal = cpu.map(|ns| ns as f64 / committed.max(1) as f64);
+    match cpu_per_proposal {
+        Some(ns) => report.line(format_args!(
+            "raft: {ns:.0} ns CPU per proposal (all {} nodes and the in-memory network, one thread)",
             args.nodes
-        ),
-        None => println!("raft: CPU time unavailable (no /proc/thread-self/schedstat)"),
+        )),
+        None => report.line(format_args!(
+            "raft: CPU time unavailable (no /proc/thread-self/schedstat)"
+        )),
     }
-    println!(
+    report.line(format_args!(
         "raft: batch propose->commit latency: {}",
         latency_summary(&hist)
-    );
+    ));
+    report.summary(&serde_json::json!({
+        "benchmark": "raft",
+        "nodes": args.nodes,
+        "proposals": committed,
+        "batch": args.batch,
+        "payload_bytes": args.payload,
+        "window": args.window,
+        "seconds": secs,
+        "proposals_per_sec": committed as f64 / secs,
+        "payload_mb_per_sec": committed as f64 * args.payload as f64 / secs / 1e6,
+        "cpu_ns_per_proposal": cpu_per_proposal,
+        "batch_commit_latency": latency_json(&hist),
+    }))?;
     Ok(())
 }

@@ -1,16 +1,20 @@
 //! `phoenix put/get/del/scan/cas`: one request against a running cluster.
 //!
-//! Keys and values are given as text (UTF-8 bytes), or as hex with `--hex`. `get` writes
-//! the raw value to stdout; `scan` prints one `key<TAB>value` line per pair with
-//! non-printable bytes escaped. A missing key is an error (exit code 1) so scripts can
-//! tell it from an empty value.
+//! Keys and values are given as text (UTF-8 bytes), or as hex with `--hex`. In text
+//! output `get` writes the raw value to stdout and `scan` prints one `key<TAB>value`
+//! line per pair with non-printable bytes escaped; `--output json` prints one JSON
+//! document instead (byte strings as described in `crate::output`). A missing key and
+//! a failed compare are not errors but exit code 1, so scripts can tell them from an
+//! empty value and from a cluster that cannot be reached (see `super::exit`).
 
 use std::io::Write;
 use std::time::Duration;
 
-use phoenix_client::{Client, ClientOptions};
+use phoenix_client::{Client, ClientError, ClientOptions};
+use serde_json::{json, Map, Value};
 
-use super::CmdError;
+use super::{CmdError, Outcome};
+use crate::output::{self, Bytes, Format, Stdout};
 
 /// How to reach the cluster (shared by every client command).
 #[derive(Debug, Clone, clap::Args)]
@@ -37,21 +41,23 @@ impl Conn {
             return Ok(s.as_bytes().to_vec());
         }
         if !s.len().is_multiple_of(2) {
-            return Err(format!("{what} {s:?}: odd number of hex digits").into());
+            return Err(CmdError::Usage(format!(
+                "{what} {s:?}: odd number of hex digits"
+            )));
         }
         (0..s.len())
             .step_by(2)
             .map(|i| {
                 s.get(i..i + 2)
                     .and_then(|d| u8::from_str_radix(d, 16).ok())
-                    .ok_or_else(|| format!("{what} {s:?}: not hex at offset {i}").into())
+                    .ok_or_else(|| CmdError::Usage(format!("{what} {s:?}: not hex at offset {i}")))
             })
             .collect()
     }
 
     fn show(&self, b: &[u8]) -> String {
         if self.hex {
-            b.iter().map(|x| format!("{x:02x}")).collect()
+            output::hex(b)
         } else {
             b.escape_ascii().to_string()
         }
@@ -139,83 +145,143 @@ pub struct CasArgs {
     delete: bool,
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, CmdError> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, CmdError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("start the async runtime: {e}").into())
+        .map_err(|e| CmdError::Failed(format!("start the async runtime: {e}").into()))
 }
 
-async fn connect(conn: &Conn) -> Result<Client, CmdError> {
-    let opts = ClientOptions {
+/// The client options a command's flags ask for.
+pub(crate) fn options(conn: &Conn) -> ClientOptions {
+    ClientOptions {
         timeout: Duration::from_millis(conn.timeout_ms),
         ..ClientOptions::default()
-    };
-    Client::connect(conn.endpoints.clone(), opts)
+    }
+}
+
+/// A client that has the routing table, or the reason none of the endpoints gave it.
+async fn connect(conn: &Conn) -> Result<Client, CmdError> {
+    Client::connect(conn.endpoints.clone(), options(conn))
         .await
-        .map_err(|e| {
-            format!(
-                "cannot reach the cluster at {}: {e}",
-                conn.endpoints.join(",")
-            )
-            .into()
-        })
+        .map_err(|e| unreachable_or(conn, e))
+}
+
+/// A deadline passing while the cluster is first contacted means no endpoint answered.
+pub(crate) fn unreachable_or(conn: &Conn, e: ClientError) -> CmdError {
+    match e {
+        ClientError::DeadlineExceeded { .. } => CmdError::Unreachable {
+            endpoints: conn.endpoints.join(","),
+            source: e,
+        },
+        e => CmdError::Client(e),
+    }
+}
+
+impl Conn {
+    /// How byte strings are shown in JSON.
+    pub(crate) fn bytes(&self) -> Bytes {
+        if self.hex {
+            Bytes::Hex
+        } else {
+            Bytes::Text
+        }
+    }
+
+    /// A JSON object holding `fields` (name, bytes) in this command's byte encoding.
+    fn object(&self, fields: &[(&str, &[u8])]) -> Map<String, Value> {
+        let mut m = Map::new();
+        for (name, b) in fields {
+            self.bytes().put(&mut m, name, b);
+        }
+        m
+    }
 }
 
 /// Runs `phoenix put`.
-pub fn put(args: PutArgs) -> Result<(), CmdError> {
+pub fn put(args: PutArgs, format: Format) -> Result<Outcome, CmdError> {
     let key = args.conn.decode("key", &args.key)?;
     let value = args.conn.decode("value", &args.value)?;
     runtime()?.block_on(async {
         let c = connect(&args.conn).await?;
         c.put(&key, &value).await?;
-        println!("OK");
-        Ok(())
+        done(format)
     })
 }
 
+/// Prints the answer of a write that has nothing to report but its success.
+fn done(format: Format) -> Result<Outcome, CmdError> {
+    match format {
+        Format::Text => {
+            let mut out = Stdout::lock();
+            writeln!(out, "OK")?;
+            out.flush()?;
+        }
+        Format::Json => output::print_json(&json!({ "ok": true }))?,
+    }
+    Ok(Outcome::Done)
+}
+
 /// Runs `phoenix get`.
-pub fn get(args: GetArgs) -> Result<(), CmdError> {
+pub fn get(args: GetArgs, format: Format) -> Result<Outcome, CmdError> {
     let key = args.conn.decode("key", &args.key)?;
     runtime()?.block_on(async {
         let c = connect(&args.conn).await?;
-        match c.get(&key).await? {
-            Some(v) => {
-                let mut out = std::io::stdout().lock();
-                if args.conn.hex {
-                    writeln!(out, "{}", args.conn.show(&v))?;
-                } else {
-                    out.write_all(&v)?;
-                    out.write_all(b"\n")?;
+        let found = c.get(&key).await?;
+        match format {
+            Format::Json => {
+                let mut m = args.conn.object(&[("key", &key)]);
+                m.insert("found".into(), Value::Bool(found.is_some()));
+                if let Some(v) = &found {
+                    args.conn.bytes().put(&mut m, "value", v);
                 }
-                Ok(())
+                output::print_json(&Value::Object(m))?;
             }
-            None => Err(format!("key {} not found", args.conn.show(&key)).into()),
+            Format::Text => match &found {
+                Some(v) => {
+                    let mut out = Stdout::lock();
+                    if args.conn.hex {
+                        writeln!(out, "{}", args.conn.show(v))?;
+                    } else {
+                        out.write_all(v)?;
+                        out.write_all(b"\n")?;
+                    }
+                    out.flush()?;
+                }
+                None => output::note(format_args!("key {} not found", args.conn.show(&key))),
+            },
         }
+        Ok(if found.is_some() {
+            Outcome::Done
+        } else {
+            Outcome::Miss
+        })
     })
 }
 
 /// Runs `phoenix del`.
-pub fn del(args: DelArgs) -> Result<(), CmdError> {
+pub fn del(args: DelArgs, format: Format) -> Result<Outcome, CmdError> {
     let key = args.conn.decode("key", &args.key)?;
+    let end = match &args.range_end {
+        Some(end) => Some(args.conn.decode("end", end)?),
+        None => None,
+    };
     runtime()?.block_on(async {
         let c = connect(&args.conn).await?;
         if args.prefix {
             c.delete_range(&key, &phoenix_client::prefix_end(&key))
                 .await?;
-        } else if let Some(end) = &args.range_end {
-            let end = args.conn.decode("end", end)?;
-            c.delete_range(&key, &end).await?;
+        } else if let Some(end) = &end {
+            c.delete_range(&key, end).await?;
         } else {
             c.delete(&key).await?;
         }
-        println!("OK");
-        Ok(())
+        done(format)
     })
 }
 
 /// Runs `phoenix scan`.
-pub fn scan(args: ScanArgs) -> Result<(), CmdError> {
+pub fn scan(args: ScanArgs, format: Format) -> Result<Outcome, CmdError> {
     let (start, end) = match &args.prefix {
         Some(p) => {
             let p = args.conn.decode("prefix", p)?;
@@ -236,21 +302,40 @@ pub fn scan(args: ScanArgs) -> Result<(), CmdError> {
     runtime()?.block_on(async {
         let c = connect(&args.conn).await?;
         let pairs = c.scan(&start, &end, args.limit).await?;
-        let mut out = std::io::stdout().lock();
-        for (k, v) in &pairs {
-            if args.keys_only {
-                writeln!(out, "{}", args.conn.show(k))?;
-            } else {
-                writeln!(out, "{}\t{}", args.conn.show(k), args.conn.show(v))?;
+        match format {
+            Format::Json => {
+                let list: Vec<Value> = pairs
+                    .iter()
+                    .map(|(k, v)| {
+                        let fields: &[(&str, &[u8])] = if args.keys_only {
+                            &[("key", k)]
+                        } else {
+                            &[("key", k), ("value", v)]
+                        };
+                        Value::Object(args.conn.object(fields))
+                    })
+                    .collect();
+                output::print_json(&json!({ "count": pairs.len(), "pairs": list }))?;
+            }
+            Format::Text => {
+                let mut out = Stdout::lock();
+                for (k, v) in &pairs {
+                    if args.keys_only {
+                        writeln!(out, "{}", args.conn.show(k))?;
+                    } else {
+                        writeln!(out, "{}\t{}", args.conn.show(k), args.conn.show(v))?;
+                    }
+                }
+                out.flush()?;
+                output::note(format_args!("({} pairs)", pairs.len()));
             }
         }
-        eprintln!("({} pairs)", pairs.len());
-        Ok(())
+        Ok(Outcome::Done)
     })
 }
 
 /// Runs `phoenix cas`.
-pub fn cas(args: CasArgs) -> Result<(), CmdError> {
+pub fn cas(args: CasArgs, format: Format) -> Result<Outcome, CmdError> {
     let key = args.conn.decode("key", &args.key)?;
     let expected = match &args.expect {
         Some(e) => Some(args.conn.decode("expected value", e)?),
@@ -259,21 +344,42 @@ pub fn cas(args: CasArgs) -> Result<(), CmdError> {
     let new = match (&args.new_value, args.delete) {
         (Some(v), false) => Some(args.conn.decode("new value", v)?),
         (None, true) => None,
-        _ => return Err("give the new value, or --delete".into()),
+        _ => return Err(CmdError::Usage("give the new value, or --delete".into())),
     };
     runtime()?.block_on(async {
         let c = connect(&args.conn).await?;
         let out = c.cas(&key, expected.as_deref(), new.as_deref()).await?;
-        let prev = out
-            .previous
-            .as_deref()
-            .map_or_else(|| "(absent)".to_string(), |p| args.conn.show(p));
-        if out.succeeded {
-            println!("OK (previous: {prev})");
-            Ok(())
-        } else {
-            Err(format!("compare failed: the key holds {prev}").into())
+        match format {
+            Format::Json => {
+                let mut m = args.conn.object(&[("key", &key)]);
+                m.insert("succeeded".into(), Value::Bool(out.succeeded));
+                match &out.previous {
+                    Some(p) => args.conn.bytes().put(&mut m, "previous", p),
+                    None => {
+                        m.insert("previous".into(), Value::Null);
+                    }
+                }
+                output::print_json(&Value::Object(m))?;
+            }
+            Format::Text => {
+                let prev = out
+                    .previous
+                    .as_deref()
+                    .map_or_else(|| "(absent)".to_string(), |p| args.conn.show(p));
+                if out.succeeded {
+                    let mut o = Stdout::lock();
+                    writeln!(o, "OK (previous: {prev})")?;
+                    o.flush()?;
+                } else {
+                    output::note(format_args!("compare failed: the key holds {prev}"));
+                }
+            }
         }
+        Ok(if out.succeeded {
+            Outcome::Done
+        } else {
+            Outcome::Miss
+        })
     })
 }
 

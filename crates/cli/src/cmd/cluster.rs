@@ -1,12 +1,14 @@
 //! `phoenix cluster status`: nodes, groups, leaders and sizes, as the meta group sees them.
 
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::io::Write as _;
 
-use phoenix_client::{Client, ClientOptions, ClusterStatus};
+use phoenix_client::{Client, ClusterStatus};
+use serde_json::{json, Map, Value};
 
-use super::client::Conn;
-use super::CmdError;
+use super::client::{options, runtime, unreachable_or, Conn};
+use super::{CmdError, Outcome};
+use crate::output::{self, Bytes, Format, Stdout};
 
 /// `phoenix cluster ...`.
 #[derive(Debug, clap::Subcommand)]
@@ -23,28 +25,83 @@ pub struct StatusArgs {
 }
 
 /// Runs a `phoenix cluster` command.
-pub fn run(cmd: ClusterCmd) -> Result<(), CmdError> {
+pub fn run(cmd: ClusterCmd, format: Format) -> Result<Outcome, CmdError> {
     match cmd {
-        ClusterCmd::Status(args) => status(args),
+        ClusterCmd::Status(args) => status(args, format),
     }
 }
 
-fn status(args: StatusArgs) -> Result<(), CmdError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("start the async runtime: {e}"))?;
-    rt.block_on(async {
-        let opts = ClientOptions {
-            timeout: Duration::from_millis(args.conn.timeout_ms),
-            ..ClientOptions::default()
-        };
+fn status(args: StatusArgs, format: Format) -> Result<Outcome, CmdError> {
+    runtime()?.block_on(async {
         // Lazy: the status must work even while no data group has routes yet.
-        let client = Client::new_lazy(args.conn.endpoints.clone(), opts)?;
-        let status = client.cluster_status().await?;
-        print!("{}", render(&status));
-        Ok(())
+        let client = Client::new_lazy(args.conn.endpoints.clone(), options(&args.conn))?;
+        let status = client
+            .cluster_status()
+            .await
+            .map_err(|e| unreachable_or(&args.conn, e))?;
+        match format {
+            Format::Text => {
+                let mut out = Stdout::lock();
+                out.write_all(render(&status).as_bytes())?;
+                out.flush()?;
+            }
+            Format::Json => output::print_json(&to_json(&status, args.conn.bytes()))?,
+        }
+        Ok(Outcome::Done)
     })
+}
+
+/// The status as one JSON object: the fields of [`ClusterStatus`] by their names; a
+/// group's `start`/`end` are byte strings (empty = unbounded), unknown values are null.
+pub fn to_json(s: &ClusterStatus, bytes: Bytes) -> Value {
+    let nodes: Vec<Value> = s
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({
+                "node_id": n.node_id,
+                "addr": n.addr,
+                "alive": n.alive,
+                "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago,
+                "groups": n.groups,
+                "leaders": n.leaders,
+                "engine_bytes": n.engine_bytes,
+                "log_bytes": n.log_bytes,
+            })
+        })
+        .collect();
+    let groups: Vec<Value> = s
+        .groups
+        .iter()
+        .map(|g| {
+            let mut m = Map::new();
+            m.insert("group_id".into(), g.group_id.into());
+            bytes.put(&mut m, "start", &g.start);
+            bytes.put(&mut m, "end", &g.end);
+            m.insert("epoch".into(), g.epoch.into());
+            m.insert("leader".into(), json!(g.leader));
+            m.insert("replicas".into(), json!(g.replicas));
+            let replicas: Vec<Value> = g
+                .replica_status
+                .iter()
+                .map(|r| {
+                    json!({
+                        "node_id": r.node_id,
+                        "is_leader": r.is_leader,
+                        "term": r.term,
+                        "commit_index": r.commit_index,
+                        "applied_index": r.applied_index,
+                        "log_first_index": r.log_first_index,
+                        "approximate_bytes": r.approximate_bytes,
+                        "stopped": r.stopped,
+                    })
+                })
+                .collect();
+            m.insert("replica_status".into(), Value::Array(replicas));
+            Value::Object(m)
+        })
+        .collect();
+    json!({ "meta_leader": s.meta_leader, "nodes": nodes, "groups": groups })
 }
 
 /// Human-readable size.
@@ -138,6 +195,14 @@ pub fn render(s: &ClusterStatus) -> String {
             applied,
             size(bytes)
         );
+        // A replica stopped by a failure in its work, with the cause (node.rs fail_group).
+        for r in g.replica_status.iter().filter(|r| !r.stopped.is_empty()) {
+            let _ = writeln!(
+                out,
+                "       replica on node {} STOPPED: {}",
+                r.node_id, r.stopped
+            );
+        }
     }
     out
 }
@@ -145,11 +210,10 @@ pub fn render(s: &ClusterStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use phoenix_client::{GroupStatus, NodeStatus};
+    use phoenix_client::{GroupStatus, NodeStatus, ReplicaStatus};
 
-    #[test]
-    fn renders_nodes_and_groups() {
-        let s = ClusterStatus {
+    fn sample() -> ClusterStatus {
+        ClusterStatus {
             meta_leader: Some(2),
             nodes: vec![NodeStatus {
                 node_id: 1,
@@ -168,9 +232,23 @@ mod tests {
                 epoch: 3,
                 leader: None,
                 replicas: vec![1, 2, 3],
-                replica_status: vec![],
+                replica_status: vec![ReplicaStatus {
+                    node_id: 3,
+                    is_leader: false,
+                    term: 4,
+                    commit_index: 9,
+                    applied_index: 7,
+                    log_first_index: 1,
+                    approximate_bytes: 0,
+                    stopped: "log append failed: disk full".into(),
+                }],
             }],
-        };
+        }
+    }
+
+    #[test]
+    fn renders_nodes_and_groups() {
+        let s = sample();
         let t = render(&s);
         assert!(t.contains("meta leader: node 2"), "{t}");
         assert!(
@@ -178,5 +256,27 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("[-inf, \"m\")") && t.contains("1,2,3"), "{t}");
+        assert!(
+            t.contains("replica on node 3 STOPPED: log append failed: disk full"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn json_has_every_field() {
+        let v = to_json(&sample(), Bytes::Text);
+        assert_eq!(v["meta_leader"], 2);
+        assert_eq!(v["nodes"][0]["addr"], "127.0.0.1:7001");
+        assert_eq!(v["nodes"][0]["engine_bytes"], 3 * 1024 * 1024);
+        assert_eq!(v["groups"][0]["start"], "");
+        assert_eq!(v["groups"][0]["end"], "m");
+        assert!(v["groups"][0]["leader"].is_null());
+        assert_eq!(v["groups"][0]["replicas"], json!([1, 2, 3]));
+        assert_eq!(
+            v["groups"][0]["replica_status"][0]["stopped"],
+            "log append failed: disk full"
+        );
+        let h = to_json(&sample(), Bytes::Hex);
+        assert_eq!(h["groups"][0]["end_hex"], "6d");
     }
 }

@@ -9,16 +9,18 @@
 //!
 //! [`LocalCluster`] is also what `phoenix bench cluster --spawn` uses.
 
+use std::fmt::Write as _;
 use std::fs;
-use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use phoenix_client::routing::Route;
 use phoenix_client::{Client, ClientOptions};
 
-use super::CmdError;
+use super::BoxError;
+use crate::output::{self, Report};
 
 /// Flags of `phoenix playground`.
 #[derive(Debug, clap::Args)]
@@ -26,8 +28,9 @@ pub struct Args {
     /// Directory holding every node's data (created if missing, reused if present).
     #[arg(long = "data-dir", default_value = "./phoenix-data")]
     pub data_dir: PathBuf,
-    /// Port of node 1; node N listens on base-port + N - 1 (first run only: later runs
-    /// reuse the addresses recorded in the data directory).
+    /// Port of node 1; node N listens on base-port + N - 1; 0 = free ports the system
+    /// picks (first run only: later runs reuse the addresses recorded in the data
+    /// directory, `playground.conf`).
     #[arg(long = "base-port", default_value_t = 7001)]
     pub base_port: u16,
     /// Extra argument passed to every `phoenix server` (repeatable).
@@ -56,12 +59,18 @@ pub struct ClusterSpec {
 }
 
 impl ClusterSpec {
-    /// The spec recorded in `dir`, or a new one on `base_port..` (recorded for next time).
-    pub fn load_or_create(dir: &Path, base_port: u16) -> Result<Self, CmdError> {
+    /// The spec recorded in `dir`, or a new one on `base_port..` (free ports if 0),
+    /// recorded for next time.
+    pub fn load_or_create(dir: &Path, base_port: u16) -> Result<Self, BoxError> {
         fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         let conf = dir.join(CONF_FILE);
         let addrs = match fs::read_to_string(&conf) {
             Ok(text) => parse_conf(&text).map_err(|e| format!("{}: {e}", conf.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && base_port == 0 => {
+                let addrs = free_ports(LOCAL_NODES as usize)?;
+                write_conf(&conf, &addrs)?;
+                addrs
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let addrs: Vec<SocketAddr> = (0..LOCAL_NODES)
                     .map(|i| {
@@ -72,7 +81,7 @@ impl ClusterSpec {
                         })?;
                         Ok(SocketAddr::from(([127, 0, 0, 1], port)))
                     })
-                    .collect::<Result<_, CmdError>>()?;
+                    .collect::<Result<_, BoxError>>()?;
                 write_conf(&conf, &addrs)?;
                 addrs
             }
@@ -86,7 +95,7 @@ impl ClusterSpec {
     }
 
     /// A spec on free ephemeral loopback ports (for benchmarks and tests; not recorded).
-    pub fn ephemeral(dir: &Path) -> Result<Self, CmdError> {
+    pub fn ephemeral(dir: &Path) -> Result<Self, BoxError> {
         Ok(ClusterSpec {
             dir: dir.to_path_buf(),
             addrs: free_ports(LOCAL_NODES as usize)?,
@@ -148,7 +157,7 @@ fn parse_conf(text: &str) -> Result<Vec<SocketAddr>, String> {
     Ok(addrs)
 }
 
-fn write_conf(path: &Path, addrs: &[SocketAddr]) -> Result<(), CmdError> {
+fn write_conf(path: &Path, addrs: &[SocketAddr]) -> Result<(), BoxError> {
     let mut text =
         String::from("# Node addresses of this local cluster (read by `phoenix playground`).\n");
     for (i, a) in addrs.iter().enumerate() {
@@ -160,7 +169,7 @@ fn write_conf(path: &Path, addrs: &[SocketAddr]) -> Result<(), CmdError> {
 /// `n` distinct free loopback ports. The listeners are held until all ports are picked
 /// so the kernel hands out distinct ones; a race with another process binding the same
 /// port in between is possible but harmless (the server then fails with a clear error).
-pub fn free_ports(n: usize) -> Result<Vec<SocketAddr>, CmdError> {
+pub fn free_ports(n: usize) -> Result<Vec<SocketAddr>, BoxError> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<_, _>>()
@@ -186,7 +195,7 @@ pub struct Proc {
 
 impl Proc {
     /// Starts `cmd` with stdout/stderr appended to `log`.
-    pub fn spawn(name: String, mut cmd: Command, log: PathBuf) -> Result<Self, CmdError> {
+    pub fn spawn(name: String, mut cmd: Command, log: PathBuf) -> Result<Self, BoxError> {
         let out = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -275,7 +284,7 @@ pub struct LocalCluster {
 
 impl LocalCluster {
     /// Starts every node of `spec` (each in `<dir>/node-N`).
-    pub fn start(spec: ClusterSpec) -> Result<Self, CmdError> {
+    pub fn start(spec: ClusterSpec) -> Result<Self, BoxError> {
         for addr in &spec.addrs {
             if let Err(e) = TcpListener::bind(addr) {
                 return Err(format!(
@@ -314,7 +323,7 @@ impl LocalCluster {
 
     /// Waits until the cluster serves requests: routes known and every data group has
     /// a leader that answers a read. Fails early if a node process exits.
-    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<Client, CmdError> {
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<Client, BoxError> {
         let start = Instant::now();
         let mut last_err = String::from("no answer yet");
         while start.elapsed() < timeout {
@@ -367,21 +376,21 @@ impl Drop for LocalCluster {
 }
 
 /// Runs the playground until Ctrl-C.
-pub fn run(args: Args) -> Result<(), CmdError> {
+pub fn run(args: Args, report: Report) -> Result<(), BoxError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| format!("start the async runtime: {e}"))?;
-    rt.block_on(serve(args))
+    rt.block_on(serve(args, report))
 }
 
-async fn serve(args: Args) -> Result<(), CmdError> {
+async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
     let reused = args.data_dir.join(CONF_FILE).exists();
     let mut spec = ClusterSpec::load_or_create(&args.data_dir, args.base_port)?;
     spec.server_args = args.server_args.clone();
     let mut cluster = LocalCluster::start(spec)?;
-    println!(
+    report.line(format_args!(
         "Starting a PhoenixKV playground: {} nodes, data in {} ({})",
         LOCAL_NODES,
         args.data_dir.display(),
@@ -390,17 +399,64 @@ async fn serve(args: Args) -> Result<(), CmdError> {
         } else {
             "new cluster"
         }
-    );
+    ));
     let client = tokio::select! {
         r = cluster.wait_ready(Duration::from_secs(args.ready_timeout_s)) => r?,
         _ = tokio::signal::ctrl_c() => {
-            println!("interrupted; stopping");
+            report.line(format_args!("interrupted; stopping"));
             cluster.stop();
             return Ok(());
         }
     };
+    // The client found each group's leader while probing readiness.
+    let routes = client.cached_routes();
+    drop(client);
+    if report.json() {
+        report.summary(&ready_json(&cluster, &routes, reused))?;
+    } else {
+        report.text(&ready_text(&cluster, &routes));
+    }
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("install the SIGTERM handler: {e}"))?;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+            _ = tick.tick() => {
+                let mut running = 0;
+                for n in &mut cluster.nodes {
+                    if let Some(status) = n.exited() {
+                        output::note(format_args!(
+                            "{} exited ({status}); see {}",
+                            n.name,
+                            n.log.display()
+                        ));
+                    }
+                    if n.is_running() {
+                        running += 1;
+                    }
+                }
+                if running == 0 {
+                    return Err("every node has exited; see the logs above".into());
+                }
+            }
+        }
+    }
+    report.line(format_args!("stopping the playground..."));
+    cluster.stop();
+    report.line(format_args!(
+        "stopped; the data stays in {}",
+        args.data_dir.display()
+    ));
+    Ok(())
+}
+
+/// The "playground is up" message: addresses, groups, commands to try.
+fn ready_text(cluster: &LocalCluster, routes: &[Route]) -> String {
+    let mut out = String::new();
     let first = cluster.spec.addrs[0];
-    let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "\nPhoenixKV playground is up.");
     for (i, a) in cluster.spec.addrs.iter().enumerate() {
         let _ = writeln!(
@@ -411,8 +467,7 @@ async fn serve(args: Args) -> Result<(), CmdError> {
             cluster.nodes[i].log.display()
         );
     }
-    // The client found each group's leader while probing readiness.
-    for r in client.cached_routes() {
+    for r in routes {
         let leader = r
             .leader
             .map_or("electing".to_string(), |l| format!("node {l}"));
@@ -431,36 +486,45 @@ async fn serve(args: Args) -> Result<(), CmdError> {
         out,
         "\nCtrl-C stops the cluster (the data stays for the next run)."
     );
-    drop(out);
-    drop(client);
+    out
+}
 
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| format!("install the SIGTERM handler: {e}"))?;
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = sigterm.recv() => break,
-            _ = tick.tick() => {
-                let mut running = 0;
-                for n in &mut cluster.nodes {
-                    if let Some(status) = n.exited() {
-                        eprintln!("{} exited ({status}); see {}", n.name, n.log.display());
-                    }
-                    if n.is_running() {
-                        running += 1;
-                    }
-                }
-                if running == 0 {
-                    return Err("every node has exited; see the logs above".into());
-                }
-            }
-        }
-    }
-    println!("stopping the playground...");
-    cluster.stop();
-    println!("stopped; the data stays in {}", args.data_dir.display());
-    Ok(())
+/// The same as one JSON object, for scripts that start a playground. Paths are given as
+/// displayed (`json!` would panic on a path that is not UTF-8).
+fn ready_json(cluster: &LocalCluster, routes: &[Route], reused: bool) -> serde_json::Value {
+    let nodes: Vec<serde_json::Value> = cluster
+        .spec
+        .addrs
+        .iter()
+        .zip(&cluster.nodes)
+        .enumerate()
+        .map(|(i, (a, p))| {
+            serde_json::json!({
+                "node_id": i + 1,
+                "addr": a.to_string(),
+                "data_dir": cluster.spec.dir.join(format!("node-{}", i + 1)).display().to_string(),
+                "log": p.log.display().to_string(),
+            })
+        })
+        .collect();
+    let groups: Vec<serde_json::Value> = routes
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "group_id": r.group_id,
+                "replicas": r.replicas,
+                "leader": r.leader,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "ready": true,
+        "data_dir": cluster.spec.dir.display().to_string(),
+        "reused": reused,
+        "endpoints": cluster.spec.endpoints().join(","),
+        "nodes": nodes,
+        "groups": groups,
+    })
 }
 
 #[cfg(test)]
@@ -483,6 +547,19 @@ mod tests {
         // A second run ignores a different base port: the recorded addresses win.
         let b = ClusterSpec::load_or_create(&dir, 9000).unwrap();
         assert_eq!(a.addrs, b.addrs);
+        fs::remove_dir_all(&dir).unwrap();
+
+        // Base port 0: free ports, recorded like any others.
+        let free = ClusterSpec::load_or_create(&dir, 0).unwrap();
+        assert_eq!(free.addrs.len(), LOCAL_NODES as usize);
+        assert!(free
+            .addrs
+            .iter()
+            .all(|a| a.port() != 0 && a.ip().is_loopback()));
+        assert_eq!(
+            ClusterSpec::load_or_create(&dir, 7001).unwrap().addrs,
+            free.addrs
+        );
         fs::remove_dir_all(&dir).unwrap();
 
         assert!(parse_conf("node 1 127.0.0.1:1\nnode 2 127.0.0.1:2\n").is_err());

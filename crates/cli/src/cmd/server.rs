@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::CmdError;
+use super::BoxError;
 
 /// Runs one PhoenixKV node until Ctrl-C or SIGTERM.
 #[derive(Debug, clap::Args)]
@@ -53,7 +53,7 @@ pub struct Args {
 }
 
 /// Runs the node.
-pub fn run(args: Args) -> Result<(), CmdError> {
+pub fn run(args: Args) -> Result<(), BoxError> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
