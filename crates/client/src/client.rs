@@ -162,6 +162,8 @@ pub struct ReplicaStatus {
     pub approximate_bytes: u64,
     /// Why the replica stopped on its node (empty: running).
     pub stopped: String,
+    /// Whether the group is idle and asleep on that node (no ticks, no heartbeats).
+    pub hibernating: bool,
 }
 
 /// A group: its route and its replicas' states.
@@ -1397,6 +1399,7 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
                     log_first_index: s.log_first_index,
                     approximate_bytes: s.approximate_bytes,
                     stopped: s.stopped.clone(),
+                    hibernating: s.hibernating,
                 })
                 .collect();
             Some(GroupStatus {

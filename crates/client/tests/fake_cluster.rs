@@ -382,6 +382,7 @@ impl Meta for Node {
                     approximate_bytes: 4096,
                     epoch: r.epoch,
                     stopped: String::new(),
+                    hibernating: false,
                 }],
             })
             .collect();

@@ -239,7 +239,9 @@ struct Inner {
     /// Next WAL entry index; only the write leader advances it.
     wal_next: AtomicU64,
     closing: AtomicBool,
-    _lock: Box<dyn FileLock>,
+    /// The directory's lock: released by `close`, not by the last handle's drop, so a
+    /// handle still held somewhere (a task being torn down) does not keep a reopen out.
+    lock: Mutex<Option<Box<dyn FileLock>>>,
 }
 
 /// The LSM engine. `Send + Sync`; shared as `Arc<Db>`.
@@ -400,7 +402,7 @@ impl Db {
             wal,
             wal_next: AtomicU64::new(wal_next),
             closing: AtomicBool::new(false),
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
         });
         let mut threads = Vec::new();
         let background = !inner.opts.inline_background;
@@ -603,6 +605,9 @@ impl Db {
                 first_err.get_or_insert(e);
             }
         }
+        // Closed: nothing writes to the directory any more (writes are refused, the
+        // background threads are joined).
+        drop(self.inner.lock.lock().take());
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),

@@ -23,8 +23,8 @@ pub mod state;
 pub use error::{Error, Refusal, Result};
 pub use liveness::{LeaderView, ALIVE_WITHIN};
 pub use schedule::{
-    bootstrap_plan, cluster_view, place, placement_commands, registration, route_table,
-    routes_view, split_ranges,
+    bootstrap_plan, cluster_view, even_split_keys, place, placement_commands, registration,
+    route_table, routes_view, split_ranges, INITIAL_GROUPS_MAX,
 };
 pub use state::{
     node_record_key, route_contains, route_record_key, validate_table, Applied, MetaState, Write,

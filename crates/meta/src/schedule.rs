@@ -38,6 +38,21 @@ pub fn place(nodes: &[u64], groups: usize, replication: usize) -> Option<Vec<Vec
     )
 }
 
+/// Most groups [`even_split_keys`] cuts the key space into.
+pub const INITIAL_GROUPS_MAX: usize = 1 << 20;
+
+/// The `n - 1` split keys that cut the key space into `n` ranges of equal width over
+/// its first four bytes (each key is four bytes, big-endian `i * 2^32 / n`): keys
+/// spread over the binary space (e.g. hashed) fall evenly into the groups.
+pub fn even_split_keys(n: usize) -> Result<Vec<Vec<u8>>> {
+    if n == 0 || n > INITIAL_GROUPS_MAX {
+        return Err(Error::BadSplitKeys);
+    }
+    Ok((1..n as u128)
+        .map(|i| (((i << 32) / n as u128) as u32).to_be_bytes().to_vec())
+        .collect())
+}
+
 /// The ranges `split_keys` cut the key space into: `["", k1), [k1, k2), …, [kn, "")`
 /// (an empty end = unbounded). The keys must be non-empty, sorted and distinct.
 pub fn split_ranges(split_keys: &[Vec<u8>]) -> Result<Vec<(Bytes, Bytes)>> {
@@ -329,6 +344,34 @@ mod tests {
     /// Random split keys and node counts: the plan is a valid routing table (contiguous,
     /// covering, no overlap), every key falls in exactly one route, the state accepts it.
     /// `PHOENIX_SEED` replays a run.
+    #[test]
+    fn even_split_keys_cut_equal_ranges() {
+        assert_eq!(even_split_keys(1).unwrap(), Vec::<Vec<u8>>::new());
+        assert_eq!(
+            even_split_keys(4).unwrap(),
+            vec![
+                vec![0x40, 0, 0, 0],
+                vec![0x80, 0, 0, 0],
+                vec![0xc0, 0, 0, 0]
+            ]
+        );
+        for n in [2, 3, 7, 1000, 10_000] {
+            let keys = even_split_keys(n).unwrap();
+            assert_eq!(keys.len(), n - 1);
+            // Valid split keys (sorted, distinct, non-empty), ranges within one of n.
+            let ranges = split_ranges(&keys).unwrap();
+            assert_eq!(ranges.len(), n);
+            let width = |k: &[u8]| u32::from_be_bytes(k.try_into().unwrap()) as u64;
+            for w in keys.windows(2) {
+                let d = width(&w[1]) - width(&w[0]);
+                let ideal = (1u64 << 32) / n as u64;
+                assert!(d.abs_diff(ideal) <= 1, "n {n}: width {d} vs {ideal}");
+            }
+        }
+        assert!(even_split_keys(0).is_err());
+        assert!(even_split_keys(INITIAL_GROUPS_MAX + 1).is_err());
+    }
+
     #[test]
     fn bootstrap_with_split_keys_is_a_whole_table() {
         let seed: u64 = std::env::var("PHOENIX_SEED")

@@ -71,6 +71,9 @@ pub struct Config {
     pub election_ticks: u32,
     /// Heartbeat interval in ticks.
     pub heartbeat_ticks: u32,
+    /// Ticks a leader waits without requests before its group hibernates (its timers
+    /// stop on every replica until a message or request; 0: never).
+    pub hibernate_ticks: u32,
     /// Entries kept in a group's log below the persisted applied index for followers
     /// that lag; a follower further behind gets a snapshot.
     pub log_keep_entries: u64,
@@ -102,6 +105,7 @@ impl Config {
             tick: Duration::from_millis(20),
             election_ticks: 50,
             heartbeat_ticks: 5,
+            hibernate_ticks: 100,
             log_keep_entries: 10_000,
             log_truncate_interval: Duration::from_secs(2),
             value_bytes_max: phoenix_proto::limits::VALUE_BYTES_MAX,

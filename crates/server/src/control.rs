@@ -332,6 +332,7 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
             approximate_bytes: 0,
             epoch: v.route.epoch,
             stopped: v.failed.clone().unwrap_or_default(),
+            hibernating: v.hibernating,
         })
         .collect();
     let es = shared.engine.stats();

@@ -45,6 +45,7 @@ use phoenix_proto as proto;
 
 pub use config::{parse_meta_members, Config, MetaMember};
 pub use error::{Error, Result};
+pub use phoenix_meta::{even_split_keys, INITIAL_GROUPS_MAX};
 
 use crate::meta::{LeaderView, MetaState, META_GROUP};
 use crate::shared::Shared;

@@ -17,7 +17,7 @@
 //! Periodically each group's log is truncated to the engine's persisted applied index
 //! (`get_persisted`), keeping `log_keep_entries` for lagging followers.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -139,6 +139,8 @@ pub struct Peer {
     failed: Option<String>,
     /// Readies whose appends are in flight, oldest first.
     unpersisted: std::collections::VecDeque<Unpersisted>,
+    /// Ticks since the last request (leader): at `hibernate_ticks` the group sleeps.
+    idle_ticks: u32,
 }
 
 impl Peer {
@@ -169,6 +171,11 @@ pub struct Driver {
     /// Replicas in the registry that could not be opened, with the cause: stopped from
     /// the start, the node's other replicas serve.
     unopened: BTreeMap<u64, String>,
+    /// Groups touched since their last ready round: only they are checked for work.
+    dirty: BTreeSet<u64>,
+    /// Groups whose raft timers run: only they are ticked. A hibernating group leaves
+    /// the set and comes back when a message, request or suspicion wakes it.
+    awake: BTreeSet<u64>,
 }
 
 fn raft_config(shared: &Shared, applied: u64) -> RaftConfig {
@@ -194,6 +201,8 @@ impl Driver {
             next_read_ctx: 1,
             last_truncate: Instant::now(),
             unopened: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            awake: BTreeSet::new(),
         };
         for r in routes {
             let g = r.group_id;
@@ -267,8 +276,10 @@ impl Driver {
                 pending_snapshots: BTreeMap::new(),
                 failed: None,
                 unpersisted: std::collections::VecDeque::new(),
+                idle_ticks: 0,
             },
         );
+        self.touch(g);
         Ok(())
     }
 
@@ -292,7 +303,12 @@ impl Driver {
         let tick = self.shared.cfg.tick;
         let mut next_tick = Instant::now() + tick;
         loop {
-            let timeout = next_tick.saturating_duration_since(Instant::now());
+            // Groups left with work after the last rounds go on at once.
+            let timeout = if self.dirty.is_empty() {
+                next_tick.saturating_duration_since(Instant::now())
+            } else {
+                std::time::Duration::ZERO
+            };
             match self.events.recv_timeout(timeout) {
                 Ok(Event::Stop) => break,
                 Ok(ev) => self.handle(ev),
@@ -311,15 +327,7 @@ impl Driver {
                 }
             }
             if Instant::now() >= next_tick {
-                let mut failed = Vec::new();
-                for p in self.peers.values_mut().filter(|p| p.failed.is_none()) {
-                    if let Err(e) = p.raw.tick() {
-                        failed.push((p.group, format!("tick: {e}")));
-                    }
-                }
-                for (g, why) in failed {
-                    self.fail_group(g, why);
-                }
+                self.tick();
                 next_tick += tick;
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + tick;
@@ -330,18 +338,66 @@ impl Driver {
                     break;
                 }
             }
-            // Reads confirmed in an earlier round wait for applies of later ones.
-            for p in self.peers.values_mut() {
-                if !p.reads_ready.is_empty() {
-                    release_reads(p);
-                }
-            }
             if self.last_truncate.elapsed() >= self.shared.cfg.log_truncate_interval {
                 self.last_truncate = Instant::now();
                 self.truncate_logs();
             }
         }
         self.stop();
+    }
+
+    /// One tick of the awake groups. A leader idle for `hibernate_ticks` puts its group
+    /// to sleep (raft sends the followers a `Hibernate`); asleep, a group costs nothing
+    /// until a message, a request or a suspicion about its leader wakes it.
+    fn tick(&mut self) {
+        let hibernate_ticks = self.shared.cfg.hibernate_ticks;
+        let awake: Vec<u64> = self.awake.iter().copied().collect();
+        let mut failed = Vec::new();
+        for g in awake {
+            let Some(p) = self.peers.get_mut(&g) else {
+                self.awake.remove(&g);
+                continue;
+            };
+            if p.failed.is_some() {
+                self.awake.remove(&g);
+                continue;
+            }
+            if let Err(e) = p.raw.tick() {
+                failed.push((g, format!("tick: {e}")));
+                continue;
+            }
+            if hibernate_ticks > 0 && p.raw.raft().role() == StateRole::Leader {
+                p.idle_ticks = p.idle_ticks.saturating_add(1);
+                if p.idle_ticks >= hibernate_ticks {
+                    if let Err(e) = p.raw.hibernate() {
+                        failed.push((g, format!("hibernate: {e}")));
+                        continue;
+                    }
+                }
+            }
+            self.touch(g);
+        }
+        for (g, why) in failed {
+            self.fail_group(g, why);
+        }
+    }
+
+    /// Notes that replica `g` was handed something: it is checked for a ready in the
+    /// next round, and joins or leaves the ticked set as its raft sleeps or wakes.
+    fn touch(&mut self, g: u64) {
+        let Some(p) = self.peers.get(&g) else {
+            return;
+        };
+        self.dirty.insert(g);
+        let awake = p.failed.is_none() && !p.raw.raft().is_hibernating();
+        let changed = if awake {
+            self.awake.insert(g)
+        } else {
+            self.awake.remove(&g)
+        };
+        if changed {
+            publish_view(&self.shared, p);
+        }
     }
 
     fn stop(&mut self) {
@@ -367,6 +423,7 @@ impl Driver {
                 if let Err(e) = p.raw.step(msg) {
                     tracing::debug!(group, "step refused: {e}");
                 }
+                self.touch(group);
             }
             Event::Propose { group, data, reply } => {
                 if !self.peers.contains_key(&group) {
@@ -383,8 +440,11 @@ impl Driver {
                 if p.raw.raft().role() != StateRole::Leader {
                     let hint = self.shared.replica_of(p.raw.raft().leader());
                     let _ = reply.send(Err(proto::Error::not_leader(group, hint)));
+                    wake_asked_follower(p);
+                    self.touch(group);
                     return;
                 }
+                p.idle_ticks = 0;
                 let term = p.raw.raft().term();
                 match p.raw.propose(data) {
                     Ok(index) => {
@@ -397,6 +457,7 @@ impl Driver {
                         let _ = reply.send(Err(err));
                     }
                 }
+                self.touch(group);
             }
             Event::ReadIndex { group, reply } => {
                 if !self.peers.contains_key(&group) {
@@ -413,8 +474,11 @@ impl Driver {
                 if p.raw.raft().role() != StateRole::Leader {
                     let hint = self.shared.replica_of(p.raw.raft().leader());
                     let _ = reply.send(Err(proto::Error::not_leader(group, hint)));
+                    wake_asked_follower(p);
+                    self.touch(group);
                     return;
                 }
+                p.idle_ticks = 0;
                 let ctx = self.next_read_ctx;
                 self.next_read_ctx += 1;
                 match p.raw.read_index(Bytes::copy_from_slice(&ctx.to_be_bytes())) {
@@ -428,6 +492,7 @@ impl Driver {
                         )));
                     }
                 }
+                self.touch(group);
             }
             Event::CreateReplica(route) => {
                 if let Err(e) = self.create_replica(route) {
@@ -461,6 +526,7 @@ impl Driver {
                 if let Err(e) = p.raw.step(msg) {
                     tracing::warn!(group, "snapshot message refused: {e}");
                 }
+                self.dirty.insert(group);
                 // Keep only the files of the snapshot raft will hand back to install (a
                 // stale one, or one superseded by this, is not installed).
                 let wanted = p.raw.raft().raft_log().pending_snapshot_index();
@@ -480,6 +546,7 @@ impl Driver {
                         SnapshotStatus::Failure
                     };
                     p.raw.report_snapshot(to, st);
+                    self.touch(group);
                 }
             }
             Event::Persisted {
@@ -505,12 +572,28 @@ impl Driver {
                 if let Err(e) = self.acknowledge_persisted(group) {
                     self.fail_group(group, format!("acknowledging a durable ready: {e}"));
                 }
+                self.touch(group);
             }
             Event::Unreachable(node) => {
+                // The groups it leads may be asleep: nobody would notice its death
+                // otherwise. Woken, their followers' election timers run again.
+                let mut touched = Vec::new();
                 for p in self.peers.values_mut().filter(|p| p.failed.is_none()) {
-                    if p.raw.raft().conf_state().contains(node) {
-                        p.raw.report_unreachable(node);
+                    let r = p.raw.raft();
+                    if !r.conf_state().contains(node) {
+                        continue;
                     }
+                    if r.is_hibernating() && r.leader() == node {
+                        p.raw.wake();
+                        touched.push(p.group);
+                    }
+                    if p.raw.raft().role() == StateRole::Leader {
+                        p.raw.report_unreachable(node);
+                        touched.push(p.group);
+                    }
+                }
+                for g in touched {
+                    self.touch(g);
                 }
             }
             Event::Stop => {}
@@ -520,18 +603,23 @@ impl Driver {
     /// One ready round over the groups with work. Returns whether anything was done. A
     /// group whose work fails is stopped ([`Driver::fail_group`]); the others go on.
     fn round(&mut self) -> bool {
-        let groups: Vec<u64> = self
-            .peers
-            .iter()
-            .filter(|(_, p)| p.failed.is_none() && p.raw.has_ready())
-            .map(|(g, _)| *g)
-            .collect();
-        for &g in &groups {
-            if let Err(e) = self.handle_ready(g) {
-                self.fail_group(g, e.to_string());
+        let mut did = false;
+        for g in std::mem::take(&mut self.dirty) {
+            let ready = self
+                .peers
+                .get(&g)
+                .is_some_and(|p| p.failed.is_none() && p.raw.has_ready());
+            if !ready {
+                continue;
+            }
+            did = true;
+            match self.handle_ready(g) {
+                // Handling a ready may leave more (e.g. entries an ack committed).
+                Ok(()) => self.touch(g),
+                Err(e) => self.fail_group(g, e.to_string()),
             }
         }
-        !groups.is_empty()
+        did
     }
 
     /// Takes one ready of group `g` and does its work: send what may leave now, install
@@ -620,6 +708,8 @@ impl Driver {
         }
         p.failed = Some(why);
         publish_view(&self.shared, p);
+        self.awake.remove(&g);
+        self.dirty.remove(&g);
     }
 
     /// Tells raft about the readies of `g` that are durable, in order, and sends what
@@ -662,6 +752,10 @@ impl Driver {
         let keep = self.shared.cfg.log_keep_entries;
         for p in self.peers.values_mut().filter(|p| p.failed.is_none()) {
             let g = p.group;
+            if p.raw.store().snap_index() >= p.raw.store().applied().0 {
+                // Truncated up to what is applied: nothing more can go (an idle group).
+                continue;
+            }
             let persisted = match self.shared.engine.get_persisted(&keys::applied_key(g)) {
                 Ok(Some(v)) => keys::decode_applied(&v).map_or(0, |(i, _)| i),
                 Ok(None) => 0,
@@ -737,10 +831,20 @@ fn publish_view(shared: &Shared, p: &Peer) {
     v.applied = p.raw.store().applied().0;
     v.log_first = p.raw.store().snap_index() + 1;
     v.failed.clone_from(&p.failed);
+    v.hibernating = r.is_hibernating();
     if p.failed.is_some() {
         // A stopped replica leads nothing, whatever its raft state still says.
         v.is_leader = false;
         v.leader = 0;
+    }
+}
+
+/// A hibernating follower asked for a request only a leader serves: the client could
+/// not reach the leader it knew, so the leader may be gone. Woken, its election timer
+/// runs; if the leader lives, the pre-vote wakes it and its heartbeats resume.
+fn wake_asked_follower(p: &mut Peer) {
+    if p.raw.raft().is_hibernating() {
+        p.raw.wake();
     }
 }
 

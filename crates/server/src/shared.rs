@@ -34,6 +34,8 @@ pub struct GroupView {
     pub log_first: u64,
     /// Why the replica stopped, if it did (node.rs `fail_group`).
     pub failed: Option<String>,
+    /// Whether the group sleeps (no ticks, no heartbeats) on this node.
+    pub hibernating: bool,
 }
 
 /// The node's shared state.

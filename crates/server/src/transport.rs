@@ -29,6 +29,10 @@ use crate::node::Event;
 const BATCH_MESSAGES_MAX: usize = 512;
 /// Most queued messages per peer; beyond, new ones are dropped (raft retransmits).
 const QUEUE_MESSAGES_MAX: usize = 65_536;
+/// HTTP/2 pings on every peer connection, busy or idle: a paused or cut-off peer is
+/// found within interval + timeout, about an election timeout.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(500);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_millis(1000);
 
 struct Inner {
     node_id: u64,
@@ -125,14 +129,30 @@ async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::Gro
             }
         };
         let (btx, brx) = mpsc::channel::<proto::RaftBatch>(16);
-        let call = tokio::spawn(async move {
+        let mut call = tokio::spawn(async move {
             client
                 .stream(tokio_stream::wrappers::ReceiverStream::new(brx))
                 .await
         });
-        let mut ok = true;
-        while ok {
-            let Some(first) = rx.recv().await else { return };
+        // The call ends when the connection dies (a killed peer's socket closes; a
+        // paused or cut-off one misses keepalive pings), even while nothing is sent:
+        // the driver must hear of it then, because groups asleep with their leader on
+        // that node notice nothing else.
+        let mut ended = None;
+        loop {
+            let first = tokio::select! {
+                m = rx.recv() => match m {
+                    Some(m) => m,
+                    None => {
+                        call.abort();
+                        return;
+                    }
+                },
+                r = &mut call => {
+                    ended = Some(r);
+                    break;
+                }
+            };
             let mut messages = vec![first];
             while messages.len() < BATCH_MESSAGES_MAX {
                 match rx.try_recv() {
@@ -146,13 +166,16 @@ async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::Gro
                 messages,
             };
             if btx.send(batch).await.is_err() {
-                ok = false;
-            } else {
-                backoff = Duration::from_millis(50);
+                break;
             }
+            backoff = Duration::from_millis(50);
         }
         drop(btx);
-        match call.await {
+        let ended = match ended {
+            Some(r) => r,
+            None => call.await,
+        };
+        match ended {
             Ok(Ok(_)) => tracing::debug!(to, "raft stream closed"),
             Ok(Err(s)) => tracing::debug!(to, "raft stream failed: {s}"),
             Err(e) => tracing::debug!(to, "raft stream task: {e}"),
@@ -169,7 +192,10 @@ async fn connect(
     let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| format!("bad address {addr}: {e}"))?
         .connect_timeout(Duration::from_secs(1))
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
     let ch = ep.connect().await.map_err(|e| format!("{addr}: {e}"))?;
     Ok(proto::raft_transport_client::RaftTransportClient::new(ch)
         .max_decoding_message_size(proto::limits::MESSAGE_BYTES_MAX)

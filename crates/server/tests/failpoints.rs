@@ -214,11 +214,16 @@ async fn restart_and_check(
     c.stop(follower).await;
     c.restart(follower);
     put_all(&c, route, more_from, more_from + 10, &mut want).await;
-    let leader_applied = c
-        .replica(route.group_id, route.leader_node_id)
-        .await
-        .map_or(0, |r| r.applied_index);
-    c.wait_applied(route.group_id, follower as u64 + 1, leader_applied)
+    // Reports reach the meta service every 200 ms: wait for one made after the writes.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The writes are applied on a quorum, which holds a replica other than the follower.
+    let mut applied = 0;
+    for n in (1..=3).filter(|&n| n != follower as u64 + 1) {
+        if let Some(r) = c.replica(route.group_id, n).await {
+            applied = applied.max(r.applied_index);
+        }
+    }
+    c.wait_applied(route.group_id, follower as u64 + 1, applied)
         .await;
     let dir = c.dir.path().to_path_buf();
     c.stop_all().await;
@@ -320,7 +325,11 @@ async fn a_failed_log_truncation_is_retried_and_loses_nothing() {
     let follower = (route.leader_node_id as usize) % 3;
     let fnode = follower as u64 + 1;
     let mut want = Vec::new();
-    let first = c.replica(route.group_id, fnode).await.unwrap().log_first_index;
+    let first = c
+        .replica(route.group_id, fnode)
+        .await
+        .unwrap()
+        .log_first_index;
     fail::cfg(names::TRUNCATE_BEFORE, &format!("return({fnode})")).unwrap();
     // 300 KiB through 64 KiB memtables: flushes move the persisted index, so every
     // replica whose truncation works cuts its log.

@@ -529,3 +529,147 @@ async fn resent_writes_apply_once() {
     ));
     node.stop().await;
 }
+
+/// The replicas of `group` as the meta service last heard of them (from any node).
+async fn replica_stats(addrs: &[String]) -> Vec<proto::GroupInfo> {
+    for a in addrs {
+        let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await else {
+            continue;
+        };
+        let Ok(c) = m
+            .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
+            .await
+        else {
+            continue;
+        };
+        let c = c.into_inner();
+        if c.error.is_none() {
+            return c.groups;
+        }
+    }
+    Vec::new()
+}
+
+/// Groups whose three replicas all report hibernating.
+fn asleep(groups: &[proto::GroupInfo]) -> usize {
+    groups
+        .iter()
+        .filter(|g| g.replicas.len() == 3 && g.replicas.iter().all(|r| r.hibernating))
+        .count()
+}
+
+/// 1,000 idle groups go to sleep (no ticks, no heartbeats); a write wakes its group
+/// without an election and the group sleeps again; when a node stops, the groups it
+/// led wake up on the other nodes and elect a leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_groups_hibernate_and_wake() {
+    const GROUPS: usize = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let meta: Vec<MetaMember> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| MetaMember {
+            id: i as u64 + 1,
+            addr: a.clone(),
+        })
+        .collect();
+    let cfg = |i: usize| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        c.split_keys = phoenix_server::even_split_keys(GROUPS).unwrap();
+        c
+    };
+    let started = Instant::now();
+    let mut nodes: Vec<Option<Node>> = (0..3).map(|i| Some(start(cfg(i)))).collect();
+    let table = routes_with_leaders(&addrs[0], GROUPS).await;
+    eprintln!("{GROUPS} groups led after {:?}", started.elapsed());
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut groups;
+    loop {
+        groups = replica_stats(&addrs).await;
+        let n = asleep(&groups);
+        if n * 100 >= GROUPS * 99 {
+            eprintln!(
+                "{n} of {GROUPS} groups asleep after {:?}",
+                started.elapsed()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {n} of {GROUPS} groups hibernate"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // A write to a sleeping group: served at once by its leader, same term.
+    let route = table[GROUPS / 2].clone();
+    let term_of = |groups: &[proto::GroupInfo], g: u64| {
+        groups
+            .iter()
+            .find(|x| x.route.as_ref().is_some_and(|r| r.group_id == g))
+            .and_then(|x| x.replicas.iter().find(|r| r.is_leader).map(|r| r.term))
+    };
+    let term = term_of(&groups, route.group_id).expect("the group has a leader");
+    // (The start key then zero bytes stays below the next group's four-byte start.)
+    let key = [&route.start_key[..], b"\0\0\0\0woken"].concat();
+    let t = Instant::now();
+    put(&addrs, &route, &key, b"v").await;
+    eprintln!("write to a sleeping group took {:?}", t.elapsed());
+    assert_eq!(get(&addrs, &route, &key).await, Some(b"v".to_vec()));
+    // It sleeps again, with the same leader and term (no election was needed).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let groups = replica_stats(&addrs).await;
+        let g = groups
+            .iter()
+            .find(|x| {
+                x.route
+                    .as_ref()
+                    .is_some_and(|r| r.group_id == route.group_id)
+            })
+            .unwrap();
+        if g.replicas.len() == 3 && g.replicas.iter().all(|r| r.hibernating) {
+            assert_eq!(term_of(&groups, route.group_id), Some(term), "{g:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the woken group never slept again: {g:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Node 1 stops: every group it led, asleep, must elect a leader on nodes 2 and 3.
+    let led: Vec<proto::Route> = table
+        .iter()
+        .filter(|r| r.leader_node_id == 1)
+        .take(3)
+        .cloned()
+        .collect();
+    assert!(!led.is_empty(), "node 1 leads no group");
+    nodes[0].take().unwrap().stop().await;
+    let t = Instant::now();
+    for r in &led {
+        put(
+            &addrs[1..],
+            r,
+            &[&r.start_key[..], b"\0\0\0\0failover"].concat(),
+            b"v",
+        )
+        .await;
+    }
+    eprintln!(
+        "writes to {} groups led by the stopped node served after {:?}",
+        led.len(),
+        t.elapsed()
+    );
+    for n in nodes.iter_mut() {
+        if let Some(n) = n.take() {
+            n.stop().await;
+        }
+    }
+}

@@ -94,6 +94,7 @@ pub fn to_json(s: &ClusterStatus, bytes: Bytes) -> Value {
                         "log_first_index": r.log_first_index,
                         "approximate_bytes": r.approximate_bytes,
                         "stopped": r.stopped,
+                        "hibernating": r.hibernating,
                     })
                 })
                 .collect();
@@ -158,7 +159,13 @@ pub fn render(s: &ClusterStatus) -> String {
             size(n.log_bytes)
         );
     }
-    let _ = writeln!(out, "\nGROUPS ({})", s.groups.len());
+    // Asleep: every reported replica of the group hibernates (idle, no heartbeats).
+    let asleep = s
+        .groups
+        .iter()
+        .filter(|g| !g.replica_status.is_empty() && g.replica_status.iter().all(|r| r.hibernating))
+        .count();
+    let _ = writeln!(out, "\nGROUPS ({}, {asleep} asleep)", s.groups.len());
     let _ = writeln!(
         out,
         "{:>5}  {:<24} {:>5} {:>7}  {:<12} {:>9} {:>10}",
@@ -241,6 +248,7 @@ mod tests {
                     log_first_index: 1,
                     approximate_bytes: 0,
                     stopped: "log append failed: disk full".into(),
+                    hibernating: false,
                 }],
             }],
         }

@@ -30,8 +30,12 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     pub replication: usize,
     /// Split keys of the initial data groups, comma separated (n keys → n + 1 groups).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "initial_groups")]
     pub split_keys: Vec<String>,
+    /// Bootstrap this many data groups, cutting the key space evenly over its first four
+    /// bytes (for keys spread over the binary space, e.g. hashed).
+    #[arg(long)]
+    pub initial_groups: Option<usize>,
     /// Engine memtable size in MiB.
     #[arg(long, default_value_t = 64)]
     pub memtable_mb: usize,
@@ -68,11 +72,19 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     }
     cfg.engine_wal = args.engine_wal;
     cfg.replication = args.replication;
-    cfg.split_keys = args
-        .split_keys
-        .into_iter()
-        .map(String::into_bytes)
-        .collect();
+    cfg.split_keys = match args.initial_groups {
+        Some(n) => phoenix_server::even_split_keys(n).map_err(|_| {
+            format!(
+                "--initial-groups must be in 1..={}",
+                phoenix_server::INITIAL_GROUPS_MAX
+            )
+        })?,
+        None => args
+            .split_keys
+            .into_iter()
+            .map(String::into_bytes)
+            .collect(),
+    };
     cfg.memtable_bytes = args.memtable_mb.max(1) << 20;
     cfg.log_keep_entries = args.log_keep_entries;
     cfg.log_truncate_interval = Duration::from_millis(args.log_truncate_ms.max(10));

@@ -101,24 +101,30 @@ pub fn header(route: &proto::Route) -> Option<proto::RequestHeader> {
 /// Puts through whichever replica is the leader now (retrying on NotLeader).
 pub async fn put(addrs: &[String], route: &proto::Route, key: &[u8], value: &[u8]) {
     let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = String::new();
     loop {
-        assert!(Instant::now() < deadline, "put of {key:?} did not succeed");
+        assert!(
+            Instant::now() < deadline,
+            "put of {key:?} did not succeed; last answer: {last}"
+        );
         for a in addrs {
             let Ok(mut c) = proto::kv_client::KvClient::connect(format!("http://{a}")).await else {
+                last = format!("{a}: cannot connect");
                 continue;
             };
-            let Ok(r) = c
+            let r = c
                 .put(proto::PutRequest {
                     header: header(route),
                     key: key.to_vec().into(),
                     value: value.to_vec().into(),
                 })
-                .await
-            else {
-                continue;
-            };
-            if r.into_inner().error.is_none() {
-                return;
+                .await;
+            match r {
+                Err(s) => last = format!("{a}: {s}"),
+                Ok(r) => match r.into_inner().error {
+                    None => return,
+                    Some(e) => last = format!("{a}: {e}"),
+                },
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
