@@ -81,30 +81,13 @@ impl Cluster {
     /// The stats node `node` (1-based) reports for `group`, as some live node's meta
     /// service sees them.
     async fn replica(&self, group: u64, node: u64) -> Option<proto::ReplicaStats> {
-        for a in self.live() {
-            let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
-            else {
-                continue;
-            };
-            let Ok(c) = m
-                .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
-                .await
-            else {
-                continue;
-            };
-            let c = c.into_inner();
-            if c.error.is_some() {
-                continue;
-            }
-            return c
-                .groups
-                .iter()
-                .filter(|g| g.route.as_ref().is_some_and(|r| r.group_id == group))
-                .flat_map(|g| g.replicas.iter())
-                .find(|r| r.node_id == node)
-                .cloned();
-        }
-        None
+        cluster_groups(&self.live())
+            .await
+            .iter()
+            .filter(|g| g.route.as_ref().is_some_and(|r| r.group_id == group))
+            .flat_map(|g| g.replicas.iter())
+            .find(|r| r.node_id == node)
+            .cloned()
     }
 
     async fn wait_stopped(&self, group: u64, node: u64, cause: &str) {

@@ -482,27 +482,9 @@ async fn resent_writes_apply_once() {
     let r = c.cas(cas(7, 2, 1)).await.unwrap().into_inner();
     assert!(!r.succeeded && r.current_found, "{r:?}");
     // put(k=a) by client 7, put(k=b) by client 8, then 7's put resent: k stays b.
-    assert!(c
-        .put(put(7, 3, "a"))
-        .await
-        .unwrap()
-        .into_inner()
-        .error
-        .is_none());
-    assert!(c
-        .put(put(8, 1, "b"))
-        .await
-        .unwrap()
-        .into_inner()
-        .error
-        .is_none());
-    assert!(c
-        .put(put(7, 3, "a"))
-        .await
-        .unwrap()
-        .into_inner()
-        .error
-        .is_none());
+    put_ok(&mut c, put(7, 3, "a")).await;
+    put_ok(&mut c, put(8, 1, "b")).await;
+    put_ok(&mut c, put(7, 3, "a")).await;
     assert_eq!(get(&addrs, &route, b"k").await, Some(b"b".to_vec()));
     // Sessions are state: they survive a restart.
     node.stop().await;
@@ -511,13 +493,7 @@ async fn resent_writes_apply_once() {
     let mut c = kv(&addr).await;
     let r = c.cas(cas(7, 1, 1)).await.unwrap().into_inner();
     assert!(r.succeeded && !r.current_found, "after restart: {r:?}");
-    assert!(c
-        .put(put(7, 3, "a"))
-        .await
-        .unwrap()
-        .into_inner()
-        .error
-        .is_none());
+    put_ok(&mut c, put(7, 3, "a")).await;
     assert_eq!(get(&addrs, &route, b"k").await, Some(b"b".to_vec()));
     // Client 7 says it has every answer below 4: a resend of 1 is refused.
     let r = c.cas(cas(7, 4, 4)).await.unwrap().into_inner();
@@ -530,24 +506,13 @@ async fn resent_writes_apply_once() {
     node.stop().await;
 }
 
-/// The replicas of `group` as the meta service last heard of them (from any node).
-async fn replica_stats(addrs: &[String]) -> Vec<proto::GroupInfo> {
-    for a in addrs {
-        let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await else {
-            continue;
-        };
-        let Ok(c) = m
-            .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
-            .await
-        else {
-            continue;
-        };
-        let c = c.into_inner();
-        if c.error.is_none() {
-            return c.groups;
-        }
-    }
-    Vec::new()
+/// A put that must succeed.
+async fn put_ok(
+    c: &mut proto::kv_client::KvClient<tonic::transport::Channel>,
+    req: proto::PutRequest,
+) {
+    let r = c.put(req).await.unwrap().into_inner();
+    assert!(r.error.is_none(), "{r:?}");
 }
 
 /// Groups whose three replicas all report hibernating.
@@ -589,7 +554,7 @@ async fn idle_groups_hibernate_and_wake() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut groups;
     loop {
-        groups = replica_stats(&addrs).await;
+        groups = cluster_groups(&addrs).await;
         let n = asleep(&groups);
         if n * 100 >= GROUPS * 99 {
             eprintln!(
@@ -623,7 +588,7 @@ async fn idle_groups_hibernate_and_wake() {
     // It sleeps again, with the same leader and term (no election was needed).
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let groups = replica_stats(&addrs).await;
+        let groups = cluster_groups(&addrs).await;
         let g = groups
             .iter()
             .find(|x| {

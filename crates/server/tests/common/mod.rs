@@ -156,3 +156,24 @@ pub async fn get(addrs: &[String], route: &proto::Route, key: &[u8]) -> Option<V
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The groups with their replicas' stats as the meta service last heard of them, from
+/// the first of `addrs` that answers (empty if none does).
+pub async fn cluster_groups(addrs: &[String]) -> Vec<proto::GroupInfo> {
+    for a in addrs {
+        let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await else {
+            continue;
+        };
+        let Ok(c) = m
+            .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
+            .await
+        else {
+            continue;
+        };
+        let c = c.into_inner();
+        if c.error.is_none() {
+            return c.groups;
+        }
+    }
+    Vec::new()
+}
