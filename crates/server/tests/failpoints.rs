@@ -353,3 +353,24 @@ async fn a_failed_log_truncation_is_retried_and_loses_nothing() {
     restart_and_check(c, &route, follower, names::TRUNCATE_BEFORE, 320, want).await;
     scenario.teardown();
 }
+
+/// Replica creation stopped after the registry names the replica, before it opens (as
+/// a crash there would): the node hosts no replica of the group meanwhile (the meta
+/// service's placement keeps asking), and its next start opens the replica from the
+/// registry; it catches up and holds every acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_created_up_to_the_registry_opens_at_the_next_start() {
+    let _turn = TURN.lock().await;
+    let scenario = fail::FailScenario::setup();
+    fail::cfg(names::CREATE_AFTER_REGISTRY, "return(3)").unwrap();
+    let c = Cluster::start();
+    // Nodes 1 and 2 are a quorum of group 1.
+    let route = wait_route(&c.addrs).await;
+    let mut want = Vec::new();
+    put_all(&c, &route, 0, 50, &mut want).await;
+    // Past several heartbeats, node 3 still reports no replica of the group.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(c.replica(route.group_id, 3).await, None);
+    restart_and_check(c, &route, 2, names::CREATE_AFTER_REGISTRY, 50, want).await;
+    scenario.teardown();
+}
