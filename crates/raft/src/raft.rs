@@ -911,16 +911,25 @@ impl<S: Storage> Raft<S> {
                     return Ok(());
                 };
                 pr.recent_active = true;
-                pr.probe_sent = false;
-                if pr.state == ProgressState::Replicate && pr.inflights.full() {
-                    // Our oldest append may have been lost: free a slot so replication
-                    // resumes (the follower will reject or accept what follows).
-                    pr.inflights.free_first_one();
+                let read_ack =
+                    self.read_only.option == ReadOnlyOption::Safe && !m.context.is_empty();
+                // Only the periodic heartbeat's answer resumes a paused probe or frees a
+                // full window: read-index heartbeats go out per read, and letting each
+                // answer release an append (up to `max_size_per_msg` read from the log)
+                // to a follower that lags made the leader's work grow with its reads.
+                if !read_ack {
+                    pr.probe_sent = false;
+                    if pr.state == ProgressState::Replicate && pr.inflights.full() {
+                        // Our oldest append may have been lost: free a slot so
+                        // replication resumes (the follower rejects or accepts what
+                        // follows).
+                        pr.inflights.free_first_one();
+                    }
+                    if pr.matched < last {
+                        self.send_append(from)?;
+                    }
                 }
-                if pr.matched < last {
-                    self.send_append(from)?;
-                }
-                if self.read_only.option == ReadOnlyOption::Safe && !m.context.is_empty() {
+                if read_ack {
                     self.handle_read_ack(from, &m.context)?;
                 }
                 Ok(())

@@ -37,6 +37,8 @@ mod malformed_input_rejected;
 mod membership_change_while_member_down;
 #[path = "scenarios/pre_vote_prevents_term_inflation.rs"]
 mod pre_vote_prevents_term_inflation;
+#[path = "scenarios/read_acks_do_not_resend_appends.rs"]
+mod read_acks_do_not_resend_appends;
 #[path = "scenarios/read_index_under_partition.rs"]
 mod read_index_under_partition;
 #[path = "scenarios/snapshot_send_and_install.rs"]
