@@ -208,6 +208,42 @@ impl MetaService {
         })
     }
 
+    /// The routing table as this meta member applied it, without asking the meta
+    /// leader; leaders as this node knows them (its own groups) or as the meta leader
+    /// last reported them. None if this node holds no live meta replica or no table.
+    fn member_routes(&self) -> Option<proto::GetRoutesResponse> {
+        let version = {
+            let groups = self.shared.groups.read();
+            let v = groups.get(&META_GROUP)?;
+            if v.failed.is_some() || v.applied == 0 {
+                return None;
+            }
+            v.applied
+        };
+        let mut routes = {
+            let meta = self.shared.meta.read();
+            let lv = self.shared.leader_view.lock();
+            phoenix_meta::route_table(&meta, &lv)
+        };
+        if routes.is_empty() {
+            return None;
+        }
+        let groups = self.shared.groups.read();
+        for r in &mut routes {
+            if let Some(v) = groups.get(&r.group_id).filter(|v| v.failed.is_none()) {
+                if v.leader != 0 {
+                    r.leader_node_id = v.leader;
+                    r.leader_addr = self.shared.addr_of(v.leader).unwrap_or_default();
+                }
+            }
+        }
+        Some(proto::GetRoutesResponse {
+            error: None,
+            routes,
+            version,
+        })
+    }
+
     async fn local_cluster(&self, timeout: Duration) -> Result<proto::GetClusterResponse, PErr> {
         self.read_index(timeout).await?;
         let meta = self.shared.meta.read();
@@ -265,10 +301,31 @@ impl proto::meta_server::Meta for MetaService {
         reply(
             async {
                 let timeout = timeout_of(r.timeout_ms)?;
-                self.leader_or_forward(timeout, self.local_routes(timeout), |mut c| async move {
-                    c.get_routes(r).await
-                })
-                .await
+                // Half the time for the meta leader, the rest for the fallback below.
+                let forwarded = proto::GetRoutesRequest {
+                    timeout_ms: (r.timeout_ms / 2).max(1),
+                };
+                let asked = self.leader_or_forward(
+                    timeout / 2,
+                    self.local_routes(timeout),
+                    |mut c| async move { c.get_routes(forwarded).await },
+                );
+                if self.is_meta_leader() {
+                    return asked.await;
+                }
+                // A meta member answers from its own applied table when the meta leader
+                // cannot answer in time (it is being elected, paused, cut off): routes
+                // are hints, every data node checks a request's epoch and range.
+                match tokio::time::timeout(timeout / 2, asked).await {
+                    Ok(Ok(resp)) => Ok(resp),
+                    failed => match self.member_routes() {
+                        Some(resp) => Ok(resp),
+                        None => match failed {
+                            Ok(Err(e)) => Err(e),
+                            _ => Err(PErr::deadline_exceeded(timeout.as_millis() as u64)),
+                        },
+                    },
+                }
             }
             .await,
         )

@@ -126,8 +126,12 @@ pub struct Peer {
     raw: RawNode<GroupStorage>,
     route: proto::Route,
     proposals: BTreeMap<u64, PendingProposal>,
+    /// Reads that arrived since the last read index was asked for: the next one
+    /// ([`Driver::issue_reads`]) covers them all, so a burst of reads costs one quorum
+    /// round, not one each.
+    reads_queued: Vec<ReadReply>,
     /// Read-index requests waiting for their read state, by context.
-    reads_waiting: HashMap<u64, ReadReply>,
+    reads_waiting: HashMap<u64, Vec<ReadReply>>,
     /// Confirmed reads waiting for the apply index to reach theirs.
     reads_ready: Vec<(u64, ReadReply)>,
     /// Received snapshots not yet installed, by index: only the one raft holds as its
@@ -152,7 +156,13 @@ impl Peer {
                 format!("{why} before the request was applied (leader now {leader})"),
             )));
         }
-        for (_, r) in std::mem::take(&mut self.reads_waiting) {
+        let waiting = std::mem::take(&mut self.reads_waiting)
+            .into_values()
+            .flatten();
+        for r in std::mem::take(&mut self.reads_queued)
+            .into_iter()
+            .chain(waiting)
+        {
             let _ = r.send(Err(proto::Error::group_unavailable(self.group, why)));
         }
         for (_, r) in std::mem::take(&mut self.reads_ready) {
@@ -176,6 +186,8 @@ pub struct Driver {
     /// Groups whose raft timers run: only they are ticked. A hibernating group leaves
     /// the set and comes back when a message, request or suspicion wakes it.
     awake: BTreeSet<u64>,
+    /// Groups with reads queued for the next read index.
+    reads_queued: BTreeSet<u64>,
 }
 
 fn raft_config(shared: &Shared, applied: u64) -> RaftConfig {
@@ -203,6 +215,7 @@ impl Driver {
             unopened: BTreeMap::new(),
             dirty: BTreeSet::new(),
             awake: BTreeSet::new(),
+            reads_queued: BTreeSet::new(),
         };
         for r in routes {
             let g = r.group_id;
@@ -271,6 +284,7 @@ impl Driver {
                 raw,
                 route,
                 proposals: BTreeMap::new(),
+                reads_queued: Vec::new(),
                 reads_waiting: HashMap::new(),
                 reads_ready: Vec::new(),
                 pending_snapshots: BTreeMap::new(),
@@ -333,6 +347,7 @@ impl Driver {
                     next_tick = Instant::now() + tick;
                 }
             }
+            self.issue_reads();
             for _ in 0..4 {
                 if !self.round() {
                     break;
@@ -379,6 +394,37 @@ impl Driver {
         }
         for (g, why) in failed {
             self.fail_group(g, why);
+        }
+    }
+
+    /// Asks each group with queued reads for one read index covering them all (reads
+    /// that arrived before it is asked are linearizable at the index it confirms).
+    fn issue_reads(&mut self) {
+        for g in std::mem::take(&mut self.reads_queued) {
+            let Some(p) = self.peers.get_mut(&g) else {
+                continue;
+            };
+            let replies = std::mem::take(&mut p.reads_queued);
+            if replies.is_empty() || p.failed.is_some() {
+                // A stopped replica answered them when it stopped.
+                continue;
+            }
+            let ctx = self.next_read_ctx;
+            self.next_read_ctx += 1;
+            match p.raw.read_index(Bytes::copy_from_slice(&ctx.to_be_bytes())) {
+                Ok(()) => {
+                    p.reads_waiting.insert(ctx, replies);
+                }
+                Err(e) => {
+                    for reply in replies {
+                        let _ = reply.send(Err(proto::Error::group_unavailable(
+                            g,
+                            format!("read index: {e}"),
+                        )));
+                    }
+                }
+            }
+            self.touch(g);
         }
     }
 
@@ -479,19 +525,8 @@ impl Driver {
                     return;
                 }
                 p.idle_ticks = 0;
-                let ctx = self.next_read_ctx;
-                self.next_read_ctx += 1;
-                match p.raw.read_index(Bytes::copy_from_slice(&ctx.to_be_bytes())) {
-                    Ok(()) => {
-                        p.reads_waiting.insert(ctx, reply);
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(proto::Error::group_unavailable(
-                            group,
-                            format!("read index: {e}"),
-                        )));
-                    }
-                }
+                p.reads_queued.push(reply);
+                self.reads_queued.insert(group);
                 self.touch(group);
             }
             Event::CreateReplica(route) => {
@@ -681,12 +716,15 @@ impl Driver {
                 .try_into()
                 .map(u64::from_be_bytes)
                 .unwrap_or(0);
-            if let Some(reply) = p.reads_waiting.remove(&ctx) {
+            for reply in p.reads_waiting.remove(&ctx).unwrap_or_default() {
                 p.reads_ready.push((rs.index, reply));
             }
         }
         release_reads(p);
-        p.reads_waiting.retain(|_, r| !r.is_closed());
+        p.reads_waiting.retain(|_, rs| {
+            rs.retain(|r| !r.is_closed());
+            !rs.is_empty()
+        });
         // A ready with nothing to persist is acknowledged now (after older ones).
         self.acknowledge_persisted(g)
     }

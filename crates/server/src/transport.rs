@@ -19,6 +19,7 @@ use parking_lot::{Mutex, RwLock};
 use phoenix_proto as proto;
 use phoenix_proto::convert;
 use phoenix_raft::Message;
+use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
@@ -27,6 +28,10 @@ use crate::node::Event;
 
 /// Most messages in one batch.
 const BATCH_MESSAGES_MAX: usize = 512;
+/// Most encoded bytes in one batch (a batch is one gRPC message, refused by the peer
+/// above `limits::MESSAGE_BYTES_MAX`; a batch holds at least one message). Appends to a
+/// follower that fell behind are up to 1 MiB each, and many queue at once.
+const BATCH_BYTES_MAX: usize = 4 << 20;
 /// Most queued messages per peer; beyond, new ones are dropped (raft retransmits).
 const QUEUE_MESSAGES_MAX: usize = 65_536;
 /// HTTP/2 pings on every peer connection, busy or idle: a paused or cut-off peer is
@@ -139,24 +144,44 @@ async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::Gro
         // the driver must hear of it then, because groups asleep with their leader on
         // that node notice nothing else.
         let mut ended = None;
+        // A message taken from the queue that did not fit the last batch.
+        let mut carried: Option<proto::GroupMessage> = None;
         loop {
-            let first = tokio::select! {
-                m = rx.recv() => match m {
-                    Some(m) => m,
-                    None => {
-                        call.abort();
-                        return;
+            let first = match carried.take() {
+                Some(m) => m,
+                None => tokio::select! {
+                    m = rx.recv() => match m {
+                        Some(m) => m,
+                        None => {
+                            call.abort();
+                            return;
+                        }
+                    },
+                    r = &mut call => {
+                        ended = Some(r);
+                        break;
                     }
                 },
-                r = &mut call => {
-                    ended = Some(r);
-                    break;
-                }
             };
+            let mut bytes = first.encoded_len();
+            if bytes > proto::limits::MESSAGE_BYTES_MAX / 2 {
+                // Cannot happen with raft's 1 MiB cap per append; never let it break the
+                // stream for the messages behind it.
+                tracing::warn!(to, bytes, "raft message too large to send; dropped");
+                continue;
+            }
             let mut messages = vec![first];
             while messages.len() < BATCH_MESSAGES_MAX {
                 match rx.try_recv() {
-                    Ok(m) => messages.push(m),
+                    Ok(m) => {
+                        let len = m.encoded_len();
+                        if bytes + len > BATCH_BYTES_MAX {
+                            carried = Some(m);
+                            break;
+                        }
+                        bytes += len;
+                        messages.push(m);
+                    }
                     Err(_) => break,
                 }
             }
@@ -286,5 +311,90 @@ impl proto::raft_transport_server::RaftTransport for TransportService {
         request: Request<Streaming<proto::SnapshotChunk>>,
     ) -> SnapshotResult {
         crate::snapshot::receive(Arc::clone(&self.shared), request.into_inner()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A peer that counts the raft messages it receives, with the node's size limit.
+    struct Sink {
+        got: Arc<AtomicUsize>,
+    }
+
+    #[tonic::async_trait]
+    impl proto::raft_transport_server::RaftTransport for Sink {
+        async fn stream(
+            &self,
+            request: Request<Streaming<proto::RaftBatch>>,
+        ) -> Result<Response<proto::RaftStreamDone>, Status> {
+            let mut s = request.into_inner();
+            // A peer slow to read (just resumed, busy): the sender's queue fills.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            while let Some(batch) = s.next().await {
+                let batch = batch?;
+                self.got.fetch_add(batch.messages.len(), Ordering::Relaxed);
+            }
+            Ok(Response::new(proto::RaftStreamDone {
+                reason: String::new(),
+            }))
+        }
+
+        async fn send_snapshot(
+            &self,
+            _request: Request<Streaming<proto::SnapshotChunk>>,
+        ) -> Result<Response<proto::SnapshotDone>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+    }
+
+    /// Many large appends queued at once (a follower back after a pause) all arrive:
+    /// batches stay under the peer's message limit. Cut by count alone, the first batch
+    /// was 40 MiB, the peer refused it and the stream broke with everything queued.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_of_large_appends_arrives_whole() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let got = Arc::new(AtomicUsize::new(0));
+        let sink = Sink {
+            got: Arc::clone(&got),
+        };
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(
+                    proto::raft_transport_server::RaftTransportServer::new(sink)
+                        .max_decoding_message_size(proto::limits::MESSAGE_BYTES_MAX),
+                )
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let addrs = Arc::new(RwLock::new(HashMap::from([(2u64, addr)])));
+        let (events, _rx) = crossbeam_channel::unbounded();
+        let t = Transport::new(1, addrs, events, tokio::runtime::Handle::current());
+        let n = 40;
+        for i in 0..n {
+            let mut m = Message::new(phoenix_raft::MessageType::Append, 1, 2, 1);
+            m.index = i;
+            m.entries = vec![phoenix_raft::Entry {
+                term: 1,
+                index: i + 1,
+                kind: phoenix_raft::EntryKind::Normal,
+                data: bytes::Bytes::from(vec![7u8; 1 << 20]),
+                conflict_keys: None,
+            }];
+            t.send(7, 1, m);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while got.load(Ordering::Relaxed) < n as usize && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            got.load(Ordering::Relaxed),
+            n as usize,
+            "messages delivered"
+        );
+        t.close();
+        server.abort();
     }
 }

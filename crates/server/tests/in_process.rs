@@ -193,6 +193,111 @@ async fn three_nodes_replicate_and_survive_leader_stop() {
     }
 }
 
+/// Waits until the meta service reports follower `follower` (an index into `addrs`)
+/// applied at least `min` and within 5 entries of `leader`.
+async fn wait_caught_up(
+    addrs: &[String],
+    route: &proto::Route,
+    leader: usize,
+    follower: usize,
+    min: u64,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    let mut last = Vec::new();
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "follower {} did not catch up within {within:?}; applied (node, index): {last:?}",
+            follower + 1
+        );
+        let groups = cluster_groups(addrs).await;
+        let g = groups.iter().find(|g| {
+            g.route
+                .as_ref()
+                .is_some_and(|r| r.group_id == route.group_id)
+        });
+        last = g
+            .map(|g| {
+                g.replicas
+                    .iter()
+                    .map(|r| (r.node_id, r.applied_index))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let of = |i: usize| last.iter().find(|(n, _)| *n == i as u64 + 1).map(|x| x.1);
+        if let (Some(f), Some(l)) = (of(follower), of(leader)) {
+            if f >= min && f + 5 >= l {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A follower that missed more than one gRPC message's worth of entries (16 MiB) catches
+/// up from the leader's log, in appends of at most 1 MiB that the transport batches
+/// under its message limit (`transport::tests::a_burst_of_large_appends_arrives_whole`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn follower_far_behind_catches_up_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let meta: Vec<MetaMember> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| MetaMember {
+            id: i as u64 + 1,
+            addr: a.clone(),
+        })
+        .collect();
+    let cfg = |i: usize| config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+    let mut nodes: Vec<Option<Node>> = (0..3).map(|i| Some(start(cfg(i)))).collect();
+    let route = wait_route(&addrs).await;
+    let leader = route.leader_node_id as usize - 1;
+    let follower = (leader + 1) % 3;
+    nodes[follower].take().unwrap().stop().await;
+    let live: Vec<String> = (0..3)
+        .filter(|&i| i != follower)
+        .map(|i| addrs[i].clone())
+        .collect();
+    // 32 MiB in 256 KiB values: about 32 appends of 1 MiB once the follower is back.
+    let value = vec![5u8; 256 << 10];
+    let n = 128u32;
+    for i in 0..n {
+        put(&live, &route, format!("b{i:05}").as_bytes(), &value).await;
+    }
+    nodes[follower] = Some(start(cfg(follower)));
+    let started = Instant::now();
+    wait_caught_up(
+        &addrs,
+        &route,
+        leader,
+        follower,
+        u64::from(n),
+        Duration::from_secs(30),
+    )
+    .await;
+    eprintln!("the follower caught up in {:?}", started.elapsed());
+    // It holds the data: with the old leader gone it serves every key.
+    nodes[leader].take().unwrap().stop().await;
+    let live: Vec<String> = (0..3)
+        .filter(|&i| i != leader)
+        .map(|i| addrs[i].clone())
+        .collect();
+    for i in (0..n).step_by(17) {
+        assert_eq!(
+            get(&live, &route, format!("b{i:05}").as_bytes()).await,
+            Some(value.clone()),
+            "key {i}"
+        );
+    }
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn follower_behind_truncated_log_catches_up_by_snapshot() {
     let dir = tempfile::tempdir().unwrap();
@@ -233,45 +338,15 @@ async fn follower_behind_truncated_log_catches_up_by_snapshot() {
     // The follower returns; its log ends far below the leader's first index.
     nodes[follower] = Some(start(cfg(follower)));
     // Wait until the meta leader sees it applied (nearly) everything the leader has.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(Instant::now() < deadline, "follower did not catch up");
-        let mut m = proto::meta_client::MetaClient::connect(format!("http://{}", addrs[leader]))
-            .await
-            .unwrap();
-        let c = m
-            .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
-            .await
-            .unwrap()
-            .into_inner();
-        let g = c.groups.iter().find(|g| {
-            g.route
-                .as_ref()
-                .is_some_and(|r| r.group_id == route.group_id)
-        });
-        let applied: Vec<(u64, u64)> = g
-            .map(|g| {
-                g.replicas
-                    .iter()
-                    .map(|r| (r.node_id, r.applied_index))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let f = applied
-            .iter()
-            .find(|(n, _)| *n == follower as u64 + 1)
-            .map(|x| x.1);
-        let l = applied
-            .iter()
-            .find(|(n, _)| *n == leader as u64 + 1)
-            .map(|x| x.1);
-        if let (Some(f), Some(l)) = (f, l) {
-            if f >= 600 && f + 5 >= l {
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_caught_up(
+        &addrs,
+        &route,
+        leader,
+        follower,
+        600,
+        Duration::from_secs(30),
+    )
+    .await;
     // Now stop the old leader: the caught-up follower must serve every write.
     nodes[leader].take().unwrap().stop().await;
     let live: Vec<String> = (0..3)
