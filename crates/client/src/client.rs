@@ -53,6 +53,11 @@ pub struct ClientOptions {
     pub timeout: Duration,
     /// Time to establish a TCP connection to a node.
     pub connect_timeout: Duration,
+    /// Longest wait for one node's answer when the request may be sent again (reads,
+    /// writes in a session): a node that is paused or cut off keeps its connection open
+    /// but says nothing, and the request moves on to another replica instead of spending
+    /// its whole deadline there. Route look-ups are bounded by it too.
+    pub attempt_timeout: Duration,
     /// Retry pacing.
     pub backoff: BackoffPolicy,
     /// Keys longer than this are refused before sending.
@@ -77,6 +82,8 @@ impl Default for ClientOptions {
         ClientOptions {
             timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(1),
+            // An election takes 1–2 s; a healthy node answers in milliseconds.
+            attempt_timeout: Duration::from_millis(1_000),
             backoff: BackoffPolicy::default(),
             key_bytes_max: limits::KEY_BYTES_MAX,
             value_bytes_max: limits::VALUE_BYTES_MAX,
@@ -278,6 +285,9 @@ impl Drop for SeqGuard<'_> {
     }
 }
 
+/// How long a route look-up waits for one node before asking the next one as well.
+const HEDGE_AFTER: Duration = Duration::from_millis(200);
+
 /// A PhoenixKV client: cheap to clone, safe to share between tasks.
 #[derive(Clone)]
 pub struct Client {
@@ -349,15 +359,25 @@ impl Client {
     pub async fn connect(endpoints: Vec<String>, opts: ClientOptions) -> Result<Client> {
         let client = Client::new_lazy(endpoints, opts)?;
         let deadline = Instant::now() + client.timeout;
-        if let Err(last) = client.refresh_routes(deadline).await {
-            return Err(ClientError::DeadlineExceeded {
-                op: "connect",
-                timeout: client.timeout,
-                attempts: 1,
-                last,
-            });
+        // Every node may refuse for a moment (the meta group electing a leader): ask
+        // again until the deadline, as any request would.
+        let mut attempts = 0u32;
+        let mut backoffs = 0u32;
+        loop {
+            attempts += 1;
+            match client.refresh_routes(deadline).await {
+                Ok(()) => return Ok(client),
+                Err(last) if Instant::now() >= deadline => {
+                    return Err(ClientError::DeadlineExceeded {
+                        op: "connect",
+                        timeout: client.timeout,
+                        attempts,
+                        last,
+                    })
+                }
+                Err(_) => client.backoff(&mut backoffs, deadline).await,
+            }
         }
-        Ok(client)
     }
 
     /// A client that contacts the cluster only on its first call.
@@ -510,44 +530,77 @@ impl Client {
             .stats
             .route_refreshes
             .fetch_add(1, Ordering::Relaxed);
+        // Hedged: the next node is asked too if the first has not answered within
+        // HEDGE_AFTER (a paused node holds its connection open and says nothing), and
+        // at once when one fails; the first table wins.
+        let mut candidates = self.meta_candidates().into_iter();
+        let mut asking = tokio::task::JoinSet::new();
         let mut last = String::from("no node asked");
-        for addr in self.meta_candidates() {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            // One slow node must not eat the whole deadline.
-            let per_try = (deadline - now).min(Duration::from_secs(2));
-            let channel = match self.channel(&addr) {
-                Ok(c) => c,
-                Err(e) => {
-                    last = e.to_string();
-                    continue;
+        loop {
+            if asking.is_empty() {
+                match candidates.next() {
+                    Some(addr) => self.ask_routes(&mut asking, addr, deadline),
+                    None => return Err(last),
                 }
-            };
-            let req = pb::GetRoutesRequest {
-                timeout_ms: per_try.as_millis().max(1) as u64,
-            };
-            let mut meta = self.meta(channel);
-            match tokio::time::timeout(per_try, meta.get_routes(req)).await {
-                Err(_) => last = format!("{addr}: GetRoutes timed out"),
-                Ok(Err(status)) => last = format!("{addr}: {}", status.message()),
-                Ok(Ok(resp)) => {
-                    let resp = resp.into_inner();
-                    if let Some(err) = resp.error {
-                        last = format!("{addr}: {err}");
-                        continue;
+            }
+            let more = candidates.len() > 0;
+            tokio::select! {
+                joined = asking.join_next() => match joined {
+                    Some(Ok(Ok(routes))) => {
+                        self.install_routes(&routes);
+                        return Ok(());
                     }
-                    if resp.routes.is_empty() {
-                        last = format!("{addr}: the cluster has no routes yet (bootstrapping?)");
-                        continue;
+                    Some(Ok(Err(e))) => last = e,
+                    Some(Err(e)) => last = format!("route look-up task: {e}"),
+                    None => {}
+                },
+                () = tokio::time::sleep(HEDGE_AFTER), if more => {
+                    if let Some(addr) = candidates.next() {
+                        self.ask_routes(&mut asking, addr, deadline);
                     }
-                    self.install_routes(&resp.routes);
-                    return Ok(());
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err(format!("no node gave the routes in time (last: {last})"));
                 }
             }
         }
-        Err(last)
+    }
+
+    /// Starts asking `addr` for the routing table (one attempt, bounded by the attempt
+    /// timeout).
+    fn ask_routes(
+        &self,
+        asking: &mut tokio::task::JoinSet<std::result::Result<Vec<pb::Route>, String>>,
+        addr: String,
+        deadline: Instant,
+    ) {
+        let client = self.clone();
+        asking.spawn(async move {
+            let per_try = deadline
+                .saturating_duration_since(Instant::now())
+                .min(client.inner.opts.attempt_timeout);
+            let channel = client.channel(&addr).map_err(|e| e.to_string())?;
+            let req = pb::GetRoutesRequest {
+                timeout_ms: per_try.as_millis().max(1) as u64,
+            };
+            let mut meta = client.meta(channel);
+            match tokio::time::timeout(per_try, meta.get_routes(req)).await {
+                Err(_) => Err(format!("{addr}: GetRoutes timed out")),
+                Ok(Err(status)) => Err(format!("{addr}: {}", status.message())),
+                Ok(Ok(resp)) => {
+                    let resp = resp.into_inner();
+                    if let Some(err) = resp.error {
+                        return Err(format!("{addr}: {err}"));
+                    }
+                    if resp.routes.is_empty() {
+                        return Err(format!(
+                            "{addr}: the cluster has no routes yet (bootstrapping?)"
+                        ));
+                    }
+                    Ok(resp.routes)
+                }
+            }
+        });
     }
 
     fn install_routes(&self, wire: &[pb::Route]) {
@@ -718,17 +771,40 @@ impl Client {
             let channel = self.channel(&addr)?;
             attempts += 1;
             self.inner.stats.attempts.fetch_add(1, Ordering::Relaxed);
+            // An attempt that may be repeated gets a bounded share of the deadline; one
+            // that may not (a write outside a session) keeps all of it.
+            let budget = if retry_ambiguous {
+                remaining.min(self.inner.opts.attempt_timeout)
+            } else {
+                remaining
+            };
             let header = RequestHeader {
                 group_id: route.group_id,
                 epoch: route.epoch,
-                timeout_ms: (remaining.as_millis() as u64).clamp(1, limits::TIMEOUT_MS_MAX),
+                timeout_ms: (budget.as_millis() as u64).clamp(1, limits::TIMEOUT_MS_MAX),
                 client_id: seq_guard.as_ref().map_or(0, |_| session.client_id),
                 seq: seq_guard.as_ref().map_or(0, |g| g.seq),
                 acked_below: seq_guard.as_ref().map_or(0, |_| session.acked_below()),
             };
-            let answer = tokio::time::timeout_at(deadline, call(channel, header)).await;
+            let answer = tokio::time::timeout(budget, call(channel, header)).await;
             let group = route.group_id;
             match answer {
+                Err(_) if retry_ambiguous && Instant::now() < deadline => {
+                    // Silent within the attempt's budget (paused, cut off, overloaded):
+                    // resend elsewhere (only reads and session writes get here) and
+                    // learn the leader anew.
+                    last = format!("node {node} at {addr} did not answer within {budget:?}");
+                    tracing::debug!(op, group, node, %addr, "attempt timed out");
+                    maybe_applied = true;
+                    {
+                        let mut t = self.write_table();
+                        if t.by_group(group).and_then(|r| r.leader) == Some(node) {
+                            t.set_leader(group, None);
+                        }
+                    }
+                    rotate += 1;
+                    redirects_in_row = 0;
+                }
                 Err(_) => {
                     // The deadline often falls inside an attempt; keep what the
                     // cluster said before it, which is usually the real cause.
