@@ -31,6 +31,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::Distribution as _;
 
 use super::common::{latency_histogram, progress};
+use super::nemesis::{Fault, Nemesis};
 use super::BenchError;
 use crate::cmd::playground::{free_ports, ClusterSpec, LocalCluster, Proc};
 use crate::output::Report;
@@ -89,9 +90,28 @@ pub struct Args {
     /// Deadline of each request in milliseconds.
     #[arg(long = "timeout_ms", alias = "timeout-ms", default_value_t = 5_000)]
     pub timeout_ms: u64,
-    /// Seed of the workload's random choices (printed; reruns pick the same keys).
+    /// Seed of the workload's random choices (printed; reruns pick the same keys) and of
+    /// the nemesis' schedule.
     #[arg(long, env = "PHOENIX_SEED", default_value_t = 1)]
     pub seed: u64,
+    /// Faults injected into the spawned cluster during each run, one node at a time
+    /// (kill: SIGKILL then restart; pause: SIGSTOP then SIGCONT); needs --spawn.
+    #[arg(long, value_delimiter = ',')]
+    pub nemesis: Vec<Fault>,
+    /// How each operation reaches the cluster: `grpc` (long-lived clients in this
+    /// process) or `cli` (one `phoenix get/put` or `etcdctl` process per operation, as a
+    /// script would).
+    #[arg(long = "client-mode", value_enum, default_value = "grpc")]
+    pub client_mode: ClientMode,
+}
+
+/// How operations reach the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClientMode {
+    /// Long-lived clients: `phoenix-client`, or etcd's gRPC API.
+    Grpc,
+    /// A fresh process per operation: `phoenix get/put --hex` or `etcdctl get/put`.
+    Cli,
 }
 
 /// A system the bench can drive.
@@ -260,6 +280,151 @@ fn mix64(mut z: u64) -> u64 {
 enum Target {
     Phoenix(Client),
     Etcd(super::etcd::KvClient),
+    /// One process per operation (`--client-mode cli`).
+    Cli(CliTarget),
+}
+
+/// How to run one operation as a process: this binary's `get`/`put` or `etcdctl`.
+#[derive(Clone)]
+struct CliTarget {
+    kind: TargetKind,
+    endpoints: Vec<String>,
+    /// The `phoenix` binary (this one) or `etcdctl`.
+    program: PathBuf,
+}
+
+/// Why an operation did not complete.
+#[derive(Debug)]
+struct OpError {
+    msg: String,
+    /// A write that may or may not have taken effect (as opposed to a definite failure).
+    unknown: bool,
+}
+
+impl OpError {
+    fn failed(msg: impl Into<String>) -> Self {
+        OpError {
+            msg: msg.into(),
+            unknown: false,
+        }
+    }
+
+    fn unknown(msg: impl Into<String>) -> Self {
+        OpError {
+            msg: msg.into(),
+            unknown: true,
+        }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|d| u8::from_str_radix(d, 16).ok()))
+        .collect()
+}
+
+impl CliTarget {
+    /// Runs one operation; `Ok((exit code, stdout))`, or `Err` if it could not be run
+    /// or outlived the deadline (plus a grace for process start-up).
+    async fn exec(&self, args: &[String], timeout: Duration) -> Result<(i32, String), String> {
+        let mut cmd = tokio::process::Command::new(&self.program);
+        match self.kind {
+            TargetKind::Etcd => {
+                cmd.env("ETCDCTL_API", "3")
+                    .arg(format!("--endpoints={}", self.endpoints.join(",")))
+                    .arg(format!("--command-timeout={}ms", timeout.as_millis()));
+            }
+            TargetKind::Phoenix | TargetKind::PhoenixWal => {
+                cmd.env_remove("PHOENIX_ENDPOINTS");
+            }
+        }
+        cmd.args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(timeout + Duration::from_secs(5), cmd.output())
+            .await
+            .map_err(|_| format!("{} did not exit in time", self.program.display()))?
+            .map_err(|e| format!("run {}: {e}", self.program.display()))?;
+        let code = out.status.code().unwrap_or(-1);
+        if code != 0 && code != 1 {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let last = err.lines().last().unwrap_or("").trim().to_string();
+            return Err(format!("exit {code}: {last}"));
+        }
+        Ok((
+            code,
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        ))
+    }
+
+    fn phoenix_args(&self, op: &str, timeout: Duration) -> Vec<String> {
+        vec![
+            op.to_string(),
+            "--hex".into(),
+            "--endpoints".into(),
+            self.endpoints.join(","),
+            "--timeout-ms".into(),
+            timeout.as_millis().to_string(),
+        ]
+    }
+
+    async fn get(&self, key: &[u8], timeout: Duration) -> Result<Option<Vec<u8>>, OpError> {
+        let args = match self.kind {
+            TargetKind::Etcd => vec![
+                "get".into(),
+                String::from_utf8_lossy(key).into_owned(),
+                "--print-value-only".into(),
+            ],
+            _ => {
+                let mut a = self.phoenix_args("get", timeout);
+                a.push(hex(key));
+                a
+            }
+        };
+        let (code, out) = self.exec(&args, timeout).await.map_err(OpError::failed)?;
+        match (self.kind, code) {
+            (_, 1) => Ok(None),
+            (TargetKind::Etcd, _) if out.is_empty() => Ok(None),
+            _ => unhex(&out)
+                .map(Some)
+                .ok_or_else(|| OpError::failed(format!("get printed {out:?}, not hex"))),
+        }
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8], timeout: Duration) -> Result<(), OpError> {
+        let args = match self.kind {
+            TargetKind::Etcd => vec![
+                "put".into(),
+                String::from_utf8_lossy(key).into_owned(),
+                hex(value),
+            ],
+            _ => {
+                let mut a = self.phoenix_args("put", timeout);
+                a.push(hex(key));
+                a.push(hex(value));
+                a
+            }
+        };
+        // A process that failed may have sent the write: its outcome is unknown.
+        match self.exec(&args, timeout).await.map_err(OpError::unknown)? {
+            (0, _) => Ok(()),
+            (code, out) => Err(OpError::unknown(format!("put exited {code}: {out}"))),
+        }
+    }
 }
 
 impl Target {
@@ -296,30 +461,84 @@ impl Target {
         }
     }
 
-    async fn get(&mut self, key: &[u8], timeout: Duration) -> Result<Option<Vec<u8>>, String> {
+    /// A target whose every operation is a process (`--client-mode cli`).
+    fn cli(kind: TargetKind, endpoints: &[String]) -> Result<Self, BenchError> {
+        let program = match kind {
+            TargetKind::Etcd => PathBuf::from("etcdctl"),
+            _ => std::env::current_exe().map_err(|e| format!("locate the phoenix binary: {e}"))?,
+        };
+        Ok(Target::Cli(CliTarget {
+            kind,
+            endpoints: endpoints.to_vec(),
+            program,
+        }))
+    }
+
+    async fn get(&mut self, key: &[u8], timeout: Duration) -> Result<Option<Vec<u8>>, OpError> {
         match self {
-            Target::Phoenix(c) => c.get(key).await.map_err(|e| e.to_string()),
+            Target::Phoenix(c) => c.get(key).await.map_err(|e| OpError::failed(e.to_string())),
             Target::Etcd(kv) => {
                 // etcd's Range is linearizable unless `serializable` is set: the same
                 // guarantee as PhoenixKV's ReadIndex reads.
-                tokio::time::timeout(timeout, kv.get(key))
-                    .await
-                    .map_err(|_| "deadline exceeded".to_string())?
-                    .map_err(|e| e.to_string())
+                let deadline = tokio::time::Instant::now() + timeout;
+                etcd_retrying(deadline, false, || {
+                    let mut kv = kv.clone();
+                    let key = key.to_vec();
+                    async move { kv.get(&key).await }
+                })
+                .await
+                .map_err(OpError::failed)
             }
+            Target::Cli(c) => c.get(key, timeout).await,
         }
     }
 
-    async fn put(&mut self, key: &[u8], value: &[u8], timeout: Duration) -> Result<(), String> {
+    async fn put(&mut self, key: &[u8], value: &[u8], timeout: Duration) -> Result<(), OpError> {
         match self {
-            Target::Phoenix(c) => c.put(key, value).await.map_err(|e| e.to_string()),
+            Target::Phoenix(c) => c.put(key, value).await.map_err(|e| OpError {
+                unknown: matches!(e, phoenix_client::ClientError::Ambiguous { .. }),
+                msg: e.to_string(),
+            }),
             Target::Etcd(kv) => {
-                tokio::time::timeout(timeout, kv.put(key, value))
-                    .await
-                    .map_err(|_| "deadline exceeded".to_string())?
-                    .map_err(|e| e.to_string())?;
-                Ok(())
+                // The etcd client cannot tell a refused write from a lost answer.
+                let deadline = tokio::time::Instant::now() + timeout;
+                etcd_retrying(deadline, true, || {
+                    let mut kv = kv.clone();
+                    let (key, value) = (key.to_vec(), value.to_vec());
+                    async move { kv.put(&key, &value).await }
+                })
+                .await
+                .map_err(OpError::unknown)
             }
+            Target::Cli(c) => c.put(key, value, timeout).await,
+        }
+    }
+}
+
+/// Runs an etcd call until it succeeds, fails in a way etcd's own client would not
+/// retry ([`super::etcd::retryable`]), or the deadline passes; retries are paced as
+/// clientv3 paces them (25 ms, jittered).
+async fn etcd_retrying<T, F, Fut>(
+    deadline: tokio::time::Instant,
+    write: bool,
+    mut call: F,
+) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, super::etcd::Error>>,
+{
+    loop {
+        match tokio::time::timeout_at(deadline, call()).await {
+            Err(_) => return Err("deadline exceeded".into()),
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if super::etcd::retryable(&e, write) => {
+                let pause = Duration::from_millis(rand::thread_rng().gen_range(20..30));
+                if tokio::time::Instant::now() + pause >= deadline {
+                    return Err(format!("deadline exceeded (last: {e})"));
+                }
+                tokio::time::sleep(pause).await;
+            }
+            Ok(Err(e)) => return Err(e.to_string()),
         }
     }
 }
@@ -328,6 +547,24 @@ impl Target {
 enum Spawned {
     Phoenix(LocalCluster),
     Etcd(Vec<Proc>),
+}
+
+impl Spawned {
+    /// Hands the node processes to the nemesis for a run.
+    fn take_procs(&mut self) -> Vec<Proc> {
+        match self {
+            Spawned::Phoenix(c) => std::mem::take(&mut c.nodes),
+            Spawned::Etcd(p) => std::mem::take(p),
+        }
+    }
+
+    /// Takes them back after the run.
+    fn put_procs(&mut self, procs: Vec<Proc>) {
+        match self {
+            Spawned::Phoenix(c) => c.nodes = procs,
+            Spawned::Etcd(p) => *p = procs,
+        }
+    }
 }
 
 fn wipe(dir: &std::path::Path) -> Result<(), BenchError> {
@@ -400,7 +637,8 @@ async fn spawn_target(
                 let probe = async {
                     let mut t = Target::connect(kind, &endpoints, Duration::from_secs(2)).await?;
                     t.put(b"phoenix-bench-probe", b"1", Duration::from_secs(2))
-                        .await?;
+                        .await
+                        .map_err(|e| e.msg)?;
                     Ok::<(), BenchError>(())
                 };
                 match probe.await {
@@ -437,7 +675,10 @@ async fn spawn_target(
 struct Window {
     reads: Histogram<u64>,
     writes: Histogram<u64>,
-    errors: u64,
+    /// Operations that definitely did not take effect (failed reads, refused writes).
+    failed: u64,
+    /// Writes whose outcome is unknown.
+    unknown: u64,
     first_error: Option<String>,
 }
 
@@ -446,9 +687,14 @@ impl Window {
         Window {
             reads: latency_histogram(),
             writes: latency_histogram(),
-            errors: 0,
+            failed: 0,
+            unknown: 0,
             first_error: None,
         }
+    }
+
+    fn errors(&self) -> u64 {
+        self.failed + self.unknown
     }
 
     fn ops(&self) -> u64 {
@@ -459,7 +705,8 @@ impl Window {
         // Both histograms have the same bounds, so adding cannot fail.
         let _ = self.reads.add(&other.reads);
         let _ = self.writes.add(&other.writes);
-        self.errors += other.errors;
+        self.failed += other.failed;
+        self.unknown += other.unknown;
         if self.first_error.is_none() {
             self.first_error.clone_from(&other.first_error);
         }
@@ -481,7 +728,10 @@ pub struct RunResult {
     clients: usize,
     ops: u64,
     elapsed: Duration,
-    errors: u64,
+    failed: u64,
+    unknown: u64,
+    /// The longest time in which no operation completed.
+    longest_gap: Duration,
     p50_us: f64,
     p99_us: f64,
     read_p99_us: f64,
@@ -491,6 +741,57 @@ pub struct RunResult {
 impl RunResult {
     fn throughput(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Failed plus unknown operations, as a share of all attempted.
+    fn error_share(&self) -> f64 {
+        let errors = self.failed + self.unknown;
+        errors as f64 / (self.ops + errors).max(1) as f64
+    }
+}
+
+/// Windows without a completion: the clock of the last completion and the gaps seen.
+struct Gaps {
+    start: Instant,
+    /// Nanoseconds from `start` to the latest completion.
+    last_ns: AtomicU64,
+    /// Gaps of at least [`GAP_REPORTED`]: (start ns, length ns).
+    long: Mutex<Vec<(u64, u64)>>,
+}
+
+/// Windows without a completion at least this long are listed in the report.
+const GAP_REPORTED: Duration = Duration::from_millis(500);
+
+impl Gaps {
+    fn new(start: Instant) -> Self {
+        Gaps {
+            start,
+            last_ns: AtomicU64::new(0),
+            long: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Notes a completion now.
+    fn completed(&self) {
+        let now = self.start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        self.note(now);
+    }
+
+    fn note(&self, now: u64) {
+        let prev = self.last_ns.fetch_max(now, Ordering::AcqRel);
+        if now > prev && now - prev >= GAP_REPORTED.as_nanos() as u64 {
+            if let Ok(mut l) = self.long.lock() {
+                l.push((prev, now - prev));
+            }
+        }
+    }
+
+    /// The gaps at least [`GAP_REPORTED`] long, the one up to `end` included.
+    fn finish(&self, end: Instant) -> Vec<(u64, u64)> {
+        self.note(end.duration_since(self.start).as_nanos() as u64);
+        let mut l = self.long.lock().map(|l| l.clone()).unwrap_or_default();
+        l.sort_unstable();
+        l
     }
 }
 
@@ -520,6 +821,7 @@ struct Shared {
     window: Mutex<Window>,
     verify: Option<Vec<tokio::sync::Mutex<KeyState>>>,
     bad_reads: Mutex<Vec<String>>,
+    gaps: Gaps,
 }
 
 async fn client_task(
@@ -569,11 +871,13 @@ async fn client_task(
                         Some(slot) => {
                             let mut st = slot.lock().await;
                             let r = target.put(&key, &value, shared.timeout).await;
-                            if r.is_ok() {
-                                st.acked = Some(seq);
-                                st.unknown.clear();
-                            } else {
-                                st.unknown.push(seq);
+                            match &r {
+                                Ok(()) => {
+                                    st.acked = Some(seq);
+                                    st.unknown.clear();
+                                }
+                                Err(e) if e.unknown => st.unknown.push(seq),
+                                Err(_) => {}
                             }
                             r
                         }
@@ -582,6 +886,9 @@ async fn client_task(
             }
         };
         let ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        if outcome.is_ok() {
+            shared.gaps.completed();
+        }
         if let Ok(mut win) = shared.window.lock() {
             match outcome {
                 Ok(()) => {
@@ -593,9 +900,13 @@ async fn client_task(
                     let _ = h.record(ns.max(1));
                 }
                 Err(e) => {
-                    win.errors += 1;
+                    if e.unknown {
+                        win.unknown += 1;
+                    } else {
+                        win.failed += 1;
+                    }
                     if win.first_error.is_none() {
-                        win.first_error = Some(e);
+                        win.first_error = Some(e.msg);
                     }
                 }
             }
@@ -624,6 +935,7 @@ async fn run_once(
         window: Mutex::new(Window::new()),
         verify,
         bad_reads: Mutex::new(Vec::new()),
+        gaps: Gaps::new(Instant::now()),
     });
     report.line(format_args!(
         "-- {label}: {clients} clients, {ops} ops, read ratio {}, {} B keys, {} B values, {} keys {:?}, seed {}",
@@ -652,6 +964,7 @@ async fn run_once(
         Duration::from_secs(1),
     );
     let deadline = args.duration_s.map(|s| start + Duration::from_secs(s));
+    let mut stopped_at = None;
     let mut last = Instant::now();
     loop {
         tokio::select! {
@@ -673,24 +986,30 @@ async fn run_once(
                 let mut all = win.reads.clone();
                 let _ = all.add(&win.writes);
                 let line = format!(
-                    "[{:>4}s] {:>9.0} ops/s  p50 {:>8.0} us  p99 {:>8.0} us  errors {}{}",
+                    "[{:>4}s] {:>9.0} ops/s  p50 {:>8.0} us  p99 {:>8.0} us  failed {} unknown {}{}",
                     start.elapsed().as_secs(),
                     win.ops() as f64 / secs,
                     us(&all, 0.5),
                     us(&all, 0.99),
-                    win.errors,
+                    win.failed,
+                    win.unknown,
                     win.first_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
                 );
                 if bar.is_hidden() { report.line(format_args!("{line}")); } else { bar.println(line); }
                 total.merge(&win);
-                bar.set_position((total.ops() + total.errors).min(ops));
-                if deadline.is_some_and(|d| now >= d) {
+                bar.set_position((total.ops() + total.errors()).min(ops));
+                if deadline.is_some_and(|d| now >= d) && stopped_at.is_none() {
                     shared.stop.store(true, Ordering::Relaxed);
+                    stopped_at = Some(now);
                 }
             }
         }
     }
-    let elapsed = start.elapsed();
+    let end = Instant::now();
+    let elapsed = end.duration_since(start);
+    // The window that ends the run is measured to when operations stopped being
+    // started, not to when the last ones in flight came back.
+    let gaps = shared.gaps.finish(stopped_at.unwrap_or(end));
     if let Ok(mut w) = shared.window.lock() {
         total.merge(&w);
         *w = Window::new();
@@ -703,14 +1022,16 @@ async fn run_once(
         clients,
         ops: total.ops(),
         elapsed,
-        errors: total.errors,
+        failed: total.failed,
+        unknown: total.unknown,
+        longest_gap: Duration::from_nanos(gaps.iter().map(|g| g.1).max().unwrap_or(0)),
         p50_us: us(&all, 0.5),
         p99_us: us(&all, 0.99),
         read_p99_us: us(&total.reads, 0.99),
         write_p99_us: us(&total.writes, 0.99),
     };
     report.line(format_args!(
-        "   {label}: {} ops in {:.2} s = {:.0} ops/s; all p50 {:.0} us p99 {:.0} us p999 {:.0} us; reads {} (p99 {:.0} us), writes {} (p99 {:.0} us); errors {}{}",
+        "   {label}: {} ops in {:.2} s = {:.0} ops/s; all p50 {:.0} us p99 {:.0} us p999 {:.0} us; reads {} (p99 {:.0} us), writes {} (p99 {:.0} us); failed {}, unknown {} ({:.2}% of attempts){}",
         result.ops,
         elapsed.as_secs_f64(),
         result.throughput(),
@@ -721,9 +1042,28 @@ async fn run_once(
         result.read_p99_us,
         total.writes.len(),
         result.write_p99_us,
-        total.errors,
+        total.failed,
+        total.unknown,
+        100.0 * result.error_share(),
         total.first_error.as_deref().map(|e| format!(" (first: {e})")).unwrap_or_default()
     ));
+    if gaps.is_empty() {
+        report.line(format_args!(
+            "   no window without a completion of {} ms or more",
+            GAP_REPORTED.as_millis()
+        ));
+    } else {
+        let list: Vec<String> = gaps
+            .iter()
+            .map(|(at, len)| format!("{:.2}s at {:.1}s", *len as f64 / 1e9, *at as f64 / 1e9))
+            .collect();
+        report.line(format_args!(
+            "   windows without a completion (>= {} ms): {}; longest {:.2} s",
+            GAP_REPORTED.as_millis(),
+            list.join(", "),
+            result.longest_gap.as_secs_f64()
+        ));
+    }
     let bad = shared
         .bad_reads
         .lock()
@@ -756,14 +1096,14 @@ async fn verify_all(
         }
         let idx = i as u64;
         let key = workload.key(idx);
-        let mut got = Err(String::new());
+        let mut got = Err(OpError::failed("not read"));
         for _ in 0..3 {
             got = target.get(&key, timeout).await;
             if got.is_ok() {
                 break;
             }
         }
-        let got = got.map_err(|e| format!("verify: read key {idx}: {e}"))?;
+        let got = got.map_err(|e| format!("verify: read key {idx}: {}", e.msg))?;
         let seq = match got {
             None => None,
             Some(v) => Some(workload.check_value(idx, &v)?),
@@ -802,6 +1142,9 @@ pub fn run(args: Args, report: Report) -> Result<(), BenchError> {
             "--target phoenix-wal needs --spawn (the engine WAL is a server option)".into(),
         );
     }
+    if !args.nemesis.is_empty() && args.spawn.is_none() {
+        return Err("--nemesis needs --spawn (it kills and pauses the spawned nodes)".into());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -831,6 +1174,11 @@ async fn run_all(args: Args, workload: Workload, report: Report) -> Result<(), B
             endpoints.join(",")
         ));
         let mut target = Target::connect(kind, &endpoints, timeout).await?;
+        let run_target = match args.client_mode {
+            ClientMode::Grpc => target.clone(),
+            ClientMode::Cli => Target::cli(kind, &endpoints)?,
+        };
+        let mut spawned = spawned;
         let mut verify: Option<Vec<tokio::sync::Mutex<KeyState>>> = if args.verify {
             let n = usize::try_from(args.keys).map_err(|_| "--keys too large for --verify")?;
             Some(
@@ -859,8 +1207,19 @@ async fn run_all(args: Args, workload: Workload, report: Report) -> Result<(), B
             verify = v;
         }
         for &clients in &args.clients {
-            let (r, v) = run_once(
-                &target,
+            let nemesis = match (&mut spawned, args.nemesis.is_empty()) {
+                (Some(sp), false) => {
+                    let n = Nemesis::start(sp.take_procs(), args.nemesis.clone(), args.seed)?;
+                    report.line(format_args!(
+                        "   nemesis: {:?}, one node at a time, seed {}",
+                        args.nemesis, args.seed
+                    ));
+                    Some(n)
+                }
+                _ => None,
+            };
+            let ran = run_once(
+                &run_target,
                 kind,
                 &workload,
                 &args,
@@ -872,7 +1231,18 @@ async fn run_all(args: Args, workload: Workload, report: Report) -> Result<(), B
                 verify.take(),
                 report,
             )
-            .await?;
+            .await;
+            if let Some(n) = nemesis {
+                let (procs, events) = n.finish()?;
+                if let Some(sp) = &mut spawned {
+                    sp.put_procs(procs);
+                }
+                report.line(format_args!("   nemesis: {} faults", events.len()));
+                for e in &events {
+                    report.line(format_args!("     {e}"));
+                }
+            }
+            let (r, v) = ran?;
             verify = v;
             results.push(r);
         }
@@ -909,7 +1279,10 @@ fn summary_json(results: &[RunResult]) -> serde_json::Value {
                 "ops": r.ops,
                 "seconds": r.elapsed.as_secs_f64(),
                 "ops_per_sec": r.throughput(),
-                "errors": r.errors,
+                "failed": r.failed,
+                "unknown": r.unknown,
+                "error_share": r.error_share(),
+                "longest_gap_s": r.longest_gap.as_secs_f64(),
                 "p50_us": r.p50_us,
                 "p99_us": r.p99_us,
                 "read_p99_us": r.read_p99_us,
@@ -921,7 +1294,7 @@ fn summary_json(results: &[RunResult]) -> serde_json::Value {
 }
 
 fn summary_table(results: &[RunResult]) -> String {
-    let mut out = String::from("\n| target | clients | ops/s | p50 (us) | p99 (us) | errors | vs first target |\n|---|---|---|---|---|---|---|\n");
+    let mut out = String::from("\n| target | clients | ops/s | p50 (us) | p99 (us) | failed + unknown | longest gap (s) | vs first target |\n|---|---|---|---|---|---|---|---|\n");
     let first = results.first().map(|r| r.target);
     for r in results {
         let base = results
@@ -933,13 +1306,16 @@ fn summary_table(results: &[RunResult]) -> String {
         });
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {} + {} ({:.2}%) | {:.2} | {} |",
             r.target.name(),
             r.clients,
             r.throughput(),
             r.p50_us,
             r.p99_us,
-            r.errors,
+            r.failed,
+            r.unknown,
+            100.0 * r.error_share(),
+            r.longest_gap.as_secs_f64(),
             ratio
         );
     }
@@ -1032,7 +1408,9 @@ mod tests {
             clients: 4,
             ops,
             elapsed: Duration::from_secs(1),
-            errors: 0,
+            failed: 0,
+            unknown: 0,
+            longest_gap: Duration::ZERO,
             p50_us: 1.0,
             p99_us: 2.0,
             read_p99_us: 0.0,
@@ -1040,9 +1418,12 @@ mod tests {
         };
         let t = summary_table(&[r(TargetKind::Phoenix, 2000), r(TargetKind::Etcd, 1000)]);
         assert!(
-            t.contains("| phoenix | 4 | 2000 | 1 | 2 | 0 | 1.00x |"),
+            t.contains("| phoenix | 4 | 2000 | 1 | 2 | 0 + 0 (0.00%) | 0.00 | 1.00x |"),
             "{t}"
         );
-        assert!(t.contains("| etcd | 4 | 1000 | 1 | 2 | 0 | 0.50x |"), "{t}");
+        assert!(
+            t.contains("| etcd | 4 | 1000 | 1 | 2 | 0 + 0 (0.00%) | 0.00 | 0.50x |"),
+            "{t}"
+        );
     }
 }

@@ -66,6 +66,21 @@ pub struct KvClient {
 /// Why a call failed: the channel, or etcd's answer.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// How a call that found no connection to send on fails (so it was never sent).
+const NO_CONNECTION: &str = "no connection available";
+
+/// Whether etcd's own client (clientv3 3.4) would retry a failed call: reads on any
+/// `Unavailable` (a leader change, a member going away), writes only when the request
+/// was never sent (no connection). Others are reported.
+pub fn retryable(e: &Error, write: bool) -> bool {
+    match e.downcast_ref::<tonic::Status>() {
+        Some(s) if s.code() == tonic::Code::Unavailable => {
+            !write || s.message().starts_with(NO_CONNECTION)
+        }
+        _ => false,
+    }
+}
+
 impl KvClient {
     /// A client balanced across `urls` (`http://host:port`); connections are made on
     /// the first call.
@@ -92,10 +107,9 @@ impl KvClient {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        self.grpc
-            .ready()
-            .await
-            .map_err(|e| format!("etcd channel not ready: {e}"))?;
+        self.grpc.ready().await.map_err(|e| {
+            tonic::Status::unavailable(format!("{NO_CONNECTION}: etcd channel not ready: {e}"))
+        })?;
         let resp = self
             .grpc
             .unary(

@@ -5,6 +5,7 @@ pub mod common;
 pub mod engine;
 pub mod etcd;
 pub mod log;
+pub mod nemesis;
 pub mod raft;
 
 use clap::Subcommand;

@@ -191,6 +191,9 @@ pub struct Proc {
     /// Where its stdout and stderr go.
     pub log: PathBuf,
     child: Option<Child>,
+    /// The command line it was started with (for [`Proc::restart`]).
+    program: std::ffi::OsString,
+    args: Vec<std::ffi::OsString>,
 }
 
 impl Proc {
@@ -210,7 +213,28 @@ impl Proc {
             name,
             log,
             child: Some(child),
+            program: cmd.get_program().to_os_string(),
+            args: cmd.get_args().map(|a| a.to_os_string()).collect(),
         })
+    }
+
+    /// Starts the same command line again (after [`Proc::kill`] or an exit), its output
+    /// appended to the same log. Does nothing if it still runs.
+    pub fn restart(&mut self) -> Result<(), BoxError> {
+        if self.is_running() {
+            return Ok(());
+        }
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        let again = Proc::spawn(self.name.clone(), cmd, self.log.clone())?;
+        self.child = Some(again.into_child()?);
+        Ok(())
+    }
+
+    fn into_child(mut self) -> Result<Child, BoxError> {
+        self.child
+            .take()
+            .ok_or_else(|| format!("{}: no child after spawning", self.name).into())
     }
 
     /// The exit status if the process has ended (it is then reaped).
@@ -223,6 +247,12 @@ impl Proc {
             }
             _ => None,
         }
+    }
+
+    /// The process id while it runs.
+    #[cfg(test)]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Whether the process is still running.
