@@ -705,6 +705,14 @@ impl Client {
         // Set once an attempt of a write may have been applied: whatever ends the call
         // after that, the caller must hear "ambiguous", not a definite failure.
         let mut maybe_applied = false;
+        // Replicas whose attempt timed out in this call, and when.
+        let mut silent: HashMap<NodeId, Instant> = HashMap::new();
+        let attempt_timeout = self.inner.opts.attempt_timeout;
+        let is_silent = |silent: &HashMap<NodeId, Instant>, n: NodeId| {
+            silent
+                .get(&n)
+                .is_some_and(|t| t.elapsed() < attempt_timeout)
+        };
         let result: Result<T> = async {
         loop {
             let now = Instant::now();
@@ -750,7 +758,13 @@ impl Client {
                 }
             }
             let candidates = RouteTable::candidates(&route, rotate);
-            let Some(&node) = candidates.first() else {
+            // A replica that just let an attempt time out is tried last.
+            let first = candidates
+                .iter()
+                .copied()
+                .find(|n| !is_silent(&silent, *n))
+                .or_else(|| candidates.first().copied());
+            let Some(node) = first else {
                 last = format!(
                     "group {} has no replicas in the cached route",
                     route.group_id
@@ -796,6 +810,7 @@ impl Client {
                     last = format!("node {node} at {addr} did not answer within {budget:?}");
                     tracing::debug!(op, group, node, %addr, "attempt timed out");
                     maybe_applied = true;
+                    silent.insert(node, Instant::now());
                     {
                         let mut t = self.write_table();
                         if t.by_group(group).and_then(|r| r.leader) == Some(node) {
@@ -854,7 +869,13 @@ impl Client {
                     match &err.kind {
                         Some(Kind::NotLeader(nl)) => {
                             match nl.leader.as_ref().filter(|l| l.node_id != 0) {
-                                Some(hint) if hint.node_id != node => {
+                                // Until an election moves on, the other replicas keep naming
+                                // a leader that is paused or cut off: going back to it would
+                                // cost another attempt timeout.
+                                Some(hint)
+                                    if hint.node_id != node
+                                        && !is_silent(&silent, hint.node_id) =>
+                                {
                                     {
                                         let mut t = self.write_table();
                                         if !hint.addr.is_empty() {

@@ -45,6 +45,9 @@ struct State {
     page: u32,
     addrs: Mutex<HashMap<u64, String>>,
     get_routes_calls: AtomicU64,
+    /// Nodes that take kv reads and never answer (a paused process: the connection
+    /// stays open, nothing comes back).
+    silent: Mutex<std::collections::HashSet<u64>>,
 }
 
 #[derive(Clone)]
@@ -138,6 +141,10 @@ type R<T> = Result<Response<T>, Status>;
 impl Kv for Node {
     async fn get(&self, req: Request<pb::GetRequest>) -> R<pb::GetResponse> {
         let r = req.into_inner();
+        if self.st.silent.lock().unwrap().contains(&self.id) {
+            *self.st.hits.lock().unwrap().entry(self.id).or_default() += 1;
+            std::future::pending::<()>().await;
+        }
         Ok(Response::new(match self.admit(r.header, &[&r.key]) {
             Err(e) => pb::GetResponse {
                 error: Some(e),
@@ -456,6 +463,7 @@ impl Cluster {
                     .collect(),
             ),
             get_routes_calls: AtomicU64::new(0),
+            silent: Mutex::new(std::collections::HashSet::new()),
         });
         let mut servers = HashMap::new();
         for (i, l) in listeners.into_iter().enumerate() {
@@ -870,4 +878,37 @@ async fn many_concurrent_requests_share_one_route_refresh() {
     }
     assert_eq!(c.st.get_routes_calls.load(Ordering::Relaxed), 1);
     assert_eq!(c.st.data.lock().unwrap().len(), 32);
+}
+
+/// A leader that stops answering (paused) while the other replicas still name it: the
+/// read leaves it after one attempt timeout and does not go back to it on their hints,
+/// so the failover costs one attempt timeout, not one per hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_leader_costs_one_attempt_timeout() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    c.set_leader(1, 3);
+    let opts = ClientOptions {
+        timeout: Duration::from_secs(5),
+        attempt_timeout: Duration::from_millis(400),
+        seed: 42,
+        ..ClientOptions::default()
+    };
+    let client = Client::connect(vec![c.addrs[0].clone()], opts)
+        .await
+        .unwrap();
+    client.put(b"k", b"v").await.unwrap();
+    c.st.silent.lock().unwrap().insert(3);
+    // The others name node 3 for 600 ms more (no election yet), then node 2.
+    let st = c.st.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        st.leaders.lock().unwrap().insert(1, 2);
+    });
+    let before = c.hits().get(&3).copied().unwrap_or(0);
+    let started = Instant::now();
+    assert_eq!(client.get(b"k").await.unwrap(), Some(b"v".to_vec()));
+    let took = started.elapsed();
+    let at_3 = c.hits().get(&3).copied().unwrap_or(0) - before;
+    assert_eq!(at_3, 1, "attempts at the silent node (took {took:?})");
+    assert!(took < Duration::from_millis(1_500), "took {took:?}");
 }
