@@ -1352,6 +1352,26 @@ impl<S: Storage> Raft<S> {
         Ok(())
     }
 
+    /// The message a leader whose replica stops serving (its host's work for the group
+    /// failed, so it will take no more input) leaves behind: `TimeoutNow` to the voter
+    /// with the longest matched log, which campaigns at once. Without it the followers
+    /// wait an election timeout, or, if the group sleeps, wait for a client to wake them.
+    /// Safe whatever the target's log: the election decides. `None` unless this node
+    /// leads and has another voter.
+    pub fn abdicate(&self) -> Option<Message> {
+        if self.role != StateRole::Leader {
+            return None;
+        }
+        let target = self
+            .conf
+            .voters
+            .iter()
+            .copied()
+            .filter(|&v| v != self.id)
+            .max_by_key(|v| self.prs.get(v).map_or(0, |p| p.matched))?;
+        Some(self.new_msg(MessageType::TimeoutNow, target))
+    }
+
     // ---------------------------------------------------------------- reports
 
     /// The transport could not reach `id`: stop streaming to it until it answers.

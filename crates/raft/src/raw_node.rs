@@ -186,6 +186,12 @@ impl<S: Storage> RawNode<S> {
         self.raft.transfer_leader(target)
     }
 
+    /// The `TimeoutNow` a leader that stops serving sends its most caught-up follower;
+    /// see `Raft::abdicate`.
+    pub fn abdicate(&self) -> Option<Message> {
+        self.raft.abdicate()
+    }
+
     /// Reports that `id` could not be reached.
     pub fn report_unreachable(&mut self, id: NodeId) {
         self.raft.report_unreachable(id)

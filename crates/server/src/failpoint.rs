@@ -4,11 +4,14 @@
 //!
 //! A test turns one on with `fail::cfg(name, "return(<node ids>)")`: the step then fails
 //! with [`crate::Error::Injected`] on those nodes (comma-separated ids; `return` alone:
-//! every node). What happens next is what an I/O error at that step would cause; a test
+//! every node; `node/group` limits a step that belongs to one replica to that group). What happens next is what an I/O error at that step would cause; a test
 //! that then stops and restarts the node sees the disk as a crash at that point left it.
 
 /// Names of the failpoints.
 pub mod names {
+    /// After a replica's ready is taken from raft, before any of its work (messages,
+    /// install, append, apply) is done.
+    pub const READY_BEFORE_SEND: &str = "ready_before_send";
     /// Before a round's apply batch is written.
     pub const APPLY_BEFORE_WRITE: &str = "apply_before_write";
     /// Before a received snapshot replaces the group's engine data.
@@ -26,16 +29,37 @@ pub mod names {
 }
 
 /// Fails with an injected error if failpoint `name` is on for node `node`.
-#[allow(unused_variables)]
 pub fn check(name: &str, node: u64) -> crate::Result<()> {
+    check_at(name, node, None)
+}
+
+/// Like [`check`], for a step of group `group`'s replica: also hit by `node/group`.
+pub fn check_group(name: &str, node: u64, group: u64) -> crate::Result<()> {
+    check_at(name, node, Some(group))
+}
+
+#[allow(unused_variables)]
+fn check_at(name: &str, node: u64, group: Option<u64>) -> crate::Result<()> {
     #[cfg(feature = "failpoints")]
     {
         let hit = fail::eval(name, |payload| {
-            payload.is_none_or(|ids| ids.split(',').any(|id| id.trim() == node.to_string()))
+            payload.is_none_or(|ids| ids.split(',').any(|item| matches(item, node, group)))
         });
         if hit == Some(true) {
             return Err(crate::Error::Injected(name.to_string()));
         }
     }
     Ok(())
+}
+
+/// Whether one payload item (`node` or `node/group`) names this step.
+#[cfg(feature = "failpoints")]
+fn matches(item: &str, node: u64, group: Option<u64>) -> bool {
+    let mut parts = item.trim().splitn(2, '/');
+    let n = parts.next().and_then(|n| n.trim().parse::<u64>().ok());
+    match (n, parts.next()) {
+        (Some(n), None) => n == node,
+        (Some(n), Some(g)) => n == node && g.trim().parse::<u64>().ok() == group,
+        (None, _) => false,
+    }
 }

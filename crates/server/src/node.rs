@@ -188,6 +188,9 @@ pub struct Driver {
     awake: BTreeSet<u64>,
     /// Groups with reads queued for the next read index.
     reads_queued: BTreeSet<u64>,
+    /// Replicas the meta service asked for since the last loop: created together, with
+    /// one registry write (a bootstrap of N groups asks for N at once).
+    to_create: Vec<proto::Route>,
 }
 
 fn raft_config(shared: &Shared, applied: u64) -> RaftConfig {
@@ -216,25 +219,31 @@ impl Driver {
             dirty: BTreeSet::new(),
             awake: BTreeSet::new(),
             reads_queued: BTreeSet::new(),
+            to_create: Vec::new(),
         };
         for r in routes {
-            let g = r.group_id;
             if let Err(e) = d.open_peer(r.clone()) {
-                let why = format!("opening the replica: {e}");
-                tracing::error!(group = g, "replica stopped: {why}");
-                d.shared.learn_addrs(&r);
-                d.shared.groups.write().insert(
-                    g,
-                    GroupView {
-                        route: r,
-                        failed: Some(why.clone()),
-                        ..GroupView::default()
-                    },
-                );
-                d.unopened.insert(g, why);
+                d.mark_unopened(r, format!("opening the replica: {e}"));
             }
         }
         Ok(d)
+    }
+
+    /// Records a replica of this node's registry that could not be opened: stopped
+    /// (visibly, with the cause) until the node restarts; the other replicas serve.
+    fn mark_unopened(&mut self, r: proto::Route, why: String) {
+        let g = r.group_id;
+        tracing::error!(group = g, "replica stopped: {why}");
+        self.shared.learn_addrs(&r);
+        self.shared.groups.write().insert(
+            g,
+            GroupView {
+                route: r,
+                failed: Some(why.clone()),
+                ..GroupView::default()
+            },
+        );
+        self.unopened.insert(g, why);
     }
 
     /// The refusal of a request for group `g`, which has no open replica here.
@@ -297,19 +306,63 @@ impl Driver {
         Ok(())
     }
 
-    fn create_replica(&mut self, route: proto::Route) -> crate::Result<()> {
-        if self.peers.contains_key(&route.group_id) || self.unopened.contains_key(&route.group_id) {
+    /// Creates the replicas of `routes` this node does not host yet: the registry first
+    /// (one durable write for them all), then each is opened. A crash in between leaves
+    /// them in the registry, and the next start opens them (fresh, as here). A replica
+    /// that fails to open is stopped visibly, as at start; the others are created.
+    fn create_replicas(&mut self, routes: Vec<proto::Route>) -> crate::Result<()> {
+        let mut new: Vec<proto::Route> = Vec::new();
+        for r in routes {
+            let g = r.group_id;
+            let known = self.peers.contains_key(&g) || self.unopened.contains_key(&g);
+            if !known && !new.iter().any(|n| n.group_id == g) {
+                new.push(r);
+            }
+        }
+        if new.is_empty() {
             return Ok(());
         }
-        let mut routes: Vec<proto::Route> = self.peers.values().map(|p| p.route.clone()).collect();
-        routes.push(route.clone());
-        crate::registry::save(&self.shared.cfg.data_dir, &routes)?;
+        let mut all: Vec<proto::Route> = self.peers.values().map(|p| p.route.clone()).collect();
+        all.extend(self.unopened_routes());
+        all.extend(new.iter().cloned());
+        crate::registry::save(&self.shared.cfg.data_dir, &all)?;
         crate::failpoint::check(
             crate::failpoint::names::CREATE_AFTER_REGISTRY,
             self.shared.cfg.node_id,
         )?;
-        tracing::info!(group = route.group_id, "creating replica");
-        self.open_peer(route)
+        tracing::info!(
+            count = new.len(),
+            first = new[0].group_id,
+            "creating replicas"
+        );
+        for r in new {
+            if let Err(e) = self.open_peer(r.clone()) {
+                self.mark_unopened(r, format!("creating the replica: {e}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Routes of the registry's replicas that could not be opened: they stay in it.
+    fn unopened_routes(&self) -> Vec<proto::Route> {
+        let groups = self.shared.groups.read();
+        self.unopened
+            .keys()
+            .filter_map(|g| groups.get(g).map(|v| v.route.clone()))
+            .collect()
+    }
+
+    /// Creates the replicas asked for since the last loop.
+    fn create_pending(&mut self) {
+        let routes = std::mem::take(&mut self.to_create);
+        if routes.is_empty() {
+            return;
+        }
+        let n = routes.len();
+        if let Err(e) = self.create_replicas(routes) {
+            // Nothing was opened; the meta service asks again with the next heartbeat.
+            tracing::error!("creating {n} replicas: {e}");
+        }
     }
 
     /// Runs until `Event::Stop` or the channel closes.
@@ -340,6 +393,7 @@ impl Driver {
                     break;
                 }
             }
+            self.create_pending();
             if Instant::now() >= next_tick {
                 self.tick();
                 next_tick += tick;
@@ -529,11 +583,7 @@ impl Driver {
                 self.reads_queued.insert(group);
                 self.touch(group);
             }
-            Event::CreateReplica(route) => {
-                if let Err(e) = self.create_replica(route) {
-                    tracing::error!("creating replica: {e}");
-                }
-            }
+            Event::CreateReplica(route) => self.to_create.push(route),
             Event::SnapshotReceived {
                 group,
                 msg,
@@ -541,13 +591,15 @@ impl Driver {
                 route,
             } => {
                 if !self.peers.contains_key(&group) {
-                    if let Err(e) = self.create_replica(route) {
+                    if let Err(e) = self.create_replicas(vec![route]) {
                         tracing::error!(group, "creating replica for snapshot: {e}");
                         crate::snapshot::remove_dir(&dir);
                         return;
                     }
                 }
                 let Some(p) = self.peers.get_mut(&group) else {
+                    // Stopped here (it could not be opened): the files are not needed.
+                    crate::snapshot::remove_dir(&dir);
                     return;
                 };
                 if p.failed.is_some() {
@@ -671,6 +723,11 @@ impl Driver {
             return Ok(());
         };
         let mut rd = p.raw.ready()?;
+        crate::failpoint::check_group(
+            crate::failpoint::names::READY_BEFORE_SEND,
+            shared.cfg.node_id,
+            g,
+        )?;
         if let Some(ss) = rd.soft_state {
             if ss.role != StateRole::Leader {
                 p.fail_all("leadership lost");
@@ -741,6 +798,11 @@ impl Driver {
         }
         tracing::error!(group = g, "replica stopped: {why}");
         p.fail_all(&format!("replica stopped ({why})"));
+        // A leader that stops sends nothing more: its followers would wait an election
+        // timeout, or sleep on if the group hibernates. The most caught-up one campaigns
+        // at once instead.
+        let handoff = p.raw.abdicate();
+        let epoch = p.route.epoch;
         for d in std::mem::take(&mut p.pending_snapshots).into_values() {
             crate::snapshot::remove_dir(&d);
         }
@@ -748,6 +810,9 @@ impl Driver {
         publish_view(&self.shared, p);
         self.awake.remove(&g);
         self.dirty.remove(&g);
+        if let Some(m) = handoff {
+            self.shared.transport.send(g, epoch, m);
+        }
     }
 
     /// Tells raft about the readies of `g` that are durable, in order, and sends what
@@ -832,6 +897,9 @@ impl Driver {
                     tracing::warn!(group = g, "log truncation to {target}: {e}");
                 } else {
                     tracing::debug!(group = g, upto = target, "log truncated");
+                    // A sleeping group publishes nothing else: its status would keep
+                    // showing the old log start.
+                    publish_view(&self.shared, p);
                 }
             }
         }
@@ -861,7 +929,10 @@ fn publish_view(shared: &Shared, p: &Peer) {
     let r = p.raw.raft();
     let mut groups = shared.groups.write();
     let v = groups.entry(p.group).or_default();
-    v.route = p.route.clone();
+    if v.route != p.route {
+        // Called on every durable ready: copy the route only when it changed.
+        v.route.clone_from(&p.route);
+    }
     v.leader = r.leader();
     v.is_leader = r.role() == StateRole::Leader;
     v.term = r.term();

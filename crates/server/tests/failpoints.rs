@@ -374,3 +374,76 @@ async fn a_replica_created_up_to_the_registry_opens_at_the_next_start() {
     restart_and_check(c, &route, 2, names::CREATE_AFTER_REGISTRY, 50, want).await;
     scenario.teardown();
 }
+
+/// A leader whose replica stops hands the group to a follower at once, even one asleep:
+/// the group hibernates, the leader takes one write and fails before anything of it
+/// leaves, and no request reaches the followers afterwards — only the hand-off can wake
+/// them. (Before it, the group had no leader until a client happened to ask a follower.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopped_leader_hands_its_sleeping_group_over() {
+    let _turn = TURN.lock().await;
+    let scenario = fail::FailScenario::setup();
+    let c = Cluster::start();
+    let route = wait_route(&c.addrs).await;
+    let g = route.group_id;
+    let mut want = Vec::new();
+    put_all(&c, &route, 0, 20, &mut want).await;
+    // The group leads from the node that took the writes: find it, wait until asleep.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        let reps: Vec<proto::ReplicaStats> = cluster_groups(&c.live())
+            .await
+            .into_iter()
+            .filter(|x| x.route.as_ref().is_some_and(|r| r.group_id == g))
+            .flat_map(|x| x.replicas)
+            .collect();
+        let asleep = reps.len() == 3 && reps.iter().all(|r| r.hibernating);
+        if let (true, Some(l)) = (asleep, reps.iter().find(|r| r.is_leader)) {
+            break l.clone();
+        }
+        assert!(Instant::now() < deadline, "group {g} never slept: {reps:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let lnode = leader.node_id;
+    fail::cfg(names::READY_BEFORE_SEND, &format!("return({lnode}/{g})")).unwrap();
+    // One write, to the leader alone.
+    let mut k = kv(&c.addrs[lnode as usize - 1]).await;
+    let r = k
+        .put(proto::PutRequest {
+            header: header(&route),
+            key: b"lost-leader".to_vec().into(),
+            value: b"v".to_vec().into(),
+        })
+        .await;
+    let answered = r.map(|r| r.into_inner().error);
+    assert!(
+        !matches!(answered, Ok(None)),
+        "the stopped leader acknowledged a write: {answered:?}"
+    );
+    c.wait_stopped(g, lnode, names::READY_BEFORE_SEND).await;
+    // Nothing asks the followers: one of them must lead on its own, in a new term.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reps: Vec<proto::ReplicaStats> = cluster_groups(&c.live())
+            .await
+            .into_iter()
+            .filter(|x| x.route.as_ref().is_some_and(|r| r.group_id == g))
+            .flat_map(|x| x.replicas)
+            .collect();
+        if let Some(l) = reps
+            .iter()
+            .find(|r| r.is_leader && r.node_id != lnode && r.stopped.is_empty())
+        {
+            assert!(l.term > leader.term, "{l:?} after {leader:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no follower took over the group of the stopped leader: {reps:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let follower = lnode as usize - 1;
+    restart_and_check(c, &route, follower, names::READY_BEFORE_SEND, 20, want).await;
+    scenario.teardown();
+}

@@ -82,3 +82,53 @@ fn idle_group_state_is_small() {
         assert_eq!(r.progress(id).unwrap().inflights.count(), 0);
     }
 }
+
+/// A leader whose replica stops (its host failed a step of the group's work) sends
+/// nothing more: asleep, its followers would never notice. `abdicate` names the most
+/// caught-up follower, which campaigns at once and wakes the other with its vote
+/// request — no tick needed.
+#[test]
+fn an_abdicating_leader_hands_off_to_its_sleeping_followers() {
+    let mut net = Network::new(&[1, 2, 3], cfg_default);
+    net.campaign(1);
+    net.propose(1, "a").unwrap();
+    assert!(net.raw(1).hibernate().unwrap());
+    net.settle();
+    assert!(net.node(2).raw.raft().is_hibernating());
+    let m = net
+        .raw(1)
+        .abdicate()
+        .expect("a leader with voters abdicates");
+    assert_eq!(m.kind, phoenix_raft::MessageType::TimeoutNow);
+    assert_ne!(m.to, 1);
+    // The hand-off reaches its target; nothing else leaves node 1 from now on.
+    let target = m.to;
+    net.raw(target).step(m.clone()).unwrap();
+    net.crash(1);
+    net.settle();
+    assert_eq!(net.leaders(), vec![target], "the named follower leads");
+    assert_eq!(net.term(m.to), 2);
+    let other = if m.to == 2 { 3 } else { 2 };
+    assert!(
+        !net.node(other).raw.raft().is_hibernating(),
+        "woken by the vote"
+    );
+    net.propose(m.to, "b").unwrap();
+    net.settle();
+    assert_eq!(net.applied_data(other), vec!["a", "b"]);
+    assert!(
+        net.raw(other).abdicate().is_none(),
+        "a follower has nothing to hand off"
+    );
+}
+
+#[test]
+fn abdicate_names_the_follower_with_the_longest_log() {
+    let mut net = Network::new(&[1, 2, 3], cfg_default);
+    net.campaign(1);
+    net.isolate(2);
+    net.propose(1, "a").unwrap();
+    net.settle();
+    let m = net.raw(1).abdicate().unwrap();
+    assert_eq!(m.to, 3, "node 2 missed the last entry");
+}
