@@ -21,7 +21,7 @@ pub mod schedule;
 pub mod state;
 
 pub use error::{Error, Refusal, Result};
-pub use liveness::{LeaderView, ALIVE_WITHIN};
+pub use liveness::{LeaderView, Report, ALIVE_WITHIN};
 pub use schedule::{
     bootstrap_plan, cluster_view, even_split_keys, place, placement_commands, registration,
     route_table, routes_view, split_ranges, INITIAL_GROUPS_MAX,

@@ -5,7 +5,7 @@
 //! from the next round of heartbeats (about one interval). Time is passed in by the
 //! caller (`now`), so the bookkeeping is deterministic under test.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use phoenix_proto::{NodeStats, ReplicaStats};
@@ -20,8 +20,12 @@ pub const ALIVE_WITHIN: Duration = Duration::from_secs(5);
 pub struct LeaderView {
     /// Last heartbeat per node, with its stats.
     nodes: HashMap<u64, (Instant, NodeStats)>,
-    /// Latest replica stats per (group, node).
-    replicas: HashMap<(u64, u64), ReplicaStats>,
+    /// Latest replica stats per node, by group: a full report replaces a node's map
+    /// whole, a partial one changes only what it names.
+    replicas: HashMap<u64, BTreeMap<u64, ReplicaStats>>,
+    /// Per node, the sequence number of the last report recorded: a partial report
+    /// builds on it and is taken whole only if it names it as its base.
+    report_seq: HashMap<u64, u64>,
     /// Leader per group: (term, node).
     leaders: HashMap<u64, (u64, u64)>,
 }
@@ -31,8 +35,37 @@ impl LeaderView {
     /// reports (which replace the ones it reported before). A reported leader is taken
     /// unless a leader of a higher term is already known.
     pub fn record(&mut self, now: Instant, node: u64, stats: NodeStats, replicas: &[ReplicaStats]) {
+        self.record_report(now, node, stats, replicas, &Report::full(0));
+    }
+
+    /// Records a heartbeat that may be partial (`report`): a full one as [`record`]; a
+    /// partial one changes the replicas it names, drops `removed`, and leaves the others
+    /// as the report it builds on said. Returns whether the view now holds the node's
+    /// whole state as of `report.seq` — false when a partial report builds on a report
+    /// this view did not record (another meta leader took it, or it was lost): the
+    /// node must send a full one next.
+    ///
+    /// [`record`]: LeaderView::record
+    pub fn record_report(
+        &mut self,
+        now: Instant,
+        node: u64,
+        stats: NodeStats,
+        replicas: &[ReplicaStats],
+        report: &Report,
+    ) -> bool {
         self.nodes.insert(node, (now, stats));
-        self.replicas.retain(|(_, n), _| *n != node);
+        let whole = match report.base {
+            None => true,
+            Some(base) => base != 0 && self.report_seq.get(&node) == Some(&base),
+        };
+        let held = self.replicas.entry(node).or_default();
+        if report.base.is_none() {
+            held.clear();
+        }
+        for g in &report.removed {
+            held.remove(g);
+        }
         for r in replicas {
             // The reporting node is the authority on its own replicas.
             let r = ReplicaStats {
@@ -40,7 +73,7 @@ impl LeaderView {
                 ..r.clone()
             };
             let (group, is_leader, term) = (r.group_id, r.is_leader, r.term);
-            self.replicas.insert((group, node), r);
+            held.insert(group, r);
             if is_leader {
                 let e = self.leaders.entry(group).or_insert((0, 0));
                 if term >= e.0 {
@@ -48,6 +81,12 @@ impl LeaderView {
                 }
             }
         }
+        if whole {
+            self.report_seq.insert(node, report.seq);
+        } else {
+            self.report_seq.remove(&node);
+        }
+        whole
     }
 
     /// When `node` was last heard from, and its stats then.
@@ -77,16 +116,45 @@ impl LeaderView {
         self.leaders.get(&group).map(|&(_, node)| node)
     }
 
+    /// Whether `node`'s reports say it hosts a replica of `group`.
+    pub fn hosts(&self, node: u64, group: u64) -> bool {
+        self.replicas
+            .get(&node)
+            .is_some_and(|m| m.contains_key(&group))
+    }
+
     /// The latest stats of every reported replica of `group`, by node id.
     pub fn replicas_of(&self, group: u64) -> Vec<ReplicaStats> {
         let mut out: Vec<ReplicaStats> = self
             .replicas
-            .iter()
-            .filter(|((g, _), _)| *g == group)
-            .map(|(_, s)| s.clone())
+            .values()
+            .filter_map(|m| m.get(&group).cloned())
             .collect();
         out.sort_by_key(|s| s.node_id);
         out
+    }
+}
+
+/// What a heartbeat's replica list is: the whole set, or the changes since a report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The sender's number for this report.
+    pub seq: u64,
+    /// `None`: the list is every replica of the node. `Some(b)`: only the replicas that
+    /// changed since the node's report `b` (plus `removed`).
+    pub base: Option<u64>,
+    /// Groups the node no longer hosts (partial reports only).
+    pub removed: Vec<u64>,
+}
+
+impl Report {
+    /// A full report numbered `seq`.
+    pub fn full(seq: u64) -> Report {
+        Report {
+            seq,
+            base: None,
+            removed: Vec::new(),
+        }
     }
 }
 
@@ -183,5 +251,62 @@ mod tests {
             }],
         );
         assert_eq!(v.replicas_of(5)[0].node_id, 4);
+    }
+
+    #[test]
+    fn partial_reports_build_on_the_recorded_one() {
+        let t = Instant::now();
+        let mut v = LeaderView::default();
+        let full = Report::full(10);
+        assert!(v.record_report(
+            t,
+            1,
+            stats(3),
+            &[rep(1, true, 1), rep(2, false, 1), rep(3, false, 1)],
+            &full
+        ));
+        // Changes since 10: group 2 now led, group 3 gone.
+        let part = Report {
+            seq: 11,
+            base: Some(10),
+            removed: vec![3],
+        };
+        assert!(v.record_report(t, 1, stats(2), &[rep(2, true, 2)], &part));
+        assert_eq!(v.leader(2), Some(1));
+        assert!(v.hosts(1, 1) && v.hosts(1, 2) && !v.hosts(1, 3));
+        assert_eq!(v.replicas_of(1).len(), 1, "unchanged replicas stay");
+        // A partial report on a base this view never recorded (report 11 went to
+        // another meta leader): its changes are taken, but the node must resend all.
+        let stale = Report {
+            seq: 13,
+            base: Some(12),
+            removed: vec![],
+        };
+        assert!(!v.record_report(t, 1, stats(2), &[rep(1, false, 3)], &stale));
+        assert!(!v.replicas_of(1)[0].is_leader);
+        // Nothing builds on a refused one either.
+        let next = Report {
+            seq: 14,
+            base: Some(13),
+            removed: vec![],
+        };
+        assert!(!v.record_report(t, 1, stats(2), &[], &next));
+        // A full report replaces everything and is a base again.
+        assert!(v.record_report(t, 1, stats(1), &[rep(4, false, 1)], &Report::full(15)));
+        assert!(!v.hosts(1, 1) && v.hosts(1, 4));
+        let after = Report {
+            seq: 16,
+            base: Some(15),
+            removed: vec![],
+        };
+        assert!(v.record_report(t, 1, stats(1), &[], &after));
+        // Base 0 is never a report.
+        let zero = Report {
+            seq: 17,
+            base: Some(0),
+            removed: vec![],
+        };
+        let mut fresh = LeaderView::default();
+        assert!(!fresh.record_report(t, 2, stats(0), &[], &zero));
     }
 }

@@ -5,13 +5,12 @@
 //! Everything here is a pure function of the replicated [`MetaState`] and the leader's
 //! [`LeaderView`]; the host proposes the commands and sends the answers.
 
-use std::collections::HashSet;
 use std::time::Instant;
 
 use bytes::Bytes;
 use phoenix_proto::{
     meta_command, placement_command, CreateGroups, CreateReplica, GetClusterResponse, GroupInfo,
-    HeartbeatRequest, MetaCommand, NodeInfo, PlacementCommand, Replica, ReplicaStats, Route,
+    HeartbeatRequest, MetaCommand, NodeInfo, PlacementCommand, Replica, Route,
 };
 
 use crate::error::{Error, Result};
@@ -118,20 +117,23 @@ pub fn routes_view(state: &MetaState, view: &LeaderView) -> Vec<Route> {
     state
         .routes()
         .values()
-        .map(|r| {
-            let mut r = r.clone();
-            for rep in r.replicas.iter_mut() {
-                if let Some(addr) = state.addr_of(rep.node_id) {
-                    rep.addr = addr.to_string();
-                }
-            }
-            if let Some(leader) = view.leader(r.group_id) {
-                r.leader_node_id = leader;
-                r.leader_addr = state.addr_of(leader).unwrap_or_default().to_string();
-            }
-            r
-        })
+        .map(|r| route_view(state, view, r))
         .collect()
+}
+
+/// One route as served (see [`routes_view`]).
+fn route_view(state: &MetaState, view: &LeaderView, r: &Route) -> Route {
+    let mut r = r.clone();
+    for rep in r.replicas.iter_mut() {
+        if let Some(addr) = state.addr_of(rep.node_id) {
+            rep.addr = addr.to_string();
+        }
+    }
+    if let Some(leader) = view.leader(r.group_id) {
+        r.leader_node_id = leader;
+        r.leader_addr = state.addr_of(leader).unwrap_or_default().to_string();
+    }
+    r
 }
 
 /// The routing table as `GetRoutes` serves it: [`routes_view`] sorted by start key.
@@ -196,23 +198,25 @@ pub fn registration(state: &MetaState, hb: &HeartbeatRequest) -> Result<Option<M
     }))
 }
 
-/// The placement commands for `node`, given the replicas it reports hosting: create
-/// every replica the routing table puts on it that it does not host.
+/// The placement commands for `node`, given the replicas its reports (recorded in
+/// `view`) say it hosts: create every replica the routing table puts on it that it does
+/// not host.
 pub fn placement_commands(
     state: &MetaState,
     view: &LeaderView,
     node: u64,
-    hosted: &[ReplicaStats],
 ) -> Vec<PlacementCommand> {
-    let hosted: HashSet<u64> = hosted.iter().map(|s| s.group_id).collect();
-    routes_view(state, view)
-        .into_iter()
+    // Only the missing routes are copied: a node hosting all of 10,000 groups asks
+    // every heartbeat.
+    state
+        .routes()
+        .values()
         .filter(|route| {
-            route.replicas.iter().any(|x| x.node_id == node) && !hosted.contains(&route.group_id)
+            route.replicas.iter().any(|x| x.node_id == node) && !view.hosts(node, route.group_id)
         })
         .map(|route| PlacementCommand {
             cmd: Some(placement_command::Cmd::CreateReplica(CreateReplica {
-                route: Some(route),
+                route: Some(route_view(state, view, route)),
             })),
         })
         .collect()
@@ -492,15 +496,16 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            groups_of(placement_commands(&st, &v, 1, &[])),
+            groups_of(placement_commands(&st, &v, 1)),
             vec![(1, vec!["h:1".into(), "h:2".into(), "new:3".into()])]
         );
+        v.record(t, 3, NodeStats::default(), &[hosting(1, false)]);
         assert_eq!(
-            groups_of(placement_commands(&st, &v, 3, &[hosting(1, false)])),
+            groups_of(placement_commands(&st, &v, 3)),
             vec![(2, vec!["h:2".into(), "new:3".into(), "h:4".into()])]
         );
-        assert!(placement_commands(&st, &v, 2, &[hosting(1, false), hosting(2, true)]).is_empty());
-        assert!(placement_commands(&st, &v, 9, &[]).is_empty());
+        assert!(placement_commands(&st, &v, 2).is_empty());
+        assert!(placement_commands(&st, &v, 9).is_empty());
 
         let table = route_table(&st, &v);
         let ids: Vec<u64> = table.iter().map(|r| r.group_id).collect();

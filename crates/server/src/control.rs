@@ -14,6 +14,7 @@
 //! The decisions (registration, placement, bootstrap plan, the served views) are
 //! `phoenix_meta`'s; this module runs them on the node and carries them out.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -272,21 +273,35 @@ impl MetaService {
             }
         }
         self.shared.addrs.write().insert(r.node_id, r.addr.clone());
-        let commands = {
+        let report = phoenix_meta::Report {
+            seq: r.report_seq,
+            base: (r.report_base != 0).then_some(r.report_base),
+            removed: r.removed_groups,
+        };
+        let (held, commands) = {
             let meta = self.shared.meta.read();
             let mut lv = self.shared.leader_view.lock();
-            lv.record(
+            let held = lv.record_report(
                 Instant::now(),
                 r.node_id,
                 r.stats.unwrap_or_default(),
                 &r.replicas,
+                &report,
             );
-            phoenix_meta::placement_commands(&meta, &lv, r.node_id, &r.replicas)
+            // Placement waits for a whole view of the node (the next report): from a
+            // partial one, every replica it did not name would look missing.
+            let commands = if held {
+                phoenix_meta::placement_commands(&meta, &lv, r.node_id)
+            } else {
+                Vec::new()
+            };
+            (held, commands)
         };
         Ok(proto::HeartbeatResponse {
             error: None,
             commands,
             routes_version: self.meta_applied(),
+            report_held: held,
         })
     }
 }
@@ -408,6 +423,11 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
     let mut target: Option<String> = None;
     let mut next_member = 0usize;
     let interval = shared.cfg.heartbeat_interval;
+    // Reports are numbered from a random start (a restarted node must not reuse a number
+    // a meta leader holds); `held` is the report the meta leader last said it holds
+    // whole, with its replica stats: the next report lists only the changes since.
+    let mut report_seq: u64 = rand::random::<u64>() >> 1;
+    let mut held: Option<(u64, HashMap<u64, proto::ReplicaStats>)> = None;
     loop {
         let addr = match target.clone() {
             Some(a) => a,
@@ -418,11 +438,33 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
             }
         };
         let (stats, replicas) = node_stats(&shared);
+        report_seq += 1;
+        let current: HashMap<u64, proto::ReplicaStats> =
+            replicas.into_iter().map(|r| (r.group_id, r)).collect();
+        let (replicas, report_base, removed_groups) = match &held {
+            // What changed since the report the meta leader holds.
+            Some((base, prev)) => (
+                current
+                    .values()
+                    .filter(|r| prev.get(&r.group_id) != Some(*r))
+                    .cloned()
+                    .collect(),
+                *base,
+                prev.keys()
+                    .filter(|g| !current.contains_key(g))
+                    .copied()
+                    .collect(),
+            ),
+            None => (current.values().cloned().collect(), 0, Vec::new()),
+        };
         let req = proto::HeartbeatRequest {
             node_id: shared.cfg.node_id,
             addr: shared.cfg.advertise.clone(),
             stats: Some(stats),
             replicas,
+            report_seq,
+            report_base,
+            removed_groups,
             timeout_ms: 3000,
         };
         let resp = match connect_meta(&addr, Duration::from_secs(3)).await {
@@ -434,6 +476,12 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
             Err(e) => Err(e.to_string()),
         };
         let mut fast_retry = false;
+        // Without an answer the meta leader may or may not hold this report: the next
+        // one is whole.
+        held = match &resp {
+            Ok(r) if r.error.is_none() && r.report_held => Some((report_seq, current)),
+            _ => None,
+        };
         match resp {
             Ok(r) => match r.error {
                 None => {
