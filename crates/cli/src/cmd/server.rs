@@ -51,6 +51,10 @@ pub struct Args {
     /// Raft tick in milliseconds (election timeout = 50 ticks, heartbeat = 5 ticks).
     #[arg(long, default_value_t = 20)]
     pub tick_ms: u64,
+    /// Idle ticks after which a leader puts its group to sleep (no heartbeats, no timers
+    /// until a request or message; 0: never).
+    #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_HIBERNATE_TICKS)]
+    pub hibernate_ticks: u32,
     /// Snapshot streaming rate limit in MiB/s.
     #[arg(long, default_value_t = 64)]
     pub snapshot_mb_per_sec: u64,
@@ -90,6 +94,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.log_truncate_interval = Duration::from_millis(args.log_truncate_ms.max(10));
     cfg.value_bytes_max = args.value_max_bytes;
     cfg.tick = Duration::from_millis(args.tick_ms.max(1));
+    cfg.hibernate_ticks = args.hibernate_ticks;
     cfg.snapshot_bytes_per_sec = args.snapshot_mb_per_sec.max(1) << 20;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
