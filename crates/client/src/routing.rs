@@ -49,6 +49,9 @@ impl Route {
 #[derive(Debug, Default, Clone)]
 pub struct RouteTable {
     routes: BTreeMap<Vec<u8>, Route>,
+    /// Start key of each group's route (a table of 10,000 groups is looked up by group
+    /// on every request's answer: no scan).
+    starts: HashMap<u64, Vec<u8>>,
     nodes: HashMap<NodeId, String>,
 }
 
@@ -72,10 +75,14 @@ impl RouteTable {
     /// answered in the middle of a split) the higher epoch wins. Leaders known in the
     /// cache survive when the fresh copy names none and the leader is still a replica.
     pub fn replace_all(&mut self, routes: Vec<Route>, nodes: HashMap<NodeId, String>) {
-        let old = std::mem::take(&mut self.routes);
+        let mut old = std::mem::take(&mut self.routes);
+        let old_starts = std::mem::take(&mut self.starts);
         for mut route in routes {
             if route.leader.is_none() {
-                if let Some(prev) = old.values().find(|r| r.group_id == route.group_id) {
+                let prev = old_starts
+                    .get(&route.group_id)
+                    .and_then(|start| old.get(start));
+                if let Some(prev) = prev {
                     if prev.leader.is_some_and(|l| route.replicas.contains(&l)) {
                         route.leader = prev.leader;
                     }
@@ -83,6 +90,7 @@ impl RouteTable {
             }
             self.update(route);
         }
+        old.clear();
         self.nodes = nodes;
     }
 
@@ -91,12 +99,7 @@ impl RouteTable {
     /// equal epoch (and is another group or another range) the new one is ignored.
     /// Returns whether the route was taken.
     pub fn update(&mut self, route: Route) -> bool {
-        let overlapping: Vec<Vec<u8>> = self
-            .routes
-            .values()
-            .filter(|r| r.overlaps(&route))
-            .map(|r| r.start.clone())
-            .collect();
+        let overlapping = self.overlapping_starts(&route);
         for start in &overlapping {
             if let Some(r) = self.routes.get(start) {
                 let same =
@@ -107,10 +110,43 @@ impl RouteTable {
             }
         }
         for start in overlapping {
-            self.routes.remove(&start);
+            if let Some(r) = self.routes.remove(&start) {
+                if self.starts.get(&r.group_id) == Some(&start) {
+                    self.starts.remove(&r.group_id);
+                }
+            }
         }
+        self.starts.insert(route.group_id, route.start.clone());
         self.routes.insert(route.start.clone(), route);
         true
+    }
+
+    /// Start keys of the cached routes that overlap `route`. Cached routes never overlap
+    /// one another (`update` keeps it so): at most the one starting at or before
+    /// `route.start` reaches into it, and every one starting inside it overlaps it.
+    fn overlapping_starts(&self, route: &Route) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let at_or_before = (Bound::Unbounded, Bound::Included(route.start.as_slice()));
+        if let Some((start, r)) = self.routes.range::<[u8], _>(at_or_before).next_back() {
+            if r.overlaps(route) {
+                out.push(start.clone());
+            }
+        }
+        if route.end.is_empty() || route.end > route.start {
+            let end = if route.end.is_empty() {
+                Bound::Unbounded
+            } else {
+                Bound::Excluded(route.end.as_slice())
+            };
+            let inside = (Bound::Excluded(route.start.as_slice()), end);
+            out.extend(self.routes.range::<[u8], _>(inside).map(|(s, _)| s.clone()));
+        }
+        debug_assert_eq!(
+            out.len(),
+            self.routes.values().filter(|r| r.overlaps(route)).count(),
+            "cached routes overlap one another"
+        );
+        out
     }
 
     /// Adds or changes a node's address.
@@ -139,7 +175,9 @@ impl RouteTable {
 
     /// The route of a group, if cached.
     pub fn by_group(&self, group_id: u64) -> Option<&Route> {
-        self.routes.values().find(|r| r.group_id == group_id)
+        self.starts
+            .get(&group_id)
+            .and_then(|start| self.routes.get(start))
     }
 
     /// All cached routes in key order.
@@ -151,7 +189,11 @@ impl RouteTable {
     /// leader that is not a replica of the cached route is recorded too (the route may be
     /// older than the hint), and made a replica so the client can reach it.
     pub fn set_leader(&mut self, group_id: u64, leader: Option<NodeId>) {
-        if let Some(r) = self.routes.values_mut().find(|r| r.group_id == group_id) {
+        let route = match self.starts.get(&group_id) {
+            Some(start) => self.routes.get_mut(start),
+            None => None,
+        };
+        if let Some(r) = route {
             if let Some(l) = leader {
                 if !r.replicas.contains(&l) {
                     r.replicas.push(l);
