@@ -78,6 +78,12 @@ pub struct Args {
     /// Key popularity.
     #[arg(long, value_enum, default_value = "uniform")]
     pub distribution: Distribution,
+    /// Key bytes: `plain` (`k` and the zero-padded index: neighbours share a group) or
+    /// `hashed` (a 4-byte hash of the index first, so keys spread evenly over groups
+    /// split evenly over the binary key space, as `phoenix server --initial-groups`
+    /// splits it).
+    #[arg(long = "key-layout", value_enum, default_value = "plain")]
+    pub key_layout: KeyLayout,
     /// Zipf exponent (YCSB uses 0.99).
     #[arg(long = "zipf_s", alias = "zipf-s", default_value_t = 0.99)]
     pub zipf_s: f64,
@@ -144,6 +150,18 @@ pub enum Distribution {
     Zipf,
 }
 
+/// How key bytes are made from a key index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeyLayout {
+    /// `k` and the zero-padded decimal index.
+    Plain,
+    /// A 4-byte big-endian hash of the index, then `k` and the decimal index.
+    Hashed,
+}
+
+/// Bytes the hashed key layout puts before the plain key.
+const HASH_PREFIX: usize = 4;
+
 /// Server flag that turns the engine WAL on (the seed 000 baseline).
 const ENGINE_WAL_FLAG: &str = "--engine-wal";
 
@@ -158,6 +176,7 @@ pub struct Workload {
     value_size: usize,
     read_ratio: f64,
     zipf: Option<rand_distr::Zipf<f64>>,
+    layout: KeyLayout,
 }
 
 impl Workload {
@@ -176,7 +195,11 @@ impl Workload {
             return Err("--read_ratio must be within [0, 1]".into());
         }
         let digits = args.keys.to_string().len();
-        if digits + 1 > args.key_size {
+        let prefix = match args.key_layout {
+            KeyLayout::Plain => 0,
+            KeyLayout::Hashed => HASH_PREFIX,
+        };
+        if prefix + digits + 1 > args.key_size {
             return Err(format!(
                 "--key_size {} cannot hold {} keys",
                 args.key_size, args.keys
@@ -196,6 +219,7 @@ impl Workload {
             value_size: args.value_size,
             read_ratio: args.read_ratio,
             zipf,
+            layout: args.key_layout,
         })
     }
 
@@ -217,9 +241,16 @@ impl Workload {
         self.read_ratio > 0.0 && rng.gen_bool(self.read_ratio)
     }
 
-    /// Key bytes of index `idx`: `k` then the zero-padded decimal index, padded to size.
+    /// Key bytes of index `idx`: `k` then the zero-padded decimal index, padded to size
+    /// (after a 4-byte hash of the index with `--key-layout hashed`).
     pub fn key(&self, idx: u64) -> Vec<u8> {
-        let mut k = format!("k{idx:0>width$}", width = self.key_size - 1).into_bytes();
+        let mut k = Vec::with_capacity(self.key_size);
+        if self.layout == KeyLayout::Hashed {
+            // The high half of the scrambled index: uniform over the 4-byte space.
+            k.extend_from_slice(&((mix64(idx) >> 32) as u32).to_be_bytes());
+        }
+        let width = self.key_size - 1 - k.len();
+        k.extend_from_slice(format!("k{idx:0>width$}").as_bytes());
         k.truncate(self.key_size);
         k
     }
@@ -1353,6 +1384,40 @@ mod tests {
         assert!(w.check_value(7, &bad).is_err(), "flipped filler byte");
         assert!(w.check_value(7, &v[..39]).is_err(), "short value");
         assert_ne!(w.value(7, 99), w.value(7, 100));
+    }
+
+    /// Hashed keys keep their size and index, differ in their first bytes, and fall
+    /// evenly into 16 slices of the 4-byte space (an even split of 16 groups).
+    #[test]
+    fn hashed_keys_spread_over_the_key_space() {
+        let a = args(&[
+            "--key_size",
+            "16",
+            "--keys",
+            "100000",
+            "--key-layout",
+            "hashed",
+        ]);
+        let w = Workload::new(&a).unwrap();
+        let k = w.key(7);
+        assert_eq!(k.len(), 16);
+        assert_eq!(&k[4..], b"k00000000007");
+        let mut slices = [0u32; 16];
+        for i in 0..16_000 {
+            slices[usize::from(w.key(i)[0] >> 4)] += 1;
+        }
+        for (s, n) in slices.iter().enumerate() {
+            assert!((800..1_200).contains(n), "slice {s} got {n} of 16000 keys");
+        }
+        let too_small = [
+            "--key_size",
+            "10",
+            "--keys",
+            "100000",
+            "--key-layout",
+            "hashed",
+        ];
+        assert!(Workload::new(&args(&too_small)).is_err());
     }
 
     #[test]
