@@ -823,6 +823,18 @@ impl<S: Storage> Raft<S> {
     fn step_inner(&mut self, m: Message) -> Result<(), Error> {
         if self.hibernating && m.kind != MessageType::Hibernate {
             self.wake();
+            let campaigning = matches!(
+                m.kind,
+                MessageType::RequestPreVote | MessageType::RequestVote
+            );
+            if self.role == StateRole::Leader && campaigning {
+                // A peer campaigning while the group sleeps does not know its leader (a
+                // restarted node, a follower a client woke) and the lease makes the
+                // others ignore it: the next tick tells every follower who leads before
+                // the group sleeps again. (Not on answers to the leader's own messages:
+                // each heartbeat's answers would then ask for the next.)
+                self.heartbeat_elapsed = self.heartbeat_tick;
+            }
         }
         if m.term > self.term {
             if matches!(
@@ -1036,6 +1048,12 @@ impl<S: Storage> Raft<S> {
                 self.become_follower(m.term, m.from);
                 self.handle_snapshot(m)
             }
+            // The leader of this term is alive and puts the group to sleep: follow it,
+            // and sleep (a pre-candidate that ignored it would keep waking the group).
+            MessageType::Hibernate => {
+                self.become_follower(m.term, m.from);
+                self.handle_hibernate(&m)
+            }
             k if k == my_resp => {
                 match self.poll(m.from, !m.reject) {
                     VoteResult::Won => {
@@ -1078,10 +1096,7 @@ impl<S: Storage> Raft<S> {
             MessageType::Hibernate => {
                 self.election_elapsed = 0;
                 self.lead = m.from;
-                let last = self.log.last_index()?;
-                self.log.commit_to(m.commit.min(last));
-                self.hibernating = true;
-                Ok(())
+                self.handle_hibernate(&m)
             }
             MessageType::TimeoutNow => {
                 if self.lead == m.from || self.lead == NONE {
@@ -1101,6 +1116,15 @@ impl<S: Storage> Raft<S> {
             }
             _ => Ok(()),
         }
+    }
+
+    /// A follower told by its leader that the group sleeps: commit what it says, stop
+    /// the timers.
+    fn handle_hibernate(&mut self, m: &Message) -> Result<(), Error> {
+        let last = self.log.last_index()?;
+        self.log.commit_to(m.commit.min(last));
+        self.hibernating = true;
+        Ok(())
     }
 
     fn handle_append(&mut self, m: Message) -> Result<(), Error> {
@@ -1353,8 +1377,9 @@ impl<S: Storage> Raft<S> {
     }
 
     /// The message a leader whose replica stops serving (its host's work for the group
-    /// failed, so it will take no more input) leaves behind: `TimeoutNow` to the voter
-    /// with the longest matched log, which campaigns at once. Without it the followers
+    /// failed, so it will take no more input) leaves behind: `TimeoutNow` to the target
+    /// of a transfer under way, else to the voter most likely to win at once (recently
+    /// active, replicated to, longest matched log), which campaigns without waiting. Without it the followers
     /// wait an election timeout, or, if the group sleeps, wait for a client to wake them.
     /// Safe whatever the target's log: the election decides. `None` unless this node
     /// leads and has another voter.
@@ -1362,13 +1387,27 @@ impl<S: Storage> Raft<S> {
         if self.role != StateRole::Leader {
             return None;
         }
+        if self.lead_transferee != NONE {
+            // A transfer under way: a second target would split the vote.
+            return Some(self.new_msg(MessageType::TimeoutNow, self.lead_transferee));
+        }
+        // Prefer a voter heard from lately and being replicated to (an unreachable one
+        // would lose the hand-off), then the longest log.
         let target = self
             .conf
             .voters
             .iter()
             .copied()
             .filter(|&v| v != self.id)
-            .max_by_key(|v| self.prs.get(v).map_or(0, |p| p.matched))?;
+            .max_by_key(|v| {
+                self.prs.get(v).map_or((false, false, 0), |p| {
+                    (
+                        p.recent_active,
+                        p.state == ProgressState::Replicate,
+                        p.matched,
+                    )
+                })
+            })?;
         Some(self.new_msg(MessageType::TimeoutNow, target))
     }
 

@@ -2,7 +2,7 @@
 //! proposal or message wakes it, and nobody campaigns while it sleeps.
 
 use crate::harness::*;
-use phoenix_raft::Error;
+use phoenix_raft::{Error, StateRole};
 
 #[test]
 fn idle_group_sleeps_without_elections_and_wakes_on_proposal() {
@@ -131,4 +131,55 @@ fn abdicate_names_the_follower_with_the_longest_log() {
     net.settle();
     let m = net.raw(1).abdicate().unwrap();
     assert_eq!(m.to, 3, "node 2 missed the last entry");
+}
+
+/// A follower of a sleeping group that wakes without a reason to doubt the leader (its
+/// node restarted, or a client asked it) pre-votes; the leader and the other follower,
+/// within their lease, ignore it. The woken leader must still tell it who leads before
+/// the group sleeps again — a pre-candidate left out would pre-vote every election
+/// timeout, waking the group each time.
+#[test]
+fn a_woken_pre_candidate_is_told_the_leader_before_the_group_sleeps_again() {
+    // The server's timing: a heartbeat every 5 ticks, an election after 50.
+    let cfg = |id| {
+        let mut c = cfg_default(id);
+        c.heartbeat_tick = 5;
+        c.election_tick = 50;
+        c
+    };
+    let mut net = Network::new(&[1, 2, 3], cfg);
+    net.campaign(1);
+    net.propose(1, "a").unwrap();
+    assert!(net.raw(1).hibernate().unwrap());
+    net.settle();
+    net.raw(3).wake();
+    let election = cfg(3).election_tick;
+    for _ in 0..2 * election {
+        net.tick(3);
+        net.settle();
+        if net.role(3) == StateRole::PreCandidate {
+            break;
+        }
+    }
+    assert_eq!(net.role(3), StateRole::PreCandidate, "node 3 pre-votes");
+    assert_eq!(net.leaders(), vec![1], "the lease holds: no election");
+    // The leader, woken by the pre-vote, ticks; the node calls `hibernate` each tick
+    // once the group is idle (as the server does).
+    for _ in 0..10 {
+        net.tick(1);
+        let _ = net.raw(1).hibernate().unwrap();
+        net.settle();
+    }
+    assert_eq!(net.role(3), StateRole::Follower);
+    assert_eq!(net.node(3).raw.raft().leader(), 1);
+    for id in 1..=3 {
+        assert!(net.node(id).raw.raft().is_hibernating(), "node {id} asleep");
+    }
+    net.delivered.clear();
+    net.tick_all(4 * election as usize);
+    assert!(
+        net.delivered.is_empty(),
+        "asleep for good: {:?}",
+        net.delivered
+    );
 }
