@@ -75,7 +75,7 @@ impl RouteTable {
     /// answered in the middle of a split) the higher epoch wins. Leaders known in the
     /// cache survive when the fresh copy names none and the leader is still a replica.
     pub fn replace_all(&mut self, routes: Vec<Route>, nodes: HashMap<NodeId, String>) {
-        let mut old = std::mem::take(&mut self.routes);
+        let old = std::mem::take(&mut self.routes);
         let old_starts = std::mem::take(&mut self.starts);
         for mut route in routes {
             if route.leader.is_none() {
@@ -90,7 +90,6 @@ impl RouteTable {
             }
             self.update(route);
         }
-        old.clear();
         self.nodes = nodes;
     }
 
@@ -99,6 +98,11 @@ impl RouteTable {
     /// equal epoch (and is another group or another range) the new one is ignored.
     /// Returns whether the route was taken.
     pub fn update(&mut self, route: Route) -> bool {
+        if !route.end.is_empty() && route.end <= route.start {
+            // An empty or inverted range serves no key (and would break the table's
+            // order): refused.
+            return false;
+        }
         let overlapping = self.overlapping_starts(&route);
         for start in &overlapping {
             if let Some(r) = self.routes.get(start) {
@@ -132,15 +136,14 @@ impl RouteTable {
                 out.push(start.clone());
             }
         }
-        if route.end.is_empty() || route.end > route.start {
-            let end = if route.end.is_empty() {
-                Bound::Unbounded
-            } else {
-                Bound::Excluded(route.end.as_slice())
-            };
-            let inside = (Bound::Excluded(route.start.as_slice()), end);
-            out.extend(self.routes.range::<[u8], _>(inside).map(|(s, _)| s.clone()));
-        }
+        // `update` refuses empty and inverted ranges, so this range is well formed.
+        let end = if route.end.is_empty() {
+            Bound::Unbounded
+        } else {
+            Bound::Excluded(route.end.as_slice())
+        };
+        let inside = (Bound::Excluded(route.start.as_slice()), end);
+        out.extend(self.routes.range::<[u8], _>(inside).map(|(s, _)| s.clone()));
         debug_assert_eq!(
             out.len(),
             self.routes.values().filter(|r| r.overlaps(route)).count(),
@@ -283,6 +286,71 @@ mod tests {
         assert!(!t.update(route(1, "", "", 1)));
         assert_eq!(t.locate(b"z").map(|r| r.group_id), Some(2));
         assert_eq!(t.len(), 2);
+    }
+
+    /// The group index follows every change of the table: a split, a stale answer
+    /// refused, a whole new table; empty and inverted ranges are refused.
+    #[test]
+    fn routes_are_found_by_group_through_changes() {
+        let mut t = RouteTable::new();
+        let routes: Vec<Route> = (0..1000u32)
+            .map(|i| {
+                let start = if i == 0 {
+                    Vec::new()
+                } else {
+                    i.to_be_bytes().to_vec()
+                };
+                let end = if i == 999 {
+                    Vec::new()
+                } else {
+                    (i + 1).to_be_bytes().to_vec()
+                };
+                Route {
+                    group_id: u64::from(i) + 1,
+                    start,
+                    end,
+                    epoch: 1,
+                    replicas: vec![1, 2, 3],
+                    leader: None,
+                }
+            })
+            .collect();
+        t.replace_all(routes, HashMap::new());
+        assert_eq!(t.len(), 1000);
+        for g in [1u64, 500, 1000] {
+            assert_eq!(t.by_group(g).map(|r| r.group_id), Some(g));
+        }
+        t.set_leader(500, Some(2));
+        assert_eq!(t.by_group(500).and_then(|r| r.leader), Some(2));
+        // Group 500 = [499, 500) as 4-byte keys; it grows over group 501 (epoch 2).
+        let mut merged = t.by_group(500).unwrap().clone();
+        merged.end = 501u32.to_be_bytes().to_vec();
+        merged.epoch = 2;
+        assert!(t.update(merged));
+        assert!(t.by_group(501).is_none(), "the overlapped route is gone");
+        assert_eq!(
+            t.locate(&500u32.to_be_bytes()).map(|r| r.group_id),
+            Some(500)
+        );
+        assert_eq!(t.len(), 999);
+        // Empty and inverted ranges serve no key: refused, nothing changes.
+        assert!(!t.update(route(7, "b", "b", 9)));
+        assert!(!t.update(route(7, "c", "b", 9)));
+        assert_eq!(
+            t.by_group(7).map(|r| r.start.clone()),
+            Some(6u32.to_be_bytes().to_vec())
+        );
+        // A new table keeps a known leader that is still a replica.
+        let again: Vec<Route> = t
+            .routes()
+            .cloned()
+            .map(|mut r| {
+                r.leader = None;
+                r
+            })
+            .collect();
+        t.replace_all(again, HashMap::new());
+        assert_eq!(t.by_group(500).and_then(|r| r.leader), Some(2));
     }
 
     #[test]

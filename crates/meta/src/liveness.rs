@@ -42,8 +42,9 @@ impl LeaderView {
     /// partial one changes the replicas it names, drops `removed`, and leaves the others
     /// as the report it builds on said. Returns whether the view now holds the node's
     /// whole state as of `report.seq` — false when a partial report builds on a report
-    /// this view did not record (another meta leader took it, or it was lost): the
-    /// node must send a full one next.
+    /// this view does not hold (another meta leader took it, or its answer was lost):
+    /// then only the node's liveness and stats are taken, and it must send a full
+    /// report next.
     ///
     /// [`record`]: LeaderView::record
     pub fn record_report(
@@ -59,6 +60,13 @@ impl LeaderView {
             None => true,
             Some(base) => base != 0 && self.report_seq.get(&node) == Some(&base),
         };
+        if !whole {
+            // Changes against a state this view does not hold, perhaps older than what
+            // it holds (an answer lost, the report delayed past a whole one): only the
+            // liveness counts; the node sends a whole report next.
+            self.report_seq.remove(&node);
+            return false;
+        }
         let held = self.replicas.entry(node).or_default();
         if report.base.is_none() {
             held.clear();
@@ -81,12 +89,8 @@ impl LeaderView {
                 }
             }
         }
-        if whole {
-            self.report_seq.insert(node, report.seq);
-        } else {
-            self.report_seq.remove(&node);
-        }
-        whole
+        self.report_seq.insert(node, report.seq);
+        true
     }
 
     /// When `node` was last heard from, and its stats then.
@@ -275,15 +279,27 @@ mod tests {
         assert_eq!(v.leader(2), Some(1));
         assert!(v.hosts(1, 1) && v.hosts(1, 2) && !v.hosts(1, 3));
         assert_eq!(v.replicas_of(1).len(), 1, "unchanged replicas stay");
-        // A partial report on a base this view never recorded (report 11 went to
-        // another meta leader): its changes are taken, but the node must resend all.
+        // A partial report on a base this view never recorded (report 12 went to
+        // another meta leader, or arrived late): its changes may be older than what
+        // the view holds, so only liveness is taken; the node must resend all.
         let stale = Report {
             seq: 13,
             base: Some(12),
-            removed: vec![],
+            removed: vec![1],
         };
-        assert!(!v.record_report(t, 1, stats(2), &[rep(1, false, 3)], &stale));
-        assert!(!v.replicas_of(1)[0].is_leader);
+        assert!(!v.record_report(
+            t + Duration::from_secs(1),
+            1,
+            stats(2),
+            &[rep(2, false, 3)],
+            &stale
+        ));
+        assert!(v.hosts(1, 1), "a refused report removes nothing");
+        assert!(
+            v.replicas_of(2)[0].is_leader,
+            "a refused report changes nothing"
+        );
+        assert_eq!(v.last_heartbeat(1).unwrap().0, t + Duration::from_secs(1));
         // Nothing builds on a refused one either.
         let next = Report {
             seq: 14,

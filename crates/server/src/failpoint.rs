@@ -59,7 +59,11 @@ fn matches(item: &str, node: u64, group: Option<u64>) -> bool {
     let n = parts.next().and_then(|n| n.trim().parse::<u64>().ok());
     match (n, parts.next()) {
         (Some(n), None) => n == node,
-        (Some(n), Some(g)) => n == node && g.trim().parse::<u64>().ok() == group,
+        (Some(n), Some(g)) => match (g.trim().parse::<u64>(), group) {
+            (Ok(g), Some(group)) => n == node && g == group,
+            // A malformed group, or a step that belongs to no group: no match.
+            _ => false,
+        },
         (None, _) => false,
     }
 }

@@ -309,13 +309,15 @@ impl Driver {
     /// Creates the replicas of `routes` this node does not host yet: the registry first
     /// (one durable write for them all), then each is opened. A crash in between leaves
     /// them in the registry, and the next start opens them (fresh, as here). A replica
-    /// that fails to open is stopped visibly, as at start; the others are created.
+    /// that fails to open is logged and left out: the meta service asks again with the
+    /// next heartbeat (a transient error, e.g. out of file handles, heals by itself).
     fn create_replicas(&mut self, routes: Vec<proto::Route>) -> crate::Result<()> {
+        let mut seen = std::collections::HashSet::new();
         let mut new: Vec<proto::Route> = Vec::new();
         for r in routes {
             let g = r.group_id;
             let known = self.peers.contains_key(&g) || self.unopened.contains_key(&g);
-            if !known && !new.iter().any(|n| n.group_id == g) {
+            if !known && seen.insert(g) {
                 new.push(r);
             }
         }
@@ -336,8 +338,12 @@ impl Driver {
             "creating replicas"
         );
         for r in new {
-            if let Err(e) = self.open_peer(r.clone()) {
-                self.mark_unopened(r, format!("creating the replica: {e}"));
+            let g = r.group_id;
+            if let Err(e) = self.open_peer(r) {
+                tracing::error!(
+                    group = g,
+                    "creating the replica: {e}; retried when asked again"
+                );
             }
         }
         Ok(())
