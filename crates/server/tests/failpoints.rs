@@ -81,13 +81,20 @@ impl Cluster {
     /// The stats node `node` (1-based) reports for `group`, as some live node's meta
     /// service sees them.
     async fn replica(&self, group: u64, node: u64) -> Option<proto::ReplicaStats> {
+        self.replicas(group)
+            .await
+            .into_iter()
+            .find(|r| r.node_id == node)
+    }
+
+    /// The stats of every replica of `group`, as some live node's meta service sees them.
+    async fn replicas(&self, group: u64) -> Vec<proto::ReplicaStats> {
         cluster_groups(&self.live())
             .await
-            .iter()
+            .into_iter()
             .filter(|g| g.route.as_ref().is_some_and(|r| r.group_id == group))
-            .flat_map(|g| g.replicas.iter())
-            .find(|r| r.node_id == node)
-            .cloned()
+            .flat_map(|g| g.replicas)
+            .collect()
     }
 
     async fn wait_stopped(&self, group: u64, node: u64, cause: &str) {
@@ -391,12 +398,7 @@ async fn a_stopped_leader_hands_its_sleeping_group_over() {
     // The group leads from the node that took the writes: find it, wait until asleep.
     let deadline = Instant::now() + Duration::from_secs(30);
     let leader = loop {
-        let reps: Vec<proto::ReplicaStats> = cluster_groups(&c.live())
-            .await
-            .into_iter()
-            .filter(|x| x.route.as_ref().is_some_and(|r| r.group_id == g))
-            .flat_map(|x| x.replicas)
-            .collect();
+        let reps = c.replicas(g).await;
         let asleep = reps.len() == 3 && reps.iter().all(|r| r.hibernating);
         if let (true, Some(l)) = (asleep, reps.iter().find(|r| r.is_leader)) {
             break l.clone();
@@ -424,12 +426,7 @@ async fn a_stopped_leader_hands_its_sleeping_group_over() {
     // Nothing asks the followers: one of them must lead on its own, in a new term.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let reps: Vec<proto::ReplicaStats> = cluster_groups(&c.live())
-            .await
-            .into_iter()
-            .filter(|x| x.route.as_ref().is_some_and(|r| r.group_id == g))
-            .flat_map(|x| x.replicas)
-            .collect();
+        let reps = c.replicas(g).await;
         if let Some(l) = reps
             .iter()
             .find(|r| r.is_leader && r.node_id != lnode && r.stopped.is_empty())
