@@ -191,6 +191,11 @@ pub struct Driver {
     /// Replicas the meta service asked for since the last loop: created together, with
     /// one registry write (a bootstrap of N groups asks for N at once).
     to_create: Vec<proto::Route>,
+    /// Replicas whose creation failed to open them, tried again every heartbeat
+    /// interval: their failure is reported (stopped, with the cause), so the meta
+    /// service sees them hosted here and does not ask again.
+    create_failed: BTreeMap<u64, proto::Route>,
+    last_create_retry: Instant,
 }
 
 fn raft_config(shared: &Shared, applied: u64) -> RaftConfig {
@@ -220,6 +225,8 @@ impl Driver {
             awake: BTreeSet::new(),
             reads_queued: BTreeSet::new(),
             to_create: Vec::new(),
+            create_failed: BTreeMap::new(),
+            last_create_retry: Instant::now(),
         };
         for r in routes {
             if let Err(e) = d.open_peer(r.clone()) {
@@ -258,9 +265,10 @@ impl Driver {
     /// voters).
     fn open_peer(&mut self, route: proto::Route) -> crate::Result<()> {
         let g = route.group_id;
-        crate::failpoint::check(
+        crate::failpoint::check_group(
             crate::failpoint::names::OPEN_REPLICA,
             self.shared.cfg.node_id,
+            g,
         )?;
         let db = &self.shared.engine;
         let applied = match db.get(&ReadOptions::default(), &keys::applied_key(g))? {
@@ -309,8 +317,9 @@ impl Driver {
     /// Creates the replicas of `routes` this node does not host yet: the registry first
     /// (one durable write for them all), then each is opened. A crash in between leaves
     /// them in the registry, and the next start opens them (fresh, as here). A replica
-    /// that fails to open is logged and left out: the meta service asks again with the
-    /// next heartbeat (a transient error, e.g. out of file handles, heals by itself).
+    /// that fails to open is reported stopped with the cause (cluster status shows it),
+    /// stays in the registry, and is created again every heartbeat interval
+    /// (`create_failed`): a transient error, e.g. out of file handles, heals by itself.
     fn create_replicas(&mut self, routes: Vec<proto::Route>) -> crate::Result<()> {
         let mut seen = std::collections::HashSet::new();
         let mut new: Vec<proto::Route> = Vec::new();
@@ -326,6 +335,13 @@ impl Driver {
         }
         let mut all: Vec<proto::Route> = self.peers.values().map(|p| p.route.clone()).collect();
         all.extend(self.unopened_routes());
+        // Replicas whose creation failed stay too (retried; a restart opens them).
+        all.extend(
+            self.create_failed
+                .values()
+                .filter(|r| !seen.contains(&r.group_id))
+                .cloned(),
+        );
         all.extend(new.iter().cloned());
         crate::registry::save(&self.shared.cfg.data_dir, &all)?;
         crate::failpoint::check(
@@ -339,11 +355,20 @@ impl Driver {
         );
         for r in new {
             let g = r.group_id;
-            if let Err(e) = self.open_peer(r) {
-                tracing::error!(
-                    group = g,
-                    "creating the replica: {e}; retried when asked again"
+            self.create_failed.remove(&g);
+            if let Err(e) = self.open_peer(r.clone()) {
+                let why = format!("creating the replica: {e}; retried when asked again");
+                tracing::error!(group = g, "{why}");
+                self.shared.learn_addrs(&r);
+                self.shared.groups.write().insert(
+                    g,
+                    GroupView {
+                        route: r.clone(),
+                        failed: Some(why),
+                        ..GroupView::default()
+                    },
                 );
+                self.create_failed.insert(g, r);
             }
         }
         Ok(())
@@ -358,8 +383,15 @@ impl Driver {
             .collect()
     }
 
-    /// Creates the replicas asked for since the last loop.
+    /// Creates the replicas asked for since the last loop, and once per heartbeat
+    /// interval those whose creation failed.
     fn create_pending(&mut self) {
+        if !self.create_failed.is_empty()
+            && self.last_create_retry.elapsed() >= self.shared.cfg.heartbeat_interval
+        {
+            self.last_create_retry = Instant::now();
+            self.to_create.extend(self.create_failed.values().cloned());
+        }
         let routes = std::mem::take(&mut self.to_create);
         if routes.is_empty() {
             return;

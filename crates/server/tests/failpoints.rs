@@ -24,6 +24,8 @@ struct Cluster {
     addrs: Vec<String>,
     meta: Vec<MetaMember>,
     nodes: Vec<Option<Node>>,
+    /// Split keys of the bootstrap (none: one data group).
+    splits: Vec<Vec<u8>>,
 }
 
 impl Cluster {
@@ -34,10 +36,16 @@ impl Cluster {
         c.memtable_bytes = 64 << 10;
         c.log_keep_entries = 10;
         c.log_truncate_interval = Duration::from_millis(100);
+        c.split_keys = self.splits.clone();
         c
     }
 
     fn start() -> Cluster {
+        Cluster::start_split(Vec::new())
+    }
+
+    /// A cluster bootstrapped with one data group per range between `splits`.
+    fn start_split(splits: Vec<Vec<u8>>) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let addrs: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
@@ -55,6 +63,7 @@ impl Cluster {
             addrs,
             meta,
             nodes: Vec::new(),
+            splits,
         };
         c.nodes = (0..3).map(|i| Some(start(c.cfg(i)))).collect();
         c
@@ -133,6 +142,51 @@ impl Cluster {
         }
     }
 
+    /// The `count` data groups' routes once each has a leader, by group id.
+    async fn routes(&self, count: usize) -> Vec<proto::Route> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut routes = Vec::new();
+            for a in self.live() {
+                let Ok(mut m) =
+                    proto::meta_client::MetaClient::connect(format!("http://{a}")).await
+                else {
+                    continue;
+                };
+                if let Ok(r) = m
+                    .get_routes(proto::GetRoutesRequest { timeout_ms: 1000 })
+                    .await
+                {
+                    routes = r.into_inner().routes;
+                    break;
+                }
+            }
+            routes.sort_by_key(|r| r.group_id);
+            if routes.len() == count && routes.iter().all(|r| r.leader_node_id != 0) {
+                return routes;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not every one of {count} groups has a leader: {routes:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until node `node` reports group `group` applied as far as the group's
+    /// other replicas (every acknowledged write is applied on them).
+    async fn wait_caught_up(&self, group: u64, node: u64) {
+        // Reports reach the meta service every 200 ms: wait for one made after the writes.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let mut applied = 0;
+        for r in self.replicas(group).await {
+            if r.node_id != node {
+                applied = applied.max(r.applied_index);
+            }
+        }
+        self.wait_applied(group, node, applied).await;
+    }
+
     async fn stop_all(&mut self) {
         for i in 0..3 {
             self.stop(i).await;
@@ -183,7 +237,9 @@ async fn put_all(
 ) {
     let value = vec![7u8; 1024];
     for i in from..to {
-        let k = format!("k{i:05}").into_bytes();
+        // Inside the group's range: its start key, then the number.
+        let mut k = route.start_key.to_vec();
+        k.extend_from_slice(format!("k{i:05}").as_bytes());
         put(&c.live(), route, &k, &value).await;
         want.push((k, value.clone()));
     }
@@ -204,17 +260,7 @@ async fn restart_and_check(
     c.stop(follower).await;
     c.restart(follower);
     put_all(&c, route, more_from, more_from + 10, &mut want).await;
-    // Reports reach the meta service every 200 ms: wait for one made after the writes.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    // The writes are applied on a quorum, which holds a replica other than the follower.
-    let mut applied = 0;
-    for n in (1..=3).filter(|&n| n != follower as u64 + 1) {
-        if let Some(r) = c.replica(route.group_id, n).await {
-            applied = applied.max(r.applied_index);
-        }
-    }
-    c.wait_applied(route.group_id, follower as u64 + 1, applied)
-        .await;
+    c.wait_caught_up(route.group_id, follower as u64 + 1).await;
     let dir = c.dir.path().to_path_buf();
     c.stop_all().await;
     check_engine(&dir, follower, route.group_id, &want);
@@ -379,6 +425,115 @@ async fn a_replica_created_up_to_the_registry_opens_at_the_next_start() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(c.replica(route.group_id, 3).await, None);
     restart_and_check(c, &route, 2, names::CREATE_AFTER_REGISTRY, 50, want).await;
+    scenario.teardown();
+}
+
+/// The same, for a batch: node 3's first creation (every group of a 4-group bootstrap)
+/// stops after the registry names them all, before any opens. The node hosts none of
+/// them meanwhile; its next start opens every one, and each catches up and holds every
+/// acknowledged write of its group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_of_replicas_created_up_to_the_registry_opens_at_the_next_start() {
+    let _turn = TURN.lock().await;
+    let scenario = fail::FailScenario::setup();
+    fail::cfg(names::CREATE_AFTER_REGISTRY, "return(3)").unwrap();
+    // Keys are the group's start key, then `k…` (below the first split).
+    let splits = vec![b"m1".to_vec(), b"m2".to_vec(), b"m3".to_vec()];
+    let mut c = Cluster::start_split(splits);
+    let routes = c.routes(4).await;
+    let mut want: Vec<Vec<(Vec<u8>, Vec<u8>)>> = vec![Vec::new(); routes.len()];
+    for (r, w) in routes.iter().zip(&mut want) {
+        put_all(&c, r, 0, 20, w).await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let node3 = c.dir.path().join("node-3");
+    let registry = phoenix_server::registry::load(&node3).unwrap();
+    for r in &routes {
+        let g = r.group_id;
+        assert_eq!(c.replica(g, 3).await, None, "group {g} opened on node 3");
+        assert!(
+            registry.iter().any(|x| x.group_id == g),
+            "node 3's registry does not name group {g}: {registry:?}"
+        );
+    }
+    fail::remove(names::CREATE_AFTER_REGISTRY);
+    c.stop(2).await;
+    c.restart(2);
+    for (r, w) in routes.iter().zip(&mut want) {
+        put_all(&c, r, 20, 30, w).await;
+    }
+    for r in &routes {
+        c.wait_caught_up(r.group_id, 3).await;
+    }
+    let dir = c.dir.path().to_path_buf();
+    c.stop_all().await;
+    for (r, w) in routes.iter().zip(&want) {
+        check_engine(&dir, 2, r.group_id, w);
+    }
+    scenario.teardown();
+}
+
+/// A replica whose creation fails to open it is reported stopped with the cause, and is
+/// created again when the meta service asks again — no restart — then catches up and
+/// holds every acknowledged write. (It used to be stopped until the node restarted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_that_fails_to_open_at_creation_is_created_when_asked_again() {
+    let _turn = TURN.lock().await;
+    let scenario = fail::FailScenario::setup();
+    // Group 1 is the one data group of an unsplit bootstrap.
+    fail::cfg(names::OPEN_REPLICA, "return(3/1)").unwrap();
+    let mut c = Cluster::start();
+    let route = wait_route(&c.addrs).await;
+    assert_eq!(route.group_id, 1, "the failpoint names group 1");
+    let mut want = Vec::new();
+    put_all(&c, &route, 0, 20, &mut want).await;
+    c.wait_stopped(1, 3, names::OPEN_REPLICA).await;
+    fail::remove(names::OPEN_REPLICA);
+    put_all(&c, &route, 20, 40, &mut want).await;
+    c.wait_caught_up(1, 3).await;
+    let dir = c.dir.path().to_path_buf();
+    c.stop_all().await;
+    check_engine(&dir, 2, 1, &want);
+    scenario.teardown();
+}
+
+/// A replica of the registry that fails to open at its node's start stays in the
+/// registry when a later creation rewrites it (it was dropped, so forgotten at the next
+/// start), and opens whole at the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_that_cannot_open_stays_in_the_registry_through_a_later_creation() {
+    let _turn = TURN.lock().await;
+    let scenario = fail::FailScenario::setup();
+    let mut c = Cluster::start_split(vec![b"m".to_vec()]);
+    let routes = c.routes(2).await;
+    let (a, b) = (&routes[0], &routes[1]);
+    let mut want = Vec::new();
+    put_all(&c, a, 0, 20, &mut want).await;
+    put_all(&c, b, 0, 20, &mut Vec::new()).await;
+    c.stop(2).await;
+    // Node 3 as a crash before group b's creation reached its registry leaves it.
+    let node3 = c.dir.path().join("node-3");
+    let registry: Vec<proto::Route> = phoenix_server::registry::load(&node3)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.group_id != b.group_id)
+        .collect();
+    assert!(registry.iter().any(|r| r.group_id == a.group_id));
+    phoenix_server::registry::save(&node3, &registry).unwrap();
+    fail::cfg(names::OPEN_REPLICA, &format!("return(3/{})", a.group_id)).unwrap();
+    c.restart(2);
+    c.wait_stopped(a.group_id, 3, names::OPEN_REPLICA).await;
+    // The meta service asks node 3 for group b: its creation rewrites the registry.
+    c.wait_caught_up(b.group_id, 3).await;
+    let registry = phoenix_server::registry::load(&node3).unwrap();
+    assert!(
+        registry.iter().any(|r| r.group_id == a.group_id),
+        "creating group {} dropped group {} (unopened) from the registry: {registry:?}",
+        b.group_id,
+        a.group_id
+    );
+    let a = a.clone();
+    restart_and_check(c, &a, 2, names::OPEN_REPLICA, 20, want).await;
     scenario.teardown();
 }
 
