@@ -7,7 +7,7 @@
 #
 # Usage: crates/cli/scripts/scale.sh [OUT_DIR] [N...]   (default N: 1000 10000)
 # SERVER_ARGS adds flags to every `phoenix server` (e.g. "--hibernate-ticks=100").
-# Needs: a release build (cargo build --release -p phoenix-cli). Nothing else should run.
+# Needs: a release build (cargo build --release -p phoenix-cli), jq. Nothing else should run.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:-/tmp/phoenix-scale}
@@ -68,6 +68,13 @@ wait_asleep() {
   echo "N=$n: groups not asleep after 300 s: $line"
 }
 
+# Sum over groups of the highest term a replica reports: its growth between two calls
+# counts the elections in between (pre-vote keeps a failed campaign from raising it).
+term_sum() {
+  "$phoenix" cluster status --endpoints "$endpoints" --output json 2>/dev/null |
+    jq '[.groups[] | [.replica_status[].term] | max // 0] | add // 0'
+}
+
 server_pids() { pgrep -P "$pg_pid" -f 'phoenix server' | sort -n; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 median3() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
@@ -75,6 +82,7 @@ median3() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
 for n in "${sizes[@]}"; do
   start_cluster "$n"
   wait_asleep "$n"
+  terms0=$(term_sum)
   for pid in $(server_pids); do
     samples=()
     for _ in 1 2 3; do
@@ -84,20 +92,25 @@ for n in "${sizes[@]}"; do
     rss=$(awk '/^VmRSS/{print $2}' "/proc/$pid/status")
     echo "N=$n pid=$pid idle_cpu_pct=$(median3 "${samples[@]}") (samples ${samples[*]}) rss_kib=$rss"
   done
+  terms1=$(term_sum)
+  echo "N=$n elections while idle: $((terms1 - terms0))"
   if [ "${SKIP_WRITES:-0}" != 1 ]; then
     "$phoenix" bench cluster --endpoints "$endpoints" --clients 64 --ops 1000000000 \
       --duration "$bench_secs" --key_size 16 --value_size 128 --keys 1000000 \
       --key-layout hashed >"$out/writes-$n-groups.txt" 2>&1
     echo "N=$n writes spread over all groups: $(grep -E '^\| phoenix ' "$out/writes-$n-groups.txt" | tail -1)"
+    echo "N=$n elections during the writes: $(($(term_sum) - terms1))"
   fi
   stop_cluster
 done
 
 if [ "${SKIP_WRITES:-0}" != 1 ]; then
   start_cluster 1
+  terms0=$(term_sum)
   "$phoenix" bench cluster --endpoints "$endpoints" --clients 64 --ops 1000000000 \
     --duration "$bench_secs" --key_size 16 --value_size 128 --keys 1000000 \
     --key-layout hashed >"$out/writes-1-group.txt" 2>&1
   echo "N=1 writes on one group: $(grep -E '^\| phoenix ' "$out/writes-1-group.txt" | tail -1)"
+  echo "N=1 elections during the writes: $(($(term_sum) - terms0))"
   stop_cluster
 fi
