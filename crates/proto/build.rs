@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/meta.proto",
         "proto/raft.proto",
         "proto/internal.proto",
+        "proto/faults.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");

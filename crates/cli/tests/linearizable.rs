@@ -1,10 +1,14 @@
-//! Linearizability of a running cluster under kill -9 and pauses, checked the way Knossos and
-//! porcupine do it.
+//! Linearizability of a running cluster under kill -9, pauses and partitions, checked the
+//! way Knossos and porcupine do it.
 //!
 //! Three real `phoenix server` processes on loopback; several concurrent clients run
 //! random get / put / compare-and-swap on a few keys with unique values while a nemesis
 //! kill -9's the group's leader, pauses the leader (SIGSTOP, then SIGCONT), kill -9's a
-//! random node, and again, bringing each back after 2 s. Every operation's invocation
+//! random node, and again, bringing each back after 2 s; in the other test it cuts the
+//! leader, then a random node, off from the other nodes (the servers' fault-injection
+//! service; clients still reach every node), healing after 2 s, and makes the leader's,
+//! then a random node's disk fail (writes and syncs) for 2 s before it is killed and
+//! restarted. Every operation's invocation
 //! and completion time is recorded. A write whose outcome the client cannot know
 //! (deadline, outcome unknown, broken connection) is recorded as never completing: it
 //! may take effect at any point after its invocation, or never.
@@ -615,6 +619,7 @@ impl Cluster {
                 &(i + 1).to_string(),
                 "--listen",
                 &self.addrs[i],
+                "--fault-injection",
             ])
             .arg("--data-dir")
             .arg(&data)
@@ -642,6 +647,44 @@ impl Cluster {
             .status()
             .unwrap();
         assert!(st.success(), "kill -{sig} {pid} failed");
+    }
+
+    /// Cuts node `isolated` off from the other nodes (`None`: heals every link).
+    async fn partition(&self, isolated: Option<usize>) {
+        for (i, a) in self.addrs.iter().enumerate() {
+            let cut: Vec<u64> = match isolated {
+                None => Vec::new(),
+                Some(n) if n == i => (0..self.addrs.len())
+                    .filter(|&j| j != n)
+                    .map(|j| j as u64 + 1)
+                    .collect(),
+                Some(n) => vec![n as u64 + 1],
+            };
+            let r = faults_call(a, |mut f| {
+                let cut = cut.clone();
+                async move {
+                    f.set_links(proto::SetLinksRequest { cut_nodes: cut })
+                        .await
+                        .map(|r| r.into_inner().error)
+                }
+            })
+            .await;
+            assert!(r.is_none(), "node {}: {r:?}", i + 1);
+        }
+    }
+
+    /// Makes node `i`'s writes and syncs fail.
+    async fn fail_disk(&self, i: usize) {
+        let r = faults_call(&self.addrs[i], |mut f| async move {
+            f.set_disk(proto::SetDiskRequest {
+                fail_writes: true,
+                fail_syncs: true,
+            })
+            .await
+            .map(|r| r.into_inner().error)
+        })
+        .await;
+        assert!(r.is_none(), "node {}: {r:?}", i + 1);
     }
 
     fn is_live(&self, i: usize) -> bool {
@@ -676,6 +719,32 @@ impl Drop for Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+type FaultsClient = proto::faults_client::FaultsClient<tonic::transport::Channel>;
+
+/// One call to node `addr`'s fault-injection service, retried for up to 10 s while the
+/// node cannot be reached (it may still be starting after a restart); the call's error.
+async fn faults_call<F, Fut>(addr: &str, call: F) -> Option<proto::Error>
+where
+    F: Fn(FaultsClient) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<proto::Error>, tonic::Status>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let last = match FaultsClient::connect(format!("http://{addr}")).await {
+            Ok(f) => match call(f).await {
+                Ok(e) => return e,
+                Err(s) => s.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "fault injection at {addr} unreachable for 10 s: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -863,8 +932,43 @@ impl Drop for SeedGuard {
     }
 }
 
+/// One round of the nemesis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    KillLeader,
+    /// SIGSTOP: the leader wakes up later still believing it leads, the classic way to
+    /// get a deposed leader answering.
+    PauseLeader,
+    KillRandom,
+    /// Cut the leader off from its followers: it keeps its clients while the others
+    /// elect (a deposed leader that still answers, without a pause).
+    PartitionLeader,
+    PartitionRandom,
+    /// The disk fails (writes and syncs), then the node is killed and restarted.
+    DiskErrorLeader,
+    DiskErrorRandom,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operations_are_linearizable_under_kill_9() {
+    use Round::*;
+    linearizable_under(&[KillLeader, PauseLeader, KillRandom, KillLeader]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_are_linearizable_under_partitions_and_disk_errors() {
+    use Round::*;
+    linearizable_under(&[
+        PartitionLeader,
+        DiskErrorLeader,
+        PartitionRandom,
+        DiskErrorRandom,
+    ])
+    .await;
+}
+
+/// Runs the workload with the nemesis playing `rounds` in turn, then checks the history.
+async fn linearizable_under(rounds: &[Round]) {
     let seed = env_u64("PHOENIX_SEED", 0x5EED_11AE);
     let secs = env_u64("PHOENIX_LIN_SECS", 22);
     let _guard = SeedGuard(seed);
@@ -899,20 +1003,23 @@ async fn operations_are_linearizable_under_kill_9() {
         })
         .collect();
 
-    // Nemesis, in rounds of 4.5 s while time is left: kill -9 the leader, pause the
-    // leader (SIGSTOP: it wakes up later still believing it leads, the classic way to
-    // get a deposed leader answering), kill -9 a random node, again. A killed node
-    // restarts, a paused one continues, after 2 s.
+    // Nemesis, in rounds of 4.5 s while time is left, playing `rounds` in turn. A
+    // killed node restarts, a paused one continues, a cut one is healed, after 2 s.
     let mut events = Vec::new();
     tokio::time::sleep(Duration::from_secs(3)).await;
     for round in 0.. {
         if Instant::now() + Duration::from_secs(4) > stop {
             break;
         }
-        let (what, leader_round) = match round % 4 {
-            0 | 3 => ("kill -9", true),
-            1 => ("pause (SIGSTOP)", true),
-            _ => ("kill -9", false),
+        let r = rounds[round % rounds.len()];
+        let (what, leader_round) = match r {
+            Round::KillLeader => ("kill -9", true),
+            Round::PauseLeader => ("pause (SIGSTOP)", true),
+            Round::KillRandom => ("kill -9", false),
+            Round::PartitionLeader => ("partition", true),
+            Round::PartitionRandom => ("partition", false),
+            Round::DiskErrorLeader => ("disk error", true),
+            Round::DiskErrorRandom => ("disk error", false),
         };
         let victim = match leader_round {
             true => match current_leader(&c).await {
@@ -921,12 +1028,12 @@ async fn operations_are_linearizable_under_kill_9() {
             },
             false => nemesis_rng.gen_range(0..3),
         };
-        let pause = what.starts_with("pause");
         let t = start.elapsed();
-        if pause {
-            c.signal(victim, "STOP");
-        } else {
-            c.kill9(victim);
+        match r {
+            Round::PauseLeader => c.signal(victim, "STOP"),
+            Round::PartitionLeader | Round::PartitionRandom => c.partition(Some(victim)).await,
+            Round::DiskErrorLeader | Round::DiskErrorRandom => c.fail_disk(victim).await,
+            Round::KillLeader | Round::KillRandom => c.kill9(victim),
         }
         events.push(format!(
             "{:.3} s: {what} node {}{}",
@@ -935,15 +1042,28 @@ async fn operations_are_linearizable_under_kill_9() {
             if leader_round { " (leader)" } else { "" }
         ));
         tokio::time::sleep(Duration::from_secs(2)).await;
-        if pause {
-            c.signal(victim, "CONT");
-        } else {
-            c.start(victim);
-        }
+        let back = match r {
+            Round::PauseLeader => {
+                c.signal(victim, "CONT");
+                "continue"
+            }
+            Round::PartitionLeader | Round::PartitionRandom => {
+                c.partition(None).await;
+                "heal"
+            }
+            Round::KillLeader | Round::KillRandom => {
+                c.start(victim);
+                "restart"
+            }
+            Round::DiskErrorLeader | Round::DiskErrorRandom => {
+                c.kill9(victim);
+                c.start(victim);
+                "kill -9 and restart"
+            }
+        };
         events.push(format!(
-            "{:.3} s: {} node {}",
+            "{:.3} s: {back} node {}",
             start.elapsed().as_secs_f64(),
-            if pause { "continue" } else { "restart" },
             victim + 1
         ));
         tokio::time::sleep(Duration::from_millis(2500)).await;

@@ -82,8 +82,10 @@ impl Default for ClientOptions {
         ClientOptions {
             timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(1),
-            // An election takes 1–2 s; a healthy node answers in milliseconds.
-            attempt_timeout: Duration::from_millis(1_000),
+            // A healthy node answers in milliseconds; a paused leader is replaced within
+            // an election timeout (0.5–1 s by default): by then the resend should find
+            // the new one.
+            attempt_timeout: Duration::from_millis(500),
             backoff: BackoffPolicy::default(),
             key_bytes_max: limits::KEY_BYTES_MAX,
             value_bytes_max: limits::VALUE_BYTES_MAX,

@@ -5,7 +5,9 @@
 //!   batch get, atomic batch write, scan, delete range, compare-and-swap);
 //! - [`meta_server`]/[`meta_client`]: routes, cluster status, node heartbeats;
 //! - [`raft_transport_server`]/[`raft_transport_client`]: batched raft messages between
-//!   nodes and chunked snapshot upload.
+//!   nodes and chunked snapshot upload;
+//! - [`faults_server`]/[`faults_client`]: fault injection for fault runs (cut links),
+//!   served only by nodes started with `--fault-injection`.
 //!
 //! Errors travel inside responses as [`Error`] (a typed `oneof`); gRPC statuses are
 //! reserved for transport failures. [`convert`] maps raft messages to and from the

@@ -87,6 +87,8 @@ pub struct Config {
     pub snapshot_bytes_per_sec: u64,
     /// Node → meta heartbeat interval.
     pub heartbeat_interval: Duration,
+    /// Serve the `Faults` service (cut links on request), for fault runs only.
+    pub fault_injection: bool,
 }
 
 impl Config {
@@ -109,7 +111,11 @@ impl Config {
             split_keys: Vec::new(),
             engine_wal: false,
             memtable_bytes: 64 << 20,
-            tick: Duration::from_millis(20),
+            // Election 0.5–1 s, heartbeat 50 ms: a dead or paused leader is replaced
+            // within about a second (pre-vote and check-quorum keep the short timeout
+            // from unseating a healthy one; a stalled driver skips ticks rather than
+            // bunching them). Only awake groups tick.
+            tick: Duration::from_millis(10),
             election_ticks: 50,
             heartbeat_ticks: 5,
             hibernate_ticks: Self::DEFAULT_HIBERNATE_TICKS,
@@ -119,6 +125,7 @@ impl Config {
             inflight_requests_max: 8192,
             snapshot_bytes_per_sec: 64 << 20,
             heartbeat_interval: Duration::from_secs(1),
+            fault_injection: false,
         }
     }
 

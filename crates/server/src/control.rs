@@ -73,7 +73,13 @@ fn timeout_of(ms: u64) -> Result<Duration, PErr> {
     Ok(Duration::from_millis(ms.min(proto::limits::TIMEOUT_MS_MAX)))
 }
 
-async fn connect_meta(addr: &str, timeout: Duration) -> Result<MetaClient, PErr> {
+async fn connect_meta(shared: &Shared, addr: &str, timeout: Duration) -> Result<MetaClient, PErr> {
+    if shared.links.is_cut_addr(addr) {
+        return Err(PErr::group_unavailable(
+            META_GROUP,
+            format!("cannot reach {addr}: link cut (fault injection)"),
+        ));
+    }
     let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| PErr::invalid_argument(format!("bad address {addr}: {e}")))?
         .connect_timeout(timeout.min(Duration::from_secs(2)))
@@ -144,7 +150,7 @@ impl MetaService {
         }
         let mut last = PErr::group_unavailable(META_GROUP, "no meta leader known");
         for addr in self.forward_targets() {
-            match connect_meta(&addr, timeout).await {
+            match connect_meta(&self.shared, &addr, timeout).await {
                 Ok(c) => match call(c).await {
                     Ok(resp) => return Ok(resp.into_inner()),
                     Err(s) => last = PErr::group_unavailable(META_GROUP, format!("{addr}: {s}")),
@@ -371,6 +377,13 @@ impl proto::meta_server::Meta for MetaService {
         reply(
             async {
                 let timeout = timeout_of(r.timeout_ms)?;
+                if self.shared.links.is_cut(r.node_id) {
+                    // Lost in the partition (fault injection).
+                    return Err(PErr::group_unavailable(
+                        META_GROUP,
+                        format!("link to node {} cut (fault injection)", r.node_id),
+                    ));
+                }
                 if !self.is_meta_leader() {
                     let leader = self
                         .shared
@@ -467,7 +480,7 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
             removed_groups,
             timeout_ms: 3000,
         };
-        let resp = match connect_meta(&addr, Duration::from_secs(3)).await {
+        let resp = match connect_meta(&shared, &addr, Duration::from_secs(3)).await {
             Ok(mut c) => c
                 .heartbeat(req)
                 .await

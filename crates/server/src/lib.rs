@@ -10,7 +10,8 @@
 //! - [`service`]: the client `Kv` service; [`control`]: the `Meta` service, heartbeats
 //!   and the scheduler's host; [`meta`]: the meta group's state machine (group 0,
 //!   `phoenix_meta`) stored in the engine;
-//! - [`registry`]: the node's list of hosted replicas; [`keys`]: the engine key layout.
+//! - [`registry`]: the node's list of hosted replicas; [`keys`]: the engine key layout;
+//! - [`faults`]: cut links for fault runs (`--fault-injection`).
 //!
 //! Design and decisions: `docs/cluster.md`.
 
@@ -23,6 +24,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod failpoint;
+pub mod faults;
 pub mod keys;
 pub mod meta;
 pub mod node;
@@ -56,7 +58,16 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     let data = cfg.data_dir.clone();
     std::fs::create_dir_all(&data)
         .map_err(|e| Error::io(format!("creating {}", data.display()), e))?;
-    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    let disk_faults = Arc::new(phoenix_storage::DiskFaults::default());
+    let local: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    let fs: phoenix_storage::SharedFs = if cfg.fault_injection {
+        Arc::new(phoenix_storage::FaultFs::new(
+            local,
+            Arc::clone(&disk_faults),
+        ))
+    } else {
+        local
+    };
     let engine_opts = EngineOptions {
         wal: if cfg.engine_wal {
             WalMode::Log
@@ -77,8 +88,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     addrs.insert(cfg.node_id, cfg.advertise.clone());
     let addrs = Arc::new(RwLock::new(addrs));
     let runtime = tokio::runtime::Handle::current();
-    let transport =
-        transport::Transport::new(cfg.node_id, Arc::clone(&addrs), tx.clone(), runtime.clone());
+    let links = Arc::new(faults::Links::new(Arc::clone(&addrs)));
+    let transport = transport::Transport::new(
+        cfg.node_id,
+        Arc::clone(&addrs),
+        Arc::clone(&links),
+        tx.clone(),
+        runtime.clone(),
+    );
 
     let mut routes = registry::load(&data)?;
     if cfg.is_meta_member() && !routes.iter().any(|r| r.group_id == META_GROUP) {
@@ -118,6 +135,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         leader_view: Mutex::new(LeaderView::default()),
         events: tx.clone(),
         transport,
+        links,
+        disk_faults,
         started: Instant::now(),
         runtime,
     });
@@ -171,6 +190,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
             })
             .max_decoding_message_size(max),
         )
+        .add_service(proto::faults_server::FaultsServer::new(
+            faults::FaultsService {
+                shared: Arc::clone(&shared),
+            },
+        ))
         .serve_with_incoming_shutdown(
             // The builder's `tcp_nodelay` applies only to listeners it creates itself:
             // without this, replies wait on Nagle behind the peer's delayed ACK (~40 ms).

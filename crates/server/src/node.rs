@@ -257,6 +257,9 @@ impl Driver {
     fn not_open(&self, g: u64) -> proto::Error {
         match self.unopened.get(&g) {
             Some(why) => stopped_error(g, why),
+            None if self.create_failed.contains_key(&g) => {
+                stopped_error(g, "its creation failed (retried every heartbeat interval)")
+            }
             None => proto::Error::group_unavailable(g, "not hosted on this node"),
         }
     }
@@ -333,21 +336,27 @@ impl Driver {
         if new.is_empty() {
             return Ok(());
         }
-        let mut all: Vec<proto::Route> = self.peers.values().map(|p| p.route.clone()).collect();
-        all.extend(self.unopened_routes());
-        // Replicas whose creation failed stay too (retried; a restart opens them).
-        all.extend(
-            self.create_failed
-                .values()
-                .filter(|r| !seen.contains(&r.group_id))
-                .cloned(),
-        );
-        all.extend(new.iter().cloned());
-        crate::registry::save(&self.shared.cfg.data_dir, &all)?;
-        crate::failpoint::check(
-            crate::failpoint::names::CREATE_AFTER_REGISTRY,
-            self.shared.cfg.node_id,
-        )?;
+        // A retry of failed creations only: the registry names them already.
+        let retry_only = new
+            .iter()
+            .all(|r| self.create_failed.contains_key(&r.group_id));
+        if !retry_only {
+            let mut all: Vec<proto::Route> = self.peers.values().map(|p| p.route.clone()).collect();
+            all.extend(self.unopened_routes());
+            // Replicas whose creation failed stay too (retried; a restart opens them).
+            all.extend(
+                self.create_failed
+                    .values()
+                    .filter(|r| !seen.contains(&r.group_id))
+                    .cloned(),
+            );
+            all.extend(new.iter().cloned());
+            crate::registry::save(&self.shared.cfg.data_dir, &all)?;
+            crate::failpoint::check(
+                crate::failpoint::names::CREATE_AFTER_REGISTRY,
+                self.shared.cfg.node_id,
+            )?;
+        }
         tracing::info!(
             count = new.len(),
             first = new[0].group_id,
@@ -368,6 +377,10 @@ impl Driver {
                         ..GroupView::default()
                     },
                 );
+                if self.create_failed.is_empty() {
+                    // The first retry comes a whole interval after the failure.
+                    self.last_create_retry = Instant::now();
+                }
                 self.create_failed.insert(g, r);
             }
         }
@@ -514,6 +527,12 @@ impl Driver {
                             format!("read index: {e}"),
                         )));
                     }
+                    // A leader whose log cannot be read must stop (and hand the group
+                    // over), not go on leading and refusing every read.
+                    if is_storage(&e) {
+                        self.fail_group(g, format!("read index: {e}"));
+                        continue;
+                    }
                 }
             }
             self.touch(g);
@@ -559,6 +578,9 @@ impl Driver {
                     return;
                 }
                 if let Err(e) = p.raw.step(msg) {
+                    if is_storage(&e) {
+                        return self.fail_group(group, format!("stepping a message: {e}"));
+                    }
                     tracing::debug!(group, "step refused: {e}");
                 }
                 self.touch(group);
@@ -587,6 +609,12 @@ impl Driver {
                 match p.raw.propose(data) {
                     Ok(index) => {
                         p.proposals.insert(index, PendingProposal { term, reply });
+                    }
+                    Err(e) if is_storage(&e) => {
+                        // Nothing of this ready leaves a stopped replica: not applied.
+                        let why = format!("proposing: {e}");
+                        let _ = reply.send(Err(stopped_error(group, &why)));
+                        return self.fail_group(group, why);
                     }
                     Err(e) => {
                         let hint = self.shared.replica_of(p.raw.raft().leader());
@@ -649,6 +677,10 @@ impl Driver {
                     crate::snapshot::remove_dir(&old);
                 }
                 if let Err(e) = p.raw.step(msg) {
+                    if is_storage(&e) {
+                        // (Its files go with the replica's pending snapshots.)
+                        return self.fail_group(group, format!("stepping a snapshot: {e}"));
+                    }
                     tracing::warn!(group, "snapshot message refused: {e}");
                 }
                 self.dirty.insert(group);
@@ -993,6 +1025,19 @@ fn wake_asked_follower(p: &mut Peer) {
     if p.raw.raft().is_hibernating() {
         p.raw.wake();
     }
+}
+
+/// Whether a raft error means the replica must stop: its storage failed (I/O,
+/// corruption; a compacted or not yet written index is raft's normal business) or raft
+/// found an invariant broken (its state may be half-updated). Anything else refuses the
+/// one request or message. A stopped replica stays stopped until the node restarts: what
+/// a failed read or sync left behind is unknown.
+fn is_storage(e: &phoenix_raft::Error) -> bool {
+    matches!(
+        e,
+        phoenix_raft::Error::Storage(phoenix_raft::StorageError::Other(_))
+            | phoenix_raft::Error::Invariant(_)
+    )
 }
 
 /// The error a request to a stopped replica gets.

@@ -58,6 +58,11 @@ pub struct Shared {
     pub events: Sender<Event>,
     /// Outgoing raft messages.
     pub transport: Transport,
+    /// Peer links cut by fault injection.
+    pub links: Arc<crate::faults::Links>,
+    /// The disk's fault switches (they act only with fault injection on: the file
+    /// system is then a `FaultFs` over them).
+    pub disk_faults: Arc<phoenix_storage::DiskFaults>,
     /// When the node started.
     pub started: Instant,
     /// Tokio runtime handle for background tasks started from the driver thread.

@@ -192,6 +192,9 @@ async fn send_files(
     msg: &Message,
     files: &[(PathBuf, u64, u32)],
 ) -> Result<(), String> {
+    if shared.links.is_cut(msg.to) {
+        return Err(format!("link to node {} cut (fault injection)", msg.to));
+    }
     let addr = shared
         .addr_of(msg.to)
         .ok_or_else(|| format!("no address for node {}", msg.to))?;
@@ -242,6 +245,10 @@ async fn send_files(
                 .await
                 .map_err(|e| format!("reading {}: {e}", p.display()))?;
             for (k, chunk) in data.chunks(CHUNK_BYTES).enumerate() {
+                // A link cut mid-stream (fault injection) breaks it, as a partition would.
+                if shared.links.is_cut(msg.to) {
+                    return Err(format!("link to node {} cut (fault injection)", msg.to));
+                }
                 tx.send(proto::SnapshotChunk {
                     header: None,
                     file_index: i as u32,
@@ -309,6 +316,12 @@ pub async fn receive(
         return refuse(format!(
             "snapshot for node {} reached node {}",
             header.to_node, shared.cfg.node_id
+        ));
+    }
+    if shared.links.is_cut(header.from_node) {
+        return refuse(format!(
+            "link to node {} cut (fault injection)",
+            header.from_node
         ));
     }
     let Some(wire) = header.message.clone() else {

@@ -42,6 +42,7 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_millis(1000);
 struct Inner {
     node_id: u64,
     addrs: Arc<RwLock<HashMap<u64, String>>>,
+    links: Arc<crate::faults::Links>,
     peers: Mutex<HashMap<u64, mpsc::Sender<proto::GroupMessage>>>,
     events: Sender<Event>,
     runtime: tokio::runtime::Handle,
@@ -59,6 +60,7 @@ impl Transport {
     pub fn new(
         node_id: u64,
         addrs: Arc<RwLock<HashMap<u64, String>>>,
+        links: Arc<crate::faults::Links>,
         events: Sender<Event>,
         runtime: tokio::runtime::Handle,
     ) -> Transport {
@@ -66,6 +68,7 @@ impl Transport {
             inner: Arc::new(Inner {
                 node_id,
                 addrs,
+                links,
                 peers: Mutex::new(HashMap::new()),
                 events,
                 runtime,
@@ -115,6 +118,9 @@ async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::Gro
     loop {
         let addr = inner.addrs.read().get(&to).cloned();
         let client = match addr {
+            // A cut link (fault injection) fails as a partitioned peer does: no
+            // connection, so the driver hears `Unreachable` at every retry.
+            _ if inner.links.is_cut(to) => Err(format!("link to node {to} cut (fault injection)")),
             Some(a) => connect(&a).await,
             None => Err(format!("no address known for node {to}")),
         };
@@ -146,6 +152,9 @@ async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::Gro
         let mut ended = None;
         // A message taken from the queue that did not fit the last batch.
         let mut carried: Option<proto::GroupMessage> = None;
+        // A link cut while the stream is up ends it within this period, as a partition
+        // would once keepalive pings go unanswered (idle or not).
+        let mut cut_check = tokio::time::interval(Duration::from_millis(250));
         loop {
             let first = match carried.take() {
                 Some(m) => m,
@@ -161,8 +170,20 @@ async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::Gro
                         ended = Some(r);
                         break;
                     }
+                    _ = cut_check.tick() => {
+                        if inner.links.is_cut(to) {
+                            call.abort();
+                            break;
+                        }
+                        continue;
+                    }
                 },
             };
+            if inner.links.is_cut(to) {
+                // Lost in the partition, with whatever is queued (raft retransmits).
+                call.abort();
+                break;
+            }
             let mut bytes = first.encoded_len();
             if bytes > proto::limits::MESSAGE_BYTES_MAX / 2 {
                 // Cannot happen with raft's 1 MiB cap per append; never let it break the
@@ -204,6 +225,9 @@ async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::Gro
             Ok(Ok(_)) => tracing::debug!(to, "raft stream closed"),
             Ok(Err(s)) => tracing::debug!(to, "raft stream failed: {s}"),
             Err(e) => tracing::debug!(to, "raft stream task: {e}"),
+        }
+        if inner.links.is_cut(to) {
+            while rx.try_recv().is_ok() {}
         }
         let _ = inner.events.send(Event::Unreachable(to));
         tokio::time::sleep(backoff).await;
@@ -284,6 +308,9 @@ impl proto::raft_transport_server::RaftTransport for TransportService {
                 return Err(Status::invalid_argument(why));
             }
             let from = batch.from_node;
+            if self.shared.links.is_cut(from) {
+                continue;
+            }
             for gm in batch.messages {
                 match decode_incoming(me, from, gm) {
                     Ok(ev) => {
@@ -371,7 +398,8 @@ mod tests {
         );
         let addrs = Arc::new(RwLock::new(HashMap::from([(2u64, addr)])));
         let (events, _rx) = crossbeam_channel::unbounded();
-        let t = Transport::new(1, addrs, events, tokio::runtime::Handle::current());
+        let links = Arc::new(crate::faults::Links::new(Arc::clone(&addrs)));
+        let t = Transport::new(1, addrs, links, events, tokio::runtime::Handle::current());
         let n = 40;
         for i in 0..n {
             let mut m = Message::new(phoenix_raft::MessageType::Append, 1, 2, 1);

@@ -47,17 +47,7 @@ impl Cluster {
     /// A cluster bootstrapped with one data group per range between `splits`.
     fn start_split(splits: Vec<Vec<u8>>) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let addrs: Vec<String> = (0..3)
-            .map(|_| format!("127.0.0.1:{}", free_port()))
-            .collect();
-        let meta = addrs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| MetaMember {
-                id: i as u64 + 1,
-                addr: a.clone(),
-            })
-            .collect();
+        let (addrs, meta) = loopback_members(3);
         let mut c = Cluster {
             dir,
             addrs,

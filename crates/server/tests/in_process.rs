@@ -1,6 +1,7 @@
 //! Nodes started in-process on loopback: single-node put/get through raft with
-//! restart recovery (log-as-WAL), a three-node cluster with the meta group, and the meta
-//! group bootstrapping split ranges and serving its table from every node.
+//! restart recovery (log-as-WAL), a three-node cluster with the meta group, the meta
+//! group bootstrapping split ranges and serving its table from every node, and a
+//! leader cut off by fault injection.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -144,17 +145,7 @@ async fn single_node(engine_wal: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_replicate_and_survive_leader_stop() {
     let dir = tempfile::tempdir().unwrap();
-    let addrs: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let meta: Vec<MetaMember> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| MetaMember {
-            id: i as u64 + 1,
-            addr: a.clone(),
-        })
-        .collect();
+    let (addrs, meta) = loopback_members(3);
     let mut nodes: Vec<Option<Node>> = (0..3)
         .map(|i| Some(start(config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3))))
         .collect();
@@ -241,17 +232,7 @@ async fn wait_caught_up(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn follower_far_behind_catches_up_from_the_log() {
     let dir = tempfile::tempdir().unwrap();
-    let addrs: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let meta: Vec<MetaMember> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| MetaMember {
-            id: i as u64 + 1,
-            addr: a.clone(),
-        })
-        .collect();
+    let (addrs, meta) = loopback_members(3);
     let cfg = |i: usize| config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
     let mut nodes: Vec<Option<Node>> = (0..3).map(|i| Some(start(cfg(i)))).collect();
     let route = wait_route(&addrs).await;
@@ -301,17 +282,7 @@ async fn follower_far_behind_catches_up_from_the_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn follower_behind_truncated_log_catches_up_by_snapshot() {
     let dir = tempfile::tempdir().unwrap();
-    let addrs: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let meta: Vec<MetaMember> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| MetaMember {
-            id: i as u64 + 1,
-            addr: a.clone(),
-        })
-        .collect();
+    let (addrs, meta) = loopback_members(3);
     let cfg = |i: usize| {
         let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
         // Small memtables flush often, so the persisted applied index advances and the
@@ -605,17 +576,7 @@ fn asleep(groups: &[proto::GroupInfo]) -> usize {
 async fn idle_groups_hibernate_and_wake() {
     const GROUPS: usize = 1000;
     let dir = tempfile::tempdir().unwrap();
-    let addrs: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let meta: Vec<MetaMember> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| MetaMember {
-            id: i as u64 + 1,
-            addr: a.clone(),
-        })
-        .collect();
+    let (addrs, meta) = loopback_members(3);
     let cfg = |i: usize| {
         let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
         c.split_keys = phoenix_server::even_split_keys(GROUPS).unwrap();
@@ -711,5 +672,234 @@ async fn idle_groups_hibernate_and_wake() {
         if let Some(n) = n.take() {
             n.stop().await;
         }
+    }
+}
+
+/// Sets node `addr`'s cut links; the service's answer.
+async fn set_links(addr: &str, cut: Vec<u64>) -> proto::SetLinksResponse {
+    let mut f = proto::faults_client::FaultsClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    f.set_links(proto::SetLinksRequest { cut_nodes: cut })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// A leader cut off from its followers (fault injection; clients still reach it) takes
+/// no write while the other two elect and serve; once healed it catches up. A node
+/// without `--fault-injection` refuses the service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cut_off_leader_is_replaced_and_catches_up_when_healed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+            // Node 3 serves no fault injection.
+            c.fault_injection = i < 2;
+            start(c)
+        })
+        .collect();
+    let route = wait_route(&addrs).await;
+    let refused = set_links(&addrs[2], vec![1]).await;
+    assert!(
+        refused
+            .error
+            .as_ref()
+            .is_some_and(|e| e.message.contains("--fault-injection")),
+        "{refused:?}"
+    );
+    assert!(refused.cut_nodes.is_empty());
+    for i in 0..20u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v1").await;
+    }
+    // Cut the leader off. A node that cuts a link drops the raft traffic on it both
+    // ways, so the link is cut if either end (one with the service) cuts it.
+    // The leader now: the node that takes a write itself (leadership may have moved
+    // since the route was read).
+    let mut leader = None;
+    for (i, a) in addrs.iter().enumerate() {
+        let r = kv(a)
+            .await
+            .put(proto::PutRequest {
+                header: header(&route),
+                key: b"probe".to_vec().into(),
+                value: b"p".to_vec().into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if r.error.is_none() {
+            leader = Some(i);
+            break;
+        }
+    }
+    let leader = leader.expect("no node took the probe write as leader");
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    if leader < 2 {
+        let cut: Vec<u64> = others.iter().map(|&j| j as u64 + 1).collect();
+        assert_eq!(set_links(&addrs[leader], cut.clone()).await.cut_nodes, cut);
+    }
+    for &j in &others {
+        if j < 2 {
+            let r = set_links(&addrs[j], vec![leader as u64 + 1]).await;
+            assert!(r.error.is_none(), "{r:?}");
+        }
+    }
+    // The old leader cannot commit: a write to it alone gets no success.
+    let mut k = kv(&addrs[leader]).await;
+    let mut h = header(&route);
+    if let Some(h) = h.as_mut() {
+        h.timeout_ms = 1500;
+    }
+    let r = k
+        .put(proto::PutRequest {
+            header: h,
+            key: b"cut-off".to_vec().into(),
+            value: b"x".to_vec().into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.error.is_some(), "a cut-off leader acknowledged a write");
+    // The majority side elects and serves.
+    let majority: Vec<String> = others.iter().map(|&j| addrs[j].clone()).collect();
+    let started = Instant::now();
+    put(&majority, &route, b"during", b"v2").await;
+    eprintln!(
+        "the majority side took a write after {:?}",
+        started.elapsed()
+    );
+    // Healed, the old leader catches up (it applies the write made without it).
+    for a in &addrs[..2] {
+        assert!(set_links(a, Vec::new()).await.error.is_none());
+    }
+    put(&addrs, &route, b"after", b"v3").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let groups = cluster_groups(&addrs).await;
+        let applied: Vec<(u64, u64)> = groups
+            .iter()
+            .filter(|g| {
+                g.route
+                    .as_ref()
+                    .is_some_and(|r| r.group_id == route.group_id)
+            })
+            .flat_map(|g| g.replicas.iter().map(|r| (r.node_id, r.applied_index)))
+            .collect();
+        let of = |n: usize| applied.iter().find(|x| x.0 == n as u64 + 1).map(|x| x.1);
+        let top = applied.iter().map(|x| x.1).max().unwrap_or(0);
+        if of(leader).is_some_and(|a| a == top && a > 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the healed node did not catch up: {applied:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for n in nodes {
+        n.stop().await;
+    }
+}
+
+/// A node whose disk fails (writes and syncs, by fault injection) — the meta leader's —
+/// stops its replica visibly with the cause, while the group goes on with the other two;
+/// restarted, the node catches up and the group serves every acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_disk_stops_the_replica_and_a_restart_recovers_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let cfg = |i: usize| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        c.fault_injection = true;
+        c
+    };
+    let mut nodes: Vec<Option<Node>> = (0..3).map(|i| Some(start(cfg(i)))).collect();
+    let route = wait_route(&addrs).await;
+    for i in 0..20u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v1").await;
+    }
+    // The meta leader's node: its disk failing must not take the cluster's view with
+    // it (its meta replica is idle, so only the data group's appends see the disk).
+    let follower = loop {
+        let c = meta_client(&addrs[0])
+            .await
+            .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
+            .await
+            .unwrap()
+            .into_inner();
+        if c.meta_leader_node_id != 0 {
+            break c.meta_leader_node_id as usize - 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut f = proto::faults_client::FaultsClient::connect(format!("http://{}", addrs[follower]))
+        .await
+        .unwrap();
+    let r = f
+        .set_disk(proto::SetDiskRequest {
+            fail_writes: true,
+            fail_syncs: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.error.is_none() && r.fail_writes && r.fail_syncs, "{r:?}");
+    for i in 20..60u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v2").await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let groups = cluster_groups(&addrs).await;
+        let stopped = groups
+            .iter()
+            .filter(|g| {
+                g.route
+                    .as_ref()
+                    .is_some_and(|r| r.group_id == route.group_id)
+            })
+            .flat_map(|g| g.replicas.iter())
+            .find(|r| r.node_id == follower as u64 + 1)
+            .map(|r| r.stopped.clone())
+            .unwrap_or_default();
+        if stopped.contains("injected disk error") {
+            break;
+        }
+
+        assert!(
+            Instant::now() < deadline,
+            "the replica on the failing disk did not stop with the cause: {stopped:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Restarted (its disk works again), the node catches up.
+    nodes[follower].take().unwrap().stop().await;
+    nodes[follower] = Some(start(cfg(follower)));
+    put(&addrs, &route, b"after", b"v3").await;
+    let leader = (0..3).find(|&i| i != follower).unwrap();
+    wait_caught_up(
+        &addrs,
+        &route,
+        leader,
+        follower,
+        60,
+        Duration::from_secs(30),
+    )
+    .await;
+    let others: Vec<String> = (0..3)
+        .filter(|&i| i != follower)
+        .map(|i| addrs[i].clone())
+        .collect();
+    for i in (0..60u32).step_by(7) {
+        let want: &[u8] = if i < 20 { b"v1" } else { b"v2" };
+        assert_eq!(
+            get(&others, &route, format!("k{i:04}").as_bytes()).await,
+            Some(want.to_vec())
+        );
+    }
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
     }
 }

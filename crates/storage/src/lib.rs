@@ -4,7 +4,8 @@
 //! holds the bytes: the local disk ([`LocalFs`]) or, in tests, an in-memory file system
 //! ([`MemFs`]) that keeps synced and unsynced bytes apart, can "crash" (lose everything
 //! that was never synced, directory changes included) and can fail the Nth operation of
-//! a kind with a chosen error.
+//! a kind with a chosen error; and [`FaultFs`], any file system whose writes and syncs
+//! fail while a switch is on (fault runs of real servers).
 //!
 //! Durability contract (the same for every implementation, and what `MemFs` models):
 //! 1. Bytes written to a file are durable only after `sync_data`/`sync_all` on that file.
@@ -21,6 +22,7 @@
 #![deny(missing_docs)]
 
 mod error;
+mod fault;
 mod local;
 mod mem;
 mod util;
@@ -29,6 +31,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use error::{Error, IoOp, Result};
+pub use fault::{DiskFaults, FaultFs};
 pub use local::LocalFs;
 pub use mem::{FaultKind, MemFs};
 

@@ -101,7 +101,10 @@ pub struct Args {
     #[arg(long, env = "PHOENIX_SEED", default_value_t = 1)]
     pub seed: u64,
     /// Faults injected into the spawned cluster during each run, one node at a time
-    /// (kill: SIGKILL then restart; pause: SIGSTOP then SIGCONT); needs --spawn.
+    /// (kill: SIGKILL then restart; pause: SIGSTOP then SIGCONT; partition: the node cut
+    /// off from the others; diskerror: its writes and syncs fail, then it is killed and
+    /// restarted — these two PhoenixKV only, its servers spawned with
+    /// `--fault-injection`); needs --spawn.
     #[arg(long, value_delimiter = ',')]
     pub nemesis: Vec<Fault>,
     /// How each operation reaches the cluster: `grpc` (long-lived clients in this
@@ -618,6 +621,12 @@ async fn spawn_target(
         TargetKind::Phoenix | TargetKind::PhoenixWal => {
             let mut spec = ClusterSpec::ephemeral(&dir)?;
             spec.server_args = args.server_args.clone();
+            let flag = "--fault-injection";
+            let injected = args.nemesis.contains(&Fault::Partition)
+                || args.nemesis.contains(&Fault::DiskError);
+            if injected && !spec.server_args.iter().any(|a| a == flag) {
+                spec.server_args.push(flag.to_string());
+            }
             if kind == TargetKind::PhoenixWal {
                 spec.server_args.push(ENGINE_WAL_FLAG.to_string());
             }
@@ -1176,6 +1185,15 @@ pub fn run(args: Args, report: Report) -> Result<(), BenchError> {
     if !args.nemesis.is_empty() && args.spawn.is_none() {
         return Err("--nemesis needs --spawn (it kills and pauses the spawned nodes)".into());
     }
+    let injected =
+        args.nemesis.contains(&Fault::Partition) || args.nemesis.contains(&Fault::DiskError);
+    if injected && args.target.contains(&TargetKind::Etcd) {
+        return Err(
+            "--nemesis partition and diskerror work on PhoenixKV targets only (through \
+             their fault-injection service); run etcd with kill,pause"
+                .into(),
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -1240,7 +1258,9 @@ async fn run_all(args: Args, workload: Workload, report: Report) -> Result<(), B
         for &clients in &args.clients {
             let nemesis = match (&mut spawned, args.nemesis.is_empty()) {
                 (Some(sp), false) => {
-                    let n = Nemesis::start(sp.take_procs(), args.nemesis.clone(), args.seed)?;
+                    let links = matches!(sp, Spawned::Phoenix(_)).then(|| endpoints.clone());
+                    let n =
+                        Nemesis::start(sp.take_procs(), args.nemesis.clone(), args.seed, links)?;
                     report.line(format_args!(
                         "   nemesis: {:?}, one node at a time, seed {}",
                         args.nemesis, args.seed

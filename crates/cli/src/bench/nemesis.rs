@@ -1,12 +1,18 @@
 //! Faults injected into a spawned cluster while `phoenix bench cluster` runs
-//! (`--nemesis kill,pause`): one node at a time, the same schedule for every target.
+//! (`--nemesis kill,pause,partition,diskerror`): one node at a time, the same schedule
+//! for every target.
 //!
 //! Every 1–3 s (uniform) the nemesis picks a node and a fault: `kill` sends SIGKILL and
 //! starts the node again 0.5–2.5 s later (same command line, same data); `pause` sends
-//! SIGSTOP and SIGCONT 0.5–2.5 s later. The choices come from a seeded generator, so a
-//! run with the same `--seed` faults the same nodes at the same offsets for PhoenixKV
-//! and for etcd. When the run ends every node is brought back before the cluster is
-//! stopped.
+//! SIGSTOP and SIGCONT 0.5–2.5 s later; `partition` cuts the node's links to every
+//! other node for 2–6 s (clients still reach it), through the nodes' fault-injection
+//! service (PhoenixKV servers started with `--fault-injection`); `diskerror` makes the
+//! node's writes and syncs fail (the same service) for 0.5–2.5 s, then kills and
+//! restarts it (its replicas stop at the first failed sync and stay stopped until a
+//! restart). The choices come from
+//! a seeded generator, so a run with the same `--seed` faults the same nodes at the
+//! same offsets for PhoenixKV and for etcd. When the run ends every node is brought
+//! back (links healed) before the cluster is stopped.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,6 +32,13 @@ pub enum Fault {
     Kill,
     /// SIGSTOP a node, SIGCONT it later (a stall: its sockets stay open but silent).
     Pause,
+    /// Cut a node off from the other nodes, heal later (PhoenixKV only: its servers'
+    /// fault-injection service drops the raft, snapshot and meta traffic between them).
+    Partition,
+    /// Make a node's disk fail (writes and syncs), then kill and restart it (PhoenixKV
+    /// only, through the same service).
+    #[value(name = "diskerror")]
+    DiskError,
 }
 
 impl Fault {
@@ -33,6 +46,8 @@ impl Fault {
         match self {
             Fault::Kill => "kill",
             Fault::Pause => "pause",
+            Fault::Partition => "partition",
+            Fault::DiskError => "diskerror",
         }
     }
 }
@@ -83,10 +98,30 @@ pub struct Nemesis {
 
 impl Nemesis {
     /// Starts faulting `procs` (one at a time) with `faults`, choices drawn from `seed`.
-    pub fn start(procs: Vec<Proc>, faults: Vec<Fault>, seed: u64) -> Result<Self, String> {
+    /// `links` are the nodes' addresses (node id = index + 1), needed for `partition`.
+    pub fn start(
+        procs: Vec<Proc>,
+        faults: Vec<Fault>,
+        seed: u64,
+        links: Option<Vec<String>>,
+    ) -> Result<Self, String> {
         if faults.is_empty() || procs.is_empty() {
             return Err("the nemesis needs at least one fault and one process".into());
         }
+        let needs_links = faults.contains(&Fault::Partition) || faults.contains(&Fault::DiskError);
+        let links = match (needs_links, links) {
+            (true, None) => {
+                return Err(
+                    "partition and diskerror need PhoenixKV nodes (their fault-injection \
+                     service)"
+                        .into(),
+                )
+            }
+            (true, Some(l)) if l.len() != procs.len() => {
+                return Err(format!("{} addresses for {} nodes", l.len(), procs.len()))
+            }
+            (_, l) => l,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let events = Arc::new(Mutex::new(Vec::new()));
         let thread = {
@@ -94,7 +129,7 @@ impl Nemesis {
             let events = Arc::clone(&events);
             std::thread::Builder::new()
                 .name("nemesis".into())
-                .spawn(move || run(procs, &faults, seed, &stop, &events))
+                .spawn(move || run(procs, &faults, seed, links.as_deref(), &stop, &events))
                 .map_err(|e| format!("start the nemesis thread: {e}"))?
         };
         Ok(Nemesis {
@@ -129,14 +164,132 @@ fn nap(d: Duration, stop: &AtomicBool) -> bool {
     !stop.load(Ordering::Relaxed)
 }
 
+/// Sets the cut links of every node: node `isolated` (index) cut from all the others,
+/// or every link healed (`None`). Every node is told even if one fails; the first
+/// failure is returned.
+fn set_partition(
+    rt: &tokio::runtime::Runtime,
+    addrs: &[String],
+    isolated: Option<usize>,
+) -> Result<(), String> {
+    let mut first_err = None;
+    for (i, addr) in addrs.iter().enumerate() {
+        let cut: Vec<u64> = match isolated {
+            None => Vec::new(),
+            Some(n) if n == i => (0..addrs.len())
+                .filter(|&j| j != n)
+                .map(|j| j as u64 + 1)
+                .collect(),
+            Some(n) => vec![n as u64 + 1],
+        };
+        if let Err(e) = rt.block_on(set_links(addr, cut)) {
+            first_err.get_or_insert(format!("node {} at {addr}: {e}", i + 1));
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Heals every link, retrying for up to 5 s; a node that still cannot be told is killed
+/// and restarted (its cut set lives in memory), so the cluster is handed back whole.
+fn heal(rt: &tokio::runtime::Runtime, addrs: &[String], procs: &mut [Proc]) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last;
+    loop {
+        last = match set_partition(rt, addrs, None) {
+            Ok(()) => return None,
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for (i, addr) in addrs.iter().enumerate() {
+        if rt.block_on(set_links(addr, Vec::new())).is_err() {
+            if let Some(p) = procs.get_mut(i) {
+                p.kill();
+                if let Err(e) = p.restart() {
+                    last = format!("{last}; restarting node {}: {e}", i + 1);
+                }
+            }
+        }
+    }
+    Some(format!(
+        "{last} (nodes that could not be healed were restarted)"
+    ))
+}
+
+type FaultsClient = phoenix_proto::faults_client::FaultsClient<tonic::transport::Channel>;
+
+/// One call to node `addr`'s fault-injection service within 2 s; its error as text.
+async fn faults_call<F, Fut>(addr: &str, call: F) -> Result<(), String>
+where
+    F: FnOnce(FaultsClient) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<phoenix_proto::Error>, tonic::Status>>,
+{
+    let attempt = async {
+        let c = FaultsClient::connect(format!("http://{addr}"))
+            .await
+            .map_err(|e| e.to_string())?;
+        match call(c).await.map_err(|s| s.to_string())? {
+            Some(e) => Err(e.message),
+            None => Ok(()),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(2), attempt)
+        .await
+        .map_err(|_| "no answer within 2 s".to_string())?
+}
+
+/// Makes node `addr`'s writes and syncs fail (or work again).
+async fn set_disk(addr: &str, fail: bool) -> Result<(), String> {
+    faults_call(addr, |mut c| async move {
+        let req = phoenix_proto::SetDiskRequest {
+            fail_writes: fail,
+            fail_syncs: fail,
+        };
+        c.set_disk(req).await.map(|r| r.into_inner().error)
+    })
+    .await
+}
+
+/// Replaces node `addr`'s cut links.
+async fn set_links(addr: &str, cut_nodes: Vec<u64>) -> Result<(), String> {
+    faults_call(addr, |mut c| async move {
+        let req = phoenix_proto::SetLinksRequest { cut_nodes };
+        c.set_links(req).await.map(|r| r.into_inner().error)
+    })
+    .await
+}
+
 fn run(
     mut procs: Vec<Proc>,
     faults: &[Fault],
     seed: u64,
+    links: Option<&[String]>,
     stop: &AtomicBool,
     events: &Mutex<Vec<Event>>,
 ) -> Vec<Proc> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6e65_6d65_7369_7321);
+    // For the fault-injection calls (partition).
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            if let Ok(mut ev) = events.lock() {
+                ev.push(Event {
+                    fault: faults[0],
+                    node: 0,
+                    at: Duration::ZERO,
+                    down: Duration::ZERO,
+                    error: Some(format!("cannot start the nemesis' runtime: {e}")),
+                });
+            }
+            return procs;
+        }
+    };
     let start = Instant::now();
     loop {
         // Draw every choice of a round up front so the schedule depends on the seed
@@ -150,19 +303,56 @@ fn run(
         }
         let at = start.elapsed();
         let p = &mut procs[node];
-        match fault {
-            Fault::Kill => p.kill(),
-            Fault::Pause => p.signal(libc::SIGSTOP),
-        }
+        let mut error = None;
+        let down = match fault {
+            Fault::Kill => {
+                p.kill();
+                down
+            }
+            Fault::Pause => {
+                p.signal(libc::SIGSTOP);
+                down
+            }
+            Fault::Partition => {
+                // `start` checked that partition comes with the addresses.
+                let addrs = links.unwrap_or_default();
+                error = set_partition(&rt, addrs, Some(node)).err();
+                // 2–6 s: long enough for the cut-off side to lose its leases and
+                // elect, as in a real partition.
+                down * 2 + Duration::from_secs(1)
+            }
+            Fault::DiskError => {
+                let addr = links
+                    .unwrap_or_default()
+                    .get(node)
+                    .map_or("", String::as_str);
+                error = rt
+                    .block_on(set_disk(addr, true))
+                    .err()
+                    .map(|e| format!("node {} at {addr}: {e}", node + 1));
+                down
+            }
+        };
         // The node comes back even if the run ends meanwhile: the cluster is handed
         // back whole.
         nap(down, stop);
-        let error = match fault {
+        let back = match fault {
             Fault::Kill => p.restart().err().map(|e| e.to_string()),
             Fault::Pause => {
                 p.signal(libc::SIGCONT);
                 None
             }
+            Fault::Partition => heal(&rt, links.unwrap_or_default(), &mut procs),
+            // A failed sync leaves the disk's state unknown: the node stays broken
+            // until it restarts, as after a real disk error.
+            Fault::DiskError => {
+                p.kill();
+                p.restart().err().map(|e| e.to_string())
+            }
+        };
+        let error = match (error, back) {
+            (Some(a), Some(b)) => Some(format!("{a}; healing: {b}")),
+            (a, b) => a.or(b),
         };
         let ev = Event {
             fault,
@@ -196,7 +386,7 @@ mod tests {
         let seed = 7;
         let run = |seed| {
             let procs: Vec<Proc> = (0..3).map(|i| sleeper(dir.path(), i)).collect();
-            let n = Nemesis::start(procs, vec![Fault::Kill, Fault::Pause], seed).unwrap();
+            let n = Nemesis::start(procs, vec![Fault::Kill, Fault::Pause], seed, None).unwrap();
             std::thread::sleep(Duration::from_millis(9_000));
             n.finish().unwrap()
         };

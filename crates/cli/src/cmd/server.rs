@@ -48,8 +48,9 @@ pub struct Args {
     /// Largest value accepted, in bytes.
     #[arg(long, default_value_t = phoenix_proto::limits::VALUE_BYTES_MAX)]
     pub value_max_bytes: usize,
-    /// Raft tick in milliseconds (election timeout = 50 ticks, heartbeat = 5 ticks).
-    #[arg(long, default_value_t = 20)]
+    /// Raft tick in milliseconds (election timeout = 50 ticks, randomized up to twice
+    /// that; heartbeat = 5 ticks).
+    #[arg(long, default_value_t = 10)]
     pub tick_ms: u64,
     /// Idle ticks after which a leader puts its group to sleep (no heartbeats, no timers
     /// until a request or message; 0: never).
@@ -58,6 +59,10 @@ pub struct Args {
     /// Snapshot streaming rate limit in MiB/s.
     #[arg(long, default_value_t = 64)]
     pub snapshot_mb_per_sec: u64,
+    /// Serve the fault-injection service (cut links to chosen peers on request), for
+    /// fault runs (`bench cluster --nemesis partition`). Never in production.
+    #[arg(long)]
+    pub fault_injection: bool,
 }
 
 /// Runs the node.
@@ -96,6 +101,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.tick = Duration::from_millis(args.tick_ms.max(1));
     cfg.hibernate_ticks = args.hibernate_ticks;
     cfg.snapshot_bytes_per_sec = args.snapshot_mb_per_sec.max(1) << 20;
+    cfg.fault_injection = args.fault_injection;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("phoenix-io")

@@ -17,6 +17,23 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Addresses for `n` nodes on loopback (free ports) and the meta members naming them
+/// (ids 1..=n).
+pub fn loopback_members(n: usize) -> (Vec<String>, Vec<MetaMember>) {
+    let addrs: Vec<String> = (0..n)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let meta = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| MetaMember {
+            id: i as u64 + 1,
+            addr: a.clone(),
+        })
+        .collect();
+    (addrs, meta)
+}
+
 pub struct Node {
     stop: Option<oneshot::Sender<()>>,
     handle: tokio::task::JoinHandle<phoenix_server::Result<()>>,
