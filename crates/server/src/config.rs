@@ -89,6 +89,10 @@ pub struct Config {
     pub heartbeat_interval: Duration,
     /// Serve the `Faults` service (cut links on request), for fault runs only.
     pub fault_injection: bool,
+    /// Keep bytes not yet synced in this process's memory instead of the OS page cache,
+    /// so that killing the node is a power loss for its files (`PowerLossFs`). For fault
+    /// runs only.
+    pub unsynced_in_memory: bool,
 }
 
 impl Config {
@@ -126,6 +130,7 @@ impl Config {
             snapshot_bytes_per_sec: 64 << 20,
             heartbeat_interval: Duration::from_secs(1),
             fault_injection: false,
+            unsynced_in_memory: false,
         }
     }
 

@@ -59,7 +59,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     std::fs::create_dir_all(&data)
         .map_err(|e| Error::io(format!("creating {}", data.display()), e))?;
     let disk_faults = Arc::new(phoenix_storage::DiskFaults::default());
-    let local: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    let mut local: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    if cfg.unsynced_in_memory {
+        tracing::warn!("unsynced bytes kept in memory: killing this node is a power loss");
+        local = Arc::new(phoenix_storage::PowerLossFs::new(local));
+    }
     let fs: phoenix_storage::SharedFs = if cfg.fault_injection {
         Arc::new(phoenix_storage::FaultFs::new(
             local,

@@ -4,8 +4,9 @@
 //! holds the bytes: the local disk ([`LocalFs`]) or, in tests, an in-memory file system
 //! ([`MemFs`]) that keeps synced and unsynced bytes apart, can "crash" (lose everything
 //! that was never synced, directory changes included) and can fail the Nth operation of
-//! a kind with a chosen error; and [`FaultFs`], any file system whose writes and syncs
-//! fail while a switch is on (fault runs of real servers).
+//! a kind with a chosen error; for fault runs of real servers, [`FaultFs`] (writes and
+//! syncs fail while a switch is on) and [`PowerLossFs`] (unsynced bytes kept in the
+//! process's memory, so killing it is a power loss).
 //!
 //! Durability contract (the same for every implementation, and what `MemFs` models):
 //! 1. Bytes written to a file are durable only after `sync_data`/`sync_all` on that file.
@@ -25,6 +26,7 @@ mod error;
 mod fault;
 mod local;
 mod mem;
+mod power_loss;
 mod util;
 
 use std::path::Path;
@@ -34,6 +36,7 @@ pub use error::{Error, IoOp, Result};
 pub use fault::{DiskFaults, FaultFs};
 pub use local::LocalFs;
 pub use mem::{FaultKind, MemFs};
+pub use power_loss::PowerLossFs;
 
 /// Options for opening a file for writing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -103,8 +103,9 @@ pub struct Args {
     /// Faults injected into the spawned cluster during each run, one node at a time
     /// (kill: SIGKILL then restart; pause: SIGSTOP then SIGCONT; partition: the node cut
     /// off from the others; diskerror: its writes and syncs fail, then it is killed and
-    /// restarted — these two PhoenixKV only, its servers spawned with
-    /// `--fault-injection`); needs --spawn.
+    /// restarted; powerloss: killed with its unsynced bytes lost — these three PhoenixKV
+    /// only, its servers spawned with `--fault-injection` / `--unsynced-in-memory`);
+    /// needs --spawn.
     #[arg(long, value_delimiter = ',')]
     pub nemesis: Vec<Fault>,
     /// How each operation reaches the cluster: `grpc` (long-lived clients in this
@@ -621,11 +622,18 @@ async fn spawn_target(
         TargetKind::Phoenix | TargetKind::PhoenixWal => {
             let mut spec = ClusterSpec::ephemeral(&dir)?;
             spec.server_args = args.server_args.clone();
-            let flag = "--fault-injection";
             let injected = args.nemesis.contains(&Fault::Partition)
                 || args.nemesis.contains(&Fault::DiskError);
-            if injected && !spec.server_args.iter().any(|a| a == flag) {
-                spec.server_args.push(flag.to_string());
+            for (on, flag) in [
+                (injected, "--fault-injection"),
+                (
+                    args.nemesis.contains(&Fault::PowerLoss),
+                    "--unsynced-in-memory",
+                ),
+            ] {
+                if on && !spec.server_args.iter().any(|a| a == flag) {
+                    spec.server_args.push(flag.to_string());
+                }
             }
             if kind == TargetKind::PhoenixWal {
                 spec.server_args.push(ENGINE_WAL_FLAG.to_string());
@@ -1185,12 +1193,13 @@ pub fn run(args: Args, report: Report) -> Result<(), BenchError> {
     if !args.nemesis.is_empty() && args.spawn.is_none() {
         return Err("--nemesis needs --spawn (it kills and pauses the spawned nodes)".into());
     }
-    let injected =
-        args.nemesis.contains(&Fault::Partition) || args.nemesis.contains(&Fault::DiskError);
-    if injected && args.target.contains(&TargetKind::Etcd) {
+    let phoenix_only = [Fault::Partition, Fault::DiskError, Fault::PowerLoss];
+    if args.nemesis.iter().any(|f| phoenix_only.contains(f))
+        && args.target.contains(&TargetKind::Etcd)
+    {
         return Err(
-            "--nemesis partition and diskerror work on PhoenixKV targets only (through \
-             their fault-injection service); run etcd with kill,pause"
+            "--nemesis partition, diskerror and powerloss work on PhoenixKV targets only \
+             (fault-injection service, unsynced bytes in memory); run etcd with kill,pause"
                 .into(),
         );
     }

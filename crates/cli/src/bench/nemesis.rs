@@ -9,7 +9,9 @@
 //! service (PhoenixKV servers started with `--fault-injection`); `diskerror` makes the
 //! node's writes and syncs fail (the same service) for 0.5–2.5 s, then kills and
 //! restarts it (its replicas stop at the first failed sync and stay stopped until a
-//! restart). The choices come from
+//! restart); `powerloss` kills and restarts a node whose servers keep unsynced bytes in
+//! memory (`--unsynced-in-memory`, so every kill of that run loses them). The choices
+//! come from
 //! a seeded generator, so a run with the same `--seed` faults the same nodes at the
 //! same offsets for PhoenixKV and for etcd. When the run ends every node is brought
 //! back (links healed) before the cluster is stopped.
@@ -39,6 +41,10 @@ pub enum Fault {
     /// only, through the same service).
     #[value(name = "diskerror")]
     DiskError,
+    /// SIGKILL a node whose servers keep unsynced bytes in memory (spawned with
+    /// `--unsynced-in-memory`), restart it later: a power loss (PhoenixKV only).
+    #[value(name = "powerloss")]
+    PowerLoss,
 }
 
 impl Fault {
@@ -48,6 +54,7 @@ impl Fault {
             Fault::Pause => "pause",
             Fault::Partition => "partition",
             Fault::DiskError => "diskerror",
+            Fault::PowerLoss => "powerloss",
         }
     }
 }
@@ -305,7 +312,7 @@ fn run(
         let p = &mut procs[node];
         let mut error = None;
         let down = match fault {
-            Fault::Kill => {
+            Fault::Kill | Fault::PowerLoss => {
                 p.kill();
                 down
             }
@@ -337,7 +344,7 @@ fn run(
         // back whole.
         nap(down, stop);
         let back = match fault {
-            Fault::Kill => p.restart().err().map(|e| e.to_string()),
+            Fault::Kill | Fault::PowerLoss => p.restart().err().map(|e| e.to_string()),
             Fault::Pause => {
                 p.signal(libc::SIGCONT);
                 None

@@ -63,6 +63,11 @@ pub struct Args {
     /// fault runs (`bench cluster --nemesis partition`). Never in production.
     #[arg(long)]
     pub fault_injection: bool,
+    /// Keep bytes not yet synced in memory instead of the OS page cache, so that killing
+    /// the node loses them as a power loss would (`bench cluster --nemesis powerloss`).
+    /// Slower; for fault runs only.
+    #[arg(long)]
+    pub unsynced_in_memory: bool,
 }
 
 /// Runs the node.
@@ -102,6 +107,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.hibernate_ticks = args.hibernate_ticks;
     cfg.snapshot_bytes_per_sec = args.snapshot_mb_per_sec.max(1) << 20;
     cfg.fault_injection = args.fault_injection;
+    cfg.unsynced_in_memory = args.unsynced_in_memory;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("phoenix-io")
