@@ -21,7 +21,7 @@
 //! (linearized set, register value) pairs are cached.
 //!
 //! `PHOENIX_SEED` seeds the workload (operation choices, values, the nemesis' choice of
-//! node); `PHOENIX_LIN_SECS` sets how long the workload runs (default 22 s; longer runs
+//! node); `PHOENIX_LIN_SECS` sets how long the workload runs (default 27 s; longer runs
 //! get more nemesis rounds); `PHOENIX_LIN_LOGS=DIR` keeps the servers' logs there.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -993,7 +993,7 @@ async fn operations_are_linearizable_under_partitions_and_disk_errors() {
 /// with `server_args` too, then checks the history.
 async fn linearizable_under(rounds: &[Round], server_args: &[&str]) {
     let seed = env_u64("PHOENIX_SEED", 0x5EED_11AE);
-    let secs = env_u64("PHOENIX_LIN_SECS", 22);
+    let secs = env_u64("PHOENIX_LIN_SECS", 27);
     let _guard = SeedGuard(seed);
     eprintln!("PHOENIX_SEED={seed} PHOENIX_LIN_SECS={secs}");
     let mut nemesis_rng = ChaCha8Rng::seed_from_u64(seed ^ 0xDEAD);
@@ -1033,7 +1033,10 @@ async fn linearizable_under(rounds: &[Round], server_args: &[&str]) {
     let mut last_back = Duration::ZERO;
     tokio::time::sleep(Duration::from_secs(3)).await;
     for round in 0.. {
-        if Instant::now() + Duration::from_secs(4) > stop {
+        // A round takes 2 s; at least 8 s must follow the last one (a whole-cluster
+        // restart, elections, clients backing off and coming back) for the liveness
+        // check below.
+        if Instant::now() + Duration::from_secs(10) > stop {
             break;
         }
         let r = rounds[round % rounds.len()];

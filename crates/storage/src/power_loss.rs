@@ -60,7 +60,13 @@ impl PowerLossFs {
         self.tails
             .lock()
             .insert(path.to_path_buf(), Arc::clone(&tail));
-        Box::new(TailWritable { inner, tail })
+        Box::new(TailWritable {
+            inner,
+            tail,
+            tails: Arc::clone(&self.tails),
+            path: path.to_path_buf(),
+            failed: false,
+        })
     }
 }
 
@@ -90,7 +96,8 @@ impl FileSystem for PowerLossFs {
         }
         // What is still unsynced at or below `offset` must reach the inner file first
         // (the reopened writer's syncs cover only what it writes itself).
-        if let Some(t) = self.tails.lock().get(path) {
+        let tail = self.tails.lock().get(path).cloned();
+        if let Some(t) = tail {
             if !t.lock().buf.is_empty() {
                 return Err(Error::InvalidArgument {
                     path: path.to_path_buf(),
@@ -120,7 +127,9 @@ impl FileSystem for PowerLossFs {
 
     fn file_size(&self, path: &Path) -> Result<u64> {
         let size = self.inner.file_size(path)?;
-        let tail_end = self.tails.lock().get(path).map(|t| t.lock().end());
+        // (The map's lock is not held while a tail's is taken.)
+        let tail = self.tails.lock().get(path).cloned();
+        let tail_end = tail.map(|t| t.lock().end());
         Ok(size.max(tail_end.unwrap_or(0)))
     }
 
@@ -164,32 +173,77 @@ impl FileSystem for PowerLossFs {
 struct TailWritable {
     inner: Box<dyn WritableFile>,
     tail: Arc<Mutex<Tail>>,
+    /// The file system's map, to forget the tail once this writer is gone and nothing
+    /// is left unsynced.
+    tails: Arc<Tails>,
+    path: PathBuf,
+    /// Set by a failed flush: a retry could write part of the tail twice over, so
+    /// nothing more is accepted (as after any failed sync).
+    failed: bool,
 }
 
 impl TailWritable {
-    /// Moves the unsynced bytes to the inner file and syncs it with `sync`. Readers wait
-    /// meanwhile (they would otherwise see neither copy).
-    fn flush(&mut self, sync: fn(&mut dyn WritableFile) -> Result<()>) -> Result<()> {
-        let mut t = self.tail.lock();
-        debug_assert_eq!(
-            t.base,
-            self.inner.position(),
-            "inner file ahead of the tail"
-        );
-        if !t.buf.is_empty() {
-            self.inner.append(&t.buf)?;
+    fn check(&self) -> Result<()> {
+        if self.failed {
+            return Err(Error::Io {
+                op: IoOp::Write,
+                path: self.path.clone(),
+                source: std::io::Error::other("an earlier sync of this file failed"),
+            });
         }
-        // A failure leaves the bytes in memory (and maybe on the inner file too); the
-        // caller must treat the file as failed, as after any failed sync.
-        sync(self.inner.as_mut())?;
-        t.base = self.inner.position();
-        t.buf.clear();
         Ok(())
+    }
+
+    /// Moves the unsynced bytes to the inner file and syncs it with `sync`. Readers go on
+    /// meanwhile: the memory copy still covers those bytes until they are synced.
+    fn flush(&mut self, sync: fn(&mut dyn WritableFile) -> Result<()>) -> Result<()> {
+        self.check()?;
+        // Only this writer appends, and it is here: the tail cannot grow meanwhile.
+        let bytes = {
+            let t = self.tail.lock();
+            debug_assert_eq!(
+                t.base,
+                self.inner.position(),
+                "inner file ahead of the tail"
+            );
+            t.buf.clone()
+        };
+        let mut done = Ok(());
+        if !bytes.is_empty() {
+            done = self.inner.append(&bytes);
+        }
+        if done.is_ok() {
+            done = sync(self.inner.as_mut());
+        }
+        if let Err(e) = done {
+            self.failed = true;
+            return Err(e);
+        }
+        let mut t = self.tail.lock();
+        t.base = self.inner.position();
+        // A new buffer: `clear` would keep the whole file's worth of capacity.
+        t.buf = Vec::new();
+        Ok(())
+    }
+}
+
+impl Drop for TailWritable {
+    fn drop(&mut self) {
+        // Unsynced bytes stay readable (and are lost with the process); a fully synced
+        // file needs no tail.
+        let mut tails = self.tails.lock();
+        let forget = tails
+            .get(&self.path)
+            .is_some_and(|t| Arc::ptr_eq(t, &self.tail) && self.tail.lock().buf.is_empty());
+        if forget {
+            tails.remove(&self.path);
+        }
     }
 }
 
 impl WritableFile for TailWritable {
     fn append(&mut self, data: &[u8]) -> Result<()> {
+        self.check()?;
         self.tail.lock().buf.extend_from_slice(data);
         Ok(())
     }
@@ -314,6 +368,28 @@ mod tests {
         drop(fs);
         let after = PowerLossFs::new(Arc::new(LocalFs::new()));
         assert_eq!(after.read_all(&p).unwrap(), b"synced");
+    }
+
+    /// A writer dropped with everything synced leaves no tail behind (memory stays
+    /// bounded by what is unsynced); one dropped with unsynced bytes keeps them readable.
+    #[test]
+    fn tails_are_kept_only_while_something_is_unsynced() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = PowerLossFs::new(Arc::new(LocalFs::new()));
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let mut f = fs.create(&a, WriteOptions::default()).unwrap();
+        f.append(b"xyz").unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        let mut g = fs.create(&b, WriteOptions::default()).unwrap();
+        g.append(b"unsynced").unwrap();
+        drop(g);
+        let tails = fs.tails.lock();
+        assert!(!tails.contains_key(&a));
+        assert!(tails.contains_key(&b));
+        drop(tails);
+        assert_eq!(fs.read_all(&a).unwrap(), b"xyz");
+        assert_eq!(fs.read_all(&b).unwrap(), b"unsynced");
     }
 
     /// A preallocated, reopened file: the tail overlays the zeros past the synced bytes,
