@@ -1,6 +1,7 @@
 //! `phoenix`: the PhoenixKV command-line tool (servers, client commands, benchmarks).
 
 mod bench;
+mod check;
 mod cmd;
 mod output;
 
@@ -47,6 +48,10 @@ enum Command {
     },
     /// Run one PhoenixKV node (see docs/cluster.md).
     Server(cmd::server::Args),
+    /// Check linearizability of a spawned 3-node cluster under faults (kill -9, pause,
+    /// partition, disk errors, power loss); exit code 1 if the history is not
+    /// linearizable or the cluster stopped serving.
+    Check(check::Args),
     /// Start a meta group and three nodes on loopback under ./phoenix-data (Ctrl-C stops).
     Playground(cmd::playground::Args),
     /// Print a shell completion script (e.g. `phoenix completions bash`).
@@ -69,6 +74,7 @@ fn run(cli: Cli) -> Result<Outcome, CmdError> {
         Command::Scan(args) => cmd::client::scan(args, format),
         Command::Cas(args) => cmd::client::cas(args, format),
         Command::Cluster { which } => cmd::cluster::run(which, format),
+        Command::Check(args) => check::run(args, format),
         Command::Playground(args) => done(cmd::playground::run(args, report)),
         Command::Server(args) => done(cmd::server::run(args)),
         Command::Completions { shell } => completions(shell),

@@ -27,16 +27,25 @@ pub struct Links {
     cut: RwLock<BTreeSet<u64>>,
     /// Node id → address (the node's shared map): meta calls go by address.
     addrs: Arc<RwLock<HashMap<u64, String>>>,
+    /// Fault injection is on (`--fault-injection`): links can be cut at all.
+    enabled: bool,
 }
 
 impl Links {
-    /// No link cut; `addrs` resolves addresses for [`Links::is_cut_addr`].
-    pub fn new(addrs: Arc<RwLock<HashMap<u64, String>>>) -> Links {
+    /// No link cut; `addrs` resolves addresses for [`Links::is_cut_addr`]; `enabled`:
+    /// whether links can be cut at all (`--fault-injection`).
+    pub fn new(addrs: Arc<RwLock<HashMap<u64, String>>>, enabled: bool) -> Links {
         Links {
             any: AtomicBool::new(false),
             cut: RwLock::new(BTreeSet::new()),
             addrs,
+            enabled,
         }
+    }
+
+    /// Whether links can be cut (fault injection on): streams then watch for cuts.
+    pub fn enabled(&self) -> bool {
+        self.enabled
     }
 
     /// Whether the link to node `node` is cut.
@@ -162,7 +171,7 @@ mod tests {
             (2, "a:2".to_string()),
             (3, "a:3".to_string()),
         ])));
-        let l = Links::new(addrs);
+        let l = Links::new(addrs, true);
         assert!(!l.is_cut(2) && !l.is_cut_addr("a:2"));
         l.set(BTreeSet::from([2, 3]));
         assert!(l.is_cut(2) && l.is_cut(3) && !l.is_cut(1));

@@ -92,7 +92,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     addrs.insert(cfg.node_id, cfg.advertise.clone());
     let addrs = Arc::new(RwLock::new(addrs));
     let runtime = tokio::runtime::Handle::current();
-    let links = Arc::new(faults::Links::new(Arc::clone(&addrs)));
+    let links = Arc::new(faults::Links::new(Arc::clone(&addrs), cfg.fault_injection));
     let transport = transport::Transport::new(
         cfg.node_id,
         Arc::clone(&addrs),

@@ -153,7 +153,9 @@ async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::Gro
         // A message taken from the queue that did not fit the last batch.
         let mut carried: Option<proto::GroupMessage> = None;
         // A link cut while the stream is up ends it within this period, as a partition
-        // would once keepalive pings go unanswered (idle or not).
+        // would once keepalive pings go unanswered (idle or not). Only watched when
+        // links can be cut at all.
+        let watch_cuts = inner.links.enabled();
         let mut cut_check = tokio::time::interval(Duration::from_millis(250));
         loop {
             let first = match carried.take() {
@@ -170,7 +172,7 @@ async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::Gro
                         ended = Some(r);
                         break;
                     }
-                    _ = cut_check.tick() => {
+                    _ = cut_check.tick(), if watch_cuts => {
                         if inner.links.is_cut(to) {
                             call.abort();
                             break;
@@ -398,7 +400,7 @@ mod tests {
         );
         let addrs = Arc::new(RwLock::new(HashMap::from([(2u64, addr)])));
         let (events, _rx) = crossbeam_channel::unbounded();
-        let links = Arc::new(crate::faults::Links::new(Arc::clone(&addrs)));
+        let links = Arc::new(crate::faults::Links::new(Arc::clone(&addrs), false));
         let t = Transport::new(1, addrs, links, events, tokio::runtime::Handle::current());
         let n = 40;
         for i in 0..n {

@@ -179,6 +179,11 @@ fn set_partition(
     addrs: &[String],
     isolated: Option<usize>,
 ) -> Result<(), String> {
+    rt.block_on(partition(addrs, isolated))
+}
+
+/// [`set_partition`] for async callers (`phoenix check`).
+pub async fn partition(addrs: &[String], isolated: Option<usize>) -> Result<(), String> {
     let mut first_err = None;
     for (i, addr) in addrs.iter().enumerate() {
         let cut: Vec<u64> = match isolated {
@@ -189,7 +194,7 @@ fn set_partition(
                 .collect(),
             Some(n) => vec![n as u64 + 1],
         };
-        if let Err(e) = rt.block_on(set_links(addr, cut)) {
+        if let Err(e) = set_links(addr, cut).await {
             first_err.get_or_insert(format!("node {} at {addr}: {e}", i + 1));
         }
     }
@@ -249,7 +254,7 @@ where
 }
 
 /// Makes node `addr`'s writes and syncs fail (or work again).
-async fn set_disk(addr: &str, fail: bool) -> Result<(), String> {
+pub async fn set_disk(addr: &str, fail: bool) -> Result<(), String> {
     faults_call(addr, |mut c| async move {
         let req = phoenix_proto::SetDiskRequest {
             fail_writes: fail,

@@ -15,7 +15,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub mod exit {
     /// Success: the key was found, the write or the compare-and-swap was done.
     pub const OK: u8 = 0;
-    /// A definite negative answer: `get` found no such key, `cas` found another value.
+    /// A definite negative answer: `get` found no such key, `cas` found another value,
+    /// `check` found a history that is not linearizable.
     pub const MISS: u8 = 1;
     /// The command line is wrong (clap uses 2 for its own usage errors too).
     pub const USAGE: u8 = 2;
@@ -29,8 +30,9 @@ pub mod exit {
 /// `phoenix --help`'s account of the exit codes.
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
-  0  success (key found, write or compare-and-swap done)
-  1  key not found (get), compare failed (cas)
+  0  success (key found, write or compare-and-swap done, history linearizable)
+  1  key not found (get), compare failed (cas), history not linearizable or the cluster
+     stopped serving (check)
   2  usage error (bad flag or argument, malformed hex, bad endpoint, key too large)
   3  cluster unavailable: unreachable, deadline exceeded, or a write's outcome unknown
   4  any other error (refused by the server, local I/O failure, a server or benchmark failing)

@@ -1,0 +1,750 @@
+//! `phoenix check`: linearizability of a spawned cluster under faults, with a verdict.
+//!
+//! Starts three `phoenix server` processes on loopback (this same binary, with the
+//! fault-injection service on), runs several clients doing random get / put /
+//! compare-and-swap on a few keys with unique values, and meanwhile a nemesis plays the
+//! chosen rounds in turn, one every 4.5 s: each kills (-9), pauses (SIGSTOP), cuts off
+//! from its peers, or fails the disk of the group's leader, a random node, or (kill)
+//! every node at once, and brings it back 2 s later. With `--power-loss` the servers keep
+//! unsynced bytes in memory, so every kill also loses what a node never synced. Every
+//! operation's invocation and completion time is recorded and the history is checked
+//! ([`model`]). The run must also serve again after its last fault: a cluster that lost
+//! its state or never recovered completes nothing there, and a history with nothing
+//! after the fault would hide the loss.
+//!
+//! The seed decides the workload (operations, keys, values) and the nemesis' choice of
+//! nodes; a failing run is replayed with its `--seed` (timings differ, so a replay
+//! explores the same schedule, not the same interleaving).
+
+mod model;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use phoenix_client::{Client, ClientOptions};
+use phoenix_proto as proto;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use crate::bench::nemesis;
+use crate::cmd::playground::{ClusterSpec, LocalCluster};
+use crate::cmd::{BoxError, CmdError, Outcome};
+use crate::output::{self, Format};
+use model::{Input, Op, Output, Value};
+
+/// One round of the nemesis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Round {
+    /// kill -9 the group's leader, restart it 2 s later.
+    KillLeader,
+    /// kill -9 a random node, restart it 2 s later.
+    KillRandom,
+    /// kill -9 every node at once, restart them 2 s later (with `--power-loss`: the
+    /// whole cluster loses power).
+    KillAll,
+    /// SIGSTOP the leader, SIGCONT 2 s later: it wakes still believing it leads.
+    PauseLeader,
+    /// SIGSTOP a random node, SIGCONT 2 s later.
+    PauseRandom,
+    /// Cut the leader off from its peers (clients still reach it), heal 2 s later.
+    PartitionLeader,
+    /// Cut a random node off from its peers, heal 2 s later.
+    PartitionRandom,
+    /// Make the leader's writes and syncs fail; 2 s later kill -9 and restart it.
+    #[value(name = "diskerror-leader")]
+    DiskErrorLeader,
+    /// Make a random node's writes and syncs fail; 2 s later kill -9 and restart it.
+    #[value(name = "diskerror-random")]
+    DiskErrorRandom,
+}
+
+impl Round {
+    fn at_leader(self) -> bool {
+        matches!(
+            self,
+            Round::KillLeader
+                | Round::PauseLeader
+                | Round::PartitionLeader
+                | Round::DiskErrorLeader
+        )
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Round::KillLeader | Round::KillRandom | Round::KillAll => "kill -9",
+            Round::PauseLeader | Round::PauseRandom => "pause (SIGSTOP)",
+            Round::PartitionLeader | Round::PartitionRandom => "partition",
+            Round::DiskErrorLeader | Round::DiskErrorRandom => "disk error",
+        }
+    }
+}
+
+/// Flags of `phoenix check`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Nemesis rounds, played in turn (one every 4.5 s, each fault lasting 2 s).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "kill-leader,pause-leader,partition-leader,diskerror-random,kill-random"
+    )]
+    pub rounds: Vec<Round>,
+    /// Servers keep unsynced bytes in memory (`phoenix server --unsynced-in-memory`):
+    /// every kill is a power loss that drops what the node never synced.
+    #[arg(long = "power-loss")]
+    pub power_loss: bool,
+    /// How long the workload runs, in seconds (the last 10 s have no fault).
+    #[arg(long, default_value_t = 27, value_parser = clap::value_parser!(u64).range(14..))]
+    pub secs: u64,
+    /// Seed of the workload and of the nemesis' choices (random if not given; printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub clients: u64,
+    /// Keys the clients share (fewer keys: more contention).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub keys: u64,
+    /// Directory for the nodes' data and logs (`node-N/server.log`) and, if the check
+    /// fails, the history (`history.txt`). Kept. Without it a temporary directory is used,
+    /// removed when the history is linearizable and kept (and named) otherwise.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Extra argument for every server (repeatable).
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
+}
+
+/// Completed operations the cluster must serve after the last fault ended.
+const MIN_AFTER_LAST_FAULT: usize = 100;
+
+/// What the check concluded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Linearizable,
+    NotLinearizable,
+    /// The search gave up (budget): neither proved nor refuted.
+    Undecided,
+    /// Too few operations completed after the last fault.
+    NoServiceAfterFaults,
+}
+
+impl Verdict {
+    fn name(self) -> &'static str {
+        match self {
+            Verdict::Linearizable => "linearizable",
+            Verdict::NotLinearizable => "not linearizable",
+            Verdict::Undecided => "undecided",
+            Verdict::NoServiceAfterFaults => "no service after the last fault",
+        }
+    }
+}
+
+/// Runs `phoenix check`: exit code 0 if the history is linearizable and the cluster
+/// served after the faults, 1 if not, 4 if the check itself could not run.
+pub fn run(args: Args, format: Format) -> Result<Outcome, CmdError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CmdError::Failed(format!("start the async runtime: {e}").into()))?;
+    rt.block_on(check(args, format)).map_err(CmdError::Failed)
+}
+
+async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let (dir, temporary) = match &args.dir {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("phoenix-check-{}-{seed}", std::process::id())),
+            true,
+        ),
+    };
+    if dir.exists() && std::fs::read_dir(&dir)?.next().is_some() {
+        return Err(format!("{} is not empty: give an empty or new --dir", dir.display()).into());
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let progress = |line: String| match format {
+        Format::Text => println!("{line}"),
+        Format::Json => output::note(format_args!("{line}")),
+    };
+    progress(format!(
+        "phoenix check: seed {seed}, {} s, rounds {:?}{}, data and logs in {}",
+        args.secs,
+        args.rounds,
+        if args.power_loss { ", power loss" } else { "" },
+        dir.display()
+    ));
+
+    let mut spec = ClusterSpec::ephemeral(&dir)?;
+    spec.server_args = args.server_args.clone();
+    spec.server_args.push("--fault-injection".into());
+    if args.power_loss {
+        spec.server_args.push("--unsynced-in-memory".into());
+    }
+    let endpoints = spec.endpoints();
+    let mut cluster = LocalCluster::start(spec)?;
+    cluster.wait_ready(Duration::from_secs(60)).await?;
+
+    let keys = args.keys as usize;
+    let history = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let stop = start + Duration::from_secs(args.secs);
+    let tasks: Vec<_> = (0..args.clients as usize)
+        .map(|id| {
+            let w = Worker {
+                id,
+                keys,
+                seed,
+                start,
+                stop,
+                history: history.clone(),
+            };
+            tokio::spawn(w.run(endpoints.clone()))
+        })
+        .collect();
+
+    let played = play_nemesis(&mut cluster, &endpoints, &args.rounds, seed, start, stop).await;
+    for t in tasks {
+        t.await
+            .map_err(|e| format!("a client task failed: {e}"))?
+            .map_err(|e| format!("a client failed: {e}"))?;
+    }
+    let (events, last_back) = played?;
+    cluster.stop();
+    let history = std::mem::take(
+        &mut *history
+            .lock()
+            .map_err(|_| "a client panicked while recording")?,
+    );
+
+    let t = Instant::now();
+    let (verdict, account, after) = judge(&history, keys, last_back);
+    let check_time = t.elapsed();
+    // The checker must reject this very history with one stale read planted in it: a
+    // check that cannot fail proves nothing.
+    let planted = model::plant_stale_read(&history).map(|h| {
+        matches!(
+            model::check_history(&h, keys, model::BUDGET),
+            Err(text) if text.contains("NOT linearizable")
+        )
+    });
+    if planted == Some(false) {
+        return Err("the checker accepted a history with a planted stale read".into());
+    }
+
+    let stats = Stats::of(&history, args.secs);
+    let history_file = if verdict == Verdict::Linearizable {
+        None
+    } else {
+        let path = dir.join("history.txt");
+        let text: String = history.iter().map(|o| format!("{o}\n")).collect();
+        std::fs::write(&path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
+        Some(path)
+    };
+    let kept = verdict != Verdict::Linearizable || !temporary;
+    match format {
+        Format::Json => {
+            let doc = json!({
+                "verdict": verdict.name(),
+                "seed": seed,
+                "secs": args.secs,
+                "power_loss": args.power_loss,
+                "rounds": args.rounds.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>(),
+                "nemesis": events,
+                "ops": {
+                    "total": history.len(),
+                    "reads": stats.reads,
+                    "reads_found": stats.reads_found,
+                    "writes": stats.writes,
+                    "cas_ok": stats.cas_ok,
+                    "cas_failed": stats.cas_failed,
+                    "unknown": stats.unknown,
+                    "foreign_values": stats.foreign,
+                    "after_last_fault": after,
+                },
+                "completed_per_second": stats.per_sec,
+                "check_ms": check_time.as_millis() as u64,
+                "planted_stale_read_rejected": planted,
+                "account": account,
+                "history_file": history_file.as_ref().map(|p| p.display().to_string()),
+                "dir": kept.then(|| dir.display().to_string()),
+            });
+            output::print_json(&doc)?;
+        }
+        Format::Text => {
+            let mut out = String::new();
+            for e in &events {
+                out.push_str(&format!("nemesis {e}\n"));
+            }
+            out.push_str(&format!(
+                "history: {} ops: {} reads ({} found), {} writes, {} CAS ok, {} CAS failed, {} \
+                 unknown outcome; {after} completed after the last fault\n",
+                history.len(),
+                stats.reads,
+                stats.reads_found,
+                stats.writes,
+                stats.cas_ok,
+                stats.cas_failed,
+                stats.unknown
+            ));
+            out.push_str(&format!(
+                "completed ops per second: {:?}\nchecked in {check_time:?}; planted stale read \
+                 {}\n",
+                stats.per_sec,
+                match planted {
+                    Some(_) => "rejected",
+                    None => "not planted (no overwritten write)",
+                }
+            ));
+            if !account.is_empty() {
+                out.push_str(&account);
+                out.push('\n');
+            }
+            if let Some(p) = &history_file {
+                out.push_str(&format!("full history: {}\n", p.display()));
+            }
+            if kept {
+                out.push_str(&format!("data and logs: {}\n", dir.display()));
+            }
+            out.push_str(&format!("verdict: {} (seed {seed})\n", verdict.name()));
+            use std::io::Write as _;
+            let mut o = output::Stdout::lock();
+            o.write_all(out.as_bytes())?;
+            o.flush()?;
+        }
+    }
+    if !kept {
+        drop(cluster);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(match verdict {
+        Verdict::Linearizable => Outcome::Done,
+        _ => Outcome::Miss,
+    })
+}
+
+/// The verdict on a history whose last fault ended at `last_back`, with its account
+/// (empty when linearizable) and the operations completed after that fault.
+fn judge(history: &[Op], keys: usize, last_back: Duration) -> (Verdict, String, usize) {
+    let after = history
+        .iter()
+        .filter(|o| o.ret.is_some_and(|r| r > last_back.as_nanos() as u64))
+        .count();
+    let (verdict, account) = match model::check_history(history, keys, model::BUDGET) {
+        Err(text) if text.contains("NOT linearizable") => (Verdict::NotLinearizable, text),
+        Err(text) => (Verdict::Undecided, text),
+        Ok(()) if after < MIN_AFTER_LAST_FAULT => (
+            Verdict::NoServiceAfterFaults,
+            format!(
+                "only {after} operations completed after the last fault ended ({:.3} s); at \
+                 least {MIN_AFTER_LAST_FAULT} must",
+                last_back.as_secs_f64()
+            ),
+        ),
+        Ok(()) => (Verdict::Linearizable, String::new()),
+    };
+    (verdict, account, after)
+}
+
+/// Counts of a history.
+struct Stats {
+    reads: usize,
+    reads_found: usize,
+    writes: usize,
+    cas_ok: usize,
+    cas_failed: usize,
+    unknown: usize,
+    /// Reads of values no client wrote.
+    foreign: usize,
+    /// Completions in each second of the run (how long each fault stalled the clients).
+    per_sec: Vec<usize>,
+}
+
+impl Stats {
+    fn of(history: &[Op], secs: u64) -> Stats {
+        let count = |f: &dyn Fn(&Op) -> bool| history.iter().filter(|o| f(o)).count();
+        let mut per_sec = vec![0usize; secs as usize + 3];
+        for o in history {
+            if let Some(r) = o.ret {
+                let b = ((r / 1_000_000_000) as usize).min(per_sec.len() - 1);
+                per_sec[b] += 1;
+            }
+        }
+        Stats {
+            reads: count(&|o| matches!(o.output, Output::Read(_))),
+            reads_found: count(&|o| matches!(o.output, Output::Read(Some(_)))),
+            writes: count(&|o| o.output == Output::Write),
+            cas_ok: count(&|o| matches!(o.output, Output::Cas { ok: true, .. })),
+            cas_failed: count(&|o| matches!(o.output, Output::Cas { ok: false, .. })),
+            unknown: count(&|o| o.output == Output::Unknown),
+            foreign: count(&|o| {
+                matches!(
+                    o.output,
+                    Output::Read(Some(FOREIGN))
+                        | Output::Cas {
+                            prev: Some(FOREIGN),
+                            ..
+                        }
+                )
+            }),
+            per_sec,
+        }
+    }
+}
+
+/// The value recorded for bytes no client wrote (not a number the clients make): the
+/// checker then finds no write that explains the read.
+const FOREIGN: Value = u64::MAX;
+
+fn key_name(k: usize) -> Vec<u8> {
+    format!("check/key{k}").into_bytes()
+}
+
+fn parse_value(bytes: &[u8]) -> Value {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&v| v != FOREIGN)
+        .unwrap_or(FOREIGN)
+}
+
+/// One client of the workload.
+struct Worker {
+    id: usize,
+    keys: usize,
+    seed: u64,
+    start: Instant,
+    stop: Instant,
+    history: Arc<Mutex<Vec<Op>>>,
+}
+
+impl Worker {
+    async fn run(self, endpoints: Vec<String>) -> Result<(), String> {
+        let opts = ClientOptions {
+            timeout: Duration::from_secs(2),
+            // Writes carry the client's session (the default): one resent after an
+            // unknown outcome applies at most once, so the history still holds each
+            // write's single fate, and the resend's answer is the write's.
+            sessions: true,
+            seed: self.seed ^ (self.id as u64 + 1),
+            ..ClientOptions::default()
+        };
+        let client = Client::new_lazy(endpoints, opts).map_err(|e| e.to_string())?;
+        let mut rng = ChaCha8Rng::seed_from_u64(
+            self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ self.id as u64,
+        );
+        let mut seen: Vec<Option<Value>> = vec![None; self.keys];
+        let mut seq = 0u64;
+        let now = || self.start.elapsed().as_nanos() as u64;
+        while Instant::now() < self.stop {
+            let key = rng.gen_range(0..self.keys);
+            let kb = key_name(key);
+            seq += 1;
+            // Unique across clients.
+            let fresh = (self.id as u64 + 1) * 1_000_000_000 + seq;
+            let dice = rng.gen_range(0..100);
+            let call = now();
+            let (input, output) = if dice < 45 {
+                match client.get(&kb).await {
+                    Ok(v) => {
+                        let v = v.map(|b| parse_value(&b));
+                        seen[key] = v;
+                        (Input::Read, Output::Read(v))
+                    }
+                    // A failed read had no effect: it is left out of the history.
+                    Err(_) => continue,
+                }
+            } else if dice < 70 {
+                let r = client.put(&kb, fresh.to_string().as_bytes()).await;
+                let out = if r.is_ok() {
+                    Output::Write
+                } else {
+                    Output::Unknown
+                };
+                (Input::Write(fresh), out)
+            } else {
+                // Mostly expect what this client saw last, so many swaps succeed.
+                let expect = if rng.gen_bool(0.85) { seen[key] } else { None };
+                let exp_bytes = expect.map(|v| v.to_string().into_bytes());
+                let r = client
+                    .cas(
+                        &kb,
+                        exp_bytes.as_deref(),
+                        Some(fresh.to_string().as_bytes()),
+                    )
+                    .await;
+                let input = Input::Cas { expect, new: fresh };
+                match r {
+                    Ok(o) => {
+                        let prev = o.previous.map(|b| parse_value(&b));
+                        seen[key] = if o.succeeded { Some(fresh) } else { prev };
+                        (
+                            input,
+                            Output::Cas {
+                                ok: o.succeeded,
+                                prev,
+                            },
+                        )
+                    }
+                    Err(_) => (input, Output::Unknown),
+                }
+            };
+            let ret = now();
+            // Any failed write is taken as possibly applied: sound whatever the error.
+            let rec = Op {
+                client: self.id,
+                key,
+                call,
+                ret: (output != Output::Unknown).then_some(ret),
+                input,
+                output,
+            };
+            self.history
+                .lock()
+                .map_err(|_| "history lock poisoned")?
+                .push(rec);
+        }
+        Ok(())
+    }
+}
+
+/// Plays `rounds` in turn, one every 4.5 s from 3 s on, while at least 10 s are left
+/// before `stop` (a whole-cluster restart, elections and clients coming back, then the
+/// operations that show the cluster serves again). Returns the events and when the last
+/// fault ended (offset from `start`).
+async fn play_nemesis(
+    cluster: &mut LocalCluster,
+    endpoints: &[String],
+    rounds: &[Round],
+    seed: u64,
+    start: Instant,
+    stop: Instant,
+) -> Result<(Vec<String>, Duration), BoxError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xDEAD);
+    let n = cluster.nodes.len();
+    let mut events = Vec::new();
+    let mut last_back = Duration::ZERO;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for i in 0.. {
+        if rounds.is_empty() || Instant::now() + Duration::from_secs(10) > stop {
+            break;
+        }
+        let r = rounds[i % rounds.len()];
+        let victim = match r.at_leader() {
+            true => match current_leader(cluster, endpoints).await {
+                Some(l) => l,
+                None => rng.gen_range(0..n),
+            },
+            false => rng.gen_range(0..n),
+        };
+        let t = start.elapsed();
+        match r {
+            Round::PauseLeader | Round::PauseRandom => cluster.nodes[victim].signal(libc::SIGSTOP),
+            Round::PartitionLeader | Round::PartitionRandom => {
+                retried(|| nemesis::partition(endpoints, Some(victim))).await?
+            }
+            Round::DiskErrorLeader | Round::DiskErrorRandom => {
+                retried(|| nemesis::set_disk(&endpoints[victim], true)).await?
+            }
+            Round::KillLeader | Round::KillRandom => cluster.nodes[victim].kill(),
+            Round::KillAll => cluster.nodes.iter_mut().for_each(|p| p.kill()),
+        }
+        let who = match r {
+            Round::KillAll => "every node".to_string(),
+            _ => format!("node {}", victim + 1),
+        };
+        let lead = if r.at_leader() { " (leader)" } else { "" };
+        events.push(format!(
+            "{:.3} s: {} {who}{lead}",
+            t.as_secs_f64(),
+            r.what()
+        ));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let back = match r {
+            Round::PauseLeader | Round::PauseRandom => {
+                cluster.nodes[victim].signal(libc::SIGCONT);
+                "continue"
+            }
+            Round::PartitionLeader | Round::PartitionRandom => {
+                retried(|| nemesis::partition(endpoints, None)).await?;
+                "heal"
+            }
+            Round::KillLeader | Round::KillRandom => {
+                cluster.nodes[victim].restart()?;
+                "restart"
+            }
+            Round::KillAll => {
+                for p in &mut cluster.nodes {
+                    p.restart()?;
+                }
+                "restart"
+            }
+            Round::DiskErrorLeader | Round::DiskErrorRandom => {
+                cluster.nodes[victim].kill();
+                cluster.nodes[victim].restart()?;
+                "kill -9 and restart"
+            }
+        };
+        last_back = start.elapsed();
+        events.push(format!("{:.3} s: {back} {who}", last_back.as_secs_f64()));
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+    }
+    let left = stop.saturating_duration_since(Instant::now());
+    tokio::time::sleep(left).await;
+    Ok((events, last_back))
+}
+
+/// A fault-injection call, retried for up to 10 s (a node may still be starting).
+async fn retried<F, Fut>(call: F) -> Result<(), BoxError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match call().await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!("fault injection failed for 10 s: {e}").into())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// The live node that serves reads of the data group as its leader right now (the meta
+/// group's report lags by a heartbeat, so each node is asked directly), if any.
+async fn current_leader(cluster: &mut LocalCluster, endpoints: &[String]) -> Option<usize> {
+    let live: Vec<bool> = cluster.nodes.iter_mut().map(|p| p.is_running()).collect();
+    let mut group = None;
+    for (i, a) in endpoints.iter().enumerate() {
+        if !live[i] {
+            continue;
+        }
+        let Ok(Ok(mut m)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            proto::meta_client::MetaClient::connect(format!("http://{a}")),
+        )
+        .await
+        else {
+            continue;
+        };
+        let Ok(Ok(r)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            m.get_routes(proto::GetRoutesRequest { timeout_ms: 1000 }),
+        )
+        .await
+        else {
+            continue;
+        };
+        if let Some(route) = r.into_inner().routes.first() {
+            group = Some(route.group_id);
+            break;
+        }
+    }
+    let group = group?;
+    for (i, a) in endpoints.iter().enumerate() {
+        if !live[i] {
+            continue;
+        }
+        let Ok(Ok(mut kv)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            proto::kv_client::KvClient::connect(format!("http://{a}")),
+        )
+        .await
+        else {
+            continue;
+        };
+        let req = proto::GetRequest {
+            header: Some(proto::RequestHeader {
+                group_id: group,
+                epoch: 0,
+                timeout_ms: 1000,
+                ..Default::default()
+            }),
+            key: b"check/probe".to_vec().into(),
+        };
+        if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(2), kv.get(req)).await {
+            if resp.into_inner().error.is_none() {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(client: usize, call: u64, v: Value) -> Op {
+        Op {
+            client,
+            key: 0,
+            call,
+            ret: Some(call + 10),
+            input: Input::Write(v),
+            output: Output::Write,
+        }
+    }
+
+    fn read(client: usize, call: u64, v: Option<Value>) -> Op {
+        Op {
+            client,
+            key: 0,
+            call,
+            ret: Some(call + 10),
+            input: Input::Read,
+            output: Output::Read(v),
+        }
+    }
+
+    #[test]
+    fn verdicts() {
+        let secs = |s: u64| s * 1_000_000_000;
+        // A history that serves after the fault (at 1 s).
+        let mut h = vec![write(0, 0, 1)];
+        for i in 0..MIN_AFTER_LAST_FAULT as u64 {
+            h.push(read(1, secs(2) + i * 100, Some(1)));
+        }
+        let (v, account, after) = judge(&h, 1, Duration::from_secs(1));
+        assert_eq!(
+            (v, account.as_str(), after),
+            (Verdict::Linearizable, "", 100)
+        );
+        // Too little after the fault.
+        let (v, account, _) = judge(&h, 1, Duration::from_secs(3));
+        assert_eq!(v, Verdict::NoServiceAfterFaults);
+        assert!(account.contains("only 0 operations"), "{account}");
+        // A lost acknowledged write: a read after it sees the value before it.
+        h.push(write(2, secs(3), 2));
+        h.push(read(1, secs(4), Some(1)));
+        let (v, account, _) = judge(&h, 1, Duration::from_secs(1));
+        assert_eq!(v, Verdict::NotLinearizable);
+        assert!(account.contains("key 0"), "{account}");
+        // A value no client wrote cannot be explained.
+        assert_eq!(parse_value(b"garbage"), FOREIGN);
+        assert_eq!(parse_value(FOREIGN.to_string().as_bytes()), FOREIGN);
+        assert_eq!(parse_value(b"7"), 7);
+        let h = vec![write(0, 0, 1), read(1, 20, Some(FOREIGN))];
+        assert_eq!(judge(&h, 1, Duration::ZERO).0, Verdict::NotLinearizable);
+    }
+
+    #[test]
+    fn rounds_parse_by_name() {
+        use clap::ValueEnum;
+        for (name, r) in [
+            ("kill-leader", Round::KillLeader),
+            ("kill-all", Round::KillAll),
+            ("diskerror-random", Round::DiskErrorRandom),
+            ("partition-leader", Round::PartitionLeader),
+            ("pause-random", Round::PauseRandom),
+        ] {
+            assert_eq!(Round::from_str(name, false), Ok(r));
+        }
+    }
+}
