@@ -8,7 +8,9 @@
 # replay it with `phoenix check --seed <seed>` and the same rounds.
 #
 # Usage: crates/cli/scripts/fault-runs.sh [OUT_DIR] [RUNS] [SECS]
-# Needs: cargo (phoenix is built in release mode first). Nothing else should run.
+# Needs: cargo (phoenix is built in release mode first), or PHOENIX_BIN naming a built
+# `phoenix` (a copy, so that builds meanwhile do not change what runs). Nothing else
+# should run.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:-/tmp/phoenix-fault-runs}
@@ -19,9 +21,12 @@ names=(kill partition powerloss)
 flags=("--rounds kill-leader,pause-leader,kill-random,kill-leader"
        "--rounds partition-leader,diskerror-leader,partition-random,diskerror-random"
        "--rounds kill-leader,kill-all,kill-random,kill-all --power-loss")
-cargo build --release -p phoenix-cli >"$out/build.txt" 2>&1 ||
-  { cat "$out/build.txt" >&2; exit 1; }
-bin=target/release/phoenix
+bin=${PHOENIX_BIN:-}
+if [ -z "$bin" ]; then
+  cargo build --release -p phoenix-cli >"$out/build.txt" 2>&1 ||
+    { cat "$out/build.txt" >&2; exit 1; }
+  bin=target/release/phoenix
+fi
 start=$SECONDS
 pass=0; fail=0
 for i in $(seq 1 "$runs"); do

@@ -17,6 +17,9 @@
 //! | SessionExpired | the write is ambiguous |
 //! | key/value too large, invalid argument, internal | return the typed error |
 //!
+//! Requests say `no_forward`: a follower refuses with a redirect rather than forwarding
+//! to the leader, so the client learns the leader and talks to it directly.
+//!
 //! Backoff is exponential with jitter ([`crate::backoff`]) and never sleeps past the
 //! deadline. A write whose fate is unknown (the connection broke after sending, or the
 //! server timed out) is resent with the same session sequence number (exactly-once:
@@ -801,6 +804,10 @@ impl Client {
                 client_id: seq_guard.as_ref().map_or(0, |_| session.client_id),
                 seq: seq_guard.as_ref().map_or(0, |g| g.seq),
                 acked_below: seq_guard.as_ref().map_or(0, |_| session.acked_below()),
+                // This client follows redirects and remembers the leader: a follower
+                // that forwarded would make it take the follower for the leader.
+                forwarded_by: 0,
+                no_forward: true,
             };
             let answer = tokio::time::timeout(budget, call(channel, header)).await;
             let group = route.group_id;

@@ -22,6 +22,8 @@
 //! to start a new one), which is not built.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use phoenix_engine::{ReadOptions, WriteBatch, WriteOptions};
 use phoenix_proto as proto;
@@ -206,10 +208,75 @@ impl StateWriter for EngineState<'_> {
     }
 }
 
+/// Most session records a group keeps decoded in memory; past it the group's cache
+/// starts over (the records stay in the engine, read again when their clients write).
+const SESSION_CACHE_MAX: usize = 4096;
+
+/// The decoded session records of one group as applied (the engine holds the same,
+/// encoded), so a write does not read and decode its client's record from the engine.
+/// Owned by the replica; a record is taken out while a round works on it and put back
+/// only once the round's batch is written, so after a failed write the cache holds
+/// nothing the engine does not. Cleared when the group's data is replaced (snapshot
+/// install). `total` counts the records of every group of the node, so the node can
+/// bound them all ([`SessionCache::total`]).
+#[derive(Debug, Default)]
+pub struct SessionCache {
+    records: HashMap<u64, Session>,
+    total: Arc<AtomicUsize>,
+}
+
+impl SessionCache {
+    /// An empty cache counting its records in the node-wide `total`.
+    pub fn new(total: Arc<AtomicUsize>) -> SessionCache {
+        SessionCache {
+            records: HashMap::new(),
+            total,
+        }
+    }
+
+    /// Forgets every record (they are read from the engine again when needed).
+    pub fn clear(&mut self) {
+        self.total.fetch_sub(self.records.len(), Ordering::Relaxed);
+        self.records = HashMap::new();
+    }
+
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    fn take(&mut self, client: u64) -> Option<Session> {
+        let r = self.records.remove(&client);
+        if r.is_some() {
+            self.total.fetch_sub(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn put_all(&mut self, sessions: HashMap<u64, Session>) {
+        if self.records.len() + sessions.len() > SESSION_CACHE_MAX {
+            self.clear();
+        }
+        for (client, rec) in sessions {
+            if self.records.insert(client, rec).is_none() {
+                self.total.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 /// One round of applies of group `g` (see the module doc).
 pub struct Applier<'a> {
     g: u64,
     reader: &'a dyn StateReader,
+    cache: &'a mut SessionCache,
+    /// Session records this round works on (out of the cache): written in its batch.
+    sessions: HashMap<u64, Session>,
     wb: WriteBatch,
     /// Keys written by this round, not yet in the engine (`None` = deleted).
     overlay: HashMap<Vec<u8>, Option<Vec<u8>>>,
@@ -221,11 +288,14 @@ pub struct Applier<'a> {
 }
 
 impl<'a> Applier<'a> {
-    /// A round of group `g` reading the state through `reader`.
-    pub fn new(g: u64, reader: &'a dyn StateReader) -> Applier<'a> {
+    /// A round of group `g` reading the state through `reader`, its session records
+    /// through `cache` first.
+    pub fn new(g: u64, reader: &'a dyn StateReader, cache: &'a mut SessionCache) -> Applier<'a> {
         Applier {
             g,
             reader,
+            cache,
+            sessions: HashMap::new(),
             wb: WriteBatch::new(),
             overlay: HashMap::new(),
             deleted: Vec::new(),
@@ -287,16 +357,34 @@ impl<'a> Applier<'a> {
         s: &proto::ClientSession,
     ) -> crate::Result<ApplyResult> {
         let g = self.g;
-        let key = keys::session_key(g, s.client_id);
-        let mut rec = match self.read(&key)? {
-            Some(v) => Session::decode(&v).map_err(|why| {
-                crate::Error::Corruption(format!(
-                    "group {g} entry {index}: session record of client {:#x}: {why}",
-                    s.client_id
-                ))
-            })?,
-            None => Session::default(),
+        let mut rec = match self.sessions.remove(&s.client_id) {
+            Some(r) => r,
+            None => match self.cache.take(s.client_id) {
+                Some(r) => r,
+                None => match self.reader.get(&keys::session_key(g, s.client_id))? {
+                    Some(v) => Session::decode(&v).map_err(|why| {
+                        crate::Error::Corruption(format!(
+                            "group {g} entry {index}: session record of client {:#x}: {why}",
+                            s.client_id
+                        ))
+                    })?,
+                    None => Session::default(),
+                },
+            },
         };
+        let result = self.session_step(&mut rec, cmd, s);
+        // Written with the round even when unchanged (a resend): rare, and harmless.
+        self.sessions.insert(s.client_id, rec);
+        result
+    }
+
+    /// The body of [`Applier::kv_in_session`] on the client's record `rec`.
+    fn session_step(
+        &mut self,
+        rec: &mut Session,
+        cmd: Option<proto::kv_command::Cmd>,
+        s: &proto::ClientSession,
+    ) -> crate::Result<ApplyResult> {
         if s.seq < rec.low_water {
             return Ok(ApplyResult::SessionExpired {
                 client_id: s.client_id,
@@ -317,9 +405,6 @@ impl<'a> Applier<'a> {
             }
         }
         rec.last_ms = rec.last_ms.max(s.time_ms);
-        let v = rec.encode();
-        self.wb.put(&key, &v);
-        self.overlay.insert(key, Some(v));
         Ok(result)
     }
 
@@ -387,11 +472,17 @@ impl<'a> Applier<'a> {
         let Some((index, term)) = self.last else {
             return Ok(None);
         };
+        for (client, rec) in &self.sessions {
+            self.wb
+                .put(&keys::session_key(self.g, *client), &rec.encode());
+        }
         self.wb.put(
             &keys::applied_key(self.g),
             &keys::encode_applied(index, term),
         );
         writer.write(self.wb)?;
+        // Written: the cache may hold them again.
+        self.cache.put_all(self.sessions);
         Ok(Some((index, term)))
     }
 }
@@ -581,8 +672,10 @@ mod tests {
     ) -> Vec<ApplyResult> {
         let mut results = Vec::new();
         let mut i = 0;
+        // The replica's cache lives across rounds; a restart starts with an empty one.
+        let mut cache = SessionCache::default();
         for &n in rounds {
-            let mut a = Applier::new(g, engine);
+            let mut a = Applier::new(g, engine, &mut cache);
             for data in entries.iter().skip(i).take(n) {
                 let index = first_index + i as u64;
                 a.entry(index, 1);

@@ -25,6 +25,7 @@ pub mod control;
 pub mod error;
 pub mod failpoint;
 pub mod faults;
+pub mod forward;
 pub mod keys;
 pub mod meta;
 pub mod node;
@@ -171,6 +172,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     let kv = service::Services {
         shared: Arc::clone(&shared),
         inflight: Arc::new(tokio::sync::Semaphore::new(cfg.inflight_requests_max)),
+        forward: Arc::default(),
     };
     let max = proto::limits::MESSAGE_BYTES_MAX;
     tracing::info!(node = cfg.node_id, listen = %cfg.listen, data = %data.display(), engine_wal = cfg.engine_wal, "node serving");

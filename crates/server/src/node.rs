@@ -145,7 +145,46 @@ pub struct Peer {
     unpersisted: std::collections::VecDeque<Unpersisted>,
     /// Ticks since the last request (leader): at `hibernate_ticks` the group sleeps.
     idle_ticks: u32,
+    /// Decoded client session records of the group as applied (apply.rs).
+    sessions: crate::apply::SessionCache,
+    /// What the request path last saw of this replica ([`publish_view`]).
+    published: Prompt,
+    /// When the view was last published, and whether its statistics (commit, applied,
+    /// log start) changed since.
+    published_at: Instant,
+    stats_stale: bool,
 }
+
+/// The part of a replica's published view that requests depend on: published at once
+/// when it changes. The rest (commit, applied, log start) feeds status and heartbeats
+/// and is published at most every [`STATS_PUBLISH_INTERVAL`] while it changes (every
+/// durable ready would take the node-wide view lock per write).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Prompt {
+    leader: u64,
+    is_leader: bool,
+    term: u64,
+    epoch: u64,
+    failed: bool,
+    hibernating: bool,
+}
+
+impl Prompt {
+    fn of(p: &Peer) -> Prompt {
+        let r = p.raw.raft();
+        Prompt {
+            leader: r.leader(),
+            is_leader: r.role() == StateRole::Leader,
+            term: r.term(),
+            epoch: p.route.epoch,
+            failed: p.failed.is_some(),
+            hibernating: r.is_hibernating(),
+        }
+    }
+}
+
+/// How stale a busy replica's published statistics may be.
+const STATS_PUBLISH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl Peer {
     fn fail_all(&mut self, why: &str) {
@@ -196,7 +235,14 @@ pub struct Driver {
     /// service sees them hosted here and does not ask again.
     create_failed: BTreeMap<u64, proto::Route>,
     last_create_retry: Instant,
+    /// Session records cached by every replica (apply.rs `SessionCache`): past
+    /// [`SESSION_RECORDS_MAX`] every cache starts over.
+    session_records: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// Most client session records the node keeps decoded in memory, over all its groups
+/// (a record is about 100 bytes): enough for every client of a thousand busy groups.
+const SESSION_RECORDS_MAX: usize = 1 << 18;
 
 fn raft_config(shared: &Shared, applied: u64) -> RaftConfig {
     let mut c = RaftConfig::new(shared.cfg.node_id);
@@ -227,6 +273,7 @@ impl Driver {
             to_create: Vec::new(),
             create_failed: BTreeMap::new(),
             last_create_retry: Instant::now(),
+            session_records: Arc::default(),
         };
         for r in routes {
             if let Err(e) = d.open_peer(r.clone()) {
@@ -311,6 +358,10 @@ impl Driver {
                 failed: None,
                 unpersisted: std::collections::VecDeque::new(),
                 idle_ticks: 0,
+                sessions: crate::apply::SessionCache::new(Arc::clone(&self.session_records)),
+                published: Prompt::default(),
+                published_at: Instant::now(),
+                stats_stale: true,
             },
         );
         self.touch(g);
@@ -470,6 +521,15 @@ impl Driver {
     /// to sleep (raft sends the followers a `Hibernate`); asleep, a group costs nothing
     /// until a message, a request or a suspicion about its leader wakes it.
     fn tick(&mut self) {
+        if self
+            .session_records
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > SESSION_RECORDS_MAX
+        {
+            for p in self.peers.values_mut() {
+                p.sessions.clear();
+            }
+        }
         let hibernate_ticks = self.shared.cfg.hibernate_ticks;
         let awake: Vec<u64> = self.awake.iter().copied().collect();
         let mut failed = Vec::new();
@@ -494,6 +554,9 @@ impl Driver {
                         continue;
                     }
                 }
+            }
+            if p.stats_stale && p.published_at.elapsed() >= STATS_PUBLISH_INTERVAL {
+                publish_view(&self.shared, p);
             }
             self.touch(g);
         }
@@ -542,7 +605,7 @@ impl Driver {
     /// Notes that replica `g` was handed something: it is checked for a ready in the
     /// next round, and joins or leaves the ticked set as its raft sleeps or wakes.
     fn touch(&mut self, g: u64) {
-        let Some(p) = self.peers.get(&g) else {
+        let Some(p) = self.peers.get_mut(&g) else {
             return;
         };
         self.dirty.insert(g);
@@ -552,7 +615,8 @@ impl Driver {
         } else {
             self.awake.remove(&g)
         };
-        if changed {
+        // A sleeping group is not ticked: what it left stale is published now.
+        if changed || (!awake && p.stats_stale) {
             publish_view(&self.shared, p);
         }
     }
@@ -903,7 +967,7 @@ impl Driver {
             return Ok(());
         };
         p.raw.on_persist_ready(number)?;
-        publish_view(&self.shared, p);
+        publish_changes(&self.shared, p);
         self.send_messages(g, msgs);
         Ok(())
     }
@@ -995,12 +1059,12 @@ fn p_epoch(peers: &BTreeMap<u64, Peer>, g: u64) -> u64 {
     peers.get(&g).map_or(0, |p| p.route.epoch)
 }
 
-fn publish_view(shared: &Shared, p: &Peer) {
+/// Publishes replica `p`'s view for the services and status (see [`Prompt`]).
+fn publish_view(shared: &Shared, p: &mut Peer) {
     let r = p.raw.raft();
     let mut groups = shared.groups.write();
     let v = groups.entry(p.group).or_default();
     if v.route != p.route {
-        // Called on every durable ready: copy the route only when it changed.
         v.route.clone_from(&p.route);
     }
     v.leader = r.leader();
@@ -1015,6 +1079,21 @@ fn publish_view(shared: &Shared, p: &Peer) {
         // A stopped replica leads nothing, whatever its raft state still says.
         v.is_leader = false;
         v.leader = 0;
+    }
+    drop(groups);
+    p.published = Prompt::of(p);
+    p.published_at = Instant::now();
+    p.stats_stale = false;
+}
+
+/// After a durable ready: publishes at once if what requests depend on changed, else
+/// notes the statistics as stale and publishes them at most every
+/// [`STATS_PUBLISH_INTERVAL`] (the driver's tick publishes what is left stale).
+fn publish_changes(shared: &Shared, p: &mut Peer) {
+    if p.published != Prompt::of(p) || p.published_at.elapsed() >= STATS_PUBLISH_INTERVAL {
+        publish_view(shared, p);
+    } else {
+        p.stats_stale = true;
     }
 }
 
@@ -1064,6 +1143,9 @@ fn install_snapshot(
             p.pending_snapshots.keys().collect::<Vec<_>>()
         )));
     };
+    // The group's data is replaced whatever happens next (or the replica stops): its
+    // cached session records no longer describe it.
+    p.sessions.clear();
     let installed = install_files(shared, p, meta, &dir);
     // Installed or not, the received files are not needed again: a retry gets a new copy.
     crate::snapshot::remove_dir(&dir);
@@ -1167,7 +1249,7 @@ fn apply_round(
     replies: &mut Vec<(ProposeReply, Result<ApplyResult, proto::Error>)>,
 ) -> crate::Result<()> {
     let g = p.group;
-    let mut a = crate::apply::Applier::new(g, engine);
+    let mut a = crate::apply::Applier::new(g, engine, &mut p.sessions);
     let mut conf = None;
     for e in entries {
         a.entry(e.index, e.term);

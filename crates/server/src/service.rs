@@ -4,7 +4,8 @@
 //! Every request is validated before it reaches raft: deadline present and bounded,
 //! group hosted here, epoch current, keys inside the group's range, sizes within the
 //! limits. Too many requests in flight get `ServerBusy` instead of queueing without
-//! bound.
+//! bound. A request for a group this node follows is forwarded to the leader
+//! (forward.rs) unless the client asked to be redirected instead.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +30,16 @@ pub struct Services {
     pub shared: Arc<Shared>,
     /// Admission control.
     pub inflight: Arc<Semaphore>,
+    /// Connections to the leaders requests are forwarded to.
+    pub forward: Arc<crate::forward::Forwarder>,
+}
+
+/// Where a validated request is served.
+enum Where {
+    /// Here: this node leads the group.
+    Here(Ctx),
+    /// By the group's leader on another node (forwarded).
+    Leader(crate::forward::Target),
 }
 
 type PErr = proto::Error;
@@ -61,8 +72,11 @@ impl Services {
         Ok(Duration::from_millis(timeout_ms))
     }
 
-    /// Validates the header; `leader_only` refuses on followers with a leader hint.
-    fn ctx(&self, h: Option<&proto::RequestHeader>) -> Result<Ctx, PErr> {
+    /// Validates the header and decides where the request is served: here if this node
+    /// leads the group, else by the leader it knows (forwarded), else refused with
+    /// NotLeader and the leader's address if known (also when the client asked for
+    /// redirects, or the request was forwarded already).
+    fn locate(&self, h: Option<&proto::RequestHeader>) -> Result<Where, PErr> {
         let h = h.ok_or_else(|| PErr::invalid_argument("request header missing"))?;
         let timeout = Self::check_timeout(h.timeout_ms)?;
         if h.group_id == META_GROUP {
@@ -81,18 +95,33 @@ impl Services {
             return Err(PErr::stale_epoch(h.group_id, h.epoch, v.route.clone()));
         }
         if !v.is_leader {
-            return Err(PErr::not_leader(
-                h.group_id,
-                self.shared.replica_of(v.leader),
-            ));
+            let me = self.shared.cfg.node_id;
+            let forwardable = !h.no_forward
+                && h.forwarded_by == 0
+                && v.leader != 0
+                && v.leader != me
+                && !self.shared.links.is_cut(v.leader);
+            let addr = self.shared.addr_of(v.leader).filter(|_| forwardable);
+            let Some(addr) = addr else {
+                return Err(PErr::not_leader(
+                    h.group_id,
+                    self.shared.replica_of(v.leader),
+                ));
+            };
+            return Ok(Where::Leader(crate::forward::Target {
+                group: h.group_id,
+                leader: v.leader,
+                addr,
+                deadline: Instant::now() + timeout,
+            }));
         }
-        Ok(Ctx {
+        Ok(Where::Here(Ctx {
             group: h.group_id,
             route: v.route.clone(),
             deadline: Instant::now() + timeout,
             timeout_ms: h.timeout_ms,
             session: (h.client_id != 0).then_some((h.client_id, h.seq, h.acked_below)),
-        })
+        }))
     }
 
     fn check_key(&self, c: &Ctx, key: &[u8]) -> Result<(), PErr> {
@@ -206,6 +235,38 @@ macro_rules! try_err {
     };
 }
 
+/// The request's context if this node serves it; else returns the answer: the leader's
+/// (forwarded; `$write`: whether the request changes state) or the refusal.
+macro_rules! here_or_forward {
+    ($self:ident, $r:ident, $resp:ident, $method:ident, $write:expr) => {
+        match $self.locate($r.header.as_ref()) {
+            Ok(Where::Here(c)) => c,
+            Ok(Where::Leader(to)) => {
+                let me = $self.shared.cfg.node_id;
+                let answer = $self
+                    .forward
+                    .forward(me, &to, $r, $write, |mut k, req| async move {
+                        k.$method(req).await
+                    })
+                    .await;
+                #[allow(clippy::needless_update)]
+                return Ok(Response::new(answer.unwrap_or_else(|err| proto::$resp {
+                    error: Some(err),
+                    ..Default::default()
+                })));
+            }
+            Err(err) =>
+            {
+                #[allow(clippy::needless_update)]
+                return Ok(Response::new(proto::$resp {
+                    error: Some(err),
+                    ..Default::default()
+                }))
+            }
+        }
+    };
+}
+
 #[tonic::async_trait]
 impl proto::kv_server::Kv for Services {
     async fn get(
@@ -214,7 +275,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::GetResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(GetResponse, self.admit());
-        let c = try_err!(GetResponse, self.ctx(r.header.as_ref()));
+        let c = here_or_forward!(self, r, GetResponse, get, false);
         try_err!(GetResponse, self.check_key(&c, &r.key));
         try_err!(GetResponse, self.read_index(&c).await);
         let v = try_err!(
@@ -237,7 +298,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::PutResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(PutResponse, self.admit());
-        let c = try_err!(PutResponse, self.ctx(r.header.as_ref()));
+        let c = here_or_forward!(self, r, PutResponse, put, true);
         try_err!(PutResponse, self.check_key(&c, &r.key));
         try_err!(PutResponse, self.check_value(&r.value));
         let cmd = batch(vec![proto::Mutation {
@@ -255,7 +316,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::DeleteResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(DeleteResponse, self.admit());
-        let c = try_err!(DeleteResponse, self.ctx(r.header.as_ref()));
+        let c = here_or_forward!(self, r, DeleteResponse, delete, true);
         try_err!(DeleteResponse, self.check_key(&c, &r.key));
         let cmd = batch(vec![proto::Mutation {
             op: proto::MutationOp::Delete as i32,
@@ -272,7 +333,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::BatchGetResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(BatchGetResponse, self.admit());
-        let c = try_err!(BatchGetResponse, self.ctx(r.header.as_ref()));
+        let c = here_or_forward!(self, r, BatchGetResponse, batch_get, false);
         if r.keys.len() > limits::BATCH_KEYS_MAX {
             try_err!(
                 BatchGetResponse,
@@ -318,7 +379,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::BatchWriteResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(BatchWriteResponse, self.admit());
-        let c = try_err!(BatchWriteResponse, self.ctx(r.header.as_ref()));
+        let c = here_or_forward!(self, r, BatchWriteResponse, batch_write, true);
         if r.mutations.len() > limits::BATCH_KEYS_MAX {
             try_err!(
                 BatchWriteResponse,
@@ -373,7 +434,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::ScanResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(ScanResponse, self.admit());
-        let c = try_err!(ScanResponse, self.ctx(r.header.as_ref()));
+        let c = here_or_forward!(self, r, ScanResponse, scan, false);
         if r.start.len() > limits::KEY_BYTES_MAX || r.end.len() > limits::KEY_BYTES_MAX {
             try_err!(
                 ScanResponse,
@@ -471,7 +532,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::DeleteRangeResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(DeleteRangeResponse, self.admit());
-        let c = try_err!(DeleteRangeResponse, self.ctx(r.header.as_ref()));
+        let c = here_or_forward!(self, r, DeleteRangeResponse, delete_range, true);
         try_err!(DeleteRangeResponse, self.check_key(&c, &r.start));
         if !r.end.is_empty() {
             if r.end.len() > limits::KEY_BYTES_MAX {
@@ -514,7 +575,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::CasResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(CasResponse, self.admit());
-        let c = try_err!(CasResponse, self.ctx(r.header.as_ref()));
+        let c = here_or_forward!(self, r, CasResponse, cas, true);
         try_err!(CasResponse, self.check_key(&c, &r.key));
         try_err!(CasResponse, self.check_value(&r.new_value));
         let cmd = proto::KvCommand {

@@ -903,3 +903,133 @@ async fn a_failing_disk_stops_the_replica_and_a_restart_recovers_it() {
         n.stop().await;
     }
 }
+
+/// A follower forwards a request to the leader and returns its answer (writes, reads,
+/// compare-and-swap, with the client's session: a resend through another follower
+/// applies once); a client that asked for redirects, or a request forwarded already,
+/// gets NotLeader with the leader's address; with the leader gone, a forwarded write is
+/// refused or its outcome is unknown, never reported as done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn followers_forward_requests_to_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let mut nodes: Vec<Option<Node>> = (0..3)
+        .map(|i| Some(start(config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3))))
+        .collect();
+    let route = wait_route(&addrs).await;
+    // A write through the leader first: every replica then knows who leads.
+    put(&addrs, &route, b"first", b"1").await;
+    let leader = route.leader_node_id as usize - 1;
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let session = |seq: u64| {
+        Some(proto::RequestHeader {
+            client_id: 0xF0F0,
+            seq,
+            ..header(&route).unwrap()
+        })
+    };
+    let put_req = |h, v: &str| proto::PutRequest {
+        header: h,
+        key: b"fwd".to_vec().into(),
+        value: v.as_bytes().to_vec().into(),
+    };
+    let mut f0 = kv(&addrs[followers[0]]).await;
+    let mut f1 = kv(&addrs[followers[1]]).await;
+    let r = f0.put(put_req(session(1), "a")).await.unwrap().into_inner();
+    assert_eq!(r.error, None, "a follower forwards a write");
+    let g = f1
+        .get(proto::GetRequest {
+            header: header(&route),
+            key: b"fwd".to_vec().into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((g.error, g.found, &g.value[..]), (None, true, &b"a"[..]));
+    // Compare-and-swap through a follower, then its resend (same session sequence)
+    // through the other follower: answered with the first result, applied once.
+    let cas = |seq| proto::CasRequest {
+        header: session(seq),
+        key: b"fwd".to_vec().into(),
+        expect_exists: true,
+        expected: b"a".to_vec().into(),
+        new_value: b"b".to_vec().into(),
+        ..Default::default()
+    };
+    let first = f0.cas(cas(2)).await.unwrap().into_inner();
+    let again = f1.cas(cas(2)).await.unwrap().into_inner();
+    assert_eq!(first.error, None);
+    assert!(first.succeeded);
+    assert_eq!(
+        (again.error, again.succeeded),
+        (None, true),
+        "resend: first result"
+    );
+    // Redirects instead of forwarding when asked, and never a second hop.
+    for h in [
+        proto::RequestHeader {
+            no_forward: true,
+            ..header(&route).unwrap()
+        },
+        proto::RequestHeader {
+            forwarded_by: 9,
+            ..header(&route).unwrap()
+        },
+    ] {
+        let r = f0.put(put_req(Some(h), "c")).await.unwrap().into_inner();
+        match r.error.and_then(|e| e.kind) {
+            Some(proto::error::Kind::NotLeader(nl)) => {
+                let l = nl.leader.expect("leader hint");
+                assert_eq!(l.node_id, route.leader_node_id);
+                assert_eq!(l.addr, addrs[leader]);
+            }
+            other => panic!("expected NotLeader with a hint, got {other:?}"),
+        }
+    }
+    let g = f1
+        .get(proto::GetRequest {
+            header: header(&route),
+            key: b"fwd".to_vec().into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(&g.value[..], b"b", "the refused writes did not apply");
+    // The leader stops: a write a follower takes right away is not reported as done
+    // unless a new leader applied it.
+    nodes[leader].take().unwrap().stop().await;
+    let r = f0.put(put_req(session(3), "d")).await.unwrap().into_inner();
+    if let Some(e) = r.error {
+        assert!(
+            matches!(
+                e.kind,
+                Some(
+                    proto::error::Kind::NotLeader(_)
+                        | proto::error::Kind::OutcomeUnknown(_)
+                        | proto::error::Kind::GroupUnavailable(_)
+                        | proto::error::Kind::DeadlineExceeded(_)
+                )
+            ),
+            "{e:?}"
+        );
+    }
+    // Once the others elect, the write (resent with its sequence) goes through either
+    // follower and applies once.
+    let live: Vec<String> = followers.iter().map(|&i| addrs[i].clone()).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = f1.put(put_req(session(3), "d")).await.unwrap().into_inner();
+        if r.error.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new leader took the write: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(get(&live, &route, b"fwd").await, Some(b"d".to_vec()));
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}
