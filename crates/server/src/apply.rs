@@ -211,32 +211,40 @@ impl StateWriter for EngineState<'_> {
 /// Most session records a group keeps decoded in memory; past it the group's cache
 /// starts over (the records stay in the engine, read again when their clients write).
 const SESSION_CACHE_MAX: usize = 4096;
+/// A record bigger than this (encoded) is not cached: compare-and-swap results hold whole
+/// values, and a client that never acknowledges its answers keeps up to
+/// [`SESSION_RESULTS_MAX`] of them.
+const SESSION_CACHED_BYTES_MAX: usize = 64 << 10;
+/// Memory counted per cached record besides its encoded bytes.
+const SESSION_ENTRY_OVERHEAD: usize = 96;
 
 /// The decoded session records of one group as applied (the engine holds the same,
 /// encoded), so a write does not read and decode its client's record from the engine.
 /// Owned by the replica; a record is taken out while a round works on it and put back
 /// only once the round's batch is written, so after a failed write the cache holds
 /// nothing the engine does not. Cleared when the group's data is replaced (snapshot
-/// install). `total` counts the records of every group of the node, so the node can
-/// bound them all ([`SessionCache::total`]).
+/// install) or its replica stops. `bytes` counts the (approximate) memory of the
+/// records of every group of the node, so the node can bound them all.
 #[derive(Debug, Default)]
 pub struct SessionCache {
-    records: HashMap<u64, Session>,
-    total: Arc<AtomicUsize>,
+    /// By client: the record and the bytes counted for it.
+    records: HashMap<u64, (Session, usize)>,
+    bytes: Arc<AtomicUsize>,
 }
 
 impl SessionCache {
-    /// An empty cache counting its records in the node-wide `total`.
-    pub fn new(total: Arc<AtomicUsize>) -> SessionCache {
+    /// An empty cache counting its memory in the node-wide `bytes`.
+    pub fn new(bytes: Arc<AtomicUsize>) -> SessionCache {
         SessionCache {
             records: HashMap::new(),
-            total,
+            bytes,
         }
     }
 
     /// Forgets every record (they are read from the engine again when needed).
     pub fn clear(&mut self) {
-        self.total.fetch_sub(self.records.len(), Ordering::Relaxed);
+        let held: usize = self.records.values().map(|(_, b)| *b).sum();
+        self.bytes.fetch_sub(held, Ordering::Relaxed);
         self.records = HashMap::new();
     }
 
@@ -251,22 +259,32 @@ impl SessionCache {
     }
 
     fn take(&mut self, client: u64) -> Option<Session> {
-        let r = self.records.remove(&client);
-        if r.is_some() {
-            self.total.fetch_sub(1, Ordering::Relaxed);
-        }
-        r
+        let (rec, b) = self.records.remove(&client)?;
+        self.bytes.fetch_sub(b, Ordering::Relaxed);
+        Some(rec)
     }
 
-    fn put_all(&mut self, sessions: HashMap<u64, Session>) {
+    /// Keeps the records of a written round (with their encoded sizes).
+    fn put_all(&mut self, sessions: Vec<(u64, Session, usize)>) {
         if self.records.len() + sessions.len() > SESSION_CACHE_MAX {
             self.clear();
         }
-        for (client, rec) in sessions {
-            if self.records.insert(client, rec).is_none() {
-                self.total.fetch_add(1, Ordering::Relaxed);
+        for (client, rec, encoded) in sessions {
+            if encoded > SESSION_CACHED_BYTES_MAX {
+                continue;
+            }
+            let b = encoded + SESSION_ENTRY_OVERHEAD;
+            self.bytes.fetch_add(b, Ordering::Relaxed);
+            if let Some((_, old)) = self.records.insert(client, (rec, b)) {
+                self.bytes.fetch_sub(old, Ordering::Relaxed);
             }
         }
+    }
+}
+
+impl Drop for SessionCache {
+    fn drop(&mut self) {
+        self.clear();
     }
 }
 
@@ -472,9 +490,11 @@ impl<'a> Applier<'a> {
         let Some((index, term)) = self.last else {
             return Ok(None);
         };
-        for (client, rec) in &self.sessions {
-            self.wb
-                .put(&keys::session_key(self.g, *client), &rec.encode());
+        let mut written = Vec::with_capacity(self.sessions.len());
+        for (client, rec) in std::mem::take(&mut self.sessions) {
+            let v = rec.encode();
+            self.wb.put(&keys::session_key(self.g, client), &v);
+            written.push((client, rec, v.len()));
         }
         self.wb.put(
             &keys::applied_key(self.g),
@@ -482,7 +502,7 @@ impl<'a> Applier<'a> {
         );
         writer.write(self.wb)?;
         // Written: the cache may hold them again.
-        self.cache.put_all(self.sessions);
+        self.cache.put_all(written);
         Ok(Some((index, term)))
     }
 }
@@ -510,6 +530,8 @@ mod tests {
     struct Recorder {
         state: RefCell<Model>,
         after_batch: RefCell<Vec<Model>>,
+        /// The next write fails (an I/O error), writing nothing.
+        fail_next: std::cell::Cell<bool>,
     }
 
     impl StateReader for Recorder {
@@ -520,6 +542,9 @@ mod tests {
 
     impl StateWriter for Recorder {
         fn write(&self, batch: WriteBatch) -> crate::Result<()> {
+            if self.fail_next.replace(false) {
+                return Err(crate::Error::Corruption("injected write failure".into()));
+            }
             let mut st = self.state.borrow_mut();
             for r in batch.iter() {
                 match r {
@@ -807,5 +832,59 @@ mod tests {
             engine.get(&keys::data_key(g, b"k")).unwrap(),
             Some(b"fresh".to_vec())
         );
+    }
+
+    /// A round whose batch fails to write leaves the session cache without its records:
+    /// the next round (same cache) reads the engine's, so the failed write is applied
+    /// when it comes again, and an older one is still answered from its record.
+    #[test]
+    fn a_failed_round_leaves_no_session_record_in_the_cache() {
+        let engine = Recorder::default();
+        let g = 4;
+        let put = |seq: u64, v: &str| {
+            proto::KvCommand {
+                session: Some(proto::ClientSession {
+                    client_id: 9,
+                    seq,
+                    acked_below: 1,
+                    time_ms: 1,
+                }),
+                cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
+                    mutations: vec![proto::Mutation {
+                        op: proto::MutationOp::Put as i32,
+                        key: b"k".to_vec().into(),
+                        value: v.as_bytes().to_vec().into(),
+                    }],
+                })),
+            }
+            .encode_to_vec()
+        };
+        let mut cache = SessionCache::default();
+        let mut round = |index: u64, data: &[u8]| {
+            let mut a = Applier::new(g, &engine, &mut cache);
+            a.entry(index, 1);
+            let r = a.kv(index, data).unwrap();
+            a.finish(&engine).map(|_| r)
+        };
+        round(1, &put(1, "one")).unwrap();
+        engine.fail_next.set(true);
+        assert!(round(2, &put(2, "two")).is_err());
+        assert_eq!(
+            engine.get(&keys::data_key(g, b"k")).unwrap(),
+            Some(b"one".to_vec())
+        );
+        // Replayed after the failure (as a restart would): applied now.
+        assert_eq!(round(2, &put(2, "two")).unwrap(), ApplyResult::Done);
+        assert_eq!(
+            engine.get(&keys::data_key(g, b"k")).unwrap(),
+            Some(b"two".to_vec())
+        );
+        // A resend of the first write is answered from the record, not applied again.
+        assert_eq!(round(3, &put(1, "one")).unwrap(), ApplyResult::Done);
+        assert_eq!(
+            engine.get(&keys::data_key(g, b"k")).unwrap(),
+            Some(b"two".to_vec())
+        );
+        assert_eq!(cache.len(), 1);
     }
 }

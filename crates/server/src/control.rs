@@ -101,13 +101,10 @@ impl MetaService {
             .is_some_and(|v| v.is_leader)
     }
 
-    /// The meta group's applied index on this node (the routing table's version).
+    /// The routing table's version on this node: the index of the last meta entry
+    /// applied to it (read with the table itself where both are sent, so they agree).
     fn meta_applied(&self) -> u64 {
-        self.shared
-            .groups
-            .read()
-            .get(&META_GROUP)
-            .map_or(0, |v| v.applied)
+        self.shared.meta.read().applied()
     }
 
     /// Where to forward a meta read: the known meta leader, else the meta members.
@@ -203,15 +200,15 @@ impl MetaService {
 
     async fn local_routes(&self, timeout: Duration) -> Result<proto::GetRoutesResponse, PErr> {
         self.read_index(timeout).await?;
-        let routes = {
+        let (routes, version) = {
             let meta = self.shared.meta.read();
             let lv = self.shared.leader_view.lock();
-            phoenix_meta::route_table(&meta, &lv)
+            (phoenix_meta::route_table(&meta, &lv), meta.applied())
         };
         Ok(proto::GetRoutesResponse {
             error: None,
             routes,
-            version: self.meta_applied(),
+            version,
         })
     }
 
@@ -219,19 +216,21 @@ impl MetaService {
     /// leader; leaders as this node knows them (its own groups) or as the meta leader
     /// last reported them. None if this node holds no live meta replica or no table.
     fn member_routes(&self) -> Option<proto::GetRoutesResponse> {
-        let version = {
+        {
             let groups = self.shared.groups.read();
             let v = groups.get(&META_GROUP)?;
-            if v.failed.is_some() || v.applied == 0 {
+            if v.failed.is_some() {
                 return None;
             }
-            v.applied
-        };
-        let mut routes = {
+        }
+        let (mut routes, version) = {
             let meta = self.shared.meta.read();
             let lv = self.shared.leader_view.lock();
-            phoenix_meta::route_table(&meta, &lv)
+            (phoenix_meta::route_table(&meta, &lv), meta.applied())
         };
+        if version == 0 {
+            return None;
+        }
         if routes.is_empty() {
             return None;
         }

@@ -8,10 +8,15 @@
 //! or when the link to the leader is cut (fault injection): it is refused with NotLeader
 //! as before.
 //!
-//! When the leader cannot be asked or does not answer, a read is refused with NotLeader
-//! (it had no effect) and a write gets OutcomeUnknown unless it certainly never left
-//! this node (the connection to the leader could not be made): it may have reached the
-//! leader. A client resending it with its session gets the first result.
+//! When the leader cannot be reached (no connection could be made), the request is
+//! refused with NotLeader naming it. When it does not answer, a read gets
+//! GroupUnavailable (it had no effect) and a write OutcomeUnknown: it may have reached
+//! the leader, and a client resending it with its session gets the first result.
+//!
+//! Forwards have their own bound ([`FORWARDS_MAX`] at once, each at most
+//! [`FORWARD_WAIT_MAX`]) and do not hold the node's admission permit: a stalled leader
+//! elsewhere must not fill this node with waiting requests and starve the groups it
+//! leads itself.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -33,6 +38,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
 const DEADLINE_MARGIN: Duration = Duration::from_millis(20);
 /// Shortest deadline worth forwarding with.
 const MIN_BUDGET: Duration = Duration::from_millis(5);
+/// Forwarded requests waiting for their leaders at once; past it, requests that would be
+/// forwarded are refused with NotLeader (the client goes to the leader itself).
+pub const FORWARDS_MAX: usize = 256;
+/// Longest wait for a leader's answer to a forwarded request.
+pub const FORWARD_WAIT_MAX: Duration = Duration::from_secs(5);
 
 /// Where a request goes: the group's leader on another node.
 #[derive(Debug, Clone)]
@@ -74,10 +84,20 @@ forwardable!(
 );
 
 /// Connections to the other nodes' `Kv` services, made on first use and kept.
-#[derive(Default)]
 pub struct Forwarder {
     /// By node id: the address the connection was made to, and the connection.
     clients: Mutex<HashMap<u64, (String, KvClient)>>,
+    /// Forwards in flight ([`FORWARDS_MAX`]).
+    slots: tokio::sync::Semaphore,
+}
+
+impl Default for Forwarder {
+    fn default() -> Self {
+        Forwarder {
+            clients: Mutex::default(),
+            slots: tokio::sync::Semaphore::new(FORWARDS_MAX),
+        }
+    }
 }
 
 impl Forwarder {
@@ -125,32 +145,38 @@ impl Forwarder {
             e.message = format!("{}; forwarding to it failed: {why}", e.message);
             e
         };
-        let budget = to
-            .deadline
-            .saturating_duration_since(Instant::now())
-            .saturating_sub(DEADLINE_MARGIN);
+        let left = to.deadline.saturating_duration_since(Instant::now());
+        let budget = left.saturating_sub(DEADLINE_MARGIN).min(FORWARD_WAIT_MAX);
         if budget < MIN_BUDGET {
-            return Err(PErr::deadline_exceeded(0));
+            return Err(PErr::deadline_exceeded(left.as_millis() as u64));
         }
+        let Ok(_slot) = self.slots.try_acquire() else {
+            return Err(refused(format!(
+                "{FORWARDS_MAX} forwarded requests already waiting on this node"
+            )));
+        };
         let h = req.header_mut().get_or_insert_with(Default::default);
         h.forwarded_by = me;
         h.timeout_ms = (budget.as_millis() as u64).max(1);
         let client = self.client(to.leader, &to.addr)?;
+        let unanswered = |why: String| {
+            if write {
+                PErr::outcome_unknown(
+                    to.group,
+                    format!("forwarded to the leader, node {}: {why}", to.leader),
+                )
+            } else {
+                PErr::group_unavailable(
+                    to.group,
+                    format!("the leader, node {}, did not answer: {why}", to.leader),
+                )
+            }
+        };
         match tokio::time::timeout(budget, call(client, Request::new(req))).await {
             Ok(Ok(resp)) => Ok(resp.into_inner()),
-            Ok(Err(status)) if !write || never_sent(&status) => Err(refused(status.to_string())),
-            Ok(Err(status)) => Err(PErr::outcome_unknown(
-                to.group,
-                format!("forwarded to the leader, node {}: {status}", to.leader),
-            )),
-            Err(_) if !write => Err(refused(format!("no answer within {budget:?}"))),
-            Err(_) => Err(PErr::outcome_unknown(
-                to.group,
-                format!(
-                    "forwarded to the leader, node {}: no answer within {budget:?}",
-                    to.leader
-                ),
-            )),
+            Ok(Err(status)) if never_sent(&status) => Err(refused(status.to_string())),
+            Ok(Err(status)) => Err(unanswered(status.to_string())),
+            Err(_) => Err(unanswered(format!("no answer within {budget:?}"))),
         }
     }
 }

@@ -235,14 +235,15 @@ pub struct Driver {
     /// service sees them hosted here and does not ask again.
     create_failed: BTreeMap<u64, proto::Route>,
     last_create_retry: Instant,
-    /// Session records cached by every replica (apply.rs `SessionCache`): past
-    /// [`SESSION_RECORDS_MAX`] every cache starts over.
+    /// Memory of the session records cached by every replica (apply.rs
+    /// `SessionCache`): past [`SESSION_CACHE_BYTES_MAX`] every cache starts over.
     session_records: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// Most client session records the node keeps decoded in memory, over all its groups
-/// (a record is about 100 bytes): enough for every client of a thousand busy groups.
-const SESSION_RECORDS_MAX: usize = 1 << 18;
+/// Memory the node gives to decoded client session records, over all its groups (a
+/// record of a client that acknowledges its answers is about 150 bytes: every client of
+/// several hundred busy groups).
+const SESSION_CACHE_BYTES_MAX: usize = 64 << 20;
 
 fn raft_config(shared: &Shared, applied: u64) -> RaftConfig {
     let mut c = RaftConfig::new(shared.cfg.node_id);
@@ -524,7 +525,7 @@ impl Driver {
         if self
             .session_records
             .load(std::sync::atomic::Ordering::Relaxed)
-            > SESSION_RECORDS_MAX
+            > SESSION_CACHE_BYTES_MAX
         {
             for p in self.peers.values_mut() {
                 p.sessions.clear();
@@ -932,6 +933,7 @@ impl Driver {
         }
         tracing::error!(group = g, "replica stopped: {why}");
         p.fail_all(&format!("replica stopped ({why})"));
+        p.sessions.clear();
         // A leader that stops sends nothing more: its followers would wait an election
         // timeout, or sleep on if the group hibernates. The most caught-up one campaigns
         // at once instead.

@@ -94,6 +94,13 @@ impl Services {
         if h.epoch != 0 && h.epoch < v.route.epoch {
             return Err(PErr::stale_epoch(h.group_id, h.epoch, v.route.clone()));
         }
+        if h.forwarded_by != 0 && self.shared.links.is_cut(h.forwarded_by) {
+            // Partitioned from the forwarder: it cannot reach us (as raft cannot).
+            return Err(PErr::group_unavailable(
+                h.group_id,
+                format!("link to node {} cut (fault injection)", h.forwarded_by),
+            ));
+        }
         if !v.is_leader {
             let me = self.shared.cfg.node_id;
             let forwardable = !h.no_forward
@@ -238,10 +245,13 @@ macro_rules! try_err {
 /// The request's context if this node serves it; else returns the answer: the leader's
 /// (forwarded; `$write`: whether the request changes state) or the refusal.
 macro_rules! here_or_forward {
-    ($self:ident, $r:ident, $resp:ident, $method:ident, $write:expr) => {
+    ($self:ident, $r:ident, $resp:ident, $method:ident, $write:expr, $permit:ident) => {
         match $self.locate($r.header.as_ref()) {
             Ok(Where::Here(c)) => c,
             Ok(Where::Leader(to)) => {
+                // Forwards are bounded on their own (forward.rs), not by this node's
+                // admission.
+                drop($permit);
                 let me = $self.shared.cfg.node_id;
                 let answer = $self
                     .forward
@@ -275,7 +285,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::GetResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(GetResponse, self.admit());
-        let c = here_or_forward!(self, r, GetResponse, get, false);
+        let c = here_or_forward!(self, r, GetResponse, get, false, _permit);
         try_err!(GetResponse, self.check_key(&c, &r.key));
         try_err!(GetResponse, self.read_index(&c).await);
         let v = try_err!(
@@ -298,7 +308,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::PutResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(PutResponse, self.admit());
-        let c = here_or_forward!(self, r, PutResponse, put, true);
+        let c = here_or_forward!(self, r, PutResponse, put, true, _permit);
         try_err!(PutResponse, self.check_key(&c, &r.key));
         try_err!(PutResponse, self.check_value(&r.value));
         let cmd = batch(vec![proto::Mutation {
@@ -316,7 +326,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::DeleteResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(DeleteResponse, self.admit());
-        let c = here_or_forward!(self, r, DeleteResponse, delete, true);
+        let c = here_or_forward!(self, r, DeleteResponse, delete, true, _permit);
         try_err!(DeleteResponse, self.check_key(&c, &r.key));
         let cmd = batch(vec![proto::Mutation {
             op: proto::MutationOp::Delete as i32,
@@ -333,7 +343,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::BatchGetResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(BatchGetResponse, self.admit());
-        let c = here_or_forward!(self, r, BatchGetResponse, batch_get, false);
+        let c = here_or_forward!(self, r, BatchGetResponse, batch_get, false, _permit);
         if r.keys.len() > limits::BATCH_KEYS_MAX {
             try_err!(
                 BatchGetResponse,
@@ -379,7 +389,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::BatchWriteResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(BatchWriteResponse, self.admit());
-        let c = here_or_forward!(self, r, BatchWriteResponse, batch_write, true);
+        let c = here_or_forward!(self, r, BatchWriteResponse, batch_write, true, _permit);
         if r.mutations.len() > limits::BATCH_KEYS_MAX {
             try_err!(
                 BatchWriteResponse,
@@ -434,7 +444,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::ScanResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(ScanResponse, self.admit());
-        let c = here_or_forward!(self, r, ScanResponse, scan, false);
+        let c = here_or_forward!(self, r, ScanResponse, scan, false, _permit);
         if r.start.len() > limits::KEY_BYTES_MAX || r.end.len() > limits::KEY_BYTES_MAX {
             try_err!(
                 ScanResponse,
@@ -532,7 +542,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::DeleteRangeResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(DeleteRangeResponse, self.admit());
-        let c = here_or_forward!(self, r, DeleteRangeResponse, delete_range, true);
+        let c = here_or_forward!(self, r, DeleteRangeResponse, delete_range, true, _permit);
         try_err!(DeleteRangeResponse, self.check_key(&c, &r.start));
         if !r.end.is_empty() {
             if r.end.len() > limits::KEY_BYTES_MAX {
@@ -575,7 +585,7 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::CasResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(CasResponse, self.admit());
-        let c = here_or_forward!(self, r, CasResponse, cas, true);
+        let c = here_or_forward!(self, r, CasResponse, cas, true, _permit);
         try_err!(CasResponse, self.check_key(&c, &r.key));
         try_err!(CasResponse, self.check_value(&r.new_value));
         let cmd = proto::KvCommand {

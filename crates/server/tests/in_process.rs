@@ -717,13 +717,17 @@ async fn a_cut_off_leader_is_replaced_and_catches_up_when_healed() {
     // Cut the leader off. A node that cuts a link drops the raft traffic on it both
     // ways, so the link is cut if either end (one with the service) cuts it.
     // The leader now: the node that takes a write itself (leadership may have moved
-    // since the route was read).
+    // since the route was read); `no_forward`, so a follower does not pass it on.
+    let own = Some(proto::RequestHeader {
+        no_forward: true,
+        ..header(&route).unwrap()
+    });
     let mut leader = None;
     for (i, a) in addrs.iter().enumerate() {
         let r = kv(a)
             .await
             .put(proto::PutRequest {
-                header: header(&route),
+                header: own,
                 key: b"probe".to_vec().into(),
                 value: b"p".to_vec().into(),
             })
@@ -749,7 +753,7 @@ async fn a_cut_off_leader_is_replaced_and_catches_up_when_healed() {
     }
     // The old leader cannot commit: a write to it alone gets no success.
     let mut k = kv(&addrs[leader]).await;
-    let mut h = header(&route);
+    let mut h = own;
     if let Some(h) = h.as_mut() {
         h.timeout_ms = 1500;
     }

@@ -664,6 +664,8 @@ async fn current_leader(cluster: &mut LocalCluster, endpoints: &[String]) -> Opt
                 group_id: group,
                 epoch: 0,
                 timeout_ms: 1000,
+                // A follower must refuse, not pass the probe on to the leader.
+                no_forward: true,
                 ..Default::default()
             }),
             key: b"check/probe".to_vec().into(),
