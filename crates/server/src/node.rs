@@ -1066,7 +1066,9 @@ fn publish_view(shared: &Shared, p: &mut Peer) {
     let r = p.raw.raft();
     let mut groups = shared.groups.write();
     let v = groups.entry(p.group).or_default();
-    if v.route != p.route {
+    // A replica's route is fixed when it is opened: compare the cheap fields (a full
+    // comparison of replica lists was 6% of the driver at 10,000 groups).
+    if v.route.group_id != p.route.group_id || v.route.epoch != p.route.epoch {
         v.route.clone_from(&p.route);
     }
     v.leader = r.leader();
