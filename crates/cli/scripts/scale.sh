@@ -7,6 +7,8 @@
 #
 # Usage: crates/cli/scripts/scale.sh [OUT_DIR] [N...]   (default N: 1000 10000)
 # SERVER_ARGS adds flags to every `phoenix server` (e.g. "--hibernate-ticks=100").
+# PHOENIX_BIN runs that binary instead of target/release/phoenix (a copy: an A/B of two
+# builds, or a build going on meanwhile).
 # Needs: a release build (cargo build --release -p phoenix-cli), jq. Nothing else should run.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -14,7 +16,7 @@ out=${1:-/tmp/phoenix-scale}
 shift || true
 sizes=("$@")
 [ ${#sizes[@]} -gt 0 ] || sizes=(1000 10000)
-phoenix=$PWD/target/release/phoenix
+phoenix=${PHOENIX_BIN:-$PWD/target/release/phoenix}
 [ -x "$phoenix" ] || { echo "build first: cargo build --release -p phoenix-cli" >&2; exit 1; }
 sample_secs=${SAMPLE_SECS:-10}
 bench_secs=${BENCH_SECS:-20}

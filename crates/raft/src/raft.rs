@@ -49,6 +49,16 @@ pub struct Config {
     pub read_only_option: ReadOnlyOption,
     /// Seed for election-timeout jitter (mixed with `id`).
     pub seed: u64,
+    /// Fewer messages per write, for nodes hosting many groups that each take few
+    /// writes. A commit the leader learns with no new entries to send rides on the next
+    /// append, heartbeat or `Hibernate` instead of an empty append of its own (etcd's
+    /// leader sends one at once), and the periodic heartbeat skips a follower that was
+    /// sent an append since the previous one (that append reset its election timer and
+    /// its answer marks it active). A follower's commit index then lags the leader's by
+    /// at most two heartbeat intervals when writes stop; safety is unchanged (it never
+    /// depended on when followers learn the commit index), and reads confirm leadership
+    /// with heartbeats to every follower as before.
+    pub coalesce_messages: bool,
 }
 
 impl Config {
@@ -66,6 +76,7 @@ impl Config {
             pre_vote: true,
             read_only_option: ReadOnlyOption::Safe,
             seed: 0,
+            coalesce_messages: false,
         }
     }
 
@@ -130,6 +141,7 @@ pub struct Raft<S> {
     pub(crate) heartbeat_tick: u32,
     pub(crate) check_quorum: bool,
     pub(crate) pre_vote: bool,
+    pub(crate) coalesce_messages: bool,
     pub(crate) max_inflight: usize,
     /// Index of the latest conf change the leader appended; no other until applied.
     pub(crate) pending_conf_index: u64,
@@ -177,6 +189,7 @@ impl<S: Storage> Raft<S> {
             heartbeat_tick: cfg.heartbeat_tick,
             check_quorum: cfg.check_quorum,
             pre_vote: cfg.pre_vote,
+            coalesce_messages: cfg.coalesce_messages,
             max_inflight: cfg.max_inflight_msgs,
             pending_conf_index: 0,
             lead_transferee: NONE,
@@ -498,6 +511,7 @@ impl<S: Storage> Raft<S> {
         self.msgs.push(m);
         if let Some(pr) = self.prs.get_mut(&to) {
             pr.sent_entries(last_sent, n);
+            pr.append_since_heartbeat = true;
         }
         Ok(true)
     }
@@ -539,12 +553,18 @@ impl<S: Storage> Raft<S> {
         Ok(())
     }
 
-    fn bcast_heartbeat(&mut self, context: Bytes) {
+    /// Heartbeats the followers: all of them for a read index being confirmed (it needs
+    /// every answer it can get), or, `periodic`, those that need one.
+    fn bcast_heartbeat(&mut self, context: Bytes, periodic: bool) {
+        let skip_sent = self.coalesce_messages && periodic;
         let peers: Vec<(NodeId, u64)> = self
             .prs
-            .iter()
+            .iter_mut()
             .filter(|(&p, _)| p != self.id)
-            .map(|(&p, pr)| (p, pr.matched))
+            .filter_map(|(&p, pr)| {
+                let sent = std::mem::take(&mut pr.append_since_heartbeat);
+                (!(skip_sent && sent)).then_some((p, pr.matched))
+            })
             .collect();
         for (p, matched) in peers {
             let mut m = self.new_msg(MessageType::Heartbeat, p);
@@ -590,7 +610,7 @@ impl<S: Storage> Raft<S> {
         }
         if self.heartbeat_elapsed >= self.heartbeat_tick {
             self.heartbeat_elapsed = 0;
-            self.bcast_heartbeat(Bytes::new());
+            self.bcast_heartbeat(Bytes::new(), true);
         }
         Ok(())
     }
@@ -998,7 +1018,17 @@ impl<S: Storage> Raft<S> {
         }
         let matched = pr.matched;
         if self.maybe_commit()? {
-            self.bcast_append()?;
+            if self.coalesce_messages {
+                // The new commit index rides on the next message to each follower;
+                // only entries go now.
+                let peers: Vec<NodeId> =
+                    self.prs.keys().copied().filter(|&p| p != self.id).collect();
+                for p in peers {
+                    self.maybe_send_append(p, false)?;
+                }
+            } else {
+                self.bcast_append()?;
+            }
         } else if was_paused && from != self.id {
             self.send_append(from)?;
         }
@@ -1313,7 +1343,7 @@ impl<S: Storage> Raft<S> {
             return Ok(());
         }
         let ctx = self.read_only.add(context, from, committed, self.id);
-        self.bcast_heartbeat(ctx);
+        self.bcast_heartbeat(ctx, false);
         Ok(())
     }
 

@@ -11,6 +11,8 @@ mod harness;
 mod async_persistence_ordering;
 #[path = "scenarios/check_quorum_leader_steps_down.rs"]
 mod check_quorum_leader_steps_down;
+#[path = "scenarios/coalesced_commit_and_heartbeats.rs"]
+mod coalesced_commit_and_heartbeats;
 #[path = "scenarios/commit_previous_term_only_via_current_term.rs"]
 mod commit_previous_term_only_via_current_term;
 #[path = "scenarios/election_basic.rs"]

@@ -140,6 +140,9 @@ fn cfg(id: NodeId, seed: u64) -> Config {
     c.max_size_per_msg = 32 + seed % 128;
     c.max_inflight_msgs = 8;
     c.seed = seed;
+    // Half the seeds run the server's setting: commit indexes ride on later messages,
+    // periodic heartbeats skip followers just sent an append.
+    c.coalesce_messages = seed & 2 != 0;
     c
 }
 

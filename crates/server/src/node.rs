@@ -251,6 +251,9 @@ fn raft_config(shared: &Shared, applied: u64) -> RaftConfig {
     c.heartbeat_tick = shared.cfg.heartbeat_ticks;
     c.applied = applied;
     c.seed = rand::random();
+    // Many groups, few writes each: no empty append per commit, no heartbeat to a
+    // follower that was just sent an append.
+    c.coalesce_messages = true;
     c
 }
 
@@ -543,17 +546,24 @@ impl Driver {
                 self.awake.remove(&g);
                 continue;
             }
-            if let Err(e) = p.raw.tick() {
-                failed.push((g, format!("tick: {e}")));
-                continue;
-            }
+            // Sleep first: a group that goes to sleep at this tick sends no heartbeat.
+            let mut asleep = false;
             if hibernate_ticks > 0 && p.raw.raft().role() == StateRole::Leader {
                 p.idle_ticks = p.idle_ticks.saturating_add(1);
                 if p.idle_ticks >= hibernate_ticks {
-                    if let Err(e) = p.raw.hibernate() {
-                        failed.push((g, format!("hibernate: {e}")));
-                        continue;
+                    match p.raw.hibernate() {
+                        Ok(slept) => asleep = slept,
+                        Err(e) => {
+                            failed.push((g, format!("hibernate: {e}")));
+                            continue;
+                        }
                     }
+                }
+            }
+            if !asleep {
+                if let Err(e) = p.raw.tick() {
+                    failed.push((g, format!("tick: {e}")));
+                    continue;
                 }
             }
             if p.stats_stale && p.published_at.elapsed() >= STATS_PUBLISH_INTERVAL {

@@ -216,6 +216,10 @@ impl TailWritable {
             done = sync(self.inner.as_mut());
         }
         if let Err(e) = done {
+            // What reached the inner file stays there (the inner file cannot be cut
+            // back): after a failed sync the bytes may survive a power loss or not, as
+            // on a real disk, and the process must not count on either (the log store
+            // and the engine stop writing after a failed sync).
             self.failed = true;
             return Err(e);
         }
@@ -390,6 +394,30 @@ mod tests {
         drop(tails);
         assert_eq!(fs.read_all(&a).unwrap(), b"xyz");
         assert_eq!(fs.read_all(&b).unwrap(), b"unsynced");
+    }
+
+    /// After a failed sync the writer takes nothing more (a retry could write part of
+    /// the tail twice over), even once the disk works again; what was synced before
+    /// stays readable.
+    #[test]
+    fn a_failed_sync_latches_the_writer() {
+        use crate::{DiskFaults, FaultFs};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let faults = Arc::new(DiskFaults::default());
+        let inner = Arc::new(FaultFs::new(Arc::new(LocalFs::new()), Arc::clone(&faults)));
+        let fs = PowerLossFs::new(inner);
+        let mut f = fs.create(&p, WriteOptions::default()).unwrap();
+        f.append(b"kept").unwrap();
+        f.sync_data().unwrap();
+        f.append(b"+lost?").unwrap();
+        faults.set(false, true);
+        assert!(f.sync_data().is_err());
+        faults.set(false, false);
+        assert!(f.append(b"more").is_err(), "append after a failed sync");
+        assert!(f.sync_data().is_err(), "sync after a failed sync");
+        assert!(f.sync_all().is_err());
+        assert!(fs.read_all(&p).unwrap().starts_with(b"kept"));
     }
 
     /// A preallocated, reopened file: the tail overlays the zeros past the synced bytes,

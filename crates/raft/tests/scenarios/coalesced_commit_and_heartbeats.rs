@@ -1,0 +1,124 @@
+//! `coalesce_messages` (the server's setting, for nodes of many groups that each take
+//! few writes): a commit with nothing new to send is not broadcast in empty appends of
+//! its own, and a periodic heartbeat skips a follower that was sent an append since the
+//! previous one. The followers still learn the commit index (from the next heartbeat,
+//! append or `Hibernate`), and a read index still asks every follower.
+
+use phoenix_raft::{Config, MessageType, NodeId};
+
+use crate::harness::*;
+
+fn cfg_coalesced(id: NodeId) -> Config {
+    let mut c = cfg_default(id);
+    c.heartbeat_tick = 2;
+    c.coalesce_messages = true;
+    c
+}
+
+fn tick_leader(net: &mut Network, n: u32) {
+    for _ in 0..n {
+        net.tick(1);
+        net.settle();
+    }
+}
+
+#[test]
+fn one_write_costs_an_append_and_its_answer_per_follower() {
+    for coalesce in [false, true] {
+        let mut net = Network::new(&[1, 2, 3], move |id| {
+            let mut c = cfg_coalesced(id);
+            c.coalesce_messages = coalesce;
+            c
+        });
+        net.campaign(1);
+        net.settle();
+        // Heartbeats until the election's appends are behind us.
+        tick_leader(&mut net, 4);
+        net.delivered.clear();
+        let index = net.propose(1, "x").unwrap();
+        net.settle();
+        assert_eq!(net.committed(1), index);
+        let appends = net.count_delivered(MessageType::Append, |_| true);
+        if coalesce {
+            assert_eq!(
+                appends, 2,
+                "one append per follower, no empty commit append"
+            );
+            // The followers hold the entry; they learn that it committed later.
+            assert!(net.committed(2) < index && net.committed(3) < index);
+        } else {
+            assert_eq!(
+                appends, 4,
+                "etcd's way: the entry, then the commit, to each"
+            );
+            assert_eq!((net.committed(2), net.committed(3)), (index, index));
+        }
+        // The next heartbeat interval skips the followers just sent the entry; the one
+        // after heartbeats them and carries the commit index.
+        net.delivered.clear();
+        tick_leader(&mut net, 2);
+        let heartbeats = net.count_delivered(MessageType::Heartbeat, |_| true);
+        assert_eq!(heartbeats, if coalesce { 0 } else { 2 });
+        tick_leader(&mut net, 2);
+        assert_eq!((net.committed(2), net.committed(3)), (index, index));
+        assert_eq!(net.applied_data(2), vec!["x".to_string()]);
+        assert_eq!(net.applied_data(3), vec!["x".to_string()]);
+    }
+}
+
+#[test]
+fn hibernate_carries_the_commit_index() {
+    let mut net = Network::new(&[1, 2, 3], cfg_coalesced);
+    net.campaign(1);
+    tick_leader(&mut net, 4);
+    let index = net.propose(1, "x").unwrap();
+    net.settle();
+    assert!(net.committed(2) < index);
+    assert!(
+        net.raw(1).hibernate().unwrap(),
+        "everyone holds the whole log"
+    );
+    net.settle();
+    assert_eq!((net.committed(2), net.committed(3)), (index, index));
+    assert_eq!(net.applied_data(3), vec!["x".to_string()]);
+}
+
+#[test]
+fn a_read_index_still_asks_every_follower() {
+    let mut net = Network::new(&[1, 2, 3], cfg_coalesced);
+    net.campaign(1);
+    tick_leader(&mut net, 4);
+    net.propose(1, "x").unwrap();
+    net.settle();
+    net.delivered.clear();
+    net.raw(1).read_index(b"r".to_vec()).unwrap();
+    net.settle();
+    assert_eq!(
+        net.count_delivered(MessageType::Heartbeat, |m| !m.context.is_empty()),
+        2
+    );
+    assert_eq!(net.node(1).read_states.len(), 1);
+}
+
+#[test]
+fn a_follower_that_gets_no_appends_is_still_heartbeaten() {
+    // Follower 3 is cut off: its appends are sent and lost, so it is skipped by at most
+    // one heartbeat per append; while the leader has nothing to send it (paused), it
+    // gets heartbeats, and after the partition heals it catches up from their answers.
+    let mut net = Network::new(&[1, 2, 3], cfg_coalesced);
+    net.campaign(1);
+    tick_leader(&mut net, 4);
+    net.isolate(3);
+    for i in 0..3 {
+        net.propose(1, &format!("v{i}")).unwrap();
+        net.settle();
+    }
+    net.raw(1).report_unreachable(3);
+    net.heal();
+    net.delivered.clear();
+    tick_leader(&mut net, 4);
+    assert!(net.count_delivered(MessageType::Heartbeat, |m| m.to == 3) >= 1);
+    tick_leader(&mut net, 4);
+    assert_eq!(net.applied_data(3), net.applied_data(1));
+    assert_eq!(net.committed(3), net.committed(1));
+}
