@@ -89,8 +89,8 @@ pub struct Progress {
     pub inflights: Inflights,
     /// Whether the peer is a learner.
     pub is_learner: bool,
-    /// An append was sent since the last periodic heartbeat (`coalesce_messages`).
-    pub append_since_heartbeat: bool,
+    /// Answered an append since the last periodic heartbeat (`coalesce_messages`).
+    pub answered_since_heartbeat: bool,
 }
 
 impl Progress {
@@ -105,7 +105,7 @@ impl Progress {
             probe_sent: false,
             inflights: Inflights::new(inflight_cap),
             is_learner,
-            append_since_heartbeat: false,
+            answered_since_heartbeat: false,
         }
     }
 

@@ -52,12 +52,15 @@ pub struct Config {
     /// Fewer messages per write, for nodes hosting many groups that each take few
     /// writes. A commit the leader learns with no new entries to send rides on the next
     /// append, heartbeat or `Hibernate` instead of an empty append of its own (etcd's
-    /// leader sends one at once), and the periodic heartbeat skips a follower that was
-    /// sent an append since the previous one (that append reset its election timer and
-    /// its answer marks it active). A follower's commit index then lags the leader's by
-    /// at most two heartbeat intervals when writes stop; safety is unchanged (it never
-    /// depended on when followers learn the commit index), and reads confirm leadership
-    /// with heartbeats to every follower as before.
+    /// leader sends one at once; a committed membership change still goes at once), and
+    /// the periodic heartbeat skips a follower that answered an append since the
+    /// previous one (the append reset its election timer, the answer marks it active; a
+    /// follower whose answers wait on a slow disk is heartbeaten, and its heartbeat
+    /// answers, which wait for nothing, keep check-quorum content). A follower's commit
+    /// index then lags the leader's by at most two heartbeat intervals when writes stop,
+    /// so the election timeout must exceed two heartbeat intervals; safety is unchanged
+    /// (it never depended on when followers learn the commit index), and reads confirm
+    /// leadership with heartbeats to every follower as before.
     pub coalesce_messages: bool,
 }
 
@@ -92,6 +95,12 @@ impl Config {
         }
         if self.max_inflight_msgs == 0 {
             return Err(Error::InvalidConfig("max_inflight_msgs must be positive"));
+        }
+        if self.coalesce_messages && self.election_tick <= 2 * self.heartbeat_tick {
+            // A follower may go two heartbeat intervals without a message.
+            return Err(Error::InvalidConfig(
+                "coalesce_messages needs election_tick > 2 * heartbeat_tick",
+            ));
         }
         if self.read_only_option == ReadOnlyOption::LeaseBased && !self.check_quorum {
             return Err(Error::InvalidConfig(
@@ -511,7 +520,6 @@ impl<S: Storage> Raft<S> {
         self.msgs.push(m);
         if let Some(pr) = self.prs.get_mut(&to) {
             pr.sent_entries(last_sent, n);
-            pr.append_since_heartbeat = true;
         }
         Ok(true)
     }
@@ -556,14 +564,14 @@ impl<S: Storage> Raft<S> {
     /// Heartbeats the followers: all of them for a read index being confirmed (it needs
     /// every answer it can get), or, `periodic`, those that need one.
     fn bcast_heartbeat(&mut self, context: Bytes, periodic: bool) {
-        let skip_sent = self.coalesce_messages && periodic;
+        let skip_answered = self.coalesce_messages && periodic;
         let peers: Vec<(NodeId, u64)> = self
             .prs
             .iter_mut()
             .filter(|(&p, _)| p != self.id)
             .filter_map(|(&p, pr)| {
-                let sent = std::mem::take(&mut pr.append_since_heartbeat);
-                (!(skip_sent && sent)).then_some((p, pr.matched))
+                let answered = std::mem::take(&mut pr.answered_since_heartbeat);
+                (!(skip_answered && answered)).then_some((p, pr.matched))
             })
             .collect();
         for (p, matched) in peers {
@@ -883,10 +891,15 @@ impl<S: Storage> Raft<S> {
             }
         } else if m.term < self.term {
             if (self.check_quorum || self.pre_vote)
-                && matches!(m.kind, MessageType::Heartbeat | MessageType::Append)
+                && matches!(
+                    m.kind,
+                    MessageType::Heartbeat | MessageType::Append | MessageType::Hibernate
+                )
             {
                 // A stale leader (e.g. after a partition) learns our term and steps down;
-                // without this it could never be told, as we ignore its messages.
+                // without this it could never be told, as we ignore its messages. (A
+                // `Hibernate` too: a leader that puts its group to sleep while a follower
+                // campaigns at a higher term would otherwise sleep on without it.)
                 let r = self.new_msg(MessageType::AppendResponse, m.from);
                 self.send(r);
             } else if m.kind == MessageType::RequestPreVote {
@@ -991,6 +1004,7 @@ impl<S: Storage> Raft<S> {
                 return Ok(());
             };
             pr.recent_active = true;
+            pr.answered_since_heartbeat = true;
             if pr.maybe_decr_to(m.index, next_probe) {
                 if pr.state == ProgressState::Replicate {
                     pr.become_probe();
@@ -1003,6 +1017,7 @@ impl<S: Storage> Raft<S> {
             return Ok(());
         };
         pr.recent_active = true;
+        pr.answered_since_heartbeat = true;
         let was_paused = pr.is_paused();
         if !pr.maybe_update(m.index) {
             return Ok(());
@@ -1017,8 +1032,13 @@ impl<S: Storage> Raft<S> {
             ProgressState::Replicate => pr.inflights.free_to(m.index),
         }
         let matched = pr.matched;
+        let committed_before = self.log.committed;
         if self.maybe_commit()? {
-            if self.coalesce_messages {
+            // A membership change that just committed is told at once: a follower it
+            // removes gets no more messages from this leader.
+            let conf_committed = committed_before < self.pending_conf_index
+                && self.pending_conf_index <= self.log.committed;
+            if self.coalesce_messages && !conf_committed {
                 // The new commit index rides on the next message to each follower;
                 // only entries go now.
                 let peers: Vec<NodeId> =

@@ -143,8 +143,10 @@ impl Config {
         if self.replication == 0 || self.replication > 7 {
             return bad("replication must be in 1..=7");
         }
-        if self.heartbeat_ticks == 0 || self.election_ticks <= self.heartbeat_ticks {
-            return bad("need 0 < heartbeat ticks < election ticks");
+        // Replicas coalesce messages (a follower may hear nothing for two heartbeat
+        // intervals): the election timeout must be longer.
+        if self.heartbeat_ticks == 0 || self.election_ticks <= 2 * self.heartbeat_ticks {
+            return bad("need 0 < 2 × heartbeat ticks < election ticks");
         }
         if self
             .meta

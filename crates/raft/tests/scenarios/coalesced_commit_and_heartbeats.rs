@@ -122,3 +122,112 @@ fn a_follower_that_gets_no_appends_is_still_heartbeaten() {
     assert_eq!(net.applied_data(3), net.applied_data(1));
     assert_eq!(net.committed(3), net.committed(1));
 }
+
+/// Review finding: the server puts an idle group to sleep before its tick's heartbeat.
+/// A follower that campaigned meanwhile at a higher term (here with its votes lost)
+/// must still depose the sleeping leader: it answers the stale `Hibernate` as it
+/// answers a stale heartbeat. Before, it dropped it, the leader slept on at the old
+/// term, and the follower stayed out of the group until the next write.
+#[test]
+fn a_stale_hibernate_tells_its_leader_the_higher_term() {
+    let mut net = Network::new(&[1, 2, 3], |id| {
+        let mut c = cfg_coalesced(id);
+        // Node 3 campaigns at once (its pre-vote would be refused by the leased others).
+        c.pre_vote = id != 3;
+        c
+    });
+    net.campaign(1);
+    tick_leader(&mut net, 4);
+    net.propose(1, "x").unwrap();
+    net.settle();
+    let term = net.term(1);
+    net.isolate(3);
+    net.raw(3).campaign().unwrap();
+    net.settle();
+    net.heal();
+    assert_eq!(net.term(3), term + 1);
+    // The leader, idle, sleeps before its next heartbeat.
+    assert!(net.raw(1).hibernate().unwrap());
+    net.settle();
+    assert_eq!(
+        net.term(1),
+        term + 1,
+        "the sleeping leader learned the higher term"
+    );
+    // And the group elects a leader that all three follow.
+    for _ in 0..60 {
+        net.tick_all(1);
+        if net.leaders().len() == 1 && net.term(1) == net.term(2) && net.term(2) == net.term(3) {
+            break;
+        }
+    }
+    assert_eq!(net.leaders().len(), 1);
+    assert!(net.term(1) == net.term(2) && net.term(2) == net.term(3));
+}
+
+/// Review finding: answers to appends wait for the follower's fsync; heartbeat answers
+/// do not. A follower whose disk stalls (its append answers never come) must still get
+/// heartbeats, or check-quorum deposes a healthy leader that keeps sending appends.
+#[test]
+fn followers_whose_append_answers_stall_are_still_heartbeaten() {
+    let mut net = Network::new(&[1, 2, 3], cfg_coalesced);
+    net.campaign(1);
+    tick_leader(&mut net, 4);
+    net.hook = Some(Box::new(|m| {
+        m.kind != phoenix_raft::MessageType::AppendResponse
+    }));
+    let election = cfg_coalesced(1).election_tick;
+    for i in 0..3 * election {
+        // An append to every follower in every tick.
+        net.propose(1, &format!("w{i}")).unwrap();
+        net.settle();
+        net.tick(1);
+        net.settle();
+    }
+    assert_eq!(
+        net.role(1),
+        phoenix_raft::StateRole::Leader,
+        "heartbeat answers keep the leader in place"
+    );
+    assert_eq!(
+        net.committed(1),
+        1,
+        "nothing commits while no follower answers"
+    );
+    // Once the answers come, everything commits, and the followers learn it within two
+    // heartbeat intervals.
+    net.hook = None;
+    tick_leader(&mut net, 4);
+    assert_eq!(net.applied_data(1).len(), 3 * election as usize);
+    tick_leader(&mut net, 4);
+    assert_eq!(net.applied_data(2), net.applied_data(1));
+    assert_eq!(net.applied_data(3), net.applied_data(1));
+}
+
+/// Review finding: a membership change that commits is told to the followers at once
+/// (a removed follower hears nothing more from the leader afterwards).
+#[test]
+fn a_committed_membership_change_is_broadcast_at_once() {
+    let mut net = Network::new(&[1, 2, 3], cfg_coalesced);
+    net.campaign(1);
+    tick_leader(&mut net, 4);
+    let index = net
+        .raw(1)
+        .propose_conf_change(phoenix_raft::ConfChange::RemoveNode(3))
+        .unwrap();
+    net.settle();
+    assert!(net.committed(1) >= index);
+    assert!(
+        net.committed(3) >= index,
+        "the removed follower learned that its removal committed"
+    );
+}
+
+#[test]
+fn coalescing_needs_an_election_timeout_over_two_heartbeats() {
+    let mut c = cfg_coalesced(1);
+    c.election_tick = 2 * c.heartbeat_tick;
+    assert!(c.validate().is_err());
+    c.election_tick += 1;
+    assert!(c.validate().is_ok());
+}
