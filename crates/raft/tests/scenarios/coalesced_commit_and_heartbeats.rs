@@ -1,6 +1,6 @@
 //! `coalesce_messages` (the server's setting, for nodes of many groups that each take
 //! few writes): a commit with nothing new to send is not broadcast in empty appends of
-//! its own, and a periodic heartbeat skips a follower that was sent an append since the
+//! its own, and a periodic heartbeat skips a follower that answered an append since the
 //! previous one. The followers still learn the commit index (from the next heartbeat,
 //! append or `Hibernate`), and a read index still asks every follower.
 
@@ -20,6 +20,12 @@ fn tick_leader(net: &mut Network, n: u32) {
         net.tick(1);
         net.settle();
     }
+}
+
+/// Node 1 elected, the election's messages behind us (two heartbeat intervals).
+fn elect_1(net: &mut Network) {
+    net.campaign(1);
+    tick_leader(net, 4);
 }
 
 #[test]
@@ -53,7 +59,7 @@ fn one_write_costs_an_append_and_its_answer_per_follower() {
             );
             assert_eq!((net.committed(2), net.committed(3)), (index, index));
         }
-        // The next heartbeat interval skips the followers just sent the entry; the one
+        // The next heartbeat interval skips the followers that just answered; the one
         // after heartbeats them and carries the commit index.
         net.delivered.clear();
         tick_leader(&mut net, 2);
@@ -69,8 +75,7 @@ fn one_write_costs_an_append_and_its_answer_per_follower() {
 #[test]
 fn hibernate_carries_the_commit_index() {
     let mut net = Network::new(&[1, 2, 3], cfg_coalesced);
-    net.campaign(1);
-    tick_leader(&mut net, 4);
+    elect_1(&mut net);
     let index = net.propose(1, "x").unwrap();
     net.settle();
     assert!(net.committed(2) < index);
@@ -86,8 +91,7 @@ fn hibernate_carries_the_commit_index() {
 #[test]
 fn a_read_index_still_asks_every_follower() {
     let mut net = Network::new(&[1, 2, 3], cfg_coalesced);
-    net.campaign(1);
-    tick_leader(&mut net, 4);
+    elect_1(&mut net);
     net.propose(1, "x").unwrap();
     net.settle();
     net.delivered.clear();
@@ -106,8 +110,7 @@ fn a_follower_that_gets_no_appends_is_still_heartbeaten() {
     // one heartbeat per append; while the leader has nothing to send it (paused), it
     // gets heartbeats, and after the partition heals it catches up from their answers.
     let mut net = Network::new(&[1, 2, 3], cfg_coalesced);
-    net.campaign(1);
-    tick_leader(&mut net, 4);
+    elect_1(&mut net);
     net.isolate(3);
     for i in 0..3 {
         net.propose(1, &format!("v{i}")).unwrap();
@@ -136,8 +139,7 @@ fn a_stale_hibernate_tells_its_leader_the_higher_term() {
         c.pre_vote = id != 3;
         c
     });
-    net.campaign(1);
-    tick_leader(&mut net, 4);
+    elect_1(&mut net);
     net.propose(1, "x").unwrap();
     net.settle();
     let term = net.term(1);
@@ -171,8 +173,7 @@ fn a_stale_hibernate_tells_its_leader_the_higher_term() {
 #[test]
 fn followers_whose_append_answers_stall_are_still_heartbeaten() {
     let mut net = Network::new(&[1, 2, 3], cfg_coalesced);
-    net.campaign(1);
-    tick_leader(&mut net, 4);
+    elect_1(&mut net);
     net.hook = Some(Box::new(|m| {
         m.kind != phoenix_raft::MessageType::AppendResponse
     }));
@@ -209,8 +210,7 @@ fn followers_whose_append_answers_stall_are_still_heartbeaten() {
 #[test]
 fn a_committed_membership_change_is_broadcast_at_once() {
     let mut net = Network::new(&[1, 2, 3], cfg_coalesced);
-    net.campaign(1);
-    tick_leader(&mut net, 4);
+    elect_1(&mut net);
     let index = net
         .raw(1)
         .propose_conf_change(phoenix_raft::ConfChange::RemoveNode(3))
