@@ -46,6 +46,7 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::backoff::BackoffPolicy;
+use crate::batch_link::BatchLink;
 use crate::error::{ClientError, Result};
 use crate::routing::{NodeId, Route, RouteTable};
 
@@ -76,6 +77,12 @@ pub struct ClientOptions {
     /// (at-least-once: a resent put can apply again after another client's acknowledged
     /// write of the same key, which is not linearizable). Off by default.
     pub retry_ambiguous_writes: bool,
+    /// Single-key calls (get, put, delete, compare-and-swap) of small size to one node
+    /// travel as items of one long-lived `Kv.Batch` stream instead of one HTTP/2 stream
+    /// each: with many calls in flight, those queued together share a message both
+    /// ways. Same semantics as the unary calls (a node that predates the stream is
+    /// called unary). On by default.
+    pub batch_stream: bool,
     /// Seed of the backoff jitter (0 = from the OS).
     pub seed: u64,
 }
@@ -94,6 +101,7 @@ impl Default for ClientOptions {
             value_bytes_max: limits::VALUE_BYTES_MAX,
             sessions: true,
             retry_ambiguous_writes: false,
+            batch_stream: true,
             seed: 0,
         }
     }
@@ -238,7 +246,7 @@ struct Inner {
     table: RwLock<RouteTable>,
     table_gen: AtomicU64,
     refresh_lock: tokio::sync::Mutex<()>,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<HashMap<String, Conn>>,
     rng: Mutex<StdRng>,
     stats: ClientStats,
     session: Session,
@@ -323,6 +331,35 @@ fn route_from_wire(r: &pb::Route) -> Route {
         epoch: r.epoch,
         replicas: r.replicas.iter().map(|x| x.node_id).collect(),
         leader: (r.leader_node_id != 0).then_some(r.leader_node_id),
+    }
+}
+
+/// A connection to one node: the channel for unary calls and the batch stream over it.
+#[derive(Clone)]
+struct Conn {
+    channel: Channel,
+    link: BatchLink,
+}
+
+type Req = pb::batch_request_item::Request;
+type Resp = pb::batch_response_item::Response;
+
+/// A node answered a call with another method's response.
+fn mismatched() -> tonic::Status {
+    tonic::Status::internal("the node answered with another method's response")
+}
+
+/// Encoded size past which a single-key call goes unary: a large value would hold the
+/// shared stream's flow-control window from the small calls behind it.
+const BATCH_ITEM_BYTES_MAX: usize = 64 * 1024;
+
+fn request_len(r: &Req) -> usize {
+    use prost::Message as _;
+    match r {
+        Req::Get(r) => r.encoded_len(),
+        Req::Put(r) => r.encoded_len(),
+        Req::Delete(r) => r.encoded_len(),
+        Req::Cas(r) => r.encoded_len(),
     }
 }
 
@@ -469,6 +506,11 @@ impl Client {
     }
 
     fn channel(&self, addr: &str) -> Result<Channel> {
+        Ok(self.conn(addr)?.channel)
+    }
+
+    /// The connection to the node at `addr` (made lazily, kept for the client's life).
+    fn conn(&self, addr: &str) -> Result<Conn> {
         let mut map = lock(&self.inner.channels);
         if let Some(c) = map.get(addr) {
             return Ok(c.clone());
@@ -484,8 +526,56 @@ impl Client {
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5));
         let channel = endpoint.connect_lazy();
-        map.insert(addr.to_string(), channel.clone());
-        Ok(channel)
+        let conn = Conn {
+            link: BatchLink::new(channel.clone()),
+            channel,
+        };
+        map.insert(addr.to_string(), conn.clone());
+        Ok(conn)
+    }
+
+    /// Runs a single-key call on the node's batch stream when allowed (small enough,
+    /// the option on, the node serving it), else as the unary call.
+    async fn single(&self, conn: Conn, request: Req) -> std::result::Result<Resp, tonic::Status> {
+        let small = request_len(&request) <= BATCH_ITEM_BYTES_MAX;
+        if self.inner.opts.batch_stream && small && conn.link.supported() {
+            match conn.link.call(request.clone()).await {
+                Ok(pb::BatchResponseItem {
+                    error: None,
+                    response: Some(r),
+                    ..
+                }) => return Ok(r),
+                // Not served: a node that predates the stream (`Unimplemented`) or the
+                // item's kind (InvalidArgument and no response). The unary call is next.
+                Err(s) if s.code() == tonic::Code::Unimplemented => {}
+                Ok(pb::BatchResponseItem {
+                    error:
+                        Some(pb::Error {
+                            kind: Some(Kind::InvalidArgument(why)),
+                            ..
+                        }),
+                    response: None,
+                    ..
+                }) => {
+                    tracing::debug!(?why, "batch item not served; going unary");
+                }
+                // Anything else may have been served: its outcome is unknown.
+                Ok(item) => {
+                    tracing::debug!(?item, "malformed batch answer");
+                    return Err(tonic::Status::unknown(
+                        "malformed batch answer from the node",
+                    ));
+                }
+                Err(s) => return Err(s),
+            }
+        }
+        let mut kv = self.kv(conn.channel);
+        Ok(match request {
+            Req::Get(r) => Resp::Get(kv.get(r).await?.into_inner()),
+            Req::Put(r) => Resp::Put(kv.put(r).await?.into_inner()),
+            Req::Delete(r) => Resp::Delete(kv.delete(r).await?.into_inner()),
+            Req::Cas(r) => Resp::Cas(kv.cas(r).await?.into_inner()),
+        })
     }
 
     fn kv(&self, channel: Channel) -> KvClient<Channel> {
@@ -686,7 +776,7 @@ impl Client {
         mut call: F,
     ) -> Result<T>
     where
-        F: FnMut(Channel, RequestHeader) -> Fut,
+        F: FnMut(Conn, RequestHeader) -> Fut,
         Fut: Future<Output = std::result::Result<(Option<pb::Error>, T), tonic::Status>>,
     {
         let mut attempts = 0u32;
@@ -787,7 +877,7 @@ impl Client {
                 self.backoff(&mut backoffs, deadline).await;
                 continue;
             };
-            let channel = self.channel(&addr)?;
+            let conn = self.conn(&addr)?;
             attempts += 1;
             self.inner.stats.attempts.fetch_add(1, Ordering::Relaxed);
             // An attempt that may be repeated gets a bounded share of the deadline; one
@@ -809,7 +899,7 @@ impl Client {
                 forwarded_by: 0,
                 no_forward: true,
             };
-            let answer = tokio::time::timeout(budget, call(channel, header)).await;
+            let answer = tokio::time::timeout(budget, call(conn, header)).await;
             let group = route.group_id;
             match answer {
                 Err(_) if retry_ambiguous && Instant::now() < deadline => {
@@ -999,14 +1089,15 @@ impl Client {
             key,
             &[],
             self.deadline(),
-            |ch, header| {
-                let mut kv = self.kv(ch);
+            |conn, header| {
                 let req = pb::GetRequest {
                     header: Some(header),
                     key: k.clone(),
                 };
                 async move {
-                    let r = kv.get(req).await?.into_inner();
+                    let Resp::Get(r) = self.single(conn, Req::Get(req)).await? else {
+                        return Err(mismatched());
+                    };
                     Ok((r.error, r.found.then(|| r.value.to_vec())))
                 }
             },
@@ -1026,15 +1117,16 @@ impl Client {
             key,
             &[],
             self.deadline(),
-            |ch, header| {
-                let mut kv = self.kv(ch);
+            |conn, header| {
                 let req = pb::PutRequest {
                     header: Some(header),
                     key: k.clone(),
                     value: v.clone(),
                 };
                 async move {
-                    let r = kv.put(req).await?.into_inner();
+                    let Resp::Put(r) = self.single(conn, Req::Put(req)).await? else {
+                        return Err(mismatched());
+                    };
                     Ok((r.error, ()))
                 }
             },
@@ -1052,14 +1144,15 @@ impl Client {
             key,
             &[],
             self.deadline(),
-            |ch, header| {
-                let mut kv = self.kv(ch);
+            |conn, header| {
                 let req = pb::DeleteRequest {
                     header: Some(header),
                     key: k.clone(),
                 };
                 async move {
-                    let r = kv.delete(req).await?.into_inner();
+                    let Resp::Delete(r) = self.single(conn, Req::Delete(req)).await? else {
+                        return Err(mismatched());
+                    };
                     Ok((r.error, ()))
                 }
             },
@@ -1091,8 +1184,7 @@ impl Client {
             key,
             &[],
             self.deadline(),
-            |ch, header| {
-                let mut kv = self.kv(ch);
+            |conn, header| {
                 let req = pb::CasRequest {
                     header: Some(header),
                     key: k.clone(),
@@ -1102,7 +1194,9 @@ impl Client {
                     new_value: nv.clone().unwrap_or_default(),
                 };
                 async move {
-                    let r = kv.cas(req).await?.into_inner();
+                    let Resp::Cas(r) = self.single(conn, Req::Cas(req)).await? else {
+                        return Err(mismatched());
+                    };
                     let out = CasOutcome {
                         succeeded: r.succeeded,
                         previous: r.current_found.then(|| r.current_value.to_vec()),
@@ -1150,8 +1244,8 @@ impl Client {
                     &keys[first],
                     &check,
                     deadline,
-                    |ch, header| {
-                        let mut kv = self.kv(ch);
+                    |conn, header| {
+                        let mut kv = self.kv(conn.channel);
                         let req = pb::BatchGetRequest {
                             header: Some(header),
                             keys: wire.clone(),
@@ -1227,8 +1321,8 @@ impl Client {
             first.key(),
             &check,
             self.deadline(),
-            |ch, header| {
-                let mut kv = self.kv(ch);
+            |conn, header| {
+                let mut kv = self.kv(conn.channel);
                 let req = pb::BatchWriteRequest {
                     header: Some(header),
                     mutations: wire.clone(),
@@ -1270,8 +1364,8 @@ impl Client {
         let e = Bytes::copy_from_slice(end);
         let limit = limit.min(limits::SCAN_LIMIT_MAX);
         let resp = self
-            .execute("scan", Retry::Read, start, &[], deadline, |ch, header| {
-                let mut kv = self.kv(ch);
+            .execute("scan", Retry::Read, start, &[], deadline, |conn, header| {
+                let mut kv = self.kv(conn.channel);
                 let req = pb::ScanRequest {
                     header: Some(header),
                     start: s.clone(),
@@ -1371,8 +1465,8 @@ impl Client {
                     &cursor,
                     &[],
                     deadline,
-                    |ch, header| {
-                        let mut kv = self.kv(ch);
+                    |conn, header| {
+                        let mut kv = self.kv(conn.channel);
                         let gid = header.group_id;
                         let req = pb::DeleteRangeRequest {
                             header: Some(header),

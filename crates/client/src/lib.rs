@@ -5,6 +5,8 @@
 //! leader cache, sends each request to the group's leader, and on NotLeader, StaleEpoch
 //! or an unavailable node refreshes and retries with exponential backoff and jitter
 //! inside the request's deadline — the router of seed 001 (PolarFS's PolarSwitch).
+//! Single-key calls to one node share one `Kv.Batch` stream (see
+//! [`ClientOptions::batch_stream`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), phoenix_client::ClientError> {
@@ -16,6 +18,7 @@
 //! ```
 
 pub mod backoff;
+mod batch_link;
 mod client;
 mod error;
 pub mod routing;

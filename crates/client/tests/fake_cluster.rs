@@ -48,6 +48,13 @@ struct State {
     /// Nodes that take kv reads and never answer (a paused process: the connection
     /// stays open, nothing comes back).
     silent: Mutex<std::collections::HashSet<u64>>,
+    /// Whether the nodes serve `Kv.Batch` (false: a node from before it).
+    batch: bool,
+    /// `Kv.Batch` calls (streams opened, or refused when `batch` is off).
+    batch_streams: AtomicU64,
+    /// The next batch item is served, then its stream fails without answering it (the
+    /// connection broke after the write applied).
+    break_stream_after_serving: Mutex<bool>,
 }
 
 #[derive(Clone)]
@@ -137,8 +144,70 @@ impl Node {
 
 type R<T> = Result<Response<T>, Status>;
 
+type BatchStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::BatchResponse, Status>> + Send>>;
+
+impl Node {
+    async fn serve_item(&self, item: pb::BatchRequestItem) -> pb::BatchResponseItem {
+        use pb::batch_request_item::Request as Q;
+        use pb::batch_response_item::Response as A;
+        let response = match item
+            .request
+            .expect("the client sends a request in every item")
+        {
+            Q::Get(r) => A::Get(self.get(Request::new(r)).await.unwrap().into_inner()),
+            Q::Put(r) => A::Put(self.put(Request::new(r)).await.unwrap().into_inner()),
+            Q::Delete(r) => A::Delete(self.delete(Request::new(r)).await.unwrap().into_inner()),
+            Q::Cas(r) => A::Cas(self.cas(Request::new(r)).await.unwrap().into_inner()),
+        };
+        pb::BatchResponseItem {
+            id: item.id,
+            error: None,
+            response: Some(response),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl Kv for Node {
+    type BatchStream = BatchStream;
+
+    async fn batch(
+        &self,
+        req: Request<tonic::Streaming<pb::BatchRequest>>,
+    ) -> R<Self::BatchStream> {
+        self.st.batch_streams.fetch_add(1, Ordering::Relaxed);
+        if !self.st.batch {
+            return Err(Status::unimplemented("this node predates Kv.Batch"));
+        }
+        let mut inbound = req.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let node = self.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = inbound.message().await {
+                for item in m.items {
+                    let (node, tx) = (node.clone(), tx.clone());
+                    tokio::spawn(async move {
+                        let answer = node.serve_item(item).await;
+                        let broken = std::mem::take(
+                            &mut *node.st.break_stream_after_serving.lock().unwrap(),
+                        );
+                        let _ = tx.send(if broken {
+                            Err(Status::unavailable("scripted: stream broken"))
+                        } else {
+                            Ok(pb::BatchResponse {
+                                items: vec![answer],
+                            })
+                        });
+                    });
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        )))
+    }
+
     async fn get(&self, req: Request<pb::GetRequest>) -> R<pb::GetResponse> {
         let r = req.into_inner();
         if self.st.silent.lock().unwrap().contains(&self.id) {
@@ -434,6 +503,11 @@ fn route(group: u64, start: &str, end: &str, epoch: u64, addrs: &[String]) -> pb
 impl Cluster {
     /// Three fake nodes; `groups` = (start, end) of each group (ids 1..), all epoch 1.
     async fn start(groups: &[(&str, &str)], hint: bool, page: u32) -> Cluster {
+        Self::start_with(groups, hint, page, true).await
+    }
+
+    /// As [`Cluster::start`]; `batch`: whether the nodes serve `Kv.Batch`.
+    async fn start_with(groups: &[(&str, &str)], hint: bool, page: u32, batch: bool) -> Cluster {
         let mut listeners = Vec::new();
         let mut addrs = Vec::new();
         for _ in 0..3 {
@@ -464,6 +538,9 @@ impl Cluster {
             ),
             get_routes_calls: AtomicU64::new(0),
             silent: Mutex::new(std::collections::HashSet::new()),
+            batch,
+            batch_streams: AtomicU64::new(0),
+            break_stream_after_serving: Mutex::new(false),
         });
         let mut servers = HashMap::new();
         for (i, l) in listeners.into_iter().enumerate() {
@@ -911,4 +988,125 @@ async fn a_silent_leader_costs_one_attempt_timeout() {
     let at_3 = c.hits().get(&3).copied().unwrap_or(0) - before;
     assert_eq!(at_3, 1, "attempts at the silent node (took {took:?})");
     assert!(took < Duration::from_millis(1_500), "took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_key_calls_share_one_stream_per_node() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    let client = c.client(Duration::from_secs(5)).await;
+    let calls: Vec<_> = (0..64)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let k = format!("k{i}");
+                client.put(k.as_bytes(), b"v").await.unwrap();
+                assert_eq!(client.get(k.as_bytes()).await.unwrap(), Some(b"v".to_vec()));
+                client.delete(k.as_bytes()).await.unwrap();
+                let out = client.cas(k.as_bytes(), None, Some(b"w")).await.unwrap();
+                assert!(out.succeeded);
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap();
+    }
+    assert_eq!(c.total_hits(), 256);
+    assert_eq!(
+        c.st.batch_streams.load(Ordering::Relaxed),
+        1,
+        "256 calls to the one leader ride one stream"
+    );
+    assert_eq!(c.st.data.lock().unwrap().len(), 64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_the_stream_is_called_unary() {
+    let c = Cluster::start_with(&[("", "")], true, 100, false).await;
+    let client = c.client(Duration::from_secs(5)).await;
+    for i in 0..10u8 {
+        client.put(&[i], b"v").await.unwrap();
+        assert_eq!(client.get(&[i]).await.unwrap(), Some(b"v".to_vec()));
+    }
+    assert_eq!(c.total_hits(), 20, "every call served once, unary");
+    assert_eq!(
+        c.st.batch_streams.load(Ordering::Relaxed),
+        1,
+        "the stream is tried once, then the node is called unary"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_cannot_connect_was_never_sent() {
+    // Node 1, the first replica the client tries, is down before anyone connects; node
+    // 2 leads. Without a session a write is resent only if it was never sent: the
+    // refused connection of the stream's opening must say so.
+    let mut c = Cluster::start(&[("", "")], false, 100).await;
+    c.set_leader(1, 2);
+    c.kill(1).await;
+    let plain = Client::connect(
+        vec![c.addrs[1].clone()],
+        ClientOptions {
+            timeout: Duration::from_secs(5),
+            seed: 42,
+            sessions: false,
+            ..ClientOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    plain.put(b"k", b"v").await.unwrap();
+    let out = plain.cas(b"k", Some(b"v"), Some(b"w")).await.unwrap();
+    assert!(out.succeeded);
+    assert_eq!(c.hits().get(&1), None, "node 1 is down");
+    assert_eq!(
+        c.st.data.lock().unwrap().get(&b"k"[..]),
+        Some(&b"w".to_vec())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_broken_after_a_write_makes_it_ambiguous() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    // In a session the write is resent with its sequence, on a new stream.
+    let client = c.client(Duration::from_secs(5)).await;
+    client.put(b"k", b"0").await.unwrap();
+    *c.st.break_stream_after_serving.lock().unwrap() = true;
+    c.st.sessions.lock().unwrap().clear();
+    client.put(b"k", b"1").await.unwrap();
+    let seen = c.st.sessions.lock().unwrap().clone();
+    // Served, stream broken, resent (maybe via a replica that redirects to the leader).
+    assert!(seen.len() >= 2, "{seen:?}");
+    assert!(
+        seen.iter().all(|s| *s == seen[0]),
+        "every resend keeps its sequence: {seen:?}"
+    );
+    assert!(
+        c.st.batch_streams.load(Ordering::Relaxed) >= 2,
+        "the broken stream is replaced"
+    );
+
+    // Without a session the write is not resent: its outcome is unknown.
+    let plain = Client::connect(
+        vec![c.addrs[0].clone()],
+        ClientOptions {
+            timeout: Duration::from_secs(5),
+            seed: 42,
+            sessions: false,
+            ..ClientOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    plain.put(b"k", b"2").await.unwrap();
+    *c.st.break_stream_after_serving.lock().unwrap() = true;
+    let before = c.total_hits();
+    let err = plain.put(b"k", b"3").await.unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Ambiguous { op: "put", .. }),
+        "{err:?}"
+    );
+    assert_eq!(c.total_hits() - before, 1, "an ambiguous put is not resent");
+    // The next call opens a new stream and is served.
+    plain.put(b"k", b"4").await.unwrap();
+    assert_eq!(client.get(b"k").await.unwrap(), Some(b"4".to_vec()));
 }

@@ -7,7 +7,7 @@
 //! - [`storage`]: raft storage of a group over the log store;
 //! - [`transport`]: batched raft messages per peer node over one gRPC stream;
 //! - [`snapshot`]: building, streaming and receiving group snapshots (SST files);
-//! - [`service`]: the client `Kv` service; [`control`]: the `Meta` service, heartbeats
+//! - [`service`]: the client `Kv` service ([`batch`]: its many-calls stream); [`control`]: the `Meta` service, heartbeats
 //!   and the scheduler's host; [`meta`]: the meta group's state machine (group 0,
 //!   `phoenix_meta`) stored in the engine;
 //! - [`registry`]: the node's list of hosted replicas; [`keys`]: the engine key layout;
@@ -20,6 +20,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod apply;
+pub mod batch;
 pub mod config;
 pub mod control;
 pub mod error;
@@ -173,11 +174,16 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         shared: Arc::clone(&shared),
         inflight: Arc::new(tokio::sync::Semaphore::new(cfg.inflight_requests_max)),
         forward: Arc::default(),
+        stop: stop_rx.clone(),
     };
     let max = proto::limits::MESSAGE_BYTES_MAX;
     tracing::info!(node = cfg.node_id, listen = %cfg.listen, data = %data.display(), engine_wal = cfg.engine_wal, "node serving");
     let served = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        // A client that stops reading (paused, cut off) is dropped, so a long-lived
+        // stream to it (`Kv.Batch`) cannot hold the node's shutdown drain.
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
         .add_service(
             proto::kv_server::KvServer::new(kv)
                 .max_decoding_message_size(max)

@@ -32,6 +32,8 @@ pub struct Services {
     pub inflight: Arc<Semaphore>,
     /// Connections to the leaders requests are forwarded to.
     pub forward: Arc<crate::forward::Forwarder>,
+    /// Turns true when the node stops: `Kv.Batch` streams stop taking items then.
+    pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Where a validated request is served.
@@ -279,6 +281,19 @@ macro_rules! here_or_forward {
 
 #[tonic::async_trait]
 impl proto::kv_server::Kv for Services {
+    type BatchStream = crate::batch::BatchStream;
+
+    async fn batch(
+        &self,
+        req: Request<tonic::Streaming<proto::BatchRequest>>,
+    ) -> Result<Response<Self::BatchStream>, Status> {
+        Ok(Response::new(crate::batch::serve(
+            self.clone(),
+            req.into_inner(),
+            self.stop.clone(),
+        )))
+    }
+
     async fn get(
         &self,
         req: Request<proto::GetRequest>,

@@ -167,3 +167,133 @@ async fn oversized_requests_are_refused_and_overload_gets_server_busy() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batch_stream_answers_every_item_and_ends_when_the_node_stops() {
+    use proto::batch_request_item::Request as Q;
+    use proto::batch_response_item::Response as A;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let meta = vec![MetaMember {
+        id: 1,
+        addr: addr.clone(),
+    }];
+    let mut cfg = config(1, &addr, dir.path(), &meta, 1);
+    cfg.inflight_requests_max = 4;
+    let node = start(cfg);
+    let addrs = vec![addr.clone()];
+    let route = wait_route(&addrs).await;
+    let mut c = kv(&addr).await;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut answers = c
+        .batch(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    // An item with no request, then more puts at once than the node admits, in one
+    // message: each gets its own answer.
+    let n = 200u64;
+    let mut items = vec![proto::BatchRequestItem {
+        id: 0,
+        request: None,
+    }];
+    for i in 1..=n {
+        items.push(proto::BatchRequestItem {
+            id: i,
+            request: Some(Q::Put(proto::PutRequest {
+                header: header(&route),
+                key: format!("s{i}").into_bytes().into(),
+                value: b"v".to_vec().into(),
+            })),
+        });
+    }
+    tx.send(proto::BatchRequest { items }).unwrap();
+    let mut got = std::collections::HashMap::new();
+    while got.len() < n as usize + 1 {
+        let msg = tokio::time::timeout(Duration::from_secs(30), answers.message())
+            .await
+            .expect("answers within 30 s")
+            .unwrap()
+            .expect("the stream stays open while the client's side is");
+        for item in msg.items {
+            assert!(
+                got.insert(item.id, item).is_none(),
+                "an item answered twice"
+            );
+        }
+    }
+    assert!(
+        matches!(kind(got[&0].error.clone()), Some(Kind::InvalidArgument(_))),
+        "{:?}",
+        got[&0]
+    );
+    let (mut ok, mut busy) = (Vec::new(), 0);
+    for i in 1..=n {
+        match &got[&i].response {
+            Some(A::Put(r)) => match kind(r.error.clone()) {
+                None => ok.push(i),
+                Some(Kind::ServerBusy(_)) => busy += 1,
+                other => panic!("put {i}: unexpected {other:?}"),
+            },
+            other => panic!("put {i}: {other:?}"),
+        }
+    }
+    eprintln!("batch flood: {} acknowledged, {busy} ServerBusy", ok.len());
+    assert!(!ok.is_empty() && busy > 0, "admission applies per item");
+    // The stream goes on after all that: an oversized key gets its typed error, and
+    // acknowledged writes are readable on it.
+    let mut items: Vec<_> = ok
+        .iter()
+        .map(|i| proto::BatchRequestItem {
+            id: 1000 + i,
+            request: Some(Q::Get(proto::GetRequest {
+                header: header(&route),
+                key: format!("s{i}").into_bytes().into(),
+            })),
+        })
+        .take(3)
+        .collect();
+    items.push(proto::BatchRequestItem {
+        id: 999,
+        request: Some(Q::Put(proto::PutRequest {
+            header: header(&route),
+            key: vec![b'k'; proto::limits::KEY_BYTES_MAX + 1].into(),
+            value: b"v".to_vec().into(),
+        })),
+    });
+    tx.send(proto::BatchRequest { items }).unwrap();
+    let mut read = 0;
+    while read < ok.len().min(3) + 1 {
+        let msg = tokio::time::timeout(Duration::from_secs(30), answers.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        for item in msg.items {
+            match item.response {
+                Some(A::Put(r)) if item.id == 999 => {
+                    assert!(
+                        matches!(kind(r.error.clone()), Some(Kind::KeyTooLarge(_))),
+                        "{r:?}"
+                    );
+                    read += 1;
+                }
+                Some(A::Get(r)) if r.error.is_none() => {
+                    assert!(r.found && r.value.as_ref() == b"v", "{r:?}");
+                    read += 1;
+                }
+                other => panic!("get {}: {other:?}", item.id),
+            }
+        }
+    }
+    // The node stops with the stream open (the client never ends its side): the
+    // stream ends and the stop does not wait on it.
+    tokio::time::timeout(Duration::from_secs(30), node.stop())
+        .await
+        .expect("a node with an open batch stream stops");
+    let end = tokio::time::timeout(Duration::from_secs(10), answers.message())
+        .await
+        .expect("the stream ends when the node stops");
+    assert!(!matches!(end, Ok(Some(_))), "{end:?}");
+    drop(tx);
+}
