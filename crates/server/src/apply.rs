@@ -15,11 +15,20 @@
 //! sequence has a result is not applied again: it gets that result. One below the
 //! low-water mark gets `SessionExpired`. The results are kept by sequence, not as "the
 //! last one", so the record stays right if entries are applied out of order later
-//! (ParallelRaft). At most [`SESSION_RESULTS_MAX`] results per client. Sessions are not
-//! expired yet: a sweep by the proposers' clocks could forget a session whose resend is
-//! still coming (a skewed new leader, a client with a long timeout) and apply it again;
-//! expiry needs the group to refuse an unknown session that has history (and the client
-//! to start a new one), which is not built.
+//! (ParallelRaft). At most [`SESSION_RESULTS_MAX`] results per client.
+//!
+//! Sessions expire by log time: every command of a session carries its leader's clock,
+//! and once a group's log time has moved [`SESSION_SWEEP_INTERVAL_MS`] past its last
+//! sweep, the next session command sweeps first (at that entry, so every replica sweeps
+//! at the same point whatever its apply rounds): a record idle (by its own `last_ms`)
+//! for over [`SESSION_IDLE_EXPIRY_MS`] drops its results and raises its low-water mark
+//! past them, so a resend of one of them gets `SessionExpired`; one idle for twice that
+//! is deleted. A client's resend comes within its request's deadline (at most
+//! `limits::TIMEOUT_MS_MAX`, ten minutes), far inside the hour a record is kept. The
+//! clock assumption, written down: the leaders' clocks agree within about 50 minutes. A
+//! leader whose clock runs more than that behind or ahead makes records look idle too
+//! early; past 50 minutes a resend gets `SessionExpired` (refused, safe), past 1 h 50 min
+//! its record may be gone and the resend applied again.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -54,36 +63,163 @@ pub enum ApplyResult {
     },
 }
 
-/// Results kept per client session; a client with more writes unanswered loses the
-/// oldest (a resend of it gets `SessionExpired`).
+/// Results other than `Done` (compare-and-swap, refusals) kept per client session; past
+/// it the oldest are forgotten (a resend of one gets `SessionExpired`).
 pub const SESSION_RESULTS_MAX: usize = 1024;
-/// Version of the session record format.
-const SESSION_FORMAT: u8 = 1;
+/// Runs of applied sequences kept per client session (a run ends at a write not applied
+/// yet); past it the low-water mark passes the oldest run.
+pub const SESSION_RUNS_MAX: usize = 4096;
+/// Version of the session record format written (1 is still read).
+const SESSION_FORMAT: u8 = 2;
+/// A session idle this long (log time) loses its results; twice this long, its record.
+pub const SESSION_IDLE_EXPIRY_MS: u64 = 60 * 60 * 1000;
+/// Log time between two expiry sweeps of a group.
+pub const SESSION_SWEEP_INTERVAL_MS: u64 = 60 * 1000;
+const _: () = assert!(
+    SESSION_IDLE_EXPIRY_MS > 4 * phoenix_proto::limits::TIMEOUT_MS_MAX,
+    "a resend must come long before its session can expire"
+);
+/// Byte offset of `last_ms` in a record (formats 1 and 2): the sweep reads it without
+/// decoding the record.
+const SESSION_LAST_MS_AT: usize = 9;
 
 /// One client's session in one group (system key `sess/ ‖ client_id`).
 ///
 /// ```text
-/// record := version: u8 (1) ‖ low_water: u64 BE ‖ last_ms: u64 BE ‖ count: u32 BE ‖ (seq: u64 BE ‖ result)*
-/// result := 0 (done) | 1 ‖ succeeded: u8 ‖ found: u8 ‖ len: u32 BE ‖ current (cas)
+/// record := version: u8 (2) ‖ low_water: u64 BE ‖ last_ms: u64 BE ‖ forgotten_below: u64 BE
+///           ‖ runs: u32 BE ‖ (start: u64 BE ‖ end: u64 BE)* ‖ count: u32 BE ‖ (seq: u64 BE ‖ result)*
+/// result := 1 ‖ succeeded: u8 ‖ found: u8 ‖ len: u32 BE ‖ current (cas)
 ///         | 2 ‖ len: u32 BE ‖ utf-8 message (refused)
 /// ```
+///
+/// Every applied sequence at or above `low_water` is in a run `[start, end)` (runs are
+/// disjoint and not adjacent: a gap is a write not applied yet), so a record stays small
+/// however many writes a client has applied around one held up by a failure (with many
+/// writers on one session it can trail thousands). Results other than `Done` are listed;
+/// an applied sequence without a listed result was `Done`, unless it is below
+/// `forgotten_below` (its result may have been dropped by the cap: a resend gets
+/// `SessionExpired`). Format 1 (`low_water ‖ last_ms ‖ count ‖ results`, `Done` as tag 0)
+/// is read too. A cluster must not mix builds that write format 2 with older ones, which
+/// refuse it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Session {
     /// Every sequence below it is answered and forgotten.
     pub low_water: u64,
     /// The newest proposer clock seen (ms since the Unix epoch).
     pub last_ms: u64,
-    /// Results of the writes at or above `low_water`, by sequence.
+    /// Results below it may have been dropped by the cap.
+    pub forgotten_below: u64,
+    /// Applied sequences at or above `low_water`: start → end (exclusive).
+    pub applied: BTreeMap<u64, u64>,
+    /// Results other than `Done` of applied sequences, by sequence.
     pub results: BTreeMap<u64, ApplyResult>,
 }
 
 impl Session {
+    fn is_applied(&self, seq: u64) -> bool {
+        self.applied
+            .range(..=seq)
+            .next_back()
+            .is_some_and(|(_, &end)| seq < end)
+    }
+
+    /// The result of write `seq` if it was applied: `SessionExpired` if it is forgotten.
+    pub fn result(&self, client_id: u64, seq: u64) -> Option<ApplyResult> {
+        let expired = ApplyResult::SessionExpired { client_id, seq };
+        if seq < self.low_water {
+            return Some(expired);
+        }
+        if !self.is_applied(seq) {
+            return None;
+        }
+        Some(match self.results.get(&seq) {
+            Some(r) => r.clone(),
+            None if seq < self.forgotten_below => expired,
+            None => ApplyResult::Done,
+        })
+    }
+
+    /// Records that write `seq` (at or above the low-water mark, not applied before, below
+    /// `u64::MAX`) was applied with `r`.
+    pub fn record(&mut self, seq: u64, r: ApplyResult) {
+        debug_assert!(seq >= self.low_water && seq < u64::MAX && !self.is_applied(seq));
+        if r != ApplyResult::Done {
+            self.results.insert(seq, r);
+        }
+        let mut start = seq;
+        let mut end = seq.saturating_add(1);
+        if let Some((&s, &e)) = self.applied.range(..=seq).next_back() {
+            if e >= seq {
+                start = s;
+                end = end.max(e);
+                self.applied.remove(&s);
+            }
+        }
+        if let Some(e) = self.applied.remove(&end) {
+            end = e;
+        }
+        self.applied.insert(start, end);
+    }
+
+    /// Raises the low-water mark to `lw` (if higher), forgetting what is below it.
+    pub fn forget_below(&mut self, lw: u64) {
+        if lw <= self.low_water {
+            return;
+        }
+        self.low_water = lw;
+        self.forgotten_below = self.forgotten_below.max(lw);
+        self.results = self.results.split_off(&lw);
+        let mut kept = self.applied.split_off(&lw);
+        if let Some((_, &e)) = self.applied.last_key_value() {
+            if e > lw {
+                kept.insert(lw, e);
+            }
+        }
+        self.applied = kept;
+    }
+
+    /// Bounds the record: past [`SESSION_RESULTS_MAX`] listed results the oldest are
+    /// dropped (their writes stay applied; a resend gets `SessionExpired`), past
+    /// [`SESSION_RUNS_MAX`] runs the low-water mark passes the oldest run.
+    fn enforce_cap(&mut self) {
+        while self.results.len() > SESSION_RESULTS_MAX {
+            if let Some((seq, _)) = self.results.pop_first() {
+                self.forgotten_below = self.forgotten_below.max(seq.saturating_add(1));
+            }
+        }
+        while self.applied.len() > SESSION_RUNS_MAX {
+            match self.applied.first_key_value() {
+                Some((_, &end)) => self.forget_below(end),
+                None => break,
+            }
+        }
+    }
+
+    /// Drops every result: the low-water mark passes every applied write.
+    fn expire_results(&mut self) {
+        if let Some((_, &end)) = self.applied.last_key_value() {
+            self.forget_below(end);
+        }
+        self.results.clear();
+    }
+
+    /// Whether it keeps any applied write above its low-water mark.
+    fn holds_writes(&self) -> bool {
+        !self.applied.is_empty()
+    }
+
     /// Encodes the record.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(21 + self.results.len() * 10);
+        let mut out = Vec::with_capacity(33 + self.applied.len() * 16 + self.results.len() * 10);
         out.push(SESSION_FORMAT);
         out.extend_from_slice(&self.low_water.to_be_bytes());
         out.extend_from_slice(&self.last_ms.to_be_bytes());
+        out.extend_from_slice(&self.forgotten_below.to_be_bytes());
+        out.extend_from_slice(&(self.applied.len() as u32).to_be_bytes());
+        for (s, e) in &self.applied {
+            out.extend_from_slice(&s.to_be_bytes());
+            out.extend_from_slice(&e.to_be_bytes());
+        }
         out.extend_from_slice(&(self.results.len() as u32).to_be_bytes());
         for (seq, r) in &self.results {
             out.extend_from_slice(&seq.to_be_bytes());
@@ -101,14 +237,14 @@ impl Session {
                     out.extend_from_slice(&(why.len() as u32).to_be_bytes());
                     out.extend_from_slice(why.as_bytes());
                 }
-                // Never stored (not a result of applying), kept as done if it were.
+                // Never listed (`Done` is a run; an expiry is not a result).
                 ApplyResult::Done | ApplyResult::SessionExpired { .. } => out.push(0),
             }
         }
         out
     }
 
-    /// Decodes a record; the error says what is malformed.
+    /// Decodes a record (format 1 or 2); the error says what is malformed.
     pub fn decode(v: &[u8]) -> Result<Session, String> {
         fn take<'a>(v: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
             if v.len() < n {
@@ -128,19 +264,42 @@ impl Session {
         }
         let mut v = v;
         let version = take(&mut v, 1)?[0];
-        if version != SESSION_FORMAT {
+        if version != 1 && version != SESSION_FORMAT {
             return Err(format!(
-                "session record format {version}, this build reads {SESSION_FORMAT}"
+                "session record format {version}, this build reads 1 and {SESSION_FORMAT}"
             ));
         }
-        let low_water = u64_of(&mut v)?;
-        let last_ms = u64_of(&mut v)?;
+        let mut rec = Session {
+            low_water: u64_of(&mut v)?,
+            last_ms: u64_of(&mut v)?,
+            ..Session::default()
+        };
+        rec.forgotten_below = rec.low_water;
+        if version >= 2 {
+            rec.forgotten_below = u64_of(&mut v)?;
+            let runs = u32_of(&mut v)?;
+            let mut prev_end = None;
+            for _ in 0..runs {
+                let (s, e) = (u64_of(&mut v)?, u64_of(&mut v)?);
+                let ordered = match prev_end {
+                    Some(p) => s > p,
+                    None => s >= rec.low_water,
+                };
+                if !ordered || e <= s {
+                    return Err(format!(
+                        "run [{s}, {e}) out of order (previous end {prev_end:?}, low water {})",
+                        rec.low_water
+                    ));
+                }
+                rec.applied.insert(s, e);
+                prev_end = Some(e);
+            }
+        }
         let n = u32_of(&mut v)?;
-        let mut results = BTreeMap::new();
         for _ in 0..n {
             let seq = u64_of(&mut v)?;
             let r = match take(&mut v, 1)?[0] {
-                0 => ApplyResult::Done,
+                0 if version == 1 => ApplyResult::Done,
                 1 => {
                     let flags = take(&mut v, 2)?;
                     let (succeeded, found) = (flags[0] == 1, flags[1] == 1);
@@ -158,16 +317,30 @@ impl Session {
                 }
                 t => return Err(format!("result tag {t}")),
             };
-            results.insert(seq, r);
+            if seq < rec.low_water || seq == u64::MAX {
+                return Err(format!(
+                    "result of sequence {seq} outside [{}, {})",
+                    rec.low_water,
+                    u64::MAX
+                ));
+            }
+            if version == 1 {
+                if rec.is_applied(seq) {
+                    return Err(format!("result of sequence {seq} listed twice"));
+                }
+                rec.record(seq, r);
+            } else {
+                if !rec.is_applied(seq) || rec.results.insert(seq, r).is_some() {
+                    return Err(format!(
+                        "result of sequence {seq} not in an applied run, or listed twice"
+                    ));
+                }
+            }
         }
         if !v.is_empty() {
             return Err(format!("{} trailing bytes", v.len()));
         }
-        Ok(Session {
-            low_water,
-            last_ms,
-            results,
-        })
+        Ok(rec)
     }
 }
 
@@ -175,6 +348,8 @@ impl Session {
 pub trait StateReader {
     /// The value of engine key `key`.
     fn get(&self, key: &[u8]) -> crate::Result<Option<Vec<u8>>>;
+    /// Every key in `[start, end)` with its value, in key order.
+    fn scan(&self, start: &[u8], end: &[u8]) -> crate::Result<Vec<(Vec<u8>, Vec<u8>)>>;
 }
 
 /// Writes to the applied state (the engine).
@@ -195,6 +370,24 @@ pub struct EngineState<'a> {
 impl StateReader for EngineState<'_> {
     fn get(&self, key: &[u8]) -> crate::Result<Option<Vec<u8>>> {
         Ok(self.db.get(&ReadOptions::default(), key)?)
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8]) -> crate::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let ro = ReadOptions {
+            lower_bound: Some(start.to_vec()),
+            upper_bound: Some(end.to_vec()),
+            fill_cache: false,
+            ..ReadOptions::default()
+        };
+        let mut it = self.db.iter(&ro)?;
+        it.seek(start);
+        let mut out = Vec::new();
+        while it.valid() {
+            out.push((it.key().to_vec(), it.value().to_vec()));
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
     }
 }
 
@@ -229,6 +422,8 @@ const SESSION_ENTRY_OVERHEAD: usize = 96;
 pub struct SessionCache {
     /// By client: the record and the bytes counted for it.
     records: HashMap<u64, (Session, usize)>,
+    /// The group's last sweep time as written (None: read it from the engine).
+    swept_at: Option<u64>,
     bytes: Arc<AtomicUsize>,
 }
 
@@ -237,6 +432,7 @@ impl SessionCache {
     pub fn new(bytes: Arc<AtomicUsize>) -> SessionCache {
         SessionCache {
             records: HashMap::new(),
+            swept_at: None,
             bytes,
         }
     }
@@ -246,6 +442,7 @@ impl SessionCache {
         let held: usize = self.records.values().map(|(_, b)| *b).sum();
         self.bytes.fetch_sub(held, Ordering::Relaxed);
         self.records = HashMap::new();
+        self.swept_at = None;
     }
 
     /// Records held.
@@ -303,6 +500,10 @@ pub struct Applier<'a> {
     deleted: Vec<(Vec<u8>, Vec<u8>)>,
     /// (index, term) of the last entry taken.
     last: Option<(u64, u64)>,
+    /// The group's last sweep time as of the entries taken (None: not read yet).
+    swept_at: Option<u64>,
+    /// Session records this round deleted (expired): absent, whatever the engine holds.
+    expired: std::collections::HashSet<u64>,
 }
 
 impl<'a> Applier<'a> {
@@ -318,6 +519,8 @@ impl<'a> Applier<'a> {
             overlay: HashMap::new(),
             deleted: Vec::new(),
             last: None,
+            swept_at: None,
+            expired: std::collections::HashSet::new(),
         }
     }
 
@@ -375,8 +578,11 @@ impl<'a> Applier<'a> {
         s: &proto::ClientSession,
     ) -> crate::Result<ApplyResult> {
         let g = self.g;
+        self.sweep_if_due(index, s.time_ms)?;
         let mut rec = match self.sessions.remove(&s.client_id) {
             Some(r) => r,
+            // Expired earlier in this round: the client starts afresh.
+            None if self.expired.remove(&s.client_id) => Session::default(),
             None => match self.cache.take(s.client_id) {
                 Some(r) => r,
                 None => match self.reader.get(&keys::session_key(g, s.client_id))? {
@@ -396,6 +602,95 @@ impl<'a> Applier<'a> {
         result
     }
 
+    /// Sweeps the group's session records if its log time `now` (the leader's clock on
+    /// the command of entry `index`) is [`SESSION_SWEEP_INTERVAL_MS`] past the last
+    /// sweep (see the module doc). Every record is judged in its state as of the entries
+    /// before this one (this round's version if it has one), so the outcome does not
+    /// depend on where apply rounds begin.
+    fn sweep_if_due(&mut self, index: u64, now: u64) -> crate::Result<()> {
+        let g = self.g;
+        let swept_at = match self.swept_at.or(self.cache.swept_at) {
+            Some(t) => t,
+            None => match self.reader.get(&keys::session_sweep_key(g))? {
+                Some(v) => {
+                    let b: [u8; 8] = v.as_slice().try_into().map_err(|_| {
+                        crate::Error::Corruption(format!(
+                            "group {g}: session sweep time is {} bytes, not 8",
+                            v.len()
+                        ))
+                    })?;
+                    u64::from_be_bytes(b)
+                }
+                None => 0,
+            },
+        };
+        self.swept_at = Some(swept_at);
+        if now < swept_at.saturating_add(SESSION_SWEEP_INTERVAL_MS) {
+            return Ok(());
+        }
+        let start = keys::sessions_prefix(g);
+        let mut end = start.clone();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let mut clients: Vec<u64> = Vec::new();
+        let mut stored: HashMap<u64, Vec<u8>> = HashMap::new();
+        for (k, v) in self.reader.scan(&start, &end)? {
+            let Some(client) = keys::session_client(g, &k) else {
+                return Err(crate::Error::Corruption(format!(
+                    "group {g}: malformed session key {k:02x?}"
+                )));
+            };
+            clients.push(client);
+            stored.insert(client, v);
+        }
+        clients.extend(self.sessions.keys().filter(|c| !stored.contains_key(c)));
+        clients.sort_unstable();
+        for client in clients {
+            if self.expired.contains(&client) {
+                continue;
+            }
+            // This round's version if it has one (written with the round anyway).
+            let (rec, touched) = match self.sessions.remove(&client) {
+                Some(r) => (r, true),
+                None => {
+                    let v = stored.get(&client).map(Vec::as_slice).unwrap_or_default();
+                    let corrupt = |why: String| {
+                        crate::Error::Corruption(format!(
+                            "group {g} entry {index}: session record of client {client:#x}: {why}"
+                        ))
+                    };
+                    // Most records are not idle: judged by `last_ms` alone, not decoded.
+                    let last_ms = v
+                        .get(SESSION_LAST_MS_AT..SESSION_LAST_MS_AT + 8)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u64::from_be_bytes)
+                        .ok_or_else(|| corrupt(format!("{} bytes", v.len())))?;
+                    if now.saturating_sub(last_ms) <= SESSION_IDLE_EXPIRY_MS {
+                        continue;
+                    }
+                    (Session::decode(v).map_err(corrupt)?, false)
+                }
+            };
+            let idle = now.saturating_sub(rec.last_ms);
+            if idle > 2 * SESSION_IDLE_EXPIRY_MS {
+                self.cache.take(client);
+                self.wb.delete(&keys::session_key(g, client));
+                self.expired.insert(client);
+            } else if idle > SESSION_IDLE_EXPIRY_MS && rec.holds_writes() {
+                self.cache.take(client);
+                let mut rec = rec;
+                rec.expire_results();
+                self.sessions.insert(client, rec);
+            } else if touched {
+                self.sessions.insert(client, rec);
+            }
+        }
+        self.wb.put(&keys::session_sweep_key(g), &now.to_be_bytes());
+        self.swept_at = Some(now);
+        Ok(())
+    }
+
     /// The body of [`Applier::kv_in_session`] on the client's record `rec`.
     fn session_step(
         &mut self,
@@ -403,25 +698,21 @@ impl<'a> Applier<'a> {
         cmd: Option<proto::kv_command::Cmd>,
         s: &proto::ClientSession,
     ) -> crate::Result<ApplyResult> {
-        if s.seq < rec.low_water {
-            return Ok(ApplyResult::SessionExpired {
-                client_id: s.client_id,
-                seq: s.seq,
-            });
+        if s.seq == u64::MAX {
+            // No run can end past it; refused the same way on every replica.
+            return Ok(ApplyResult::Refused(format!(
+                "sequence number {} out of range",
+                s.seq
+            )));
         }
-        if let Some(r) = rec.results.get(&s.seq) {
-            return Ok(r.clone());
+        if let Some(r) = rec.result(s.client_id, s.seq) {
+            return Ok(r);
         }
         let result = self.apply_cmd(cmd)?;
-        rec.results.insert(s.seq, result.clone());
+        rec.record(s.seq, result.clone());
         // A client cannot have the answer of this very write yet.
-        rec.low_water = rec.low_water.max(s.acked_below.min(s.seq));
-        rec.results = rec.results.split_off(&rec.low_water);
-        while rec.results.len() > SESSION_RESULTS_MAX {
-            if let Some((oldest, _)) = rec.results.pop_first() {
-                rec.low_water = oldest + 1;
-            }
-        }
+        rec.forget_below(s.acked_below.min(s.seq));
+        rec.enforce_cap();
         rec.last_ms = rec.last_ms.max(s.time_ms);
         Ok(result)
     }
@@ -503,6 +794,9 @@ impl<'a> Applier<'a> {
         writer.write(self.wb)?;
         // Written: the cache may hold them again.
         self.cache.put_all(written);
+        if self.swept_at.is_some() {
+            self.cache.swept_at = self.swept_at;
+        }
         Ok(Some((index, term)))
     }
 }
@@ -537,6 +831,15 @@ mod tests {
     impl StateReader for Recorder {
         fn get(&self, key: &[u8]) -> crate::Result<Option<Vec<u8>>> {
             Ok(self.state.borrow().get(key).cloned())
+        }
+
+        fn scan(&self, start: &[u8], end: &[u8]) -> crate::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+            Ok(self
+                .state
+                .borrow()
+                .range(start.to_vec()..end.to_vec())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect())
         }
     }
 
@@ -608,8 +911,10 @@ mod tests {
 
     /// A workload of writes from 3 clients with sessions, some resent (the same entry
     /// data again, as a client's resend after an unknown outcome is), and clocks that
-    /// advance. Returns the entries and, per entry, the index of the first
-    /// copy if it is a resend.
+    /// advance, now and then by hours (so sessions expire: records lose their results or
+    /// go). A resend comes within its deadline (ten minutes), as the client's do.
+    /// Returns the entries and, per entry, the index of the first copy if it is a
+    /// resend.
     fn session_workload(rng: &mut ChaCha8Rng, n: usize) -> (Vec<Vec<u8>>, Vec<Option<usize>>) {
         let mut next_seq = [1u64; 3];
         let mut time_ms = rng.gen_range(0..1u64 << 40);
@@ -629,7 +934,14 @@ mod tests {
             let client = rng.gen_range(0..3);
             let seq = next_seq[client];
             next_seq[client] += 1;
-            time_ms += rng.gen_range(0..60_000);
+            if rng.gen_bool(0.1) {
+                // An idle hour or three: sweeps expire sessions; nothing from before is
+                // resent any more (past every deadline).
+                time_ms += rng.gen_range(0..3 * SESSION_IDLE_EXPIRY_MS);
+                sent.clear();
+            } else {
+                time_ms += rng.gen_range(0..60_000);
+            }
             let mut cmd = proto::KvCommand::decode(random_command(rng).as_slice()).unwrap();
             cmd.session = Some(proto::ClientSession {
                 client_id: client as u64 + 1,
@@ -710,6 +1022,27 @@ mod tests {
             a.finish(engine).unwrap();
         }
         results
+    }
+
+    /// A put of `key` = `value` by session (`client`, `seq`), nothing acknowledged, at
+    /// proposer time `time_ms`.
+    fn session_put(client: u64, seq: u64, time_ms: u64, key: &[u8], value: &[u8]) -> Vec<u8> {
+        proto::KvCommand {
+            session: Some(proto::ClientSession {
+                client_id: client,
+                seq,
+                acked_below: 1,
+                time_ms,
+            }),
+            cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
+                mutations: vec![proto::Mutation {
+                    op: proto::MutationOp::Put as i32,
+                    key: key.to_vec().into(),
+                    value: value.to_vec().into(),
+                }],
+            })),
+        }
+        .encode_to_vec()
     }
 
     fn run(seed: u64) {
@@ -841,24 +1174,7 @@ mod tests {
     fn a_failed_round_leaves_no_session_record_in_the_cache() {
         let engine = Recorder::default();
         let g = 4;
-        let put = |seq: u64, v: &str| {
-            proto::KvCommand {
-                session: Some(proto::ClientSession {
-                    client_id: 9,
-                    seq,
-                    acked_below: 1,
-                    time_ms: 1,
-                }),
-                cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
-                    mutations: vec![proto::Mutation {
-                        op: proto::MutationOp::Put as i32,
-                        key: b"k".to_vec().into(),
-                        value: v.as_bytes().to_vec().into(),
-                    }],
-                })),
-            }
-            .encode_to_vec()
-        };
+        let put = |seq: u64, v: &str| session_put(9, seq, 1, b"k", v.as_bytes());
         let mut cache = SessionCache::default();
         let mut round = |index: u64, data: &[u8]| {
             let mut a = Applier::new(g, &engine, &mut cache);
@@ -886,5 +1202,304 @@ mod tests {
             Some(b"two".to_vec())
         );
         assert_eq!(cache.len(), 1);
+    }
+
+    /// Sessions expire by log time: an idle record loses its results (a late resend gets
+    /// `SessionExpired` and is not applied again), then goes; the outcome is the same
+    /// whatever the apply rounds.
+    #[test]
+    fn idle_sessions_expire_by_log_time() {
+        let g = 6;
+        let put = |client: u64, seq: u64, time_ms: u64, v: &str| {
+            session_put(client, seq, time_ms, b"k", v.as_bytes())
+        };
+        let t0 = 1_000_000_000;
+        let ttl = SESSION_IDLE_EXPIRY_MS;
+        let t1 = t0 + ttl + SESSION_SWEEP_INTERVAL_MS + 1;
+        let t2 = t1 + 2 * ttl + SESSION_SWEEP_INTERVAL_MS + 1;
+        let entries = vec![
+            put(1, 1, t0, "one"),
+            // An hour later: client 1's record loses its result.
+            put(2, 1, t1, "two"),
+            // Client 1's write 1 again, too late: refused, not applied over "two".
+            put(1, 1, t1, "one"),
+            put(1, 2, t1, "three"),
+            // Two more hours: both records go.
+            put(3, 1, t2, "four"),
+            // Client 1 again, with a new write: a fresh record (not the deleted one).
+            put(1, 3, t2, "five"),
+        ];
+        let mut outcomes = Vec::new();
+        for rounds in [vec![6], vec![1, 1, 1, 1, 1, 1], vec![2, 3, 1]] {
+            let engine = Recorder::default();
+            let results = apply_rounds(&engine, g, &entries, 1, &rounds);
+            assert_eq!(results[0], ApplyResult::Done);
+            assert_eq!(
+                results[2],
+                ApplyResult::SessionExpired {
+                    client_id: 1,
+                    seq: 1
+                },
+                "rounds {rounds:?}"
+            );
+            assert_eq!(results[3], ApplyResult::Done);
+            assert_eq!(results[5], ApplyResult::Done);
+            let st = engine.state.borrow().clone();
+            assert_eq!(st.get(&keys::data_key(g, b"k")), Some(&b"five".to_vec()));
+            assert_eq!(st.get(&keys::session_key(g, 2)), None, "client 2 idle 2 h");
+            assert!(st.contains_key(&keys::session_key(g, 3)));
+            // Client 1's record was deleted, then started afresh with write 3 alone
+            // (the old one had low water 2 and writes 2 applied).
+            let rec = Session::decode(&st[&keys::session_key(g, 1)]).unwrap();
+            assert_eq!(
+                (rec.low_water, rec.applied.clone()),
+                (1, BTreeMap::from([(3, 4)])),
+                "rounds {rounds:?}: {rec:?}"
+            );
+            outcomes.push(st);
+        }
+        assert!(
+            outcomes.windows(2).all(|w| w[0] == w[1]),
+            "the same state whatever the rounds"
+        );
+        // Before the second sweep, client 1's compacted record refuses seq 1 and keeps
+        // its low-water mark.
+        let engine = Recorder::default();
+        apply_rounds(&engine, g, &entries[..2], 1, &[2]);
+        let rec = Session::decode(&engine.get(&keys::session_key(g, 1)).unwrap().unwrap()).unwrap();
+        assert_eq!((rec.low_water, rec.holds_writes()), (2, false), "{rec:?}");
+    }
+
+    /// Finding (fault run, 16 writers on one client session, a node killed): a write
+    /// held up while the client's other writers got more than `SESSION_RESULTS_MAX`
+    /// writes applied came back `SessionExpired` (the cap dropped the oldest results and
+    /// raised the low-water mark past the write that had not arrived). A write not yet
+    /// applied is never refused: applied when it comes, once.
+    #[test]
+    fn a_write_held_up_behind_many_others_is_applied_once() {
+        let g = 8;
+        // Write 1 has no answer yet: nothing is acknowledged.
+        let put = |seq: u64, v: &str| {
+            session_put(5, seq, 1_000, format!("k{seq}").as_bytes(), v.as_bytes())
+        };
+        let n = 3 * SESSION_RESULTS_MAX as u64;
+        let mut entries: Vec<Vec<u8>> = (2..=n).map(|seq| put(seq, "later")).collect();
+        entries.push(put(1, "first"));
+        // Another client overwrites two keys; then resends of the held-up write and of a
+        // later one come: answered, not applied again over the other client's values.
+        for k in [1, n] {
+            entries.push(
+                proto::KvCommand {
+                    session: None,
+                    cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
+                        mutations: vec![proto::Mutation {
+                            op: proto::MutationOp::Put as i32,
+                            key: format!("k{k}").into_bytes().into(),
+                            value: b"other".to_vec().into(),
+                        }],
+                    })),
+                }
+                .encode_to_vec(),
+            );
+        }
+        entries.push(put(1, "first"));
+        entries.push(put(n, "later"));
+        let engine = Recorder::default();
+        let results = apply_rounds(&engine, g, &entries, 1, &[entries.len()]);
+        assert!(
+            results.iter().all(|r| *r == ApplyResult::Done),
+            "{:?}",
+            results.iter().find(|r| **r != ApplyResult::Done)
+        );
+        for k in [1, n] {
+            assert_eq!(
+                engine
+                    .get(&keys::data_key(g, format!("k{k}").as_bytes()))
+                    .unwrap(),
+                Some(b"other".to_vec()),
+                "a resend of write {k} was applied again"
+            );
+        }
+        // The record stays small: the applied writes are runs of sequences.
+        let rec = engine.get(&keys::session_key(g, 5)).unwrap().unwrap();
+        assert!(rec.len() < 100, "session record of {} bytes", rec.len());
+    }
+
+    /// A session record against a model (a map of every kept result): random writes
+    /// applied in any order, low-water raises and the cap; encode/decode round trips.
+    #[test]
+    fn session_record_matches_a_model() {
+        let seed: u64 = std::env::var("PHOENIX_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(rand::random);
+        for s in seed..seed + 200 {
+            let mut rng = ChaCha8Rng::seed_from_u64(s);
+            let mut rec = Session::default();
+            let mut model: BTreeMap<u64, ApplyResult> = BTreeMap::new();
+            let mut low = 0u64;
+            for _ in 0..rng.gen_range(1..400) {
+                let seq = low + rng.gen_range(0..64);
+                if rng.gen_bool(0.1) {
+                    rec.forget_below(seq);
+                    low = low.max(seq);
+                    model = model.split_off(&low);
+                } else if rec.result(0, seq).is_none() {
+                    let r = if rng.gen_bool(0.8) {
+                        ApplyResult::Done
+                    } else {
+                        ApplyResult::Refused(format!("r{seq}"))
+                    };
+                    rec.record(seq, r.clone());
+                    model.insert(seq, r);
+                }
+                for q in low.saturating_sub(2)..low + 66 {
+                    let want = if q < low {
+                        Some(ApplyResult::SessionExpired {
+                            client_id: 0,
+                            seq: q,
+                        })
+                    } else {
+                        model.get(&q).cloned()
+                    };
+                    assert_eq!(rec.result(0, q), want, "seed {s}: sequence {q}");
+                }
+                assert!(
+                    rec.applied
+                        .iter()
+                        .zip(rec.applied.iter().skip(1))
+                        .all(|(a, b)| *a.1 < *b.0),
+                    "seed {s}: runs overlap or touch: {:?}",
+                    rec.applied
+                );
+                assert_eq!(Session::decode(&rec.encode()), Ok(rec.clone()), "seed {s}");
+            }
+        }
+    }
+
+    /// Records written by format 1 (every result listed) are read.
+    #[test]
+    fn session_record_format_1_is_read() {
+        let mut v1 = vec![1u8];
+        v1.extend_from_slice(&3u64.to_be_bytes()); // low water
+        v1.extend_from_slice(&77u64.to_be_bytes()); // last_ms
+        v1.extend_from_slice(&3u32.to_be_bytes());
+        for seq in [3u64, 4] {
+            v1.extend_from_slice(&seq.to_be_bytes());
+            v1.push(0); // done
+        }
+        v1.extend_from_slice(&6u64.to_be_bytes());
+        v1.extend_from_slice(&[1, 1, 1]); // cas: succeeded, found
+        v1.extend_from_slice(&2u32.to_be_bytes());
+        v1.extend_from_slice(b"ab");
+        let rec = Session::decode(&v1).unwrap();
+        assert_eq!((rec.low_water, rec.last_ms), (3, 77));
+        assert_eq!(rec.result(0, 3), Some(ApplyResult::Done));
+        assert_eq!(rec.result(0, 4), Some(ApplyResult::Done));
+        assert_eq!(rec.result(0, 5), None);
+        assert_eq!(
+            rec.result(0, 6),
+            Some(ApplyResult::Cas {
+                succeeded: true,
+                current: Some(b"ab".to_vec())
+            })
+        );
+        assert_eq!(rec.encode()[0], SESSION_FORMAT);
+        assert!(Session::decode(&[9u8]).unwrap_err().contains("format 9"));
+    }
+
+    /// Compare-and-swap results past the cap are forgotten (a resend gets
+    /// `SessionExpired`) without refusing a write that has not arrived yet; a sequence
+    /// number no run can hold is refused, not a panic.
+    #[test]
+    fn cas_results_past_the_cap_are_forgotten_not_the_writes_held_up() {
+        let g = 9;
+        let cas = |seq: u64| {
+            proto::KvCommand {
+                session: Some(proto::ClientSession {
+                    client_id: 5,
+                    seq,
+                    acked_below: 1,
+                    time_ms: 1_000,
+                }),
+                cmd: Some(proto::kv_command::Cmd::Cas(proto::CasCommand {
+                    key: format!("c{seq}").into_bytes().into(),
+                    expect_exists: false,
+                    new_value: b"v".to_vec().into(),
+                    ..Default::default()
+                })),
+            }
+            .encode_to_vec()
+        };
+        let n = 2 * SESSION_RESULTS_MAX as u64;
+        let mut entries: Vec<Vec<u8>> = (2..=n).map(cas).collect();
+        entries.push(cas(1)); // held up, arrives last
+        entries.push(cas(2)); // resend of the oldest: its result was dropped
+        entries.push(cas(n)); // resend of a recent one: answered from the record
+        entries.push(cas(u64::MAX));
+        let engine = Recorder::default();
+        let results = apply_rounds(&engine, g, &entries, 1, &[entries.len()]);
+        let ok = ApplyResult::Cas {
+            succeeded: true,
+            current: None,
+        };
+        assert_eq!(results[n as usize - 1], ok, "the held-up write is applied");
+        assert_eq!(
+            results[n as usize],
+            ApplyResult::SessionExpired {
+                client_id: 5,
+                seq: 2
+            }
+        );
+        assert_eq!(results[n as usize + 1], ok);
+        assert!(
+            matches!(&results[n as usize + 2], ApplyResult::Refused(why) if why.contains("out of range")),
+            "{:?}",
+            results[n as usize + 2]
+        );
+        let rec = Session::decode(&engine.get(&keys::session_key(g, 5)).unwrap().unwrap()).unwrap();
+        assert!(rec.results.len() <= SESSION_RESULTS_MAX);
+    }
+
+    /// Decoding never panics: random bytes and mutations of valid records are either a
+    /// record or an error.
+    #[test]
+    fn session_decode_survives_garbage() {
+        let seed: u64 = std::env::var("PHOENIX_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(rand::random);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut valid = Session::default();
+        for seq in [3u64, 4, 9, 10, 11] {
+            valid.record(seq, ApplyResult::Done);
+        }
+        valid.record(
+            12,
+            ApplyResult::Cas {
+                succeeded: false,
+                current: Some(b"x".to_vec()),
+            },
+        );
+        let base = valid.encode();
+        assert_eq!(Session::decode(&base), Ok(valid));
+        for i in 0..20_000 {
+            let bytes: Vec<u8> = if i % 2 == 0 {
+                (0..rng.gen_range(0..80)).map(|_| rng.gen()).collect()
+            } else {
+                let mut b = base.clone();
+                for _ in 0..rng.gen_range(1..4) {
+                    let at = rng.gen_range(0..b.len());
+                    b[at] = rng.gen();
+                }
+                b.truncate(rng.gen_range(0..=b.len()));
+                b
+            };
+            if let Ok(rec) = Session::decode(&bytes) {
+                // Whatever decodes is a record that works.
+                let _ = rec.result(1, 11);
+                let _ = rec.encode();
+            }
+        }
     }
 }

@@ -67,6 +67,17 @@ pub fn session_key(g: u64, client_id: u64) -> Vec<u8> {
     k
 }
 
+/// The group's session sweep time (apply.rs): log time of the last expiry sweep.
+pub fn session_sweep_key(g: u64) -> Vec<u8> {
+    sys_key(g, b"sweep")
+}
+
+/// The client id of a session record key of group `g` (None: not one).
+pub fn session_client(g: u64, key: &[u8]) -> Option<u64> {
+    let rest = key.strip_prefix(sessions_prefix(g).as_slice())?;
+    Some(u64::from_be_bytes(rest.try_into().ok()?))
+}
+
 /// First engine key of group `g` (any namespace).
 pub fn group_start(g: u64) -> Vec<u8> {
     g.to_be_bytes().to_vec()

@@ -170,10 +170,11 @@ impl Services {
 
     async fn propose(&self, c: &Ctx, mut cmd: proto::KvCommand) -> Result<ApplyResult, PErr> {
         if let Some((client_id, seq, acked_below)) = c.session {
-            if seq == 0 {
-                return Err(PErr::invalid_argument(
-                    "a write with a client id needs a sequence number (from 1)",
-                ));
+            if seq == 0 || seq == u64::MAX {
+                return Err(PErr::invalid_argument(format!(
+                    "a write with a client id needs a sequence number from 1 to {} (got {seq})",
+                    u64::MAX - 1
+                )));
             }
             cmd.session = Some(proto::ClientSession {
                 client_id,

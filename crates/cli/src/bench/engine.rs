@@ -20,7 +20,10 @@
 //! - `readrandom`: point reads of random keys; "found" counts hits.
 //! - `readseq`: one iterator per thread from the first key, `reads` steps at most.
 //! - `seekrandom`: a fresh iterator per operation seeks to a random key; "found" counts
-//!   seeks landing exactly on it.
+//!   seeks landing exactly on it. Then `--seek_nexts` steps forward while valid (a
+//!   listing: seek, then N nexts; each key and value read counts in MB/s). With
+//!   `--max_scan_distance D` the iterator's upper bound is the key D numbers past the
+//!   sought one (capped at `num`), as db_bench sets `iterate_upper_bound`.
 //! - Output: `name : X micros/op Y ops/sec T seconds N operations; Z MB/s (extra)` where
 //!   micros/op is per thread (summed thread time / operations) and ops/sec is over the
 //!   wall-clock span of all threads.
@@ -116,6 +119,13 @@ pub struct Args {
     /// Seed of the key generators (thread i uses seed + i).
     #[arg(long = "seed", default_value_t = 301)]
     seed: u64,
+    /// seekrandom: steps forward after each seek (while the iterator is valid).
+    #[arg(long = "seek_nexts", default_value_t = 0)]
+    seek_nexts: u64,
+    /// seekrandom: upper bound of each iterator, in key numbers past the sought key
+    /// (0: unbounded).
+    #[arg(long = "max_scan_distance", default_value_t = 0)]
+    max_scan_distance: u64,
 }
 
 fn parse_bool(s: &str) -> Result<bool, String> {
@@ -306,15 +316,35 @@ fn run_thread(
             it.status()?;
         }
         Bench::SeekRandom => {
+            let mut bound = vec![0u8; args.key_size];
             for _ in 0..ctx.reads {
-                ctx.layout.write(&mut key, rng.gen_range(0..args.num));
-                let mut it = ctx.db.iter(&ro)?;
+                let at = rng.gen_range(0..args.num);
+                ctx.layout.write(&mut key, at);
+                let mut it = if args.max_scan_distance > 0 {
+                    let end = args.num.min(at.saturating_add(args.max_scan_distance));
+                    ctx.layout.write(&mut bound, end);
+                    let bounded = ReadOptions {
+                        upper_bound: Some(bound.clone()),
+                        ..ReadOptions::default()
+                    };
+                    ctx.db.iter(&bounded)?
+                } else {
+                    ctx.db.iter(&ro)?
+                };
                 it.seek(&key);
                 if it.valid() {
                     if it.key() == key.as_slice() {
                         st.found += 1;
                     }
                     st.bytes += (it.key().len() + it.value().len()) as u64;
+                }
+                // As db_bench: `seek_nexts` steps, each reading the entry it leaves.
+                for _ in 0..args.seek_nexts {
+                    if !it.valid() {
+                        break;
+                    }
+                    st.bytes += (it.key().len() + it.value().len()) as u64;
+                    it.next();
                 }
                 it.status()?;
                 st.done += 1;
