@@ -38,6 +38,9 @@ trap stop_cluster EXIT
 start_cluster() {
   local n=$1 dir=$out/run-$1
   rm -rf "$dir"; mkdir -p "$dir"
+  # Created before the poll below reads it (the background job's redirection may not
+  # have run yet, and a failed read ends the script).
+  : >"$dir/out"
   set -m
   "$phoenix" playground --data-dir "$dir/data" --base-port 0 --output json \
     --ready-timeout 600 --server-arg=--initial-groups="$n" \
@@ -77,7 +80,8 @@ term_sum() {
     jq '[.groups[] | [.replica_status[].term] | max // 0] | add // 0'
 }
 
-server_pids() { pgrep -P "$pg_pid" -f 'phoenix server' | sort -n; }
+# The playground's children are its servers (whatever the binary is called).
+server_pids() { pgrep -P "$pg_pid" -f ' server ' | sort -n; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 median3() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
 
