@@ -36,7 +36,7 @@ use crate::compaction::{self, Compaction, Reason};
 use crate::db_iter::DbIterator;
 use crate::error::{Error, Result};
 use crate::filename::{self, FileKind};
-use crate::iter::InternalIterator;
+use crate::iter::{InternalIterator, ReadScope};
 use crate::key::{
     compare_internal, encode_internal_key, group_range, parse_internal_key, SequenceNumber,
     ValueKind, MAX_SEQUENCE,
@@ -307,7 +307,7 @@ impl Db {
         ));
 
         let mut last_seq = vset.last_sequence();
-        let mut mems: Vec<Arc<MemTable>> = vec![Arc::new(MemTable::new(1))];
+        let mut mems: Vec<Arc<MemTable>> = vec![Arc::new(new_memtable(&opts, 1))];
         let mut next_mem_id = 2;
         let wal_path = filename::wal_dir(dir);
         if opts.wal == WalMode::None && fs.exists(&wal_path)? {
@@ -331,6 +331,7 @@ impl Db {
             )?),
         };
         let mut wal_next = 1;
+        let mut replayed = false;
         if let Some(w) = &wal {
             let wal_path = filename::wal_dir(dir);
             let from = vset.log_number().max(1);
@@ -341,13 +342,14 @@ impl Db {
                     .cloned()
                     .unwrap_or_else(|| Arc::new(MemTable::new(0)));
                 if cur.approximate_memory_usage() >= opts.write_buffer_size {
-                    mems.push(Arc::new(MemTable::new(next_mem_id)));
+                    mems.push(Arc::new(new_memtable(&opts, next_mem_id)));
                     next_mem_id += 1;
                 }
                 let mem = mems.last().cloned().unwrap_or(cur);
                 mem.set_wal_first(index);
                 let seq = batch.sequence();
                 insert_batch(&mem, &batch, seq);
+                replayed = true;
                 last_seq = last_seq.max(seq + u64::from(batch.count()).saturating_sub(1));
                 wal_next = index + 1;
                 Ok(())
@@ -434,6 +436,12 @@ impl Db {
         db.inner.bg_cv.notify_all();
         if !background {
             db.inner.run_background_inline()?;
+        }
+        if replayed && !db.inner.opts.avoid_flush_during_recovery {
+            // As RocksDB by default: what the WAL replayed goes to L0 now, so reads of it
+            // walk sorted blocks instead of a memtable filled in random order, and the
+            // WAL behind it can be dropped.
+            db.inner.flush()?;
         }
         Ok(db)
     }
@@ -625,6 +633,16 @@ impl Drop for Db {
     }
 }
 
+/// A new memtable, with a prefix filter when the options ask for one.
+fn new_memtable(opts: &Options, id: u64) -> MemTable {
+    let bytes = (opts.write_buffer_size as f64 * opts.memtable_prefix_bloom_size_ratio) as usize;
+    if opts.table.prefix_len > 0 && bytes > 0 {
+        MemTable::with_prefix_filter(id, opts.table.prefix_len, bytes)
+    } else {
+        MemTable::new(id)
+    }
+}
+
 /// Inserts every record of `batch` (first sequence `seq`) into `mem`.
 fn insert_batch(mem: &MemTable, batch: &WriteBatch, seq: SequenceNumber) {
     for (i, rec) in batch.iter().enumerate() {
@@ -678,6 +696,15 @@ impl Inner {
     }
 
     fn iter(&self, ro: &ReadOptions<'_>) -> Result<DbIterator> {
+        let prefix_len = match (ro.prefix_same_as_start, self.opts.table.prefix_len) {
+            (false, _) => None,
+            (true, 0) => {
+                return Err(Error::InvalidArgument(
+                    "prefix_same_as_start needs a prefix extractor (table.prefix_len)".into(),
+                ))
+            }
+            (true, len) => Some(len),
+        };
         let view = self.view()?;
         let snap = self.read_seq(ro);
         let lower = ro.lower_bound.clone();
@@ -723,8 +750,12 @@ impl Inner {
             MergingIterator::new(children),
             snap,
             frags,
-            lower,
-            upper,
+            ReadScope {
+                lower,
+                upper,
+                prefix: None,
+            },
+            prefix_len,
             vec![pin],
         ))
     }
@@ -913,7 +944,7 @@ impl Inner {
             }
             let id = st.next_mem_id;
             st.next_mem_id += 1;
-            let old = std::mem::replace(&mut st.mem, Arc::new(MemTable::new(id)));
+            let old = std::mem::replace(&mut st.mem, Arc::new(new_memtable(&self.opts, id)));
             st.imm.push_back(old);
             st.refresh_view();
             force = false;

@@ -2,6 +2,13 @@
 //! keys and values visible at one snapshot, hiding older versions, point tombstones and
 //! entries covered by range tombstones, within optional bounds, in both directions.
 //!
+//! Prefix seeks: with a prefix extractor and `prefix_same_as_start`, a seek to a key at
+//! least as long as the prefix confines the iterator to the keys sharing the sought key's
+//! prefix (the bounds become the intersection of the read's bounds and the prefix's
+//! range), and tells the sources, so tables whose prefix filter rules it out are skipped.
+//! A seek to a shorter key, and `seek_to_first`/`seek_to_last`, go back to the read's
+//! own bounds.
+//!
 //! Positions: going forward, the inner cursor sits on the entry being returned; going
 //! backward, it sits before every entry of the current user key and the key and value
 //! are held in `saved_*` (LevelDB's DBIter scheme).
@@ -9,7 +16,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::iter::InternalIterator;
+use crate::iter::{InternalIterator, ReadScope};
 use crate::key::{internal_key, parse_internal_key, SequenceNumber, ValueKind, MAX_SEQUENCE};
 use crate::merge::MergingIterator;
 use crate::range_del::Fragments;
@@ -25,8 +32,12 @@ pub struct DbIterator {
     inner: MergingIterator,
     snapshot: SequenceNumber,
     tombstones: Fragments,
-    lower: Option<Vec<u8>>,
-    upper: Option<Vec<u8>>,
+    /// The read's own bounds.
+    base: Arc<ReadScope>,
+    /// The bounds in force: `base`, or `base` narrowed to the last seek's prefix.
+    scope: Arc<ReadScope>,
+    /// The prefix extractor's length, when seeks are confined to the sought prefix.
+    prefix_len: Option<usize>,
     direction: Direction,
     valid: bool,
     saved_key: Vec<u8>,
@@ -40,19 +51,25 @@ pub struct DbIterator {
 
 impl DbIterator {
     pub(crate) fn new(
-        inner: MergingIterator,
+        mut inner: MergingIterator,
         snapshot: SequenceNumber,
         tombstones: Fragments,
-        lower: Option<Vec<u8>>,
-        upper: Option<Vec<u8>>,
+        base: ReadScope,
+        prefix_len: Option<usize>,
         pins: Vec<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Self {
+        debug_assert!(base.prefix.is_none() && prefix_len != Some(0));
+        let base = Arc::new(base);
+        if base.lower.is_some() || base.upper.is_some() {
+            inner.set_scope(&base);
+        }
         DbIterator {
             inner,
             snapshot,
             tombstones,
-            lower,
-            upper,
+            scope: Arc::clone(&base),
+            base,
+            prefix_len,
             direction: Direction::Forward,
             valid: false,
             saved_key: Vec::new(),
@@ -100,16 +117,54 @@ impl DbIterator {
     }
 
     fn above_upper(&self, user_key: &[u8]) -> bool {
-        self.upper.as_deref().is_some_and(|u| user_key >= u)
+        self.scope.above_upper(user_key)
     }
 
     fn below_lower(&self, user_key: &[u8]) -> bool {
-        self.lower.as_deref().is_some_and(|l| user_key < l)
+        self.scope.below_lower(user_key)
+    }
+
+    /// Puts in force the bounds of a seek to `target`: narrowed to its prefix in prefix
+    /// mode (when `target` has one), the read's own otherwise.
+    fn scope_for(&mut self, target: Option<&[u8]>) {
+        let prefix = self
+            .prefix_len
+            .zip(target)
+            .and_then(|(len, t)| t.get(..len));
+        let Some(p) = prefix else {
+            if !Arc::ptr_eq(&self.scope, &self.base) {
+                self.scope = Arc::clone(&self.base);
+                self.inner.set_scope(&self.scope);
+            }
+            return;
+        };
+        if self.scope.prefix.as_deref() == Some(p) {
+            return;
+        }
+        let lower = match self.base.lower.as_deref() {
+            Some(l) if l > p => l.to_vec(),
+            _ => p.to_vec(),
+        };
+        let upper = match (self.base.upper.as_deref(), prefix_successor(p)) {
+            (Some(u), Some(s)) => Some(if u < s.as_slice() { u.to_vec() } else { s }),
+            (u, s) => s.or_else(|| u.map(<[u8]>::to_vec)),
+        };
+        self.scope = Arc::new(ReadScope {
+            lower: Some(lower),
+            upper,
+            prefix: Some(p.to_vec()),
+        });
+        self.inner.set_scope(&self.scope);
     }
 
     /// Positions on the first key `>= target` (clamped to the lower bound).
     pub fn seek(&mut self, target: &[u8]) {
-        let t = match self.lower.as_deref() {
+        self.scope_for(Some(target));
+        self.seek_in_scope(target);
+    }
+
+    fn seek_in_scope(&mut self, target: &[u8]) {
+        let t = match self.scope.lower.as_deref() {
             Some(l) if target < l => l.to_vec(),
             _ => target.to_vec(),
         };
@@ -121,8 +176,9 @@ impl DbIterator {
 
     /// Positions on the first key.
     pub fn seek_to_first(&mut self) {
-        match self.lower.clone() {
-            Some(l) => self.seek(&l),
+        self.scope_for(None);
+        match self.scope.lower.clone() {
+            Some(l) => self.seek_in_scope(&l),
             None => {
                 self.direction = Direction::Forward;
                 self.inner.seek_to_first();
@@ -133,8 +189,9 @@ impl DbIterator {
 
     /// Positions on the last key `<= target` (clamped below the upper bound).
     pub fn seek_for_prev(&mut self, target: &[u8]) {
+        self.scope_for(Some(target));
         self.direction = Direction::Reverse;
-        match self.upper.as_deref() {
+        match self.scope.upper.as_deref() {
             Some(u) if target >= u => {
                 let t = internal_key(u, MAX_SEQUENCE, ValueKind::RangeDelete);
                 self.inner.seek_for_prev(&t);
@@ -149,8 +206,9 @@ impl DbIterator {
 
     /// Positions on the last key.
     pub fn seek_to_last(&mut self) {
+        self.scope_for(None);
         self.direction = Direction::Reverse;
-        match self.upper.clone() {
+        match self.scope.upper.clone() {
             Some(u) => {
                 let t = internal_key(&u, MAX_SEQUENCE, ValueKind::RangeDelete);
                 self.inner.seek_for_prev(&t);
@@ -281,5 +339,27 @@ impl DbIterator {
         } else {
             self.valid = true;
         }
+    }
+}
+
+/// The smallest key greater than every key starting with `p`: `p` with its last byte
+/// below 0xff incremented and the bytes after it dropped; none when `p` is all 0xff.
+fn prefix_successor(p: &[u8]) -> Option<Vec<u8>> {
+    let i = p.iter().rposition(|&b| b != 0xff)?;
+    let mut s = p[..=i].to_vec();
+    s[i] += 1;
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_successor;
+
+    #[test]
+    fn prefix_successor_bounds_the_prefix() {
+        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_successor(b"a\xff\xff"), Some(b"b".to_vec()));
+        assert_eq!(prefix_successor(b"\xff\xff"), None);
+        assert_eq!(prefix_successor(b""), None);
     }
 }

@@ -4,7 +4,38 @@
 //! `valid()`. Errors stop the cursor (`valid()` turns false) and are reported by
 //! `status()`, so a scan never silently skips a corrupt block.
 
+use std::sync::Arc;
+
 use crate::error::Result;
+
+/// What a user-level read is confined to, in user keys. The iterator hands it down to
+/// its sources so they can skip what no key of the read can be in: a table whose prefix
+/// filter rules `prefix` out, a data block or a file wholly past `upper` or before
+/// `lower`. A source given a scope may stop short of entries outside it, never of
+/// entries inside it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadScope {
+    /// First user key wanted.
+    pub lower: Option<Vec<u8>>,
+    /// First user key not wanted.
+    pub upper: Option<Vec<u8>>,
+    /// Every key wanted starts with these bytes (whose length is the prefix extractor's).
+    pub prefix: Option<Vec<u8>>,
+}
+
+impl ReadScope {
+    /// Whether user key `k` lies past the upper bound.
+    #[inline]
+    pub fn above_upper(&self, k: &[u8]) -> bool {
+        self.upper.as_deref().is_some_and(|u| k >= u)
+    }
+
+    /// Whether user key `k` lies before the lower bound.
+    #[inline]
+    pub fn below_lower(&self, k: &[u8]) -> bool {
+        self.lower.as_deref().is_some_and(|l| k < l)
+    }
+}
 
 /// A cursor over internal entries ordered by [`crate::key::compare_internal`].
 pub trait InternalIterator: Send {
@@ -28,4 +59,7 @@ pub trait InternalIterator: Send {
     fn value(&self) -> &[u8];
     /// The first error met, if any.
     fn status(&self) -> Result<()>;
+    /// Confines the following seeks to `scope` (see [`ReadScope`]); sources that cannot
+    /// use it ignore it.
+    fn set_scope(&mut self, _scope: &Arc<ReadScope>) {}
 }

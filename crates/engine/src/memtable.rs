@@ -24,11 +24,12 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::Result;
-use crate::iter::InternalIterator;
+use crate::iter::{InternalIterator, ReadScope};
 use crate::key::{
     compare_internal, encode_internal_key, parse_internal_key, seek_key, RangeTombstone,
     SequenceNumber, ValueKind,
 };
+use crate::table::filter::DynamicFilter;
 
 const MAX_HEIGHT: usize = 12;
 const CHUNK_BYTES: usize = 256 * 1024;
@@ -175,6 +176,9 @@ pub struct MemTable {
     /// First WAL entry whose batch went into this memtable (0 if none).
     wal_first: AtomicU64,
     largest_seq: AtomicU64,
+    /// The filter over key prefixes and the prefix length (prefix seeks skip the
+    /// memtable when it rules their prefix out).
+    prefix_filter: Option<(usize, DynamicFilter)>,
 }
 
 // SAFETY: the raw pointers point into the arena owned by the memtable; nodes are
@@ -206,6 +210,16 @@ pub enum MemGet {
 }
 
 impl MemTable {
+    /// An empty memtable with a filter of about `bytes` bytes over the first
+    /// `prefix_len` bytes of its keys, which prefix seeks use to skip it.
+    pub fn with_prefix_filter(id: u64, prefix_len: usize, bytes: usize) -> Self {
+        debug_assert!(prefix_len > 0);
+        MemTable {
+            prefix_filter: Some((prefix_len, DynamicFilter::new(bytes))),
+            ..MemTable::new(id)
+        }
+    }
+
     /// An empty memtable.
     pub fn new(id: u64) -> Self {
         let mut arena = Arena::new();
@@ -224,6 +238,7 @@ impl MemTable {
             id,
             wal_first: AtomicU64::new(0),
             largest_seq: AtomicU64::new(0),
+            prefix_filter: None,
         }
     }
 
@@ -275,6 +290,13 @@ impl MemTable {
                 .fetch_add(user_key.len() + value.len() + 48, AtOrd::Relaxed);
             self.entries.fetch_add(1, AtOrd::Relaxed);
             return;
+        }
+        if let Some((len, f)) = &self.prefix_filter {
+            // Set before the node is published, so a reader that can see the entry sees
+            // its prefix in the filter.
+            if let Some(p) = user_key.get(..*len) {
+                f.add(p);
+            }
         }
         let mut w = self.writer.lock();
         let w = &mut *w;
@@ -452,7 +474,16 @@ impl MemTable {
         MemTableIter {
             mem: Arc::clone(self),
             node: ptr::null_mut(),
+            excluded: false,
         }
+    }
+
+    /// Whether the memtable surely holds no key starting with `prefix` (false without a
+    /// prefix filter of `prefix`'s length).
+    pub fn excludes_prefix(&self, prefix: &[u8]) -> bool {
+        self.prefix_filter
+            .as_ref()
+            .is_some_and(|(len, f)| *len == prefix.len() && !f.may_contain(prefix))
     }
 }
 
@@ -460,6 +491,8 @@ impl MemTable {
 pub struct MemTableIter {
     mem: Arc<MemTable>,
     node: *mut Node,
+    /// The read's prefix is ruled out by the prefix filter: every seek finds nothing.
+    excluded: bool,
 }
 
 // SAFETY: the iterator only reads published nodes of a memtable it keeps alive.
@@ -470,10 +503,18 @@ impl InternalIterator for MemTableIter {
         !self.node.is_null()
     }
     fn seek_to_first(&mut self) {
+        if self.excluded {
+            self.node = ptr::null_mut();
+            return;
+        }
         // SAFETY: head is valid with MAX_HEIGHT levels.
         self.node = unsafe { Node::next(self.mem.head, 0) };
     }
     fn seek_to_last(&mut self) {
+        if self.excluded {
+            self.node = ptr::null_mut();
+            return;
+        }
         let n = self.mem.find_last();
         self.node = if n == self.mem.head {
             ptr::null_mut()
@@ -482,9 +523,17 @@ impl InternalIterator for MemTableIter {
         };
     }
     fn seek(&mut self, target: &[u8]) {
+        if self.excluded {
+            self.node = ptr::null_mut();
+            return;
+        }
         self.node = self.mem.find_greater_or_equal(target, None);
     }
     fn seek_for_prev(&mut self, target: &[u8]) {
+        if self.excluded {
+            self.node = ptr::null_mut();
+            return;
+        }
         self.seek(target);
         if !self.valid() {
             self.seek_to_last();
@@ -531,12 +580,48 @@ impl InternalIterator for MemTableIter {
     fn status(&self) -> Result<()> {
         Ok(())
     }
+    fn set_scope(&mut self, scope: &Arc<ReadScope>) {
+        self.excluded = scope
+            .prefix
+            .as_deref()
+            .is_some_and(|p| self.mem.excludes_prefix(p));
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::key::user_key;
+
+    #[test]
+    fn prefix_filter_rules_out_absent_prefixes_only() {
+        let m = Arc::new(MemTable::with_prefix_filter(1, 2, 4096));
+        for i in 0..100u32 {
+            m.add(
+                u64::from(i) + 1,
+                ValueKind::Put,
+                format!("aa{i:03}").as_bytes(),
+                b"v",
+            );
+        }
+        m.add(200, ValueKind::Put, b"b", b"short keys have no prefix");
+        let scoped = |prefix: &[u8]| {
+            let mut it = m.iter();
+            it.set_scope(&Arc::new(ReadScope {
+                prefix: Some(prefix.to_vec()),
+                ..ReadScope::default()
+            }));
+            it.seek(&seek_key(b"", crate::key::MAX_SEQUENCE));
+            it.valid()
+        };
+        assert!(scoped(b"aa"));
+        assert!(!scoped(b"zz"));
+        assert!(!m.excludes_prefix(b"aa"));
+        assert!(m.excludes_prefix(b"zz"));
+        // A filter of another length says nothing.
+        assert!(!m.excludes_prefix(b"zzz"));
+        assert!(!MemTable::new(2).excludes_prefix(b"zz"));
+    }
 
     #[test]
     fn get_sees_newest_visible_version() {

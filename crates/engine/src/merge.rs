@@ -6,7 +6,7 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::iter::InternalIterator;
+use crate::iter::{InternalIterator, ReadScope};
 use crate::key::compare_internal;
 use crate::table::TableCache;
 use crate::version_edit::FileMeta;
@@ -22,6 +22,8 @@ pub struct LevelIter {
     cur: Option<BoxIter>,
     error: Option<Error>,
     fill_cache: bool,
+    /// What the reads are confined to: files wholly outside it are not opened.
+    scope: Option<Arc<ReadScope>>,
 }
 
 impl LevelIter {
@@ -34,6 +36,7 @@ impl LevelIter {
             index: 0,
             cur: None,
             error: None,
+            scope: None,
         }
     }
 
@@ -45,7 +48,11 @@ impl LevelIter {
         };
         match self.tables.get(f.number, f.size) {
             Ok(t) => {
-                self.cur = Some(Box::new(t.iter_with(self.fill_cache)));
+                let mut it = t.iter_with(self.fill_cache);
+                if let Some(s) = &self.scope {
+                    it.set_scope(s);
+                }
+                self.cur = Some(Box::new(it));
                 true
             }
             Err(e) => {
@@ -80,7 +87,12 @@ impl LevelIter {
                 None => return,
                 Some(_) => {}
             }
-            if self.index + 1 >= self.files.len() {
+            let past_scope = self.files.get(self.index + 1).is_none_or(|f| {
+                self.scope
+                    .as_ref()
+                    .is_some_and(|s| s.above_upper(f.smallest_user_key()))
+            });
+            if past_scope {
                 self.cur = None;
                 return;
             }
@@ -105,7 +117,13 @@ impl LevelIter {
                 None => return,
                 Some(_) => {}
             }
-            if self.index == 0 {
+            let before_scope = self.index == 0
+                || self.files.get(self.index - 1).is_none_or(|f| {
+                    self.scope
+                        .as_ref()
+                        .is_some_and(|s| s.below_lower(f.largest_user_key()))
+                });
+            if before_scope {
                 self.cur = None;
                 return;
             }
@@ -193,6 +211,12 @@ impl InternalIterator for LevelIter {
             return Err(clone_error(e));
         }
         self.cur.as_ref().map(|c| c.status()).unwrap_or(Ok(()))
+    }
+    fn set_scope(&mut self, scope: &Arc<ReadScope>) {
+        if let Some(c) = self.cur.as_mut() {
+            c.set_scope(scope);
+        }
+        self.scope = Some(Arc::clone(scope));
     }
 }
 
@@ -408,6 +432,11 @@ impl InternalIterator for MergingIterator {
             c.status()?;
         }
         Ok(())
+    }
+    fn set_scope(&mut self, scope: &Arc<ReadScope>) {
+        for c in &mut self.children {
+            c.set_scope(scope);
+        }
     }
 }
 

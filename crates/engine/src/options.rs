@@ -67,6 +67,11 @@ pub struct Options {
     pub max_background_jobs: usize,
     /// How SST files are written.
     pub table: TableOptions,
+    /// With a prefix extractor (`table.prefix_len`), each memtable gets a filter over
+    /// its keys' prefixes of this fraction of `write_buffer_size` (RocksDB's option of
+    /// the same name); a prefix seek skips a memtable that rules its prefix out.
+    /// 0: none. At most 0.25.
+    pub memtable_prefix_bloom_size_ratio: f64,
     /// Bytes of decoded blocks cached (0 = no cache).
     pub block_cache_size: usize,
     /// Tables kept open at most.
@@ -75,6 +80,9 @@ pub struct Options {
     pub wal: WalMode,
     /// Size of the WAL's segment files (`WalMode::Log`).
     pub wal_segment_size: u64,
+    /// Keep what the WAL replays at open in memtables (RocksDB's option of the same
+    /// name). Default false: it is flushed to L0 before `open` returns.
+    pub avoid_flush_during_recovery: bool,
     /// Start no background compactions (tests of L0 behaviour; `compact_range` still works).
     pub disable_auto_compactions: bool,
     /// Run flushes and compactions on the writing thread when a memtable fills, with no
@@ -100,10 +108,12 @@ impl Default for Options {
             num_levels: 7,
             max_background_jobs: 2,
             table: TableOptions::default(),
+            memtable_prefix_bloom_size_ratio: 0.0,
             block_cache_size: 8 << 20,
             max_open_files: 1000,
             wal: WalMode::Log,
             wal_segment_size: 64 << 20,
+            avoid_flush_during_recovery: false,
             disable_auto_compactions: false,
             inline_background: false,
         }
@@ -138,6 +148,12 @@ impl Options {
         if self.max_background_jobs < 2 {
             return bad("max_background_jobs must be at least 2 (one flush, one compaction)");
         }
+        if !(0.0..=0.25).contains(&self.memtable_prefix_bloom_size_ratio) {
+            return bad("memtable_prefix_bloom_size_ratio must be in 0..=0.25");
+        }
+        if self.table.prefix_len > crate::options::KEY_LEN_MAX {
+            return bad("table.prefix_len must be at most the largest key length");
+        }
         if self.max_open_files < 8 {
             return bad("max_open_files must be at least 8");
         }
@@ -166,6 +182,11 @@ pub struct ReadOptions<'a> {
     /// Whether data blocks read from files enter the block cache (default true). A
     /// long scan with `false` leaves the cache to the hot point reads.
     pub fill_cache: bool,
+    /// Iterators: a seek returns only keys with the sought key's prefix (RocksDB's
+    /// option of the same name), and skips tables whose prefix filter rules the prefix
+    /// out. Needs a prefix extractor (`Options::table.prefix_len`); a seek to a key
+    /// shorter than the prefix reads in total order.
+    pub prefix_same_as_start: bool,
 }
 
 impl Default for ReadOptions<'_> {
@@ -175,6 +196,7 @@ impl Default for ReadOptions<'_> {
             lower_bound: None,
             upper_bound: None,
             fill_cache: true,
+            prefix_same_as_start: false,
         }
     }
 }

@@ -738,3 +738,185 @@ fn replace_group_swaps_exactly_one_group() {
         db.close().unwrap();
     }
 }
+
+/// Reads (block reads once the tables are open) an operation makes on `m`.
+fn reads_during(m: &MemFs, f: impl FnOnce()) -> u64 {
+    let before = m.op_count(phoenix_storage::FaultKind::Read);
+    f();
+    m.op_count(phoenix_storage::FaultKind::Read) - before
+}
+
+/// A prefix seek reads no block of the L0 tables whose prefix filter rules its prefix out,
+/// returns only keys of its prefix both ways, and a total-order iterator of the same data
+/// sees every table.
+#[test]
+fn prefix_seek_skips_tables_the_prefix_filter_rules_out() {
+    let (m, fs) = fs();
+    let mut opts = small_opts(WalMode::None);
+    opts.disable_auto_compactions = true;
+    opts.block_cache_size = 0;
+    opts.table.prefix_len = 4;
+    let db = Db::open(fs, Path::new("/db"), opts).unwrap();
+    let wo = WriteOptions::default();
+    // One L0 table per prefix, each spanning the whole key range of the others' so only
+    // the filter can tell them apart: "a-" keys sort under every prefix's range.
+    for p in ["aaaa", "bbbb", "cccc", "dddd"] {
+        for i in 0..50u32 {
+            db.put(&wo, format!("{p}-{i:03}").as_bytes(), &[b'v'; 20])
+                .unwrap();
+        }
+        db.put(&wo, format!("a{p}").as_bytes(), b"low").unwrap();
+        db.put(&wo, format!("z{p}").as_bytes(), b"high").unwrap();
+        db.flush().unwrap();
+    }
+    assert_eq!(db.stats().levels[0].files, 4);
+    assert_eq!(scan(&db, &ReadOptions::default()).len(), 4 * 52);
+    let prefix_ro = ReadOptions {
+        prefix_same_as_start: true,
+        ..ReadOptions::default()
+    };
+
+    let mut got = Vec::new();
+    let prefix_reads = reads_during(&m, || {
+        let mut it = db.iter(&prefix_ro).unwrap();
+        it.seek(b"cccc-010");
+        while it.valid() {
+            got.push(it.key().to_vec());
+            it.next();
+        }
+        it.status().unwrap();
+    });
+    let want: Vec<Vec<u8>> = (10..50u32)
+        .map(|i| format!("cccc-{i:03}").into_bytes())
+        .collect();
+    assert_eq!(got, want);
+    let total_reads = reads_during(&m, || {
+        let mut it = db.iter(&ReadOptions::default()).unwrap();
+        it.seek(b"cccc-010");
+        for _ in 0..40 {
+            assert!(it.valid());
+            it.next();
+        }
+        it.status().unwrap();
+    });
+    assert!(
+        prefix_reads < total_reads && prefix_reads <= 2,
+        "prefix seek read {prefix_reads} blocks, total order {total_reads}"
+    );
+
+    // A prefix no table holds: nothing read, nothing found.
+    let reads = reads_during(&m, || {
+        let mut it = db.iter(&prefix_ro).unwrap();
+        it.seek(b"bbbc-000");
+        assert!(!it.valid());
+        it.status().unwrap();
+    });
+    assert_eq!(
+        reads, 0,
+        "a prefix ruled out by every filter cost block reads"
+    );
+
+    // Backwards, the prefix holds too.
+    let mut it = db.iter(&prefix_ro).unwrap();
+    it.seek_for_prev(b"bbbb-999");
+    let mut back = Vec::new();
+    while it.valid() {
+        back.push(it.key().to_vec());
+        it.prev();
+    }
+    it.status().unwrap();
+    assert_eq!(back.len(), 50);
+    assert_eq!(back[0], b"bbbb-049".to_vec());
+    assert_eq!(back[49], b"bbbb-000".to_vec());
+    // A seek to a key shorter than the prefix reads in total order.
+    it.seek(b"zc");
+    assert_eq!(it.key(), b"zcccc");
+    it.next();
+    assert_eq!(it.key(), b"zdddd");
+
+    let no_extractor = Db::open(
+        Arc::new(MemFs::new()),
+        Path::new("/other"),
+        small_opts(WalMode::None),
+    )
+    .unwrap();
+    assert!(no_extractor.iter(&prefix_ro).is_err());
+    db.close().unwrap();
+}
+
+/// A bounded scan reads no more blocks than an unbounded one stopped at the same key, and
+/// fewer whenever the bound is where a block or a file begins: the index separators and
+/// the files' key ranges rule the next block out without reading it. The same holds
+/// backwards with a lower bound.
+#[test]
+fn bounded_scans_read_no_block_past_their_bounds() {
+    let (m, fs) = fs();
+    let mut opts = small_opts(WalMode::None);
+    opts.block_cache_size = 0;
+    let db = Db::open(fs, Path::new("/db"), opts).unwrap();
+    let wo = WriteOptions::default();
+    // Group 0 (the first 8 bytes), so files are cut by size, not at every key.
+    let key = |i: u32| [&[0u8; 8][..], format!("k{i:05}").as_bytes()].concat();
+    for i in 0..3000u32 {
+        db.put(&wo, &key(i), &[b'v'; 100]).unwrap();
+    }
+    db.flush().unwrap();
+    db.compact_range(None, None).unwrap();
+    let files: usize = db.stats().levels.iter().skip(1).map(|l| l.files).sum();
+    assert!(files > 4, "{:?}", db.stats().levels);
+    scan(&db, &ReadOptions::default());
+
+    let (mut fewer_fwd, mut fewer_back) = (0, 0);
+    for end in 1000..1400u32 {
+        let bounded = reads_during(&m, || {
+            let ro = ReadOptions {
+                lower_bound: Some(key(900)),
+                upper_bound: Some(key(end)),
+                ..ReadOptions::default()
+            };
+            assert_eq!(scan(&db, &ro).len(), (end - 900) as usize);
+        });
+        let stopped = reads_during(&m, || {
+            let mut it = db.iter(&ReadOptions::default()).unwrap();
+            it.seek(&key(900));
+            while it.valid() && it.key() < key(end).as_slice() {
+                it.next();
+            }
+            it.status().unwrap();
+        });
+        assert!(bounded <= stopped, "bound {end}: {bounded} > {stopped}");
+        fewer_fwd += u32::from(bounded < stopped);
+
+        let bounded = reads_during(&m, || {
+            let ro = ReadOptions {
+                lower_bound: Some(key(end)),
+                upper_bound: Some(key(1500)),
+                ..ReadOptions::default()
+            };
+            assert_eq!(scan_rev(&db, &ro).len(), (1500 - end) as usize);
+        });
+        let stopped = reads_during(&m, || {
+            let mut it = db.iter(&ReadOptions::default()).unwrap();
+            it.seek_for_prev(&key(1499));
+            while it.valid() && it.key() >= key(end).as_slice() {
+                it.prev();
+            }
+            it.status().unwrap();
+        });
+        assert!(
+            bounded <= stopped,
+            "lower bound {end}: {bounded} > {stopped}"
+        );
+        fewer_back += u32::from(bounded < stopped);
+    }
+    // 400 keys of about 110 bytes span about ten 4 KiB blocks.
+    assert!(
+        fewer_fwd >= 5,
+        "forward: fewer reads at only {fewer_fwd} bounds"
+    );
+    assert!(
+        fewer_back >= 5,
+        "backward: fewer reads at only {fewer_back} bounds"
+    );
+    db.close().unwrap();
+}

@@ -1,6 +1,7 @@
 //! Model-based test: seeded random operations on the Db and on a `BTreeMap`, compared
 //! after every read — gets, multi-gets, iterators in both directions with bounds, at the
-//! latest state and at snapshots — across flushes, compactions, drop_group, ingests over
+//! latest state and at snapshots, prefix seeks with and without prefix filters — across
+//! flushes, compactions, drop_group, ingests over
 //! existing data and reopens.
 //!
 //! `PHOENIX_SEED` picks the first seed (default 1), `PHOENIX_ENGINE_MODEL_RUNS` the number
@@ -69,14 +70,25 @@ fn options(rng: &mut ChaCha8Rng) -> Options {
         min_group_file_size: if rng.gen_bool(0.5) { 0 } else { 4 << 10 },
         table: phoenix_engine::table::TableOptions {
             block_size: rng.gen_range(1..4) << 9,
+            bloom_bits_per_key: if rng.gen_bool(0.8) { 10 } else { 0 },
+            // Keys are group (8) ‖ 'd' ‖ 3 digits: 9 puts a group's keys under one
+            // prefix, 10 and 11 split it into 12 and 120 prefixes.
+            prefix_len: [0, 9, 10, 11][rng.gen_range(0..4)],
             ..Default::default()
         },
         wal_segment_size: 256 << 10,
+        memtable_prefix_bloom_size_ratio: if rng.gen_bool(0.5) { 0.1 } else { 0.0 },
         ..Options::default()
     }
 }
 
-fn check_iter(db: &Db, model: &Model, snap: Option<&Snapshot>, rng: &mut ChaCha8Rng) {
+fn check_iter(
+    db: &Db,
+    db_prefix_len: usize,
+    model: &Model,
+    snap: Option<&Snapshot>,
+    rng: &mut ChaCha8Rng,
+) {
     let mut lower = None;
     let mut upper = None;
     if rng.gen_bool(0.3) {
@@ -85,24 +97,37 @@ fn check_iter(db: &Db, model: &Model, snap: Option<&Snapshot>, rng: &mut ChaCha8
     if rng.gen_bool(0.3) {
         upper = Some(random_key(rng));
     }
+    let prefix_len = db_prefix_len;
+    let prefix_mode = prefix_len > 0 && rng.gen_bool(0.5);
     let ro = ReadOptions {
         snapshot: snap,
         lower_bound: lower.clone(),
         upper_bound: upper.clone(),
+        prefix_same_as_start: prefix_mode,
         ..Default::default()
     };
+    let how = rng.gen_range(0..4);
+    let target = random_key(rng);
+    let target_copy = target.clone();
+    // In prefix mode a seek to a key at least `prefix_len` long sees only its prefix.
+    let prefix = (prefix_mode && how >= 2)
+        .then(|| target.get(..prefix_len))
+        .flatten();
     let lo = lower.clone().map_or(Bound::Unbounded, Bound::Included);
     let hi = upper.clone().map_or(Bound::Unbounded, Bound::Excluded);
     let view: Vec<(&Vec<u8>, &Vec<u8>)> = if matches!((&lower, &upper), (Some(l), Some(u)) if l >= u)
     {
         Vec::new()
     } else {
-        model.range((lo, hi)).collect()
+        model
+            .range((lo, hi))
+            .filter(|(k, _)| prefix.is_none_or(|p| k.starts_with(p)))
+            .collect()
     };
     let mut it = db.iter(&ro).unwrap();
     // Position randomly, then wander, comparing with the model's index.
     let mut pos: Option<usize>;
-    match rng.gen_range(0..4) {
+    match how {
         0 => {
             it.seek_to_first();
             pos = (!view.is_empty()).then_some(0);
@@ -112,7 +137,7 @@ fn check_iter(db: &Db, model: &Model, snap: Option<&Snapshot>, rng: &mut ChaCha8
             pos = view.len().checked_sub(1);
         }
         2 => {
-            let t = random_key(rng);
+            let t = target;
             it.seek(&t);
             let t = match &lower {
                 Some(l) if t < *l => l.clone(),
@@ -122,7 +147,7 @@ fn check_iter(db: &Db, model: &Model, snap: Option<&Snapshot>, rng: &mut ChaCha8
             pos = (i < view.len()).then_some(i);
         }
         _ => {
-            let t = random_key(rng);
+            let t = target;
             it.seek_for_prev(&t);
             let i = view.partition_point(|(k, _)| **k <= t);
             pos = i.checked_sub(1);
@@ -140,7 +165,7 @@ fn check_iter(db: &Db, model: &Model, snap: Option<&Snapshot>, rng: &mut ChaCha8
                 return;
             }
             Some(i) => {
-                assert!(it.valid(), "iterator exhausted, model at {:?}", view[i].0);
+                assert!(it.valid(), "iterator exhausted, model at {:?} (prefix mode {prefix_mode}, len {prefix_len}, how {how}, target {target_copy:?}, lower {lower:?}, upper {upper:?})", view[i].0);
                 assert_eq!(it.key(), view[i].0.as_slice());
                 assert_eq!(it.value(), view[i].1.as_slice());
             }
@@ -161,7 +186,7 @@ fn run(seed: u64) {
     let mem = Arc::new(MemFs::new());
     let fs: SharedFs = mem.clone();
     let dir = Path::new("/model");
-    let opts = options(&mut rng);
+    let mut opts = options(&mut rng);
     let mut db = Db::open(Arc::clone(&fs), dir, opts.clone()).unwrap();
     let mut model = Model::new();
     let mut snaps: Vec<(Snapshot, Model)> = Vec::new();
@@ -231,9 +256,9 @@ fn run(seed: u64) {
                 if !snaps.is_empty() && rng.gen_bool(0.3) {
                     let i = rng.gen_range(0..snaps.len());
                     let (s, m) = &snaps[i];
-                    check_iter(&db, m, Some(s), &mut rng);
+                    check_iter(&db, opts.table.prefix_len, m, Some(s), &mut rng);
                 } else {
-                    check_iter(&db, &model, None, &mut rng);
+                    check_iter(&db, opts.table.prefix_len, &model, None, &mut rng);
                 }
             }
             81..=84 => {
@@ -273,6 +298,11 @@ fn run(seed: u64) {
                 snaps.clear();
                 db.close().unwrap();
                 drop(db);
+                if rng.gen_bool(0.3) {
+                    // Another prefix length: tables keep filters of the old one, which
+                    // must not be used.
+                    opts.table.prefix_len = [0, 9, 10, 11][rng.gen_range(0..4)];
+                }
                 db = Db::open(Arc::clone(&fs), dir, opts.clone()).unwrap();
             }
             96..=97 => {

@@ -145,6 +145,7 @@ fn build_files(
         upper_bound: keys::group_end(g),
         // A whole-group scan would evict the hot blocks of every other group.
         fill_cache: false,
+        ..ReadOptions::default()
     };
     let mut it = shared.engine.iter(&ro)?;
     it.seek_to_first();

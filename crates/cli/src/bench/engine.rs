@@ -12,6 +12,9 @@
 //!   files at group boundaries from L1 down.)
 //! - Values: `value_size`-byte slices of a 1 MiB buffer that compresses to about
 //!   `compression_ratio` (random printable runs, each repeated).
+//! - Random keys: thread i of the run draws from `--seed` + i, salted per read
+//!   benchmark, so a read run in a separate process does not seek exactly the keys a
+//!   fill with the same seed wrote.
 //! - Every thread runs the whole benchmark: `fill*`/`overwrite` write `num` keys per
 //!   thread, reads do `reads` (default `num`) operations per thread.
 //! - `fillseq`, `fillrandom`: start from an empty database (the directory is wiped unless
@@ -20,7 +23,9 @@
 //! - `readrandom`: point reads of random keys; "found" counts hits.
 //! - `readseq`: one iterator per thread from the first key, `reads` steps at most.
 //! - `seekrandom`: a fresh iterator per operation seeks to a random key; "found" counts
-//!   seeks landing exactly on it. Then `--seek_nexts` steps forward while valid (a
+//!   seeks landing exactly on it. With `--prefix_size P --keys_per_prefix K` (db_bench
+//!   layout) every key starts with its prefix number in P bytes, and
+//!   `--prefix_same_as_start` keeps each listing within the sought key's prefix. Then `--seek_nexts` steps forward while valid (a
 //!   listing: seek, then N nexts; each key and value read counts in MB/s). With
 //!   `--max_scan_distance D` the iterator's upper bound is the key D numbers past the
 //!   sought one (capped at `num`), as db_bench sets `iterate_upper_bound`.
@@ -126,6 +131,23 @@ pub struct Args {
     /// (0: unbounded).
     #[arg(long = "max_scan_distance", default_value_t = 0)]
     max_scan_distance: u64,
+    /// The prefix extractor's length in bytes (0: none); with `--bloom_bits`, tables
+    /// carry prefix filters.
+    #[arg(long = "prefix_size", default_value_t = 0)]
+    prefix_size: usize,
+    /// Keys per prefix, with `--key_layout=db_bench`: each key starts with its prefix
+    /// number (key number modulo num / keys_per_prefix) in `--prefix_size` bytes
+    /// (0: no prefix in the key).
+    #[arg(long = "keys_per_prefix", default_value_t = 0)]
+    keys_per_prefix: u64,
+    /// seekrandom: each seek returns only keys with the sought key's prefix, skipping
+    /// tables whose prefix filter rules it out (needs `--prefix_size`).
+    #[arg(long = "prefix_same_as_start", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    prefix_same_as_start: bool,
+    /// With `--prefix_size`, each memtable's prefix filter takes this fraction of
+    /// `--write_buffer_size` (0: none).
+    #[arg(long = "memtable_bloom_size_ratio", default_value_t = 0.0)]
+    memtable_bloom_size_ratio: f64,
 }
 
 fn parse_bool(s: &str) -> Result<bool, String> {
@@ -220,8 +242,9 @@ fn make_key(buf: &mut [u8], v: u64) {
 /// How key numbers become keys.
 #[derive(Clone, Copy, Debug)]
 enum KeyLayout {
-    /// db_bench's: the number first.
-    DbBench,
+    /// db_bench's: the number first, after its prefix number (in `prefix_size` bytes)
+    /// when keys have prefixes.
+    DbBench { prefix_size: usize, num_prefix: u64 },
     /// PhoenixKV's: a group id over `groups` contiguous ranges of `num`, then the number.
     Group { groups: u64, num: u64 },
 }
@@ -229,7 +252,19 @@ enum KeyLayout {
 impl KeyLayout {
     fn write(self, buf: &mut [u8], v: u64) {
         match self {
-            KeyLayout::DbBench => make_key(buf, v),
+            KeyLayout::DbBench { prefix_size: 0, .. } => make_key(buf, v),
+            KeyLayout::DbBench {
+                prefix_size,
+                num_prefix,
+            } => {
+                // As db_bench: the prefix number big-endian in the first min(size, 8)
+                // bytes, '0' after that, then the key number.
+                let (head, tail) = buf.split_at_mut(prefix_size);
+                let n = prefix_size.min(8);
+                head[..n].copy_from_slice(&(v % num_prefix.max(1)).to_be_bytes()[8 - n..]);
+                head[n..].fill(b'0');
+                make_key(tail, v);
+            }
             KeyLayout::Group { groups, num } => {
                 // Widened so that v * groups cannot overflow.
                 let g = (u128::from(v) * u128::from(groups) / u128::from(num.max(1))) as u64;
@@ -256,9 +291,15 @@ fn run_thread(
     bar: &ProgressBar,
 ) -> Result<ThreadStats, BenchError> {
     let args = ctx.args;
-    // `tid` counts threads over the whole run (as db_bench's seeds do), so a read
-    // benchmark does not replay the key sequence of the fill before it.
-    let mut rng = StdRng::seed_from_u64(args.seed.wrapping_add(tid));
+    // `tid` counts threads over the whole run (as db_bench's seeds do), and reads salt
+    // the seed with the benchmark, so a read does not replay the key sequence of the fill
+    // before it, in this run or in an earlier one with the same `--seed`.
+    let salt: u64 = match bench {
+        Bench::ReadRandom => 0x7265_6164,
+        Bench::SeekRandom => 0x7365_656b,
+        _ => 0,
+    };
+    let mut rng = StdRng::seed_from_u64(args.seed.wrapping_add(tid) ^ (salt << 32));
     let mut values = ValueGen::new(
         args.value_size,
         args.compression_ratio,
@@ -270,7 +311,10 @@ fn run_thread(
         ..ThreadStats::default()
     };
     const TICK: u64 = 1024;
-    let ro = ReadOptions::default();
+    let ro = ReadOptions {
+        prefix_same_as_start: args.prefix_same_as_start,
+        ..ReadOptions::default()
+    };
     match bench {
         Bench::FillSeq | Bench::FillRandom | Bench::Overwrite => {
             for i in 0..args.num {
@@ -325,18 +369,15 @@ fn run_thread(
                     ctx.layout.write(&mut bound, end);
                     let bounded = ReadOptions {
                         upper_bound: Some(bound.clone()),
-                        ..ReadOptions::default()
+                        ..ro.clone()
                     };
                     ctx.db.iter(&bounded)?
                 } else {
                     ctx.db.iter(&ro)?
                 };
                 it.seek(&key);
-                if it.valid() {
-                    if it.key() == key.as_slice() {
-                        st.found += 1;
-                    }
-                    st.bytes += (it.key().len() + it.value().len()) as u64;
+                if it.valid() && it.key() == key.as_slice() {
+                    st.found += 1;
                 }
                 // As db_bench: `seek_nexts` steps, each reading the entry it leaves.
                 for _ in 0..args.seek_nexts {
@@ -379,9 +420,11 @@ fn engine_options(args: &Args) -> Result<Options, BenchError> {
             block_size: args.block_size,
             bloom_bits_per_key: u32::try_from(args.bloom_bits.max(0)).unwrap_or(0),
             compression,
+            prefix_len: args.prefix_size,
             ..TableOptions::default()
         },
         block_cache_size: usize::try_from(args.cache_size.max(0)).unwrap_or(0),
+        memtable_prefix_bloom_size_ratio: args.memtable_bloom_size_ratio,
         wal: if args.disable_wal {
             WalMode::None
         } else {
@@ -456,7 +499,24 @@ fn report(out: Report, name: &str, stats: &[ThreadStats]) -> serde_json::Value {
 /// Runs the benchmark.
 pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
     let layout = match args.key_layout.as_str() {
-        "db_bench" if args.key_size >= 8 => KeyLayout::DbBench,
+        "db_bench" if args.keys_per_prefix > 0 => {
+            if args.prefix_size == 0 || args.key_size <= args.prefix_size {
+                return Err(
+                    "keys_per_prefix needs 0 < prefix_size < key_size (db_bench layout)".into(),
+                );
+            }
+            KeyLayout::DbBench {
+                prefix_size: args.prefix_size,
+                num_prefix: (args.num / args.keys_per_prefix).max(1),
+            }
+        }
+        "db_bench" if args.key_size >= 8 => KeyLayout::DbBench {
+            prefix_size: 0,
+            num_prefix: 0,
+        },
+        _ if args.keys_per_prefix > 0 => {
+            return Err("keys_per_prefix needs --key_layout=db_bench".into())
+        }
         "group" if args.key_size >= 9 && args.groups > 0 => KeyLayout::Group {
             groups: args.groups,
             num: args.num,
@@ -469,6 +529,9 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
     };
     if args.threads == 0 || args.num == 0 {
         return Err("threads and num must be positive".into());
+    }
+    if args.prefix_same_as_start && args.prefix_size == 0 {
+        return Err("prefix_same_as_start needs --prefix_size".into());
     }
     let benches = args
         .benchmarks
@@ -496,6 +559,18 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
             String::new()
         }
     ));
+    if args.prefix_size > 0 {
+        out.line(format_args!(
+            "Prefix:     {} bytes, {} keys per prefix{}",
+            args.prefix_size,
+            args.keys_per_prefix,
+            if args.prefix_same_as_start {
+                ", seeks stay in their prefix"
+            } else {
+                ""
+            }
+        ));
+    }
     out.line(format_args!("Threads:    {}", args.threads));
     out.line(format_args!(
         "WAL:        {}{}",

@@ -16,7 +16,8 @@ use crate::table::format::{
     block_trailer, compress_block, BlockHandle, Compression, Footer, BLOCK_TRAILER_LEN,
 };
 use crate::table::{
-    last_group_before, TableOptions, TableProperties, META_BLOOM, META_PROPERTIES, META_RANGE_DEL,
+    last_group_before, TableOptions, TableProperties, META_BLOOM, META_PREFIX_BLOOM,
+    META_PROPERTIES, META_RANGE_DEL,
 };
 
 /// Buffered bytes handed to the file at once (the file itself does not buffer).
@@ -44,6 +45,8 @@ pub struct TableBuilder {
     data: BlockBuilder,
     index: BlockBuilder,
     filter: Option<FilterBuilder>,
+    /// The prefix filter and the prefix length it is built for.
+    prefix_filter: Option<(usize, FilterBuilder)>,
     /// Handle of the last data block, whose index entry waits for the next key (so the
     /// separator can be shortened).
     pending: Option<BlockHandle>,
@@ -68,6 +71,8 @@ impl TableBuilder {
             index: BlockBuilder::new(opts.index_restart_interval),
             filter: (opts.bloom_bits_per_key > 0)
                 .then(|| FilterBuilder::new(opts.bloom_bits_per_key)),
+            prefix_filter: (opts.bloom_bits_per_key > 0 && opts.prefix_len > 0)
+                .then(|| (opts.prefix_len, FilterBuilder::new(opts.bloom_bits_per_key))),
             opts: opts.clone(),
             pending: None,
             last_key: Vec::new(),
@@ -109,6 +114,11 @@ impl TableBuilder {
         }
         if let Some(f) = &mut self.filter {
             f.add(parsed.user_key);
+        }
+        if let Some((len, f)) = &mut self.prefix_filter {
+            if let Some(prefix) = parsed.user_key.get(..*len) {
+                f.add(prefix);
+            }
         }
         if self.first_key.is_none() {
             self.first_key = Some(ikey.to_vec());
@@ -209,13 +219,21 @@ impl TableBuilder {
             let last = self.last_key.clone();
             self.index.add(&last, &handle.encode());
         }
-        let mut meta: Vec<(&[u8], BlockHandle)> = Vec::with_capacity(3);
+        let mut meta: Vec<(Vec<u8>, BlockHandle)> = Vec::with_capacity(4);
 
         if let Some(f) = self.filter.take().filter(|f| !f.is_empty()) {
             let contents = f.finish();
             let h = self.write_raw_block(&contents);
             self.props.filter_bytes = h.size + BLOCK_TRAILER_LEN as u64;
-            meta.push((META_BLOOM, h));
+            meta.push((META_BLOOM.to_vec(), h));
+        }
+        if let Some((len, f)) = self.prefix_filter.take().filter(|(_, f)| !f.is_empty()) {
+            let contents = f.finish();
+            let h = self.write_raw_block(&contents);
+            self.props.filter_bytes += h.size + BLOCK_TRAILER_LEN as u64;
+            let mut name = META_PREFIX_BLOOM.to_vec();
+            name.extend_from_slice(len.to_string().as_bytes());
+            meta.push((name, h));
         }
 
         let mut smallest = self.first_key.clone();
@@ -260,7 +278,7 @@ impl TableBuilder {
             self.props.num_range_deletions = written;
             let contents = rb.finish().to_vec();
             let h = self.write_raw_block(&contents);
-            meta.push((META_RANGE_DEL, h));
+            meta.push((META_RANGE_DEL.to_vec(), h));
         }
 
         let props = {
@@ -282,9 +300,9 @@ impl TableBuilder {
             p.clone()
         };
         let h = self.write_raw_block(&props.encode());
-        meta.push((META_PROPERTIES, h));
+        meta.push((META_PROPERTIES.to_vec(), h));
 
-        meta.sort_by(|a, b| a.0.cmp(b.0));
+        meta.sort_by(|a, b| a.0.cmp(&b.0));
         let mut mb = BlockBuilder::new(1);
         for (name, h) in &meta {
             mb.add(name, &h.encode());
@@ -310,23 +328,22 @@ impl TableBuilder {
     }
 }
 
-/// A short internal key `s` with `a <= s < b` (for index entries): when the user keys
-/// differ at a byte that can be bumped without reaching `b`'s, the prefix of `a` up to that
-/// byte, bumped, with the largest trailer; otherwise `a` itself.
+/// A short internal key `s` with `a <= s < b` (for index entries). When the user keys
+/// differ, `b`'s user key cut just past the first byte where it differs from `a`'s, with
+/// the largest trailer: no longer than `a`'s user key, and the largest key of that
+/// length below `b`, so an iterator's upper bound at or below the next block's first key
+/// often rules that block out by this separator alone (no block read). Otherwise `a`.
 fn separator(a: &[u8], b: &[u8]) -> Vec<u8> {
     let (ua, ub) = (key::user_key(a), key::user_key(b));
     let n = ua.iter().zip(ub).take_while(|(x, y)| x == y).count();
-    if n < ua.len() && n < ub.len() {
-        let byte = ua[n];
-        if byte < 0xff && byte + 1 < ub[n] && n + 1 < ua.len() {
-            let mut s = Vec::with_capacity(n + 1 + key::TRAILER_LEN);
-            s.extend_from_slice(&ua[..n]);
-            s.push(byte + 1);
-            s.extend_from_slice(&key::pack_trailer(MAX_SEQUENCE, KIND_FOR_SEEK).to_le_bytes());
-            debug_assert_eq!(compare_internal(a, &s), Ordering::Less);
-            debug_assert_eq!(compare_internal(&s, b), Ordering::Less);
-            return s;
-        }
+    if ua < ub {
+        // `ub[n] > ua[n]` or `ua` is a proper prefix of `ub`, so `ub[..=n] > ua`.
+        let mut s = Vec::with_capacity(n + 1 + key::TRAILER_LEN);
+        s.extend_from_slice(&ub[..=n]);
+        s.extend_from_slice(&key::pack_trailer(MAX_SEQUENCE, KIND_FOR_SEEK).to_le_bytes());
+        debug_assert_eq!(compare_internal(a, &s), Ordering::Less);
+        debug_assert_eq!(compare_internal(&s, b), Ordering::Less);
+        return s;
     }
     a.to_vec()
 }

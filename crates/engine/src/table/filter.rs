@@ -151,6 +151,71 @@ impl Filter {
     }
 }
 
+/// A bloom filter keys are added to while it is read (the memtable's prefix filter):
+/// fixed size, same hashing and line layout as the table filter, bits set with atomic
+/// ORs. A bit set before a reader's acquire of the entry it stands for is seen by it.
+#[derive(Debug)]
+pub struct DynamicFilter {
+    words: Vec<std::sync::atomic::AtomicU64>,
+    num_lines: u32,
+}
+
+/// Probes per key of a [`DynamicFilter`] (RocksDB's memtable bloom uses 6).
+const DYNAMIC_PROBES: u32 = 6;
+
+impl DynamicFilter {
+    /// A filter of about `bytes` bytes (at least one 64-byte line).
+    pub fn new(bytes: usize) -> Self {
+        let num_lines = (bytes / LINE_BYTES).clamp(1, u32::MAX as usize) as u32;
+        let words = (0..num_lines as usize * LINE_BYTES / 8)
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect();
+        DynamicFilter { words, num_lines }
+    }
+
+    /// Adds `key`.
+    pub fn add(&self, key: &[u8]) {
+        let h = hash(key);
+        let line = line_of(h, self.num_lines) * (LINE_BYTES / 8);
+        let mut g = h as u32;
+        for _ in 0..DYNAMIC_PROBES {
+            let bit = (g >> 23) as usize;
+            if let Some(w) = self.words.get(line + bit / 64) {
+                w.fetch_or(1 << (bit % 64), std::sync::atomic::Ordering::Relaxed);
+            }
+            g = g.wrapping_mul(0x9e37_79b9);
+        }
+    }
+
+    /// Whether `key` may have been added (false means surely not).
+    pub fn may_contain(&self, key: &[u8]) -> bool {
+        let h = hash(key);
+        let line = line_of(h, self.num_lines) * (LINE_BYTES / 8);
+        let mut g = h as u32;
+        for _ in 0..DYNAMIC_PROBES {
+            let bit = (g >> 23) as usize;
+            let Some(w) = self.words.get(line + bit / 64) else {
+                return true;
+            };
+            if w.load(std::sync::atomic::Ordering::Relaxed) & (1 << (bit % 64)) == 0 {
+                return false;
+            }
+            g = g.wrapping_mul(0x9e37_79b9);
+        }
+        true
+    }
+
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    /// Whether the filter holds no bytes (never true).
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +234,22 @@ mod tests {
             .filter(|i| f.may_contain(format!("other{i}").as_bytes()))
             .count();
         assert!(fp < 250, "false positive rate {fp}/10000");
+    }
+
+    #[test]
+    fn dynamic_filter_has_no_false_negatives() {
+        let f = DynamicFilter::new(16 << 10);
+        for i in 0..10_000u32 {
+            f.add(format!("key{i}").as_bytes());
+        }
+        for i in 0..10_000u32 {
+            assert!(f.may_contain(format!("key{i}").as_bytes()));
+        }
+        let fp = (0..10_000u32)
+            .filter(|i| f.may_contain(format!("other{i}").as_bytes()))
+            .count();
+        assert!(fp < 1000, "false positive rate {fp}/10000");
+        assert!(!DynamicFilter::new(0).may_contain(b"x"));
     }
 
     #[test]

@@ -11,11 +11,16 @@
 //! index_block:= block of (separator internal_key -> block_handle of a data block);
 //!               separator >= every key of its block and < every key of the next block
 //! filter     := bloom filter over the user keys of all data blocks (filter.rs)
+//! prefix_filter := bloom filter (same grammar) over the first L bytes of every user key
+//!               at least L long, L being the prefix extractor's length when written
 //! range_del  := block (restart interval 1) of (start ‖ trailer(seq, RangeDelete) -> end),
 //!               ordered like internal keys
 //! properties := see [`TableProperties::encode`]
 //! metaindex  := block, bytewise order, of (name -> block_handle) with names
-//!               "phoenix.bloom", "phoenix.properties", "phoenix.range_del"
+//!               "phoenix.bloom", "phoenix.prefix_bloom.<L in decimal>",
+//!               "phoenix.properties", "phoenix.range_del"; readers skip names they do
+//!               not know, so a table with a prefix filter opens in a binary without
+//!               them, and a filter of another length than the reader's is not used
 //! footer     := 56 bytes naming the metaindex and index blocks (format.rs)
 //! ```
 //!
@@ -44,6 +49,8 @@ pub use reader::{Table, TableIter};
 
 /// Metaindex name of the bloom filter block.
 pub const META_BLOOM: &[u8] = b"phoenix.bloom";
+/// Metaindex name of the prefix filter block, followed by the prefix length in decimal.
+pub const META_PREFIX_BLOOM: &[u8] = b"phoenix.prefix_bloom.";
 /// Metaindex name of the properties block.
 pub const META_PROPERTIES: &[u8] = b"phoenix.properties";
 /// Metaindex name of the range-deletion block.
@@ -62,6 +69,11 @@ pub struct TableOptions {
     pub compression: Compression,
     /// Entries between restart points in the index block.
     pub index_restart_interval: usize,
+    /// The prefix extractor: the first `prefix_len` bytes of a key are its prefix (keys
+    /// shorter have none), as RocksDB's fixed prefix transform. With a bloom filter
+    /// (`bloom_bits_per_key > 0`), tables also get a filter over the prefixes, which a
+    /// prefix seek uses to skip tables. 0: no prefix extractor.
+    pub prefix_len: usize,
 }
 
 impl Default for TableOptions {
@@ -72,6 +84,7 @@ impl Default for TableOptions {
             bloom_bits_per_key: 10,
             compression: Compression::None,
             index_restart_interval: 1,
+            prefix_len: 0,
         }
     }
 }
@@ -104,7 +117,7 @@ pub struct TableProperties {
     pub data_bytes: u64,
     /// Bytes of the index block on disk.
     pub index_bytes: u64,
-    /// Bytes of the filter block on disk.
+    /// Bytes of the filter blocks (whole-key and prefix) on disk.
     pub filter_bytes: u64,
     /// Group of the smallest user key.
     pub min_group: u64,

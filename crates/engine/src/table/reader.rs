@@ -12,12 +12,15 @@ use phoenix_storage::ReadableFile;
 
 use crate::error::{Error, Result};
 use crate::iter::InternalIterator;
+use crate::iter::ReadScope;
 use crate::key::{self, compare_internal, parse_internal_key, RangeTombstone, ValueKind};
 use crate::table::block::{bytewise, Block, BlockIter};
 use crate::table::cache::BlockCache;
 use crate::table::filter::Filter;
 use crate::table::format::{read_block, BlockHandle, Footer, FOOTER_LEN};
-use crate::table::{clone_error, TableProperties, META_BLOOM, META_PROPERTIES, META_RANGE_DEL};
+use crate::table::{
+    clone_error, TableProperties, META_BLOOM, META_PREFIX_BLOOM, META_PROPERTIES, META_RANGE_DEL,
+};
 
 /// An open table. `Send + Sync`; shared as `Arc<Table>`.
 #[derive(Debug)]
@@ -30,6 +33,8 @@ pub struct Table {
     cache_id: u64,
     index: Arc<Block>,
     filter: Option<Filter>,
+    /// The prefix filter and the prefix length it was built for.
+    prefix_filter: Option<(usize, Filter)>,
     props: TableProperties,
     tombstones: Vec<RangeTombstone>,
 }
@@ -64,9 +69,28 @@ impl Table {
         let mut bloom = None;
         let mut props = None;
         let mut range_del = None;
+        let mut prefix_bloom = None;
         meta.seek_to_first();
         while meta.valid() {
+            let prefix_len = meta
+                .key()
+                .strip_prefix(META_PREFIX_BLOOM)
+                .and_then(|l| std::str::from_utf8(l).ok())
+                .and_then(|l| l.parse::<usize>().ok())
+                .filter(|&l| l > 0);
             let slot = match meta.key() {
+                _ if prefix_len.is_some() => {
+                    let h = BlockHandle::decode_exact(meta.value()).ok_or_else(|| {
+                        Error::corruption(
+                            path.as_path(),
+                            meta.file_offset(),
+                            "bad metaindex handle",
+                        )
+                    })?;
+                    prefix_bloom = prefix_len.map(|l| (l, h));
+                    meta.next();
+                    continue;
+                }
                 k if k == META_BLOOM => &mut bloom,
                 k if k == META_PROPERTIES => &mut props,
                 k if k == META_RANGE_DEL => &mut range_del,
@@ -100,14 +124,16 @@ impl Table {
             )
         })?;
 
-        let filter = match bloom {
+        let read_filter = |h: BlockHandle| -> Result<Filter> {
+            let data = read_block(&*file, size, h, &path)?;
+            Filter::new(data).map_err(|what| {
+                Error::corruption(path.as_path(), h.offset, format!("filter: {what}"))
+            })
+        };
+        let filter = bloom.map(read_filter).transpose()?;
+        let prefix_filter = match prefix_bloom {
+            Some((len, h)) => Some((len, read_filter(h)?)),
             None => None,
-            Some(h) => {
-                let data = read_block(&*file, size, h, &path)?;
-                Some(Filter::new(data).map_err(|what| {
-                    Error::corruption(path.as_path(), h.offset, format!("filter: {what}"))
-                })?)
-            }
         };
 
         let mut tombstones = Vec::new();
@@ -155,6 +181,7 @@ impl Table {
             cache_id,
             index,
             filter,
+            prefix_filter,
             props,
             tombstones,
         })
@@ -219,6 +246,14 @@ impl Table {
         Ok(None)
     }
 
+    /// Whether the table surely holds no key starting with `prefix` (false when it has
+    /// no prefix filter of `prefix`'s length).
+    pub fn excludes_prefix(&self, prefix: &[u8]) -> bool {
+        self.prefix_filter
+            .as_ref()
+            .is_some_and(|(len, f)| *len == prefix.len() && !f.may_contain(prefix))
+    }
+
     /// A cursor over the table's point entries; the blocks it reads enter the cache.
     pub fn iter(self: &Arc<Self>) -> TableIter {
         self.iter_with(true)
@@ -234,6 +269,8 @@ impl Table {
             data: None,
             data_offset: 0,
             err: None,
+            scope: None,
+            excluded: false,
         }
     }
 
@@ -285,9 +322,41 @@ pub struct TableIter {
     data_offset: u64,
     err: Option<Error>,
     fill_cache: bool,
+    /// What the reads are confined to: no block wholly past it is read.
+    scope: Option<Arc<ReadScope>>,
+    /// The scope's prefix is ruled out by the prefix filter: every seek finds nothing.
+    excluded: bool,
 }
 
 impl TableIter {
+    /// Whether the block after the current index entry's lies wholly past the scope's
+    /// upper bound: the entry's separator is >= every key of its block and < every key
+    /// of the next, so the next block's user keys are >= the separator's.
+    fn next_block_out_of_scope(&self) -> bool {
+        self.scope.as_ref().is_some_and(|s| {
+            s.upper.is_some()
+                && self.index.valid()
+                && s.above_upper(key::user_key(self.index.key()))
+        })
+    }
+
+    /// Whether the current index entry's block lies wholly before the scope's lower
+    /// bound: its separator is >= every key of the block, and a separator with the
+    /// largest trailer is above every entry of its own user key too.
+    fn block_below_scope(&self) -> bool {
+        let Some(lower) = self.scope.as_ref().and_then(|s| s.lower.as_deref()) else {
+            return false;
+        };
+        if !self.index.valid() {
+            return false;
+        }
+        let sep = self.index.key();
+        let uk = key::user_key(sep);
+        uk < lower
+            || (uk == lower
+                && key::trailer(sep) == key::pack_trailer(key::MAX_SEQUENCE, key::KIND_FOR_SEEK))
+    }
+
     fn set_error(&mut self, e: Error) {
         if self.err.is_none() {
             self.err = Some(e);
@@ -346,6 +415,10 @@ impl TableIter {
 
     fn skip_forward(&mut self) {
         while let Some(true) = self.data_exhausted() {
+            if self.next_block_out_of_scope() {
+                self.data = None;
+                return;
+            }
             self.index.next();
             if !self.load() {
                 return;
@@ -359,6 +432,10 @@ impl TableIter {
     fn skip_backward(&mut self) {
         while let Some(true) = self.data_exhausted() {
             self.index.prev();
+            if self.block_below_scope() {
+                self.data = None;
+                return;
+            }
             if !self.load() {
                 return;
             }
@@ -376,6 +453,10 @@ impl InternalIterator for TableIter {
     }
 
     fn seek_to_first(&mut self) {
+        if self.excluded {
+            self.data = None;
+            return;
+        }
         self.index.seek_to_first();
         if self.load() {
             if let Some(d) = &mut self.data {
@@ -386,6 +467,10 @@ impl InternalIterator for TableIter {
     }
 
     fn seek_to_last(&mut self) {
+        if self.excluded {
+            self.data = None;
+            return;
+        }
         self.index.seek_to_last();
         if self.load() {
             if let Some(d) = &mut self.data {
@@ -396,6 +481,10 @@ impl InternalIterator for TableIter {
     }
 
     fn seek(&mut self, target: &[u8]) {
+        if self.excluded {
+            self.data = None;
+            return;
+        }
         self.index.seek(target);
         if self.load() {
             if let Some(d) = &mut self.data {
@@ -406,6 +495,10 @@ impl InternalIterator for TableIter {
     }
 
     fn seek_for_prev(&mut self, target: &[u8]) {
+        if self.excluded {
+            self.data = None;
+            return;
+        }
         self.index.seek(target);
         if !self.index.valid() {
             if let Err(e) = self.index.status() {
@@ -461,5 +554,13 @@ impl InternalIterator for TableIter {
             Some(d) => d.status(),
             None => Ok(()),
         }
+    }
+
+    fn set_scope(&mut self, scope: &Arc<ReadScope>) {
+        self.excluded = scope
+            .prefix
+            .as_deref()
+            .is_some_and(|p| self.table.excludes_prefix(p));
+        self.scope = Some(Arc::clone(scope));
     }
 }

@@ -109,6 +109,7 @@ fn round_trip_under_every_option_set() {
             bloom_bits_per_key: bloom,
             compression,
             index_restart_interval: 1 + i,
+            prefix_len: [0, 3, 6][i % 3],
         };
         let path = PathBuf::from(format!("/db/{i}.sst"));
         let summary = build(&fs, &path, &kvs, &tombs, &opts);
