@@ -36,15 +36,19 @@ for v in ${VALUES:-32 100 256}; do
   pk=$dir/seekm-pk-$v; rk=$dir/seekm-rdb-$v
   pkp=$dir/seekm-pkp-$v; rkp=$dir/seekm-rdbp-$v
   rm -rf "$pk" "$rk" "$pkp" "$rkp"
-  run "fill v=$v variant=plain" phoenix --benchmarks=fillrandom $common --value_size=$v --db="$pk"
-  run "fill v=$v variant=plain" rocksdb --benchmarks=fillrandom $common --value_size=$v --db="$rk"
+  # Filled, then compacted down (db_bench's `compact`), so both engines read the same LSM
+  # shape: left alone, which one's background compaction happened to finish before the
+  # reads would decide how many sources a seek visits.
+  run "fill v=$v variant=plain" phoenix --benchmarks=fillrandom,compact $common --value_size=$v --db="$pk"
+  run "fill v=$v variant=plain" rocksdb --benchmarks=fillrandom,compact $common --value_size=$v --db="$rk"
   case " ${VARIANTS:-plain bounded prefix} " in *" prefix "*)
-    run "fill v=$v variant=prefix" phoenix --benchmarks=fillrandom $common $prefix_keys --key_layout=db_bench --value_size=$v --db="$pkp"
-    run "fill v=$v variant=prefix" rocksdb --benchmarks=fillrandom $common $prefix_keys --value_size=$v --db="$rkp"
+    run "fill v=$v variant=prefix" phoenix --benchmarks=fillrandom,compact $common $prefix_keys --key_layout=db_bench --value_size=$v --db="$pkp"
+    run "fill v=$v variant=prefix" rocksdb --benchmarks=fillrandom,compact $common $prefix_keys --value_size=$v --db="$rkp"
   esac
   for t in ${THREADS:-1 4 8}; do
     for n in ${NEXTS:-0 10 100}; do
-      case $n in 0) base=150000 ;; 10) base=100000 ;; *) base=30000 ;; esac
+      # About a second a run at one thread on the machine of BENCHMARKS.md.
+      case $n in 0) base=300000 ;; 10) base=200000 ;; *) base=60000 ;; esac
       div=$(( t > 2 ? t / 2 : 1 )); reads=$(( base / div ))
       for variant in ${VARIANTS:-plain bounded prefix}; do
         case $variant in

@@ -159,7 +159,12 @@ impl DbIterator {
 
     /// Positions on the first key `>= target` (clamped to the lower bound).
     pub fn seek(&mut self, target: &[u8]) {
-        self.scope_for(Some(target));
+        // As RocksDB: the prefix is the one of the target clamped to the lower bound.
+        let base = Arc::clone(&self.base);
+        match base.lower.as_deref() {
+            Some(l) if target < l => self.scope_for(Some(l)),
+            _ => self.scope_for(Some(target)),
+        }
         self.seek_in_scope(target);
     }
 
@@ -189,7 +194,12 @@ impl DbIterator {
 
     /// Positions on the last key `<= target` (clamped below the upper bound).
     pub fn seek_for_prev(&mut self, target: &[u8]) {
-        self.scope_for(Some(target));
+        // As RocksDB: the prefix is the one of the target clamped to the upper bound.
+        let base = Arc::clone(&self.base);
+        match base.upper.as_deref() {
+            Some(u) if target >= u => self.scope_for(Some(u)),
+            _ => self.scope_for(Some(target)),
+        }
         self.direction = Direction::Reverse;
         match self.scope.upper.as_deref() {
             Some(u) if target >= u => {
@@ -229,7 +239,14 @@ impl DbIterator {
             if self.inner.valid() {
                 self.inner.next();
             } else {
-                self.inner.seek_to_first();
+                // Before the start of the data, or of what the scope lets the sources
+                // read: seek back to the current key's entries rather than reading from
+                // the very first key.
+                self.inner.seek(&internal_key(
+                    &self.saved_key,
+                    MAX_SEQUENCE,
+                    ValueKind::RangeDelete,
+                ));
             }
             // `saved_key` holds the current key; `saved_*` are rebuilt when going back.
             std::mem::swap(&mut self.skip_key, &mut self.saved_key);

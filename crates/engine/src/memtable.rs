@@ -214,8 +214,11 @@ impl MemTable {
     /// `prefix_len` bytes of its keys, which prefix seeks use to skip it.
     pub fn with_prefix_filter(id: u64, prefix_len: usize, bytes: usize) -> Self {
         debug_assert!(prefix_len > 0);
+        let filter = DynamicFilter::new(bytes);
+        // The filter counts toward the memtable's size, as RocksDB's arena holds its bloom.
         MemTable {
-            prefix_filter: Some((prefix_len, DynamicFilter::new(bytes))),
+            memory: AtomicUsize::new(filter.len()),
+            prefix_filter: Some((prefix_len, filter)),
             ..MemTable::new(id)
         }
     }
@@ -292,8 +295,9 @@ impl MemTable {
             return;
         }
         if let Some((len, f)) = &self.prefix_filter {
-            // Set before the node is published, so a reader that can see the entry sees
-            // its prefix in the filter.
+            // Set before the write's sequence is published (release), which a reader
+            // loads (acquire) before it checks the filter: it sees every prefix of the
+            // entries its snapshot can see.
             if let Some(p) = user_key.get(..*len) {
                 f.add(p);
             }

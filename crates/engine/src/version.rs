@@ -188,8 +188,13 @@ impl Version {
         }
         for level in 1..self.num_levels() {
             let files = self.files(level);
-            let i =
-                files.partition_point(|f| compare_internal(&f.largest, &target) == Ordering::Less);
+            // The first file that may hold `target`. A file whose largest key is a range
+            // tombstone's exclusive end at `user_key` does not, although at the newest
+            // sequence that sentinel equals `target`: the key is in the next file.
+            let i = files.partition_point(|f| {
+                compare_internal(&f.largest, &target) == Ordering::Less
+                    || (f.largest_is_exclusive() && f.largest_user_key() <= user_key)
+            });
             if let Some(f) = files.get(i) {
                 if f.smallest_user_key() <= user_key {
                     if let Some(r) = probe(f, &mut max_tombstone)? {

@@ -34,6 +34,18 @@ fn random_key(rng: &mut ChaCha8Rng) -> Vec<u8> {
         // Short keys are zero-padded into group 0.
         return vec![0u8; rng.gen_range(1..8)];
     }
+    if rng.gen_ratio(1, 40) {
+        // 0xff bytes where prefixes end: the prefix's successor carries (group 3), or
+        // there is none (the last group).
+        let mut k = if rng.gen_bool(0.5) {
+            3u64.to_be_bytes().to_vec()
+        } else {
+            vec![0xff; 8]
+        };
+        k.extend_from_slice(&[0xff, 0xff]);
+        k.push(b'0' + rng.gen_range(0..3));
+        return k;
+    }
     let g: u64 = rng.gen_range(0..4);
     let mut k = g.to_be_bytes().to_vec();
     k.push(b'd');
@@ -71,20 +83,23 @@ fn options(rng: &mut ChaCha8Rng) -> Options {
         table: phoenix_engine::table::TableOptions {
             block_size: rng.gen_range(1..4) << 9,
             bloom_bits_per_key: if rng.gen_bool(0.8) { 10 } else { 0 },
-            // Keys are group (8) ‖ 'd' ‖ 3 digits: 9 puts a group's keys under one
-            // prefix, 10 and 11 split it into 12 and 120 prefixes.
+            // Keys are group (8) ‖ 'd' ‖ 3 digits (000-119): 9 puts a group's keys under
+            // one prefix, 10 splits it in 2 and 11 in 12.
             prefix_len: [0, 9, 10, 11][rng.gen_range(0..4)],
             ..Default::default()
         },
         wal_segment_size: 256 << 10,
         memtable_prefix_bloom_size_ratio: if rng.gen_bool(0.5) { 0.1 } else { 0.0 },
+        // Keeping what the WAL replays in memtables reads them (and their prefix
+        // filters) after a reopen.
+        avoid_flush_during_recovery: rng.gen_bool(0.5),
         ..Options::default()
     }
 }
 
 fn check_iter(
     db: &Db,
-    db_prefix_len: usize,
+    prefix_len: usize,
     model: &Model,
     snap: Option<&Snapshot>,
     rng: &mut ChaCha8Rng,
@@ -97,7 +112,6 @@ fn check_iter(
     if rng.gen_bool(0.3) {
         upper = Some(random_key(rng));
     }
-    let prefix_len = db_prefix_len;
     let prefix_mode = prefix_len > 0 && rng.gen_bool(0.5);
     let ro = ReadOptions {
         snapshot: snap,
@@ -106,77 +120,88 @@ fn check_iter(
         prefix_same_as_start: prefix_mode,
         ..Default::default()
     };
-    let how = rng.gen_range(0..4);
-    let target = random_key(rng);
-    let target_copy = target.clone();
-    // In prefix mode a seek to a key at least `prefix_len` long sees only its prefix.
-    let prefix = (prefix_mode && how >= 2)
-        .then(|| target.get(..prefix_len))
-        .flatten();
     let lo = lower.clone().map_or(Bound::Unbounded, Bound::Included);
     let hi = upper.clone().map_or(Bound::Unbounded, Bound::Excluded);
-    let view: Vec<(&Vec<u8>, &Vec<u8>)> = if matches!((&lower, &upper), (Some(l), Some(u)) if l >= u)
+    let in_bounds: Vec<(&Vec<u8>, &Vec<u8>)> = if matches!((&lower, &upper), (Some(l), Some(u)) if l >= u)
     {
         Vec::new()
     } else {
-        model
-            .range((lo, hi))
-            .filter(|(k, _)| prefix.is_none_or(|p| k.starts_with(p)))
-            .collect()
+        model.range((lo, hi)).collect()
     };
     let mut it = db.iter(&ro).unwrap();
-    // Position randomly, then wander, comparing with the model's index.
-    let mut pos: Option<usize>;
-    match how {
-        0 => {
-            it.seek_to_first();
-            pos = (!view.is_empty()).then_some(0);
-        }
-        1 => {
-            it.seek_to_last();
-            pos = view.len().checked_sub(1);
-        }
-        2 => {
-            let t = target;
-            it.seek(&t);
-            let t = match &lower {
-                Some(l) if t < *l => l.clone(),
-                _ => t,
-            };
-            let i = view.partition_point(|(k, _)| **k < t);
-            pos = (i < view.len()).then_some(i);
-        }
-        _ => {
-            let t = target;
-            it.seek_for_prev(&t);
-            let i = view.partition_point(|(k, _)| **k <= t);
-            pos = i.checked_sub(1);
-        }
-    }
-    for _ in 0..rng.gen_range(1..40) {
-        it.status().unwrap();
-        match pos {
-            None => {
+    // Position the same iterator a few times (a prefix seek, then another prefix, a short
+    // key, the first key...), wandering after each, comparing with the model.
+    for _ in 0..rng.gen_range(1..4) {
+        let how = rng.gen_range(0..4);
+        let target = random_key(rng);
+        // In prefix mode a seek sees only the prefix of its target clamped to the bounds
+        // (to the lower bound going forward, the upper going backward), when that is at
+        // least `prefix_len` long.
+        let clamped = match (how, &lower, &upper) {
+            (2, Some(l), _) if target < *l => l.clone(),
+            (3, _, Some(u)) if target >= *u => u.clone(),
+            _ => target.clone(),
+        };
+        let prefix = (prefix_mode && how >= 2)
+            .then(|| clamped.get(..prefix_len))
+            .flatten();
+        let view: Vec<(&Vec<u8>, &Vec<u8>)> = in_bounds
+            .iter()
+            .filter(|(k, _)| prefix.is_none_or(|p| k.starts_with(p)))
+            .copied()
+            .collect();
+        let mut pos: Option<usize> = match how {
+            0 => {
+                it.seek_to_first();
+                (!view.is_empty()).then_some(0)
+            }
+            1 => {
+                it.seek_to_last();
+                view.len().checked_sub(1)
+            }
+            2 => {
+                it.seek(&target);
+                let t = match &lower {
+                    Some(l) if target < *l => l,
+                    _ => &target,
+                };
+                let i = view.partition_point(|(k, _)| *k < t);
+                (i < view.len()).then_some(i)
+            }
+            _ => {
+                it.seek_for_prev(&target);
+                let i = view.partition_point(|(k, _)| **k <= target);
+                i.checked_sub(1)
+            }
+        };
+        let what = format!(
+            "prefix mode {prefix_mode}, len {prefix_len}, positioned by {how} at {target:?}, \
+             lower {lower:?}, upper {upper:?}"
+        );
+        for _ in 0..rng.gen_range(1..40) {
+            it.status().unwrap();
+            let Some(i) = pos else {
                 assert!(
                     !it.valid(),
-                    "iterator valid at {:?}, model exhausted",
+                    "iterator valid at {:?}, model exhausted ({what})",
                     it.key()
                 );
-                return;
+                break;
+            };
+            assert!(
+                it.valid(),
+                "iterator exhausted, model at {:?} ({what})",
+                view[i].0
+            );
+            assert_eq!(it.key(), view[i].0.as_slice(), "{what}");
+            assert_eq!(it.value(), view[i].1.as_slice(), "{what}");
+            if rng.gen_bool(0.5) {
+                it.next();
+                pos = (i + 1 < view.len()).then_some(i + 1);
+            } else {
+                it.prev();
+                pos = i.checked_sub(1);
             }
-            Some(i) => {
-                assert!(it.valid(), "iterator exhausted, model at {:?} (prefix mode {prefix_mode}, len {prefix_len}, how {how}, target {target_copy:?}, lower {lower:?}, upper {upper:?})", view[i].0);
-                assert_eq!(it.key(), view[i].0.as_slice());
-                assert_eq!(it.value(), view[i].1.as_slice());
-            }
-        }
-        let i = pos.unwrap_or(0);
-        if rng.gen_bool(0.5) {
-            it.next();
-            pos = (i + 1 < view.len()).then_some(i + 1);
-        } else {
-            it.prev();
-            pos = i.checked_sub(1);
         }
     }
 }
@@ -270,6 +295,15 @@ fn run(seed: u64) {
             }
             85..=88 => {
                 db.flush().unwrap();
+                // Everything is in tables now: the persisted view is the model.
+                for _ in 0..8 {
+                    let k = random_key(&mut rng);
+                    assert_eq!(
+                        db.get_persisted(&k).unwrap(),
+                        model.get(&k).cloned(),
+                        "seed {seed}: get_persisted {k:?} after a flush"
+                    );
+                }
                 if opts.min_group_file_size == 0 {
                     let st = db.stats();
                     for (l, ls) in st.levels.iter().enumerate().skip(1) {

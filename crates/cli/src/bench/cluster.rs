@@ -12,6 +12,13 @@
 //! `phoenix server` children; `phoenix-wal`: the same with the engine WAL on; etcd: three
 //! `/usr/bin/etcd` members).
 //!
+//! Listings: with `--key-layout listing` keys are `bucket/dir<d>/obj<n>` over `--dirs`
+//! directories of consecutive key indexes, and `--scan_ratio` of the operations list a
+//! page: up to `--scan_limit` keys of a random directory from a random object on
+//! (PhoenixKV: a paged scan; etcd: a range with a limit; both linearizable). Every page is
+//! checked: keys in order, inside the range, values intact, and after `--fill` exactly as
+//! many keys as the directory holds past the start, up to the limit.
+//!
 //! Values are self-describing: `key index (u64 BE) ‖ write seq (u64 BE) ‖ filler` where
 //! the filler is a pure function of (index, seq). Every read checks the value it got
 //! belongs to its key and is intact. With `--verify` writes to one key are serialised,
@@ -84,6 +91,16 @@ pub struct Args {
     /// splits it).
     #[arg(long = "key-layout", value_enum, default_value = "plain")]
     pub key_layout: KeyLayout,
+    /// Fraction of operations that list a page of a directory (needs `--key-layout
+    /// listing`); the others are reads and writes as `--read_ratio` says.
+    #[arg(long = "scan_ratio", alias = "scan-ratio", default_value_t = 0.0)]
+    pub scan_ratio: f64,
+    /// Keys per listing page.
+    #[arg(long = "scan_limit", alias = "scan-limit", default_value_t = 100)]
+    pub scan_limit: u32,
+    /// Directories of `--key-layout listing` (each holds keys / dirs objects).
+    #[arg(long, default_value_t = 100)]
+    pub dirs: u64,
     /// Zipf exponent (YCSB uses 0.99).
     #[arg(long = "zipf_s", alias = "zipf-s", default_value_t = 0.99)]
     pub zipf_s: f64,
@@ -161,6 +178,28 @@ pub enum KeyLayout {
     Plain,
     /// A 4-byte big-endian hash of the index, then `k` and the decimal index.
     Hashed,
+    /// `bucket/dir<d>/obj<n>`, zero-padded to the key size: directory d holds the
+    /// consecutive indexes d * per_dir .. (d + 1) * per_dir.
+    Listing,
+}
+
+/// What the listing layout puts before a directory's number, and between it and the
+/// object's.
+const LISTING_BUCKET: &str = "bucket/dir";
+const LISTING_OBJ: &str = "/obj";
+
+/// Most keys a listing page may ask for.
+const SCAN_LIMIT_MAX: u32 = 10_000;
+
+/// One operation of the workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Read the key.
+    Read(u64),
+    /// Write the key.
+    Write(u64),
+    /// List directory `dir` from its object `obj` on.
+    List { dir: u64, obj: u64 },
 }
 
 /// Bytes the hashed key layout puts before the plain key.
@@ -181,6 +220,13 @@ pub struct Workload {
     read_ratio: f64,
     zipf: Option<rand_distr::Zipf<f64>>,
     layout: KeyLayout,
+    scan_ratio: f64,
+    scan_limit: u32,
+    /// Listing layout: directories, objects per directory, and the digits of each.
+    dirs: u64,
+    per_dir: u64,
+    dir_digits: usize,
+    obj_digits: usize,
 }
 
 impl Workload {
@@ -198,15 +244,42 @@ impl Workload {
         if !(0.0..=1.0).contains(&args.read_ratio) {
             return Err("--read_ratio must be within [0, 1]".into());
         }
+        if !(0.0..=1.0).contains(&args.scan_ratio) {
+            return Err("--scan_ratio must be within [0, 1]".into());
+        }
+        if args.scan_ratio > 0.0 && args.key_layout != KeyLayout::Listing {
+            return Err("--scan_ratio needs --key-layout listing".into());
+        }
+        if args.scan_ratio > 0.0 && args.client_mode == ClientMode::Cli {
+            return Err("--scan_ratio runs with --client-mode grpc only".into());
+        }
+        if !(1..=SCAN_LIMIT_MAX).contains(&args.scan_limit) {
+            return Err(format!("--scan_limit must be within 1..={SCAN_LIMIT_MAX}").into());
+        }
+        if args.dirs == 0 || args.dirs > args.keys {
+            return Err("--dirs must be within 1..=keys".into());
+        }
         let digits = args.keys.to_string().len();
-        let prefix = match args.key_layout {
-            KeyLayout::Plain => 0,
-            KeyLayout::Hashed => HASH_PREFIX,
+        let per_dir = args.keys.div_ceil(args.dirs);
+        let dir_digits = (args.dirs - 1).to_string().len();
+        let obj_digits = args
+            .key_size
+            .saturating_sub(LISTING_BUCKET.len() + dir_digits + LISTING_OBJ.len());
+        let fits = match args.key_layout {
+            KeyLayout::Plain => digits < args.key_size,
+            KeyLayout::Hashed => HASH_PREFIX + digits < args.key_size,
+            KeyLayout::Listing => obj_digits >= (per_dir - 1).to_string().len(),
         };
-        if prefix + digits + 1 > args.key_size {
+        if !fits {
             return Err(format!(
-                "--key_size {} cannot hold {} keys",
-                args.key_size, args.keys
+                "--key_size {} cannot hold {} keys{}",
+                args.key_size,
+                args.keys,
+                if args.key_layout == KeyLayout::Listing {
+                    format!(" in {} directories", args.dirs)
+                } else {
+                    String::new()
+                }
             )
             .into());
         }
@@ -224,7 +297,60 @@ impl Workload {
             read_ratio: args.read_ratio,
             zipf,
             layout: args.key_layout,
+            scan_ratio: args.scan_ratio,
+            scan_limit: args.scan_limit,
+            dirs: args.dirs,
+            per_dir,
+            dir_digits,
+            obj_digits,
         })
+    }
+
+    /// The next operation.
+    pub fn next_op<R: Rng>(&self, rng: &mut R) -> Op {
+        if self.scan_ratio > 0.0 && rng.gen_bool(self.scan_ratio) {
+            let dir = rng.gen_range(0..self.dirs);
+            let obj = rng.gen_range(0..self.dir_len(dir).max(1));
+            return Op::List { dir, obj };
+        }
+        let idx = self.next_key(rng);
+        if self.next_is_read(rng) {
+            Op::Read(idx)
+        } else {
+            Op::Write(idx)
+        }
+    }
+
+    /// Objects in directory `dir` (the last one may hold fewer).
+    fn dir_len(&self, dir: u64) -> u64 {
+        self.keys
+            .saturating_sub(dir * self.per_dir)
+            .min(self.per_dir)
+    }
+
+    /// A listing's range `[start, end)` and the number of keys it finds when every key
+    /// was written: directory `dir` from object `obj` on, at most `scan_limit`.
+    pub fn listing(&self, dir: u64, obj: u64) -> (Vec<u8>, Vec<u8>, u64) {
+        let start = self.key(dir * self.per_dir + obj);
+        let mut end = format!("{LISTING_BUCKET}{dir:0>w$}/", w = self.dir_digits).into_bytes();
+        // The smallest key past every key of the directory: '/' + 1.
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let found = self
+            .dir_len(dir)
+            .saturating_sub(obj)
+            .min(u64::from(self.scan_limit));
+        (start, end, found)
+    }
+
+    /// The key index a listing key stands for.
+    pub fn index_of(&self, key: &[u8]) -> Option<u64> {
+        let s = std::str::from_utf8(key).ok()?;
+        let rest = s.strip_prefix(LISTING_BUCKET)?;
+        let (dir, obj) = rest.split_once(LISTING_OBJ)?;
+        let (dir, obj): (u64, u64) = (dir.parse().ok()?, obj.parse().ok()?);
+        (dir < self.dirs && obj < self.dir_len(dir)).then_some(dir * self.per_dir + obj)
     }
 
     /// The next key index.
@@ -248,6 +374,15 @@ impl Workload {
     /// Key bytes of index `idx`: `k` then the zero-padded decimal index, padded to size
     /// (after a 4-byte hash of the index with `--key-layout hashed`).
     pub fn key(&self, idx: u64) -> Vec<u8> {
+        if self.layout == KeyLayout::Listing {
+            let (dir, obj) = (idx / self.per_dir, idx % self.per_dir);
+            return format!(
+                "{LISTING_BUCKET}{dir:0>dw$}{LISTING_OBJ}{obj:0>ow$}",
+                dw = self.dir_digits,
+                ow = self.obj_digits
+            )
+            .into_bytes();
+        }
         let mut k = Vec::with_capacity(self.key_size);
         if self.layout == KeyLayout::Hashed {
             // The high half of the scrambled index: uniform over the 4-byte space.
@@ -528,6 +663,35 @@ impl Target {
         }
     }
 
+    /// At most `limit` pairs of `[start, end)` in key order (linearizable on both).
+    async fn list(
+        &mut self,
+        start: &[u8],
+        end: &[u8],
+        limit: u32,
+        timeout: Duration,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, OpError> {
+        match self {
+            // Pages across group boundaries, all within one deadline.
+            Target::Phoenix(c) => c
+                .scan(start, end, limit as usize)
+                .await
+                .map_err(|e| OpError::failed(e.to_string())),
+            Target::Etcd(kv) => {
+                let deadline = tokio::time::Instant::now() + timeout;
+                etcd_retrying(deadline, false, || {
+                    let mut kv = kv.clone();
+                    let (start, end) = (start.to_vec(), end.to_vec());
+                    async move { kv.range(&start, &end, limit).await }
+                })
+                .await
+                .map(|kvs| kvs.into_iter().map(|kv| (kv.key, kv.value)).collect())
+                .map_err(OpError::failed)
+            }
+            Target::Cli(_) => Err(OpError::failed("listings run with --client-mode grpc only")),
+        }
+    }
+
     async fn put(&mut self, key: &[u8], value: &[u8], timeout: Duration) -> Result<(), OpError> {
         match self {
             Target::Phoenix(c) => c.put(key, value).await.map_err(|e| OpError {
@@ -723,6 +887,10 @@ async fn spawn_target(
 struct Window {
     reads: Histogram<u64>,
     writes: Histogram<u64>,
+    /// Listings (one page each).
+    scans: Histogram<u64>,
+    /// Keys the listings returned.
+    listed: u64,
     /// Operations that definitely did not take effect (failed reads, refused writes).
     failed: u64,
     /// Writes whose outcome is unknown.
@@ -735,6 +903,8 @@ impl Window {
         Window {
             reads: latency_histogram(),
             writes: latency_histogram(),
+            scans: latency_histogram(),
+            listed: 0,
             failed: 0,
             unknown: 0,
             first_error: None,
@@ -746,13 +916,24 @@ impl Window {
     }
 
     fn ops(&self) -> u64 {
-        self.reads.len() + self.writes.len()
+        self.reads.len() + self.writes.len() + self.scans.len()
+    }
+
+    /// Every operation's latency.
+    fn all(&self) -> Histogram<u64> {
+        // The histograms have the same bounds, so adding cannot fail.
+        let mut all = self.reads.clone();
+        let _ = all.add(&self.writes);
+        let _ = all.add(&self.scans);
+        all
     }
 
     fn merge(&mut self, other: &Window) {
         // Both histograms have the same bounds, so adding cannot fail.
         let _ = self.reads.add(&other.reads);
         let _ = self.writes.add(&other.writes);
+        let _ = self.scans.add(&other.scans);
+        self.listed += other.listed;
         self.failed += other.failed;
         self.unknown += other.unknown;
         if self.first_error.is_none() {
@@ -784,6 +965,9 @@ pub struct RunResult {
     p99_us: f64,
     read_p99_us: f64,
     write_p99_us: f64,
+    /// Listings done and their p99.
+    scans: u64,
+    scan_p99_us: f64,
 }
 
 impl RunResult {
@@ -861,6 +1045,8 @@ struct RunSpec {
 
 struct Shared {
     workload: Workload,
+    /// Every key was written before the run, so a listing finds a known number of keys.
+    filled: bool,
     timeout: Duration,
     next_op: AtomicU64,
     total_ops: u64,
@@ -888,9 +1074,20 @@ async fn client_task(
             return;
         }
         // The fill phase writes keys in order; runs draw them from the distribution.
-        let (idx, read) = match force_write_key {
-            Some(()) => (n, false),
-            None => (w.next_key(&mut rng), w.next_is_read(&mut rng)),
+        let op = match force_write_key {
+            Some(()) => Op::Write(n),
+            None => w.next_op(&mut rng),
+        };
+        let (idx, read) = match op {
+            Op::Read(i) => (i, true),
+            Op::Write(i) => (i, false),
+            Op::List { dir, obj } => {
+                let started = Instant::now();
+                let outcome = list_and_check(&shared, &mut target, dir, obj).await;
+                let ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+                record(&shared, outcome.map(|n| (Kind::Scan, n)), ns);
+                continue;
+            }
         };
         let key = w.key(idx);
         let started = Instant::now();
@@ -934,32 +1131,103 @@ async fn client_task(
             }
         };
         let ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-        if outcome.is_ok() {
-            shared.gaps.completed();
-        }
-        if let Ok(mut win) = shared.window.lock() {
-            match outcome {
-                Ok(()) => {
-                    let h = if read {
-                        &mut win.reads
-                    } else {
-                        &mut win.writes
-                    };
-                    let _ = h.record(ns.max(1));
+        let kind = if read { Kind::Read } else { Kind::Write };
+        record(&shared, outcome.map(|()| (kind, 0)), ns);
+    }
+}
+
+/// What a completed operation was.
+#[derive(Clone, Copy)]
+enum Kind {
+    Read,
+    Write,
+    Scan,
+}
+
+/// Counts an operation's outcome (with the keys a listing returned) and latency.
+fn record(shared: &Shared, outcome: Result<(Kind, u64), OpError>, ns: u64) {
+    if outcome.is_ok() {
+        shared.gaps.completed();
+    }
+    if let Ok(mut win) = shared.window.lock() {
+        match outcome {
+            Ok((kind, listed)) => {
+                let h = match kind {
+                    Kind::Read => &mut win.reads,
+                    Kind::Write => &mut win.writes,
+                    Kind::Scan => &mut win.scans,
+                };
+                let _ = h.record(ns.max(1));
+                win.listed += listed;
+            }
+            Err(e) => {
+                if e.unknown {
+                    win.unknown += 1;
+                } else {
+                    win.failed += 1;
                 }
-                Err(e) => {
-                    if e.unknown {
-                        win.unknown += 1;
-                    } else {
-                        win.failed += 1;
-                    }
-                    if win.first_error.is_none() {
-                        win.first_error = Some(e.msg);
-                    }
+                if win.first_error.is_none() {
+                    win.first_error = Some(e.msg);
                 }
             }
         }
     }
+}
+
+/// Lists a page of directory `dir` from object `obj` and checks it: keys in order and in
+/// the range, values intact, and after a fill exactly the keys the directory holds
+/// there. Returns the keys listed; a wrong page is a bad read.
+async fn list_and_check(
+    shared: &Shared,
+    target: &mut Target,
+    dir: u64,
+    obj: u64,
+) -> Result<u64, OpError> {
+    let w = &shared.workload;
+    let (start, end, expected) = w.listing(dir, obj);
+    let pairs = target
+        .list(&start, &end, w.scan_limit, shared.timeout)
+        .await?;
+    let mut bad = None;
+    let mut prev: Option<&[u8]> = None;
+    for (k, v) in &pairs {
+        if k.as_slice() < start.as_slice() || k.as_slice() >= end.as_slice() {
+            bad = Some(format!(
+                "listing of dir {dir} returned {} outside its range",
+                hex(k)
+            ));
+        } else if prev.is_some_and(|p| p >= k.as_slice()) {
+            bad = Some(format!(
+                "listing of dir {dir} is out of order at {}",
+                hex(k)
+            ));
+        } else {
+            match w.index_of(k) {
+                None => bad = Some(format!("listing returned a foreign key {}", hex(k))),
+                Some(idx) => {
+                    if let Err(e) = w.check_value(idx, v) {
+                        bad = Some(e);
+                    }
+                }
+            }
+        }
+        if bad.is_some() {
+            break;
+        }
+        prev = Some(k);
+    }
+    if bad.is_none() && shared.filled && pairs.len() as u64 != expected {
+        bad = Some(format!(
+            "listing of dir {dir} from object {obj} returned {} keys, the directory holds {expected} there",
+            pairs.len()
+        ));
+    }
+    if let Some(e) = bad {
+        if let Ok(mut b) = shared.bad_reads.lock() {
+            b.push(e);
+        }
+    }
+    Ok(pairs.len() as u64)
 }
 
 async fn run_once(
@@ -978,6 +1246,7 @@ async fn run_once(
         timeout: Duration::from_millis(args.timeout_ms),
         next_op: AtomicU64::new(0),
         total_ops: ops,
+        filled: args.fill && !fill,
         next_seq: AtomicU64::new(1 + args.seed.wrapping_mul(1 << 40)),
         stop: AtomicBool::new(false),
         window: Mutex::new(Window::new()),
@@ -985,8 +1254,16 @@ async fn run_once(
         bad_reads: Mutex::new(Vec::new()),
         gaps: Gaps::new(Instant::now()),
     });
+    let listings = if fill || args.scan_ratio == 0.0 {
+        String::new()
+    } else {
+        format!(
+            ", scan ratio {} (pages of {} over {} directories)",
+            args.scan_ratio, args.scan_limit, args.dirs
+        )
+    };
     report.line(format_args!(
-        "-- {label}: {clients} clients, {ops} ops, read ratio {}, {} B keys, {} B values, {} keys {:?}, seed {}",
+        "-- {label}: {clients} clients, {ops} ops, read ratio {}{listings}, {} B keys, {} B values, {} keys {:?}, seed {}",
         if fill { 0.0 } else { args.read_ratio },
         args.key_size,
         args.value_size,
@@ -1031,8 +1308,7 @@ async fn run_once(
                 let now = Instant::now();
                 let secs = now.duration_since(last).as_secs_f64();
                 last = now;
-                let mut all = win.reads.clone();
-                let _ = all.add(&win.writes);
+                let all = win.all();
                 let line = format!(
                     "[{:>4}s] {:>9.0} ops/s  p50 {:>8.0} us  p99 {:>8.0} us  failed {} unknown {}{}",
                     start.elapsed().as_secs(),
@@ -1063,8 +1339,7 @@ async fn run_once(
         *w = Window::new();
     }
     bar.finish_and_clear();
-    let mut all = total.reads.clone();
-    let _ = all.add(&total.writes);
+    let all = total.all();
     let result = RunResult {
         target: kind,
         clients,
@@ -1077,6 +1352,8 @@ async fn run_once(
         p99_us: us(&all, 0.99),
         read_p99_us: us(&total.reads, 0.99),
         write_p99_us: us(&total.writes, 0.99),
+        scans: total.scans.len(),
+        scan_p99_us: us(&total.scans, 0.99),
     };
     report.line(format_args!(
         "   {label}: {} ops in {:.2} s = {:.0} ops/s; all p50 {:.0} us p99 {:.0} us p999 {:.0} us; reads {} (p99 {:.0} us), writes {} (p99 {:.0} us); failed {}, unknown {} ({:.2}% of attempts){}",
@@ -1095,6 +1372,16 @@ async fn run_once(
         100.0 * result.error_share(),
         total.first_error.as_deref().map(|e| format!(" (first: {e})")).unwrap_or_default()
     ));
+    if result.scans > 0 {
+        report.line(format_args!(
+            "   listings: {} = {:.0}/s, p50 {:.0} us p99 {:.0} us, {:.1} keys each",
+            result.scans,
+            result.scans as f64 / elapsed.as_secs_f64().max(1e-9),
+            us(&total.scans, 0.5),
+            result.scan_p99_us,
+            total.listed as f64 / result.scans as f64
+        ));
+    }
     if gaps.is_empty() {
         report.line(format_args!(
             "   no window without a completion of {} ms or more",
@@ -1347,6 +1634,8 @@ fn summary_json(results: &[RunResult]) -> serde_json::Value {
                 "p99_us": r.p99_us,
                 "read_p99_us": r.read_p99_us,
                 "write_p99_us": r.write_p99_us,
+                "scans": r.scans,
+                "scan_p99_us": r.scan_p99_us,
             })
         })
         .collect();
@@ -1450,7 +1739,88 @@ mod tests {
     }
 
     #[test]
+    fn listing_keys_pages_and_indexes_agree() {
+        let a = args(&[
+            "--key-layout",
+            "listing",
+            "--key_size",
+            "24",
+            "--keys",
+            "1050",
+            "--dirs",
+            "10",
+            "--scan_ratio",
+            "1",
+            "--scan_limit",
+            "100",
+        ]);
+        let w = Workload::new(&a).unwrap();
+        // 105 objects a directory; the last (9) holds 105 too (1050 = 10 * 105).
+        assert_eq!(w.key(0), b"bucket/dir0/obj000000000".to_vec());
+        assert_eq!(w.key(106), b"bucket/dir1/obj000000001".to_vec());
+        for idx in [0, 104, 105, 106, 1049] {
+            assert_eq!(w.key(idx).len(), 24);
+            assert_eq!(w.index_of(&w.key(idx)), Some(idx));
+        }
+        assert_eq!(
+            w.index_of(b"bucket/dir1/obj000000105"),
+            None,
+            "past the directory"
+        );
+        assert_eq!(w.index_of(b"other"), None);
+        let (start, end, n) = w.listing(1, 0);
+        assert_eq!(
+            (start, end.as_slice(), n),
+            (w.key(105), &b"bucket/dir10"[..], 100)
+        );
+        assert!(
+            w.key(209) < end && w.key(210) >= end,
+            "the range ends with the directory"
+        );
+        assert_eq!(w.listing(1, 100).2, 5);
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        for _ in 0..100 {
+            match w.next_op(&mut rng) {
+                Op::List { dir, obj } => assert!(dir < 10 && obj < 105),
+                other => panic!("scan_ratio 1 made {other:?}"),
+            }
+        }
+        // Uneven directories: 1000 keys over 3 directories of 334, the last holds 332.
+        let a = args(&[
+            "--key-layout",
+            "listing",
+            "--key_size",
+            "24",
+            "--keys",
+            "1000",
+            "--dirs",
+            "3",
+        ]);
+        let w = Workload::new(&a).unwrap();
+        assert_eq!(w.listing(2, 300).2, 32);
+        assert_eq!(w.index_of(&w.key(999)), Some(999));
+    }
+
+    #[test]
     fn bad_flags_are_refused() {
+        let listing = |extra: &[&str]| {
+            let mut v = vec!["--key-layout", "listing", "--key_size", "24"];
+            v.extend_from_slice(extra);
+            Workload::new(&args(&v))
+        };
+        assert!(listing(&[]).is_ok());
+        assert!(
+            Workload::new(&args(&["--scan_ratio", "0.5"])).is_err(),
+            "needs listing"
+        );
+        assert!(listing(&["--scan_ratio", "2"]).is_err());
+        assert!(listing(&["--scan_limit", "0"]).is_err());
+        assert!(listing(&["--dirs", "0"]).is_err());
+        assert!(
+            Workload::new(&args(&["--key-layout", "listing", "--key_size", "12"])).is_err(),
+            "no room for object numbers"
+        );
+        assert!(listing(&["--scan_ratio", "0.5", "--client-mode", "cli"]).is_err());
         assert!(Workload::new(&args(&["--key_size", "4"])).is_err());
         assert!(Workload::new(&args(&["--value_size", "8"])).is_err());
         assert!(Workload::new(&args(&["--read_ratio", "1.5"])).is_err());
@@ -1509,6 +1879,8 @@ mod tests {
             p99_us: 2.0,
             read_p99_us: 0.0,
             write_p99_us: 2.0,
+            scans: 0,
+            scan_p99_us: 0.0,
         };
         let t = summary_table(&[r(TargetKind::Phoenix, 2000), r(TargetKind::Etcd, 1000)]);
         assert!(

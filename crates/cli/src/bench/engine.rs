@@ -52,7 +52,7 @@ use crate::output::Report;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Comma-separated benchmarks: fillseq, fillrandom, overwrite, readrandom, readseq,
-    /// seekrandom, stats.
+    /// seekrandom, compact (everything compacted down, as db_bench's), stats.
     #[arg(
         long = "benchmarks",
         default_value = "fillseq,fillrandom,overwrite,readrandom,readseq,seekrandom"
@@ -166,6 +166,7 @@ enum Bench {
     ReadRandom,
     ReadSeq,
     SeekRandom,
+    Compact,
     Stats,
 }
 
@@ -178,6 +179,7 @@ impl Bench {
             "readrandom" => Bench::ReadRandom,
             "readseq" => Bench::ReadSeq,
             "seekrandom" => Bench::SeekRandom,
+            "compact" => Bench::Compact,
             "stats" => Bench::Stats,
             other => return Err(format!("unknown benchmark {other:?}").into()),
         })
@@ -394,7 +396,7 @@ fn run_thread(
                 }
             }
         }
-        Bench::Stats => {}
+        Bench::Compact | Bench::Stats => {}
     }
     st.finish = Some(Instant::now());
     Ok(st)
@@ -600,7 +602,27 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
             .filter(|s| !s.is_empty())
             .nth(i)
             .unwrap_or("?");
+        if *bench == Bench::Compact {
+            let d = match &db {
+                Some(d) => Arc::clone(d),
+                None => {
+                    let d = open_db(&fs, &args.db, &opts)?;
+                    db = Some(Arc::clone(&d));
+                    d
+                }
+            };
+            let t = Instant::now();
+            d.compact_range(None, None)?;
+            out.line(format_args!(
+                "compact      : {:.3} seconds (every file compacted down to one level)",
+                t.elapsed().as_secs_f64()
+            ));
+            continue;
+        }
         if *bench == Bench::Stats {
+            if db.is_none() {
+                db = Some(open_db(&fs, &args.db, &opts)?);
+            }
             if let Some(d) = &db {
                 print_stats(out, d);
             }

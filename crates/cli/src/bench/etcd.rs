@@ -1,5 +1,5 @@
-//! The two calls of etcd's v3 gRPC API that `bench cluster --target etcd` makes: `KV/Range`
-//! of one key and `KV/Put`.
+//! The calls of etcd's v3 gRPC API that `bench cluster --target etcd` makes: `KV/Range`
+//! of one key or of a range with a limit (a listing), and `KV/Put`.
 //!
 //! The messages are written out here with the field numbers of etcd's
 //! `api/etcdserverpb/rpc.proto` and `api/mvccpb/kv.proto` (fields the benchmark never
@@ -14,13 +14,19 @@ use std::time::Duration;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 
-/// `etcdserverpb.RangeRequest`: key = 1.
+/// `etcdserverpb.RangeRequest`: key = 1, range_end = 2, limit = 3.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RangeRequest {
-    /// The key to read (no `range_end`: exactly this key). The read is linearizable
-    /// because `serializable` (7) is left false.
+    /// The key to read, or the first key of the range. The read is linearizable because
+    /// `serializable` (7) is left false.
     #[prost(bytes = "vec", tag = "1")]
     pub key: Vec<u8>,
+    /// The end of the range, excluded (empty: exactly `key`).
+    #[prost(bytes = "vec", tag = "2")]
+    pub range_end: Vec<u8>,
+    /// Most pairs returned (0: no limit).
+    #[prost(int64, tag = "3")]
+    pub limit: i64,
 }
 
 /// `mvccpb.KeyValue`: key = 1, value = 5.
@@ -123,9 +129,28 @@ impl KvClient {
 
     /// The value of `key`, if any (a linearizable read).
     pub async fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        let req = RangeRequest { key: key.to_vec() };
+        let req = RangeRequest {
+            key: key.to_vec(),
+            ..RangeRequest::default()
+        };
         let resp: RangeResponse = self.unary("/etcdserverpb.KV/Range", req).await?;
         Ok(resp.kvs.into_iter().next().map(|kv| kv.value))
+    }
+
+    /// At most `limit` pairs of `[start, end)` in key order (a linearizable read).
+    pub async fn range(
+        &mut self,
+        start: &[u8],
+        end: &[u8],
+        limit: u32,
+    ) -> Result<Vec<KeyValue>, Error> {
+        let req = RangeRequest {
+            key: start.to_vec(),
+            range_end: end.to_vec(),
+            limit: i64::from(limit),
+        };
+        let resp: RangeResponse = self.unary("/etcdserverpb.KV/Range", req).await?;
+        Ok(resp.kvs)
     }
 
     /// Sets `key` to `value`.
@@ -146,6 +171,16 @@ mod tests {
 
     #[test]
     fn wire_bytes_match_etcd_field_numbers() {
+        // key = 1 (0x0a), range_end = 2 (0x12), limit = 3 (varint, 0x18).
+        let range = RangeRequest {
+            key: b"a".to_vec(),
+            range_end: b"b".to_vec(),
+            limit: 100,
+        };
+        assert_eq!(
+            range.encode_to_vec(),
+            vec![0x0a, 1, b'a', 0x12, 1, b'b', 0x18, 100]
+        );
         // key = 1 (tag 0x0a), value = 2 (tag 0x12).
         let put = PutRequest {
             key: b"k".to_vec(),

@@ -330,9 +330,12 @@ impl TableBuilder {
 
 /// A short internal key `s` with `a <= s < b` (for index entries). When the user keys
 /// differ, `b`'s user key cut just past the first byte where it differs from `a`'s, with
-/// the largest trailer: no longer than `a`'s user key, and the largest key of that
-/// length below `b`, so an iterator's upper bound at or below the next block's first key
-/// often rules that block out by this separator alone (no block read). Otherwise `a`.
+/// the largest trailer: at most one byte longer than the common prefix, and the largest
+/// key of that length below `b`, so an iterator's upper bound at or below the next
+/// block's first key often rules that block out by this separator alone (no block read).
+/// It may equal a seek key at the newest sequence (same user key, largest trailer), so
+/// a point lookup whose block holds nothing at or past it looks at the next block.
+/// Otherwise `a`.
 fn separator(a: &[u8], b: &[u8]) -> Vec<u8> {
     let (ua, ub) = (key::user_key(a), key::user_key(b));
     let n = ua.iter().zip(ub).take_while(|(x, y)| x == y).count();

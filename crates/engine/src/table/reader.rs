@@ -231,17 +231,26 @@ impl Table {
         }
         let mut ix = self.index.iter(compare_internal, key::TRAILER_LEN);
         ix.seek(seek_key);
-        if !ix.valid() {
-            ix.status()?;
-            return Ok(None);
-        }
-        let h = self.handle_at(&ix)?;
-        let block = self.block(h, fill_cache)?;
-        let mut it = block.iter(compare_internal, key::TRAILER_LEN);
-        it.seek(seek_key);
-        it.status()?;
-        if it.valid() && key::user_key(it.key()) == uk {
-            return Ok(Some((it.key().to_vec(), it.value().to_vec())));
+        // A separator may equal the seek key (both carry the largest trailer when the
+        // seek is at the newest sequence): its block then holds only smaller keys, and
+        // the entry sought, if any, opens the next block.
+        for _ in 0..2 {
+            if !ix.valid() {
+                ix.status()?;
+                return Ok(None);
+            }
+            let h = self.handle_at(&ix)?;
+            let block = self.block(h, fill_cache)?;
+            let mut it = block.iter(compare_internal, key::TRAILER_LEN);
+            it.seek(seek_key);
+            it.status()?;
+            if it.valid() {
+                if key::user_key(it.key()) == uk {
+                    return Ok(Some((it.key().to_vec(), it.value().to_vec())));
+                }
+                return Ok(None);
+            }
+            ix.next();
         }
         Ok(None)
     }
