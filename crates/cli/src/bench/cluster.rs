@@ -1288,7 +1288,11 @@ async fn run_once(
         tokio::time::Instant::now() + Duration::from_secs(1),
         Duration::from_secs(1),
     );
-    let deadline = args.duration_s.map(|s| start + Duration::from_secs(s));
+    // The fill writes every key whatever --duration says: listings count on it.
+    let deadline = args
+        .duration_s
+        .filter(|_| !fill)
+        .map(|s| start + Duration::from_secs(s));
     let mut stopped_at = None;
     let mut last = Instant::now();
     loop {
