@@ -1771,21 +1771,21 @@ mod tests {
 
     #[test]
     fn listing_keys_pages_and_indexes_agree() {
-        let a = args(&[
-            "--key-layout",
-            "listing",
-            "--key_size",
-            "24",
-            "--keys",
-            "1050",
-            "--dirs",
-            "10",
-            "--scan_ratio",
-            "1",
-            "--scan_limit",
-            "100",
-        ]);
-        let w = Workload::new(&a).unwrap();
+        let listing = |keys: &str, dirs: &str, extra: &[&str]| {
+            let mut v = vec![
+                "--key-layout",
+                "listing",
+                "--key_size",
+                "24",
+                "--keys",
+                keys,
+                "--dirs",
+                dirs,
+            ];
+            v.extend_from_slice(extra);
+            Workload::new(&args(&v)).unwrap()
+        };
+        let w = listing("1050", "10", &["--scan_ratio", "1", "--scan_limit", "100"]);
         // 105 objects a directory; the last (9) holds 105 too (1050 = 10 * 105).
         assert_eq!(w.key(0), b"bucket/dir0/obj000000000".to_vec());
         assert_eq!(w.key(106), b"bucket/dir1/obj000000001".to_vec());
@@ -1823,17 +1823,7 @@ mod tests {
             }
         }
         // Uneven directories: 1000 keys over 3 directories of 334, the last holds 332.
-        let a = args(&[
-            "--key-layout",
-            "listing",
-            "--key_size",
-            "24",
-            "--keys",
-            "1000",
-            "--dirs",
-            "3",
-        ]);
-        let w = Workload::new(&a).unwrap();
+        let w = listing("1000", "3", &[]);
         assert_eq!(w.listing(2, 300).2, 32);
         assert_eq!(w.index_of(&w.key(999)), Some(999));
     }

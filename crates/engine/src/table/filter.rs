@@ -69,11 +69,8 @@ impl FilterBuilder {
         let mut out = vec![0u8; num_lines as usize * LINE_BYTES + FILTER_TRAILER_LEN];
         for &h in &self.hashes {
             let line = line_of(h, num_lines) * LINE_BYTES;
-            let mut g = h as u32;
-            for _ in 0..probes {
-                let bit = (g >> 23) as usize;
+            for bit in probe_bits(h, u32::from(probes)) {
                 out[line + bit / 8] |= 1 << (bit % 8);
-                g = g.wrapping_mul(0x9e37_79b9);
             }
         }
         let t = num_lines as usize * LINE_BYTES;
@@ -81,6 +78,15 @@ impl FilterBuilder {
         out[t + 1..].copy_from_slice(&num_lines.to_le_bytes());
         out
     }
+}
+
+/// The bits (0..512) of its line that key hash `h` sets: `probes` of them, each the top
+/// 9 bits of `g_i`, with `g_0 = h as u32` and `g_{i+1} = g_i * 0x9e3779b9`.
+#[inline]
+fn probe_bits(h: u64, probes: u32) -> impl Iterator<Item = usize> {
+    std::iter::successors(Some(h as u32), |g| Some(g.wrapping_mul(0x9e37_79b9)))
+        .take(probes as usize)
+        .map(|g| (g >> 23) as usize)
 }
 
 #[inline]
@@ -129,15 +135,7 @@ impl Filter {
         let Some(bytes) = self.data.get(line..line + LINE_BYTES) else {
             return true;
         };
-        let mut g = h as u32;
-        for _ in 0..self.probes {
-            let bit = (g >> 23) as usize;
-            if bytes[bit / 8] & (1 << (bit % 8)) == 0 {
-                return false;
-            }
-            g = g.wrapping_mul(0x9e37_79b9);
-        }
-        true
+        probe_bits(h, u32::from(self.probes)).all(|bit| bytes[bit / 8] & (1 << (bit % 8)) != 0)
     }
 
     /// Bytes of memory held.
@@ -177,13 +175,10 @@ impl DynamicFilter {
     pub fn add(&self, key: &[u8]) {
         let h = hash(key);
         let line = line_of(h, self.num_lines) * (LINE_BYTES / 8);
-        let mut g = h as u32;
-        for _ in 0..DYNAMIC_PROBES {
-            let bit = (g >> 23) as usize;
+        for bit in probe_bits(h, DYNAMIC_PROBES) {
             if let Some(w) = self.words.get(line + bit / 64) {
                 w.fetch_or(1 << (bit % 64), std::sync::atomic::Ordering::Relaxed);
             }
-            g = g.wrapping_mul(0x9e37_79b9);
         }
     }
 
@@ -191,18 +186,11 @@ impl DynamicFilter {
     pub fn may_contain(&self, key: &[u8]) -> bool {
         let h = hash(key);
         let line = line_of(h, self.num_lines) * (LINE_BYTES / 8);
-        let mut g = h as u32;
-        for _ in 0..DYNAMIC_PROBES {
-            let bit = (g >> 23) as usize;
-            let Some(w) = self.words.get(line + bit / 64) else {
-                return true;
-            };
-            if w.load(std::sync::atomic::Ordering::Relaxed) & (1 << (bit % 64)) == 0 {
-                return false;
-            }
-            g = g.wrapping_mul(0x9e37_79b9);
-        }
-        true
+        probe_bits(h, DYNAMIC_PROBES).all(|bit| {
+            self.words.get(line + bit / 64).is_none_or(|w| {
+                w.load(std::sync::atomic::Ordering::Relaxed) & (1 << (bit % 64)) != 0
+            })
+        })
     }
 
     /// Bytes held.
