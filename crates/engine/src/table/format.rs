@@ -33,8 +33,13 @@ pub const MAX_BLOCK_HANDLE_LEN: usize = 20;
 pub const FOOTER_LEN: usize = 56;
 /// The table magic number ("PHXSST01" read as little-endian bytes).
 pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"PHXSST01");
-/// The format version this code writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this code writes. Version 2 (2026-11-25): an index separator may
+/// equal a seek key at the newest sequence, so a point lookup must look past its block;
+/// a version-1 reader would miss such keys, so it refuses these tables instead.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this code reads (version 1: separators never equal a key
+/// that exists).
+pub const FORMAT_VERSION_MIN: u32 = 1;
 /// Largest block contents a reader accepts after decompression. Blocks are a few KiB;
 /// this only stops a corrupt length from allocating gigabytes.
 pub const MAX_BLOCK_LEN: usize = 64 << 20;
@@ -211,7 +216,7 @@ impl Footer {
             return Err(bad(44, "footer checksum mismatch"));
         }
         let version = u32::from_le_bytes(arr4(&data[40..44]));
-        if version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&version) {
             return Err(bad(40, &format!("unknown table format version {version}")));
         }
         let (metaindex, a) =

@@ -19,8 +19,9 @@
 //! metaindex  := block, bytewise order, of (name -> block_handle) with names
 //!               "phoenix.bloom", "phoenix.prefix_bloom.<L in decimal>",
 //!               "phoenix.properties", "phoenix.range_del"; readers skip names they do
-//!               not know, so a table with a prefix filter opens in a binary without
-//!               them, and a filter of another length than the reader's is not used
+//!               not know, and a filter of another length than the reader's is not used
+//!               (format version 2 tables are refused by version-1 binaries anyway: see
+//!               `format::FORMAT_VERSION`)
 //! footer     := 56 bytes naming the metaindex and index blocks (format.rs)
 //! ```
 //!
