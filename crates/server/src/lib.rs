@@ -103,9 +103,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         runtime.clone(),
     );
 
-    let mut routes = registry::load(&data)?;
-    if cfg.is_meta_member() && !routes.iter().any(|r| r.group_id == META_GROUP) {
-        routes.push(proto::Route {
+    let mut registry = registry::Registry::open(&data)?;
+    if cfg.is_meta_member() && !registry.contains(META_GROUP) {
+        registry.add(&[proto::Route {
             group_id: META_GROUP,
             start_key: Default::default(),
             end_key: Default::default(),
@@ -120,10 +120,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
                 .collect(),
             leader_node_id: 0,
             leader_addr: String::new(),
-        });
-        registry::save(&data, &routes)?;
+        }])?;
     }
-    let meta_state = if routes.iter().any(|r| r.group_id == META_GROUP) {
+    let meta_state = if registry.contains(META_GROUP) {
         meta::load(&engine)?
     } else {
         MetaState::default()
@@ -146,7 +145,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         started: Instant::now(),
         runtime,
     });
-    let driver = node::Driver::new(Arc::clone(&shared), rx, routes)?;
+    let driver = node::Driver::new(Arc::clone(&shared), rx, registry)?;
     let driver_thread = std::thread::Builder::new()
         .name("phoenix-raft".into())
         .spawn(move || driver.run())

@@ -238,6 +238,8 @@ pub struct Driver {
     /// Replicas the meta service asked for since the last loop: created together, with
     /// one registry write (a bootstrap of N groups asks for N at once).
     to_create: Vec<proto::Route>,
+    /// The registry of the replicas this node hosts (the file's one writer).
+    registry: crate::registry::Registry,
     /// Replicas whose creation failed to open them, tried again every heartbeat
     /// interval: their failure is reported (stopped, with the cause), so the meta
     /// service sees them hosted here and does not ask again.
@@ -270,8 +272,9 @@ impl Driver {
     pub fn new(
         shared: Arc<Shared>,
         events: Receiver<Event>,
-        routes: Vec<proto::Route>,
+        registry: crate::registry::Registry,
     ) -> crate::Result<Driver> {
+        let routes: Vec<proto::Route> = registry.routes().cloned().collect();
         let mut d = Driver {
             shared,
             peers: HashMap::new(),
@@ -283,6 +286,7 @@ impl Driver {
             awake: HashSet::new(),
             reads_queued: BTreeSet::new(),
             to_create: Vec::new(),
+            registry,
             create_failed: BTreeMap::new(),
             last_create_retry: Instant::now(),
             session_records: Arc::default(),
@@ -406,18 +410,9 @@ impl Driver {
             .iter()
             .all(|r| self.create_failed.contains_key(&r.group_id));
         if !retry_only {
-            let mut all: Vec<proto::Route> = self.peers.values().map(|p| p.route.clone()).collect();
-            all.sort_by_key(|r| r.group_id);
-            all.extend(self.unopened_routes());
-            // Replicas whose creation failed stay too (retried; a restart opens them).
-            all.extend(
-                self.create_failed
-                    .values()
-                    .filter(|r| !seen.contains(&r.group_id))
-                    .cloned(),
-            );
-            all.extend(new.iter().cloned());
-            crate::registry::save(&self.shared.cfg.data_dir, &all)?;
+            // Every replica named before stays named: opened, unopened, failed, or
+            // cut short after an earlier write.
+            self.registry.add(&new)?;
             crate::failpoint::check(
                 crate::failpoint::names::CREATE_AFTER_REGISTRY,
                 self.shared.cfg.node_id,
@@ -451,15 +446,6 @@ impl Driver {
             }
         }
         Ok(())
-    }
-
-    /// Routes of the registry's replicas that could not be opened: they stay in it.
-    fn unopened_routes(&self) -> Vec<proto::Route> {
-        let groups = self.shared.groups.read();
-        self.unopened
-            .keys()
-            .filter_map(|g| groups.get(g).map(|v| v.route.clone()))
-            .collect()
     }
 
     /// Creates the replicas asked for since the last loop, and once per heartbeat

@@ -5,7 +5,9 @@
 //! payload := protobuf LocalReplicas
 //! ```
 //! Replaced atomically (write to `replicas.tmp`, fsync, rename, fsync the directory).
+//! [`Registry`] is the node's one copy of it and its one writer.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -13,6 +15,58 @@ use phoenix_proto::{LocalReplica, LocalReplicas, Route};
 use prost::Message;
 
 use crate::error::{Error, Result};
+
+/// The registry as the node holds it: every replica the file names, or may name after a
+/// write that failed part way (the rename may have happened). Every write names all of
+/// them, so the file never loses a replica it named while the node runs: a creation
+/// cut short after its registry write is opened by the next start, or created when the
+/// meta service asks again, whatever was asked in between.
+#[derive(Debug)]
+pub struct Registry {
+    dir: PathBuf,
+    routes: BTreeMap<u64, Route>,
+}
+
+impl Registry {
+    /// Loads the registry of `data_dir` (empty if there is none yet).
+    pub fn open(data_dir: &Path) -> Result<Registry> {
+        let mut routes: BTreeMap<u64, Route> = BTreeMap::new();
+        for r in load(data_dir)? {
+            // No writer names a group twice; were one to, its newest route holds.
+            match routes.get(&r.group_id) {
+                Some(old) if old.epoch > r.epoch => {}
+                _ => {
+                    routes.insert(r.group_id, r);
+                }
+            }
+        }
+        Ok(Registry {
+            dir: data_dir.to_path_buf(),
+            routes,
+        })
+    }
+
+    /// The replicas named, by group.
+    pub fn routes(&self) -> impl Iterator<Item = &Route> {
+        self.routes.values()
+    }
+
+    /// Whether group `g` is named.
+    pub fn contains(&self, g: u64) -> bool {
+        self.routes.contains_key(&g)
+    }
+
+    /// Names `new` as well, durably, in one write (a route replaces the one of its group).
+    /// On an error they stay named here, as the file may name them: the next write
+    /// names them for sure.
+    pub fn add(&mut self, new: &[Route]) -> Result<()> {
+        for r in new {
+            self.routes.insert(r.group_id, r.clone());
+        }
+        let all: Vec<Route> = self.routes.values().cloned().collect();
+        save(&self.dir, &all)
+    }
+}
 
 /// Path of the registry in `data_dir`.
 pub fn path(data_dir: &Path) -> PathBuf {
@@ -99,5 +153,62 @@ mod tests {
         std::fs::write(&p, b).unwrap();
         let err = load(dir.path()).unwrap_err().to_string();
         assert!(err.contains("checksum mismatch"), "{err}");
+    }
+
+    fn route(g: u64) -> Route {
+        Route {
+            group_id: g,
+            epoch: 1,
+            ..Default::default()
+        }
+    }
+
+    /// A later write names every replica an earlier one named, whatever it adds (the
+    /// driver once rewrote the file from the replicas it had opened, so a creation cut
+    /// short after its write lost its groups from the file at the next creation).
+    #[test]
+    fn a_write_keeps_every_replica_named_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        reg.add(&[route(1), route(2), route(3), route(4)]).unwrap();
+        reg.add(&[route(1)]).unwrap();
+        reg.add(&[route(5), route(2)]).unwrap();
+        let ids = |v: Vec<Route>| v.iter().map(|r| r.group_id).collect::<Vec<_>>();
+        assert_eq!(ids(load(dir.path()).unwrap()), vec![1, 2, 3, 4, 5]);
+        let again = Registry::open(dir.path()).unwrap();
+        assert_eq!(ids(again.routes().cloned().collect()), vec![1, 2, 3, 4, 5]);
+        assert!(again.contains(4) && !again.contains(6));
+    }
+
+    /// A write that failed leaves its routes named: the next write names them.
+    #[test]
+    fn a_failed_write_is_named_by_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        reg.add(&[route(1)]).unwrap();
+        // The temporary file's place taken by a directory: creating it fails.
+        std::fs::create_dir(dir.path().join("replicas.tmp")).unwrap();
+        let err = reg.add(&[route(2)]).unwrap_err().to_string();
+        assert!(err.contains("replicas.tmp"), "{err}");
+        std::fs::remove_dir(dir.path().join("replicas.tmp")).unwrap();
+        reg.add(&[route(3)]).unwrap();
+        let ids: Vec<u64> = load(dir.path())
+            .unwrap()
+            .iter()
+            .map(|r| r.group_id)
+            .collect();
+        assert_eq!(ids, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_group_named_twice_opens_with_its_newest_route() {
+        let dir = tempfile::tempdir().unwrap();
+        let newer = Route {
+            epoch: 2,
+            ..route(1)
+        };
+        save(dir.path(), &[newer.clone(), route(1)]).unwrap();
+        let reg = Registry::open(dir.path()).unwrap();
+        assert_eq!(reg.routes().cloned().collect::<Vec<_>>(), vec![newer]);
     }
 }
