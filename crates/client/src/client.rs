@@ -161,6 +161,10 @@ pub struct NodeStatus {
     pub engine_bytes: u64,
     /// Bytes of the log store.
     pub log_bytes: u64,
+    /// Free bytes on its data disk (None: not reported).
+    pub disk_free_bytes: Option<u64>,
+    /// Whether it refuses client writes because its disk is under its reserve.
+    pub disk_full: bool,
 }
 
 /// A replica of a group as last reported.
@@ -1579,6 +1583,8 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
                 leaders: stats.leaders,
                 engine_bytes: stats.engine_bytes,
                 log_bytes: stats.log_bytes,
+                disk_free_bytes: stats.available_bytes,
+                disk_full: stats.disk_full,
             }
         })
         .collect();

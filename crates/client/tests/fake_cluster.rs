@@ -435,6 +435,8 @@ impl Meta for Node {
                     engine_bytes: 1000 * id,
                     log_bytes: 10,
                     uptime_ms: 5,
+                    available_bytes: (id == 1).then_some(1 << 30),
+                    disk_full: id == 2,
                 }),
             })
             .collect();
@@ -901,6 +903,8 @@ async fn cluster_status_and_unreachable_seeds() {
     assert_eq!(s.nodes.len(), 3);
     assert_eq!(s.nodes[2].last_heartbeat_ms_ago, None);
     assert!(!s.nodes[2].alive);
+    let disk = |i: usize| (s.nodes[i].disk_free_bytes, s.nodes[i].disk_full);
+    assert_eq!((disk(0), disk(1)), ((Some(1 << 30), false), (None, true)));
     assert_eq!(s.groups.len(), 2);
     assert_eq!(s.groups[1].start, b"m".to_vec());
     assert_eq!(s.groups[0].replica_status[0].approximate_bytes, 4096);

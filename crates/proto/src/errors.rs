@@ -2,7 +2,7 @@
 
 use crate::error::Kind;
 use crate::{
-    DeadlineExceeded, Error, GroupUnavailable, Internal, InvalidArgument, KeyNotInGroup,
+    DeadlineExceeded, DiskFull, Error, GroupUnavailable, Internal, InvalidArgument, KeyNotInGroup,
     KeyTooLarge, NotLeader, OutcomeUnknown, Replica, RequestTooLarge, Route, ServerBusy,
     SessionExpired, StaleEpoch, ValueTooLarge,
 };
@@ -141,6 +141,23 @@ impl Error {
             format!(
                 "group {group_id}: write {seq} of client {client_id:#x} was resent after its \
                  result was forgotten; it may or may not have been applied"
+            ),
+        )
+    }
+
+    /// The leader's node is short of disk space: the write was refused, not applied.
+    pub fn disk_full(group_id: u64, node_id: u64, available: u64, reserve: u64) -> Error {
+        Error::with(
+            Kind::DiskFull(DiskFull {
+                group_id,
+                node_id,
+                available,
+                reserve,
+            }),
+            format!(
+                "group {group_id}: write refused: node {node_id}'s disk is full ({available} \
+                 bytes free, under its reserve of {reserve}); reads are served, and writes \
+                 are taken again once space is freed"
             ),
         )
     }

@@ -87,6 +87,11 @@ pub struct Config {
     pub snapshot_bytes_per_sec: u64,
     /// Node → meta heartbeat interval.
     pub heartbeat_interval: Duration,
+    /// Free bytes kept on the data disk: under them the node refuses client writes
+    /// (`DiskFull`) until space returns (0: never).
+    pub reserve_space: u64,
+    /// How often the data disk's free space is sampled.
+    pub disk_check_interval: Duration,
     /// Serve the `Faults` service (cut links on request), for fault runs only.
     pub fault_injection: bool,
     /// Keep bytes not yet synced in this process's memory instead of the OS page cache,
@@ -102,6 +107,10 @@ impl Config {
     /// 2 s awake per write was ~40 heartbeat messages per write and cut throughput to a
     /// seventh). A busy group never reaches it (each request resets the count).
     pub const DEFAULT_HIBERNATE_TICKS: u32 = 5;
+
+    /// Free disk space kept by default: room for a few memtable flushes, the log
+    /// segments being filled and a compaction's output while writes are refused.
+    pub const DEFAULT_RESERVE_SPACE: u64 = 512 << 20;
 
     /// Defaults for a node; `listen` is also the advertised address.
     pub fn new(node_id: u64, listen: &str, data_dir: PathBuf, meta: Vec<MetaMember>) -> Config {
@@ -129,6 +138,8 @@ impl Config {
             inflight_requests_max: 8192,
             snapshot_bytes_per_sec: 64 << 20,
             heartbeat_interval: Duration::from_secs(1),
+            reserve_space: Self::DEFAULT_RESERVE_SPACE,
+            disk_check_interval: Duration::from_millis(250),
             fault_injection: false,
             unsynced_in_memory: false,
         }

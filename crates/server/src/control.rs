@@ -426,6 +426,8 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
         engine_bytes: es.levels.iter().map(|l| l.bytes).sum::<u64>() + es.memtable_bytes as u64,
         log_bytes: shared.log.stats().total_bytes,
         uptime_ms: shared.started.elapsed().as_millis() as u64,
+        available_bytes: Some(shared.disk.available()).filter(|a| *a != u64::MAX),
+        disk_full: shared.disk.is_full(),
     };
     (stats, replicas)
 }

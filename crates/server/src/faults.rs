@@ -109,15 +109,18 @@ impl proto::faults_server::Faults for FaultsService {
                 node = self.shared.cfg.node_id,
                 fail_writes = r.fail_writes,
                 fail_syncs = r.fail_syncs,
+                space_cap = r.space_cap,
                 "fault injection: disk"
             );
             disk.set(r.fail_writes, r.fail_syncs);
+            disk.set_space(r.space_cap);
         }
         let (fail_writes, fail_syncs) = disk.get();
         Ok(Response::new(proto::SetDiskResponse {
             error,
             fail_writes,
             fail_syncs,
+            space_cap: disk.space(),
         }))
     }
 

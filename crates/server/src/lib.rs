@@ -11,7 +11,8 @@
 //!   and the scheduler's host; [`meta`]: the meta group's state machine (group 0,
 //!   `phoenix_meta`) stored in the engine;
 //! - [`registry`]: the node's list of hosted replicas; [`keys`]: the engine key layout;
-//! - [`faults`]: cut links for fault runs (`--fault-injection`).
+//! - [`faults`]: cut links for fault runs (`--fault-injection`); [`disk`]: free space,
+//!   and client writes refused while it is under the reserve.
 //!
 //! Design and decisions: `docs/cluster.md`.
 
@@ -23,6 +24,7 @@ pub mod apply;
 pub mod batch;
 pub mod config;
 pub mod control;
+pub mod disk;
 pub mod error;
 pub mod failpoint;
 pub mod faults;
@@ -142,6 +144,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         transport,
         links,
         disk_faults,
+        fs: Arc::clone(&fs),
+        disk: disk::DiskSpace::new(cfg.reserve_space),
         started: Instant::now(),
         runtime,
     });
@@ -152,6 +156,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         .map_err(|e| Error::io("starting the raft thread", e))?;
 
     let hb = tokio::spawn(control::heartbeat_loop(Arc::clone(&shared)));
+    let disk_watch = tokio::spawn(disk::watch(Arc::clone(&shared)));
     let sched = tokio::spawn(control::scheduler_loop(Arc::clone(&shared)));
     // On shutdown the driver stops first (so this node stops acting as a replica at
     // once), then the outgoing streams close and the incoming ones are ended, so the
@@ -226,6 +231,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         )
         .await;
     hb.abort();
+    disk_watch.abort();
     sched.abort();
     let _ = tx.send(node::Event::Stop);
     let joined = tokio::task::spawn_blocking(move || driver_thread.join()).await;

@@ -681,6 +681,14 @@ impl Driver {
                     self.touch(group);
                     return;
                 }
+                // A leader on a disk short of space takes no client write; the meta
+                // group's own (small) proposals go on within the reserve.
+                if group != META_GROUP {
+                    if let Some(e) = self.shared.disk.refusal(group, self.shared.cfg.node_id) {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                }
                 p.idle_ticks = 0;
                 let term = p.raw.raft().term();
                 match p.raw.propose(data) {

@@ -63,6 +63,10 @@ pub struct Shared {
     /// The disk's fault switches (they act only with fault injection on: the file
     /// system is then a `FaultFs` over them).
     pub disk_faults: Arc<phoenix_storage::DiskFaults>,
+    /// The file system under the engine and the log store.
+    pub fs: phoenix_storage::SharedFs,
+    /// The data disk's free space, and whether client writes are refused for lack of it.
+    pub disk: crate::disk::DiskSpace,
     /// When the node started.
     pub started: Instant,
     /// Tokio runtime handle for background tasks started from the driver thread.

@@ -846,6 +846,7 @@ async fn a_failing_disk_stops_the_replica_and_a_restart_recovers_it() {
         .set_disk(proto::SetDiskRequest {
             fail_writes: true,
             fail_syncs: true,
+            space_cap: None,
         })
         .await
         .unwrap()
@@ -1034,6 +1035,187 @@ async fn followers_forward_requests_to_the_leader() {
     }
     assert_eq!(get(&live, &route, b"fwd").await, Some(b"d".to_vec()));
     for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}
+
+async fn set_space_cap(addr: &str, cap: Option<u64>) {
+    let mut f = proto::faults_client::FaultsClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let r = f
+        .set_disk(proto::SetDiskRequest {
+            fail_writes: false,
+            fail_syncs: false,
+            space_cap: cap,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.error.is_none() && r.space_cap == cap, "{r:?}");
+}
+
+/// A raw put to `addr` (forwarded there if it is a follower): its error, if any.
+async fn put_at(addr: &str, route: &proto::Route, key: &[u8]) -> Option<proto::Error> {
+    kv(addr)
+        .await
+        .put(proto::PutRequest {
+            header: header(route),
+            key: key.to_vec().into(),
+            value: b"full?".to_vec().into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .error
+}
+
+/// The disk-full flag node `node` reports to the meta service.
+async fn reports_disk_full(addrs: &[String], node: u64) -> Option<bool> {
+    let c = meta_client(&addrs[0])
+        .await
+        .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
+        .await
+        .ok()?
+        .into_inner();
+    c.nodes
+        .iter()
+        .find(|n| n.node_id == node)
+        .and_then(|n| n.stats.as_ref())
+        .map(|s| s.disk_full)
+}
+
+/// A disk under its reserve (fault injection caps the free space the node sees): the
+/// leader's node refuses client writes with a typed DiskFull — through a follower too —
+/// and applies none of them; reads are served; the node reports it; a follower short of
+/// space does not stop the group's writes; once space returns, writes are taken again
+/// with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+            c.fault_injection = true;
+            c.reserve_space = 64 << 20;
+            c.disk_check_interval = Duration::from_millis(20);
+            start(c)
+        })
+        .collect();
+    let route = wait_route(&addrs).await;
+    for i in 0..10u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v1").await;
+    }
+    let leader = route.leader_node_id;
+    let li = leader as usize - 1;
+    let fi = (li + 1) % 3;
+    set_space_cap(&addrs[li], Some(1 << 20)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // (Writes before the watcher's next sample are taken: probe with a key of its own.)
+    loop {
+        match put_at(&addrs[li], &route, b"k-probe").await {
+            Some(e) if matches!(e.kind, Some(proto::error::Kind::DiskFull(_))) => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "the full leader still takes writes: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = loop {
+        match put_at(&addrs[li], &route, b"k-refused").await {
+            Some(e) if matches!(e.kind, Some(proto::error::Kind::DiskFull(_))) => break e,
+            other => assert!(
+                Instant::now() < deadline,
+                "the full leader still takes writes: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let Some(proto::error::Kind::DiskFull(df)) = &refused.kind else {
+        unreachable!()
+    };
+    assert_eq!(
+        (df.group_id, df.node_id, df.reserve),
+        (route.group_id, leader, 64 << 20),
+        "{refused}"
+    );
+    assert!(df.available <= 1 << 20, "{refused}");
+    assert!(refused.message.contains("disk is full"), "{refused}");
+    // Through a follower: forwarded to the leader, refused the same way.
+    let via = put_at(&addrs[fi], &route, b"k-refused").await;
+    assert!(
+        matches!(
+            via.as_ref().and_then(|e| e.kind.as_ref()),
+            Some(proto::error::Kind::DiskFull(_))
+        ),
+        "{via:?}"
+    );
+    // Reads are served, from the full leader itself.
+    let r = kv(&addrs[li])
+        .await
+        .get(proto::GetRequest {
+            header: header(&route),
+            key: b"k0003".to_vec().into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.error.is_none(), "{r:?}");
+    assert!(r.found && r.value.as_ref() == b"v1", "{r:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reports_disk_full(&addrs, leader).await != Some(true) {
+        assert!(
+            Instant::now() < deadline,
+            "node {leader} never reported its full disk"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A follower short of space instead: the leader takes writes, the follower keeps
+    // replicating them within its reserve.
+    set_space_cap(&addrs[fi], Some(0)).await;
+    set_space_cap(&addrs[li], None).await;
+    let applied_before = cluster_groups(&addrs)
+        .await
+        .iter()
+        .filter(|g| {
+            g.route
+                .as_ref()
+                .is_some_and(|r| r.group_id == route.group_id)
+        })
+        .flat_map(|g| g.replicas.iter().map(|r| r.applied_index))
+        .max()
+        .unwrap_or(0);
+    put(&addrs, &route, b"k-after", b"v2").await;
+    for i in 0..20u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v3").await;
+    }
+    wait_caught_up(
+        &addrs,
+        &route,
+        li,
+        fi,
+        applied_before + 21,
+        Duration::from_secs(10),
+    )
+    .await;
+    set_space_cap(&addrs[fi], None).await;
+    // No refused write was applied; the accepted one is there.
+    assert_eq!(get(&addrs, &route, b"k-refused").await, None);
+    assert_eq!(
+        get(&addrs, &route, b"k-after").await.as_deref(),
+        Some(&b"v2"[..])
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reports_disk_full(&addrs, leader).await != Some(false) {
+        assert!(
+            Instant::now() < deadline,
+            "node {leader} still reports a full disk"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for n in nodes {
         n.stop().await;
     }
 }

@@ -1,13 +1,14 @@
 //! [`FaultFs`]: any [`FileSystem`] whose writes and syncs fail while a switch says so, for
-//! fault runs against real processes (a disk that starts returning EIO). Reads, listings
-//! and locks always pass through.
+//! fault runs against real processes (a disk that starts returning EIO), and whose
+//! available space can be capped (a disk filling up). Reads, listings and locks always
+//! pass through.
 //!
 //! Unlike [`crate::MemFs`]'s faults (the Nth operation of a kind, in a test), these are
 //! turned on and off from outside at any moment ([`DiskFaults`]), e.g. by a server's
 //! fault-injection service.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::{
@@ -15,10 +16,22 @@ use crate::{
 };
 
 /// The switches of a [`FaultFs`].
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DiskFaults {
     writes: AtomicBool,
     syncs: AtomicBool,
+    /// The space the file system says is available, at most (`u64::MAX`: the real one).
+    space: AtomicU64,
+}
+
+impl Default for DiskFaults {
+    fn default() -> DiskFaults {
+        DiskFaults {
+            writes: AtomicBool::new(false),
+            syncs: AtomicBool::new(false),
+            space: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl DiskFaults {
@@ -27,6 +40,21 @@ impl DiskFaults {
     pub fn set(&self, fail_writes: bool, fail_syncs: bool) {
         self.writes.store(fail_writes, Ordering::Release);
         self.syncs.store(fail_syncs, Ordering::Release);
+    }
+
+    /// Caps the space [`FileSystem::available_space`] reports (None: the real space), so a
+    /// server believes its disk is (nearly) full while writes still work.
+    pub fn set_space(&self, space: Option<u64>) {
+        self.space
+            .store(space.unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// The cap on the reported space, if any.
+    pub fn space(&self) -> Option<u64> {
+        match self.space.load(Ordering::Acquire) {
+            u64::MAX => None,
+            s => Some(s),
+        }
     }
 
     /// (writes fail, syncs fail) now.
@@ -134,6 +162,11 @@ impl FileSystem for FaultFs {
     fn lock(&self, path: &Path) -> Result<Box<dyn FileLock>> {
         self.inner.lock(path)
     }
+
+    fn available_space(&self, dir: &Path) -> Result<u64> {
+        let real = self.inner.available_space(dir)?;
+        Ok(self.faults.space().map_or(real, |s| s.min(real)))
+    }
 }
 
 #[derive(Debug)]
@@ -211,5 +244,31 @@ mod tests {
         f.append(b"e").unwrap();
         f.sync_data().unwrap();
         assert_eq!(fs.read_all(&p).unwrap(), b"abcde");
+    }
+
+    #[test]
+    fn the_space_cap_lowers_the_reported_space_and_writes_still_work() {
+        let faults = Arc::new(DiskFaults::default());
+        let fs = FaultFs::new(Arc::new(crate::LocalFs::new()), Arc::clone(&faults));
+        let dir = tempfile::tempdir().unwrap();
+        let real = fs.available_space(dir.path()).unwrap();
+        assert!(real > 0 && real < u64::MAX, "{real}");
+        faults.set_space(Some(1000));
+        assert_eq!(faults.space(), Some(1000));
+        assert_eq!(fs.available_space(dir.path()).unwrap(), 1000.min(real));
+        let mut f = fs
+            .create(&dir.path().join("f"), WriteOptions::default())
+            .unwrap();
+        f.append(&[7u8; 4096]).unwrap();
+        f.sync_data().unwrap();
+        faults.set_space(None);
+        assert_eq!(faults.space(), None);
+        let back = fs.available_space(dir.path()).unwrap();
+        assert!(back > 1000 || real <= 1000, "{back}");
+        let e = fs
+            .available_space(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("stat") && e.contains("missing"), "{e}");
     }
 }

@@ -102,6 +102,11 @@ pub trait FileSystem: Send + Sync + std::fmt::Debug {
     /// Takes an exclusive lock on `path` (created if missing), so that two processes never
     /// open the same data directory. The lock is held until the guard is dropped.
     fn lock(&self, path: &Path) -> Result<Box<dyn FileLock>>;
+
+    /// Bytes this process may still write on the file system holding `dir` (`statvfs`:
+    /// blocks available to unprivileged users times the fragment size). A server refuses
+    /// writes while it is under a reserve, before a write can fail for lack of space.
+    fn available_space(&self, dir: &Path) -> Result<u64>;
 }
 
 /// An open file written by appending. Not shared between threads at once (`&mut self`).

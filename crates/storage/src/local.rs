@@ -244,6 +244,28 @@ impl FileSystem for LocalFs {
         write_atomic_via(self, path, data)
     }
 
+    fn available_space(&self, dir: &Path) -> Result<u64> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
+            Error::InvalidArgument {
+                path: dir.to_path_buf(),
+                reason: "the path holds a NUL byte".into(),
+            }
+        })?;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call, and `st` points to
+        // memory for one `statvfs`, which the call fills on success.
+        let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::io(IoOp::Stat, dir, io::Error::last_os_error()));
+        }
+        // SAFETY: the call succeeded, so it wrote the whole structure (which was zeroed
+        // before in any case).
+        let st = unsafe { st.assume_init() };
+        #[allow(clippy::unnecessary_cast)] // the field types differ between platforms
+        Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    }
+
     fn lock(&self, path: &Path) -> Result<Box<dyn FileLock>> {
         let file = OpenOptions::new()
             .read(true)

@@ -876,6 +876,12 @@ impl FileSystem for MemFs {
         write_atomic_via(self, path, data)
     }
 
+    /// Memory is not a disk: never short of space. (Tests of a full disk put a
+    /// [`crate::FaultFs`] over it.)
+    fn available_space(&self, _dir: &Path) -> Result<u64> {
+        Ok(u64::MAX)
+    }
+
     fn lock(&self, path: &Path) -> Result<Box<dyn FileLock>> {
         let mut st = self.shared.state.lock();
         let (pid, name) = st.parent_of(path, IoOp::Lock)?;

@@ -167,6 +167,10 @@ impl FileSystem for PowerLossFs {
     fn lock(&self, path: &Path) -> Result<Box<dyn FileLock>> {
         self.inner.lock(path)
     }
+
+    fn available_space(&self, dir: &Path) -> Result<u64> {
+        self.inner.available_space(dir)
+    }
 }
 
 #[derive(Debug)]

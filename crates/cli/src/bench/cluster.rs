@@ -121,8 +121,10 @@ pub struct Args {
     /// Faults injected into the spawned cluster during each run, one node at a time
     /// (kill: SIGKILL then restart; pause: SIGSTOP then SIGCONT; partition: the node cut
     /// off from the others; diskerror: its writes and syncs fail, then it is killed and
-    /// restarted; powerloss: killed with its unsynced bytes lost — these three PhoenixKV
-    /// only, its servers spawned with `--fault-injection` / `--unsynced-in-memory`);
+    /// restarted; diskfull: its free space looks nil for 2–6 s, so it refuses client
+    /// writes, then is back; powerloss: killed with its unsynced bytes lost — these four
+    /// PhoenixKV only, its servers spawned with `--fault-injection` /
+    /// `--unsynced-in-memory`);
     /// needs --spawn.
     #[arg(long, value_delimiter = ',')]
     pub nemesis: Vec<Fault>,
@@ -790,8 +792,10 @@ async fn spawn_target(
         TargetKind::Phoenix | TargetKind::PhoenixWal => {
             let mut spec = ClusterSpec::ephemeral(&dir)?;
             spec.server_args = args.server_args.clone();
-            let injected = args.nemesis.contains(&Fault::Partition)
-                || args.nemesis.contains(&Fault::DiskError);
+            let injected = args
+                .nemesis
+                .iter()
+                .any(|f| matches!(f, Fault::Partition | Fault::DiskError | Fault::DiskFull));
             for (on, flag) in [
                 (injected, "--fault-injection"),
                 (
@@ -1503,12 +1507,17 @@ pub fn run(args: Args, report: Report) -> Result<(), BenchError> {
     if !args.nemesis.is_empty() && args.spawn.is_none() {
         return Err("--nemesis needs --spawn (it kills and pauses the spawned nodes)".into());
     }
-    let phoenix_only = [Fault::Partition, Fault::DiskError, Fault::PowerLoss];
+    let phoenix_only = [
+        Fault::Partition,
+        Fault::DiskError,
+        Fault::DiskFull,
+        Fault::PowerLoss,
+    ];
     if args.nemesis.iter().any(|f| phoenix_only.contains(f))
         && args.target.contains(&TargetKind::Etcd)
     {
         return Err(
-            "--nemesis partition, diskerror and powerloss work on PhoenixKV targets only \
+            "--nemesis partition, diskerror, diskfull and powerloss work on PhoenixKV targets only \
              (fault-injection service, unsynced bytes in memory); run etcd with kill,pause"
                 .into(),
         );

@@ -1,5 +1,5 @@
 //! Faults injected into a spawned cluster while `phoenix bench cluster` runs
-//! (`--nemesis kill,pause,partition,diskerror`): one node at a time, the same schedule
+//! (`--nemesis kill,pause,partition,diskerror,diskfull`): one node at a time, the same schedule
 //! for every target.
 //!
 //! Every 1–3 s (uniform) the nemesis picks a node and a fault: `kill` sends SIGKILL and
@@ -9,7 +9,9 @@
 //! service (PhoenixKV servers started with `--fault-injection`); `diskerror` makes the
 //! node's writes and syncs fail (the same service) for 0.5–2.5 s, then kills and
 //! restarts it (its replicas stop at the first failed sync and stay stopped until a
-//! restart); `powerloss` kills and restarts a node whose servers keep unsynced bytes in
+//! restart); `diskfull` makes the node see its disk as full (free space capped to 0
+//! through the same service: it refuses client writes with DiskFull) for 2–6 s, then
+//! lifts the cap (it takes writes again by itself); `powerloss` kills and restarts a node whose servers keep unsynced bytes in
 //! memory (`--unsynced-in-memory`, so every kill of that run loses them). The choices
 //! come from
 //! a seeded generator, so a run with the same `--seed` faults the same nodes at the
@@ -41,6 +43,11 @@ pub enum Fault {
     /// only, through the same service).
     #[value(name = "diskerror")]
     DiskError,
+    /// Make a node see its disk as full (free space capped to 0) for a while, then lift
+    /// the cap (PhoenixKV only, through the same service): writes through it are refused
+    /// meanwhile, and taken again without a restart.
+    #[value(name = "diskfull")]
+    DiskFull,
     /// SIGKILL a node whose servers keep unsynced bytes in memory (spawned with
     /// `--unsynced-in-memory`), restart it later: a power loss (PhoenixKV only).
     #[value(name = "powerloss")]
@@ -54,6 +61,7 @@ impl Fault {
             Fault::Pause => "pause",
             Fault::Partition => "partition",
             Fault::DiskError => "diskerror",
+            Fault::DiskFull => "diskfull",
             Fault::PowerLoss => "powerloss",
         }
     }
@@ -115,12 +123,14 @@ impl Nemesis {
         if faults.is_empty() || procs.is_empty() {
             return Err("the nemesis needs at least one fault and one process".into());
         }
-        let needs_links = faults.contains(&Fault::Partition) || faults.contains(&Fault::DiskError);
+        let needs_links = faults
+            .iter()
+            .any(|f| matches!(f, Fault::Partition | Fault::DiskError | Fault::DiskFull));
         let links = match (needs_links, links) {
             (true, None) => {
                 return Err(
-                    "partition and diskerror need PhoenixKV nodes (their fault-injection \
-                     service)"
+                    "partition, diskerror and diskfull need PhoenixKV nodes (their \
+                     fault-injection service)"
                         .into(),
                 )
             }
@@ -253,12 +263,14 @@ where
         .map_err(|_| "no answer within 2 s".to_string())?
 }
 
-/// Makes node `addr`'s writes and syncs fail (or work again).
-pub async fn set_disk(addr: &str, fail: bool) -> Result<(), String> {
+/// Makes node `addr`'s writes and syncs fail (or work again), and caps the free space it
+/// sees (None: the real space).
+pub async fn set_disk(addr: &str, fail: bool, space_cap: Option<u64>) -> Result<(), String> {
     faults_call(addr, |mut c| async move {
         let req = phoenix_proto::SetDiskRequest {
             fail_writes: fail,
             fail_syncs: fail,
+            space_cap,
         };
         c.set_disk(req).await.map(|r| r.into_inner().error)
     })
@@ -339,10 +351,21 @@ fn run(
                     .get(node)
                     .map_or("", String::as_str);
                 error = rt
-                    .block_on(set_disk(addr, true))
+                    .block_on(set_disk(addr, true, None))
                     .err()
                     .map(|e| format!("node {} at {addr}: {e}", node + 1));
                 down
+            }
+            Fault::DiskFull => {
+                let addr = links
+                    .unwrap_or_default()
+                    .get(node)
+                    .map_or("", String::as_str);
+                error = rt
+                    .block_on(set_disk(addr, false, Some(0)))
+                    .err()
+                    .map(|e| format!("node {} at {addr}: {e}", node + 1));
+                down * 2 + Duration::from_secs(1)
             }
         };
         // The node comes back even if the run ends meanwhile: the cluster is handed
@@ -360,6 +383,16 @@ fn run(
             Fault::DiskError => {
                 p.kill();
                 p.restart().err().map(|e| e.to_string())
+            }
+            // The node takes writes again by itself once the space is back.
+            Fault::DiskFull => {
+                let addr = links
+                    .unwrap_or_default()
+                    .get(node)
+                    .map_or("", String::as_str);
+                rt.block_on(set_disk(addr, false, None))
+                    .err()
+                    .map(|e| format!("node {} at {addr}: {e}", node + 1))
             }
         };
         let error = match (error, back) {

@@ -548,7 +548,7 @@ async fn play_nemesis(
                 retried(|| nemesis::partition(endpoints, Some(victim))).await?
             }
             Round::DiskErrorLeader | Round::DiskErrorRandom => {
-                retried(|| nemesis::set_disk(&endpoints[victim], true)).await?
+                retried(|| nemesis::set_disk(&endpoints[victim], true, None)).await?
             }
             Round::KillLeader | Round::KillRandom => cluster.nodes[victim].kill(),
             Round::KillAll => cluster.nodes.iter_mut().for_each(|p| p.kill()),

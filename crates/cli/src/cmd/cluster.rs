@@ -67,6 +67,8 @@ pub fn to_json(s: &ClusterStatus, bytes: Bytes) -> Value {
                 "leaders": n.leaders,
                 "engine_bytes": n.engine_bytes,
                 "log_bytes": n.log_bytes,
+                "disk_free_bytes": n.disk_free_bytes,
+                "disk_full": n.disk_full,
             })
         })
         .collect();
@@ -141,13 +143,19 @@ pub fn render(s: &ClusterStatus) -> String {
     let _ = writeln!(out, "\nNODES ({})", s.nodes.len());
     let _ = writeln!(
         out,
-        "{:>4}  {:<22} {:<6} {:>10} {:>7} {:>8} {:>11} {:>11}",
-        "id", "address", "alive", "heartbeat", "groups", "leaders", "engine", "log"
+        "{:>4}  {:<22} {:<6} {:>10} {:>7} {:>8} {:>11} {:>11} {:>16}",
+        "id", "address", "alive", "heartbeat", "groups", "leaders", "engine", "log", "disk free"
     );
     for n in &s.nodes {
+        let free = match (n.disk_free_bytes, n.disk_full) {
+            (Some(b), true) => format!("FULL {}", size(b)),
+            (Some(b), false) => size(b),
+            (None, true) => "FULL".to_string(),
+            (None, false) => "-".to_string(),
+        };
         let _ = writeln!(
             out,
-            "{:>4}  {:<22} {:<6} {:>10} {:>7} {:>8} {:>11} {:>11}",
+            "{:>4}  {:<22} {:<6} {:>10} {:>7} {:>8} {:>11} {:>11} {:>16}",
             n.node_id,
             n.addr,
             if n.alive { "yes" } else { "NO" },
@@ -156,7 +164,8 @@ pub fn render(s: &ClusterStatus) -> String {
             n.groups,
             n.leaders,
             size(n.engine_bytes),
-            size(n.log_bytes)
+            size(n.log_bytes),
+            free
         );
     }
     // Asleep: every reported replica of the group hibernates (idle, no heartbeats).
@@ -231,6 +240,8 @@ mod tests {
                 leaders: 1,
                 engine_bytes: 3 * 1024 * 1024,
                 log_bytes: 512,
+                disk_free_bytes: Some(100 << 20),
+                disk_full: true,
             }],
             groups: vec![GroupStatus {
                 group_id: 1,
@@ -265,6 +276,10 @@ mod tests {
         );
         assert!(t.contains("[-inf, \"m\")") && t.contains("1,2,3"), "{t}");
         assert!(
+            t.contains("disk free") && t.contains("FULL 100.0 MiB"),
+            "{t}"
+        );
+        assert!(
             t.contains("replica on node 3 STOPPED: log append failed: disk full"),
             "{t}"
         );
@@ -276,6 +291,8 @@ mod tests {
         assert_eq!(v["meta_leader"], 2);
         assert_eq!(v["nodes"][0]["addr"], "127.0.0.1:7001");
         assert_eq!(v["nodes"][0]["engine_bytes"], 3 * 1024 * 1024);
+        assert_eq!(v["nodes"][0]["disk_free_bytes"], 100 << 20);
+        assert_eq!(v["nodes"][0]["disk_full"], true);
         assert_eq!(v["groups"][0]["start"], "");
         assert_eq!(v["groups"][0]["end"], "m");
         assert!(v["groups"][0]["leader"].is_null());

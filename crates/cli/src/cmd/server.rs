@@ -59,6 +59,10 @@ pub struct Args {
     /// Snapshot streaming rate limit in MiB/s.
     #[arg(long, default_value_t = 64)]
     pub snapshot_mb_per_sec: u64,
+    /// Free disk space to keep, in MiB: under it the node refuses client writes with a
+    /// DiskFull error (reads go on) and takes them again once space returns. 0: never.
+    #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_RESERVE_SPACE >> 20)]
+    pub reserve_space_mb: u64,
     /// Serve the fault-injection service (cut links to chosen peers on request), for
     /// fault runs (`bench cluster --nemesis partition`). Never in production.
     #[arg(long)]
@@ -106,6 +110,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.tick = Duration::from_millis(args.tick_ms.max(1));
     cfg.hibernate_ticks = args.hibernate_ticks;
     cfg.snapshot_bytes_per_sec = args.snapshot_mb_per_sec.max(1) << 20;
+    cfg.reserve_space = args.reserve_space_mb.saturating_mul(1 << 20);
     cfg.fault_injection = args.fault_injection;
     cfg.unsynced_in_memory = args.unsynced_in_memory;
     let rt = tokio::runtime::Builder::new_multi_thread()
