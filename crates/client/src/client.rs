@@ -13,6 +13,7 @@
 //! | NotLeader without hint, GroupUnavailable | forget the leader, next replica, back off |
 //! | StaleEpoch / KeyNotInGroup | take the route the server sent (or refresh), resend |
 //! | ServerBusy, transport failure | next replica, back off |
+//! | DiskFull | back off and resend for up to [`DISK_FULL_PATIENCE`] (the full leader hands its group to a node with room), then return it |
 //! | DeadlineExceeded / OutcomeUnknown | reads and (with sessions) writes resend |
 //! | SessionExpired | the write is ambiguous |
 //! | key/value too large, invalid argument, internal | return the typed error |
@@ -49,6 +50,12 @@ use crate::backoff::BackoffPolicy;
 use crate::batch_link::BatchLink;
 use crate::error::{ClientError, Result};
 use crate::routing::{NodeId, Route, RouteTable};
+
+/// How long a call keeps resending a write refused with `DiskFull` before it returns
+/// the refusal: long enough for a full leader to hand its group to a node with room
+/// (it does so every half second, and a hand-off takes an append round and an
+/// election).
+pub const DISK_FULL_PATIENCE: Duration = Duration::from_secs(2);
 
 /// How the client behaves.
 #[derive(Debug, Clone)]
@@ -804,6 +811,8 @@ impl Client {
         // Set once an attempt of a write may have been applied: whatever ends the call
         // after that, the caller must hear "ambiguous", not a definite failure.
         let mut maybe_applied = false;
+        // When the first DiskFull refusal of this call came.
+        let mut disk_full_since: Option<Instant> = None;
         // Replicas whose attempt timed out in this call, and when.
         let mut silent: HashMap<NodeId, Instant> = HashMap::new();
         let attempt_timeout = self.inner.opts.attempt_timeout;
@@ -1028,6 +1037,21 @@ impl Client {
                             self.backoff(&mut backoffs, deadline).await;
                         }
                         Some(Kind::ServerBusy(_)) => self.backoff(&mut backoffs, deadline).await,
+                        Some(Kind::DiskFull(_)) => {
+                            // Nothing was applied. A full leader hands its group to a
+                            // node with room within about a second; past that the
+                            // cluster is out of space, and waiting out the deadline
+                            // would only hide it.
+                            let since = *disk_full_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() >= DISK_FULL_PATIENCE {
+                                return Err(ClientError::Refused {
+                                    op,
+                                    addr,
+                                    error: Box::new(err),
+                                });
+                            }
+                            self.backoff(&mut backoffs, deadline).await;
+                        }
                         Some(Kind::DeadlineExceeded(_) | Kind::OutcomeUnknown(_)) => {
                             maybe_applied = true;
                             if !retry_ambiguous {

@@ -26,6 +26,8 @@ enum Fault {
     ServerTimeout(u64),
     /// OutcomeUnknown (proposed, then leadership lost) on the next kv request.
     LostLeadership,
+    /// DiskFull on every kv request (the leader's disk is under its reserve).
+    DiskFull,
 }
 
 struct State {
@@ -97,6 +99,7 @@ impl Node {
                     *f = Fault::None;
                     return Err(pb::Error::outcome_unknown(h.group_id, "scripted"));
                 }
+                Fault::DiskFull => return Err(pb::Error::disk_full(h.group_id, self.id, 10, 100)),
             }
         }
         let route = self
@@ -660,6 +663,46 @@ async fn leader_crash_fails_over_within_the_deadline() {
     let before = c.hits().get(&2).copied().unwrap_or(0);
     client.get(b"x").await.unwrap();
     assert_eq!(c.hits().get(&2).copied().unwrap_or(0), before + 1);
+}
+
+/// A write refused for a full disk was not applied: it is resent while the group may
+/// move to a node with room, and succeeds once it does; with no room anywhere the
+/// refusal comes back typed after `DISK_FULL_PATIENCE`, well before the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_waited_out_briefly_then_returned() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    let client = c.client(Duration::from_secs(10)).await;
+    *c.st.fault.lock().unwrap() = Fault::DiskFull;
+    let st = c.st.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        *st.fault.lock().unwrap() = Fault::None;
+    });
+    let started = Instant::now();
+    client.put(b"x", b"1").await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(350));
+    assert_eq!(client.get(b"x").await.unwrap(), Some(b"1".to_vec()));
+
+    *c.st.fault.lock().unwrap() = Fault::DiskFull;
+    let started = Instant::now();
+    let err = client.put(b"x", b"2").await.unwrap_err();
+    let took = started.elapsed();
+    match &err {
+        ClientError::Refused { op, error, .. } => {
+            assert_eq!(*op, "put");
+            assert!(
+                matches!(error.kind, Some(pb::error::Kind::DiskFull(_))),
+                "{error:?}"
+            );
+        }
+        other => panic!("expected the DiskFull refusal, got {other:?}"),
+    }
+    assert!(
+        took >= phoenix_client::DISK_FULL_PATIENCE && took < Duration::from_secs(5),
+        "took {took:?}"
+    );
+    *c.st.fault.lock().unwrap() = Fault::None;
+    assert_eq!(client.get(b"x").await.unwrap(), Some(b"1".to_vec()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -115,6 +115,19 @@ impl LeaderView {
             .collect()
     }
 
+    /// Nodes whose last heartbeat said their disk is under its reserve (they refuse
+    /// client writes), by id: their leaders hand groups to the others.
+    pub fn disk_full_nodes(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .nodes
+            .iter()
+            .filter(|(_, (_, s))| s.disk_full)
+            .map(|(id, _)| *id)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Last reported leader of `group` (the one of the highest term).
     pub fn leader(&self, group: u64) -> Option<u64> {
         self.leaders.get(&group).map(|&(_, node)| node)
@@ -181,6 +194,22 @@ mod tests {
             groups,
             ..NodeStats::default()
         }
+    }
+
+    #[test]
+    fn full_disks_follow_the_last_heartbeat() {
+        let t0 = Instant::now();
+        let mut v = LeaderView::default();
+        let full = |on| NodeStats {
+            disk_full: on,
+            ..NodeStats::default()
+        };
+        v.record(t0, 3, full(true), &[]);
+        v.record(t0, 1, full(true), &[]);
+        v.record(t0, 2, full(false), &[]);
+        assert_eq!(v.disk_full_nodes(), vec![1, 3]);
+        v.record(t0, 3, full(false), &[]);
+        assert_eq!(v.disk_full_nodes(), vec![1]);
     }
 
     #[test]

@@ -283,7 +283,7 @@ impl MetaService {
             base: (r.report_base != 0).then_some(r.report_base),
             removed: r.removed_groups,
         };
-        let (held, commands) = {
+        let (held, commands, disk_full_nodes) = {
             let meta = self.shared.meta.read();
             let mut lv = self.shared.leader_view.lock();
             let held = lv.record_report(
@@ -300,13 +300,14 @@ impl MetaService {
             } else {
                 Vec::new()
             };
-            (held, commands)
+            (held, commands, lv.disk_full_nodes())
         };
         Ok(proto::HeartbeatResponse {
             error: None,
             commands,
             routes_version: self.meta_applied(),
             report_held: held,
+            disk_full_nodes,
         })
     }
 }
@@ -499,6 +500,7 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
         match resp {
             Ok(r) => match r.error {
                 None => {
+                    shared.disk.set_full_nodes(r.disk_full_nodes);
                     for c in r.commands {
                         if let Some(proto::placement_command::Cmd::CreateReplica(cr)) = c.cmd {
                             if let Some(route) = cr.route {

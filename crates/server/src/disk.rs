@@ -10,12 +10,19 @@
 //! the meta group's own proposals — and writes are taken again by themselves once the
 //! space is back (a watcher samples it every `disk_check_interval`).
 //!
+//! Its leaders do not wait for the space to return: every half second the driver hands
+//! each group it leads to its most caught-up follower on a node with room (as the meta
+//! service last reported, so leadership does not bounce between full nodes), and the
+//! group's writes go on there. With no such follower the group refuses writes until
+//! the space returns.
+//!
 //! Leaving the state needs 5% more than the reserve, so a disk hovering at the line does
 //! not flip the node's answer at every sample.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use phoenix_proto as proto;
 
 use crate::shared::Shared;
@@ -26,6 +33,8 @@ pub struct DiskSpace {
     reserve: u64,
     available: AtomicU64,
     full: AtomicBool,
+    /// The nodes the meta service last said are short of space (this one included).
+    full_nodes: Mutex<Vec<u64>>,
 }
 
 impl DiskSpace {
@@ -35,7 +44,18 @@ impl DiskSpace {
             reserve,
             available: AtomicU64::new(u64::MAX),
             full: AtomicBool::new(false),
+            full_nodes: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Takes the meta service's list of nodes short of space.
+    pub fn set_full_nodes(&self, nodes: Vec<u64>) {
+        *self.full_nodes.lock() = nodes;
+    }
+
+    /// Whether the meta service last said node `id`'s disk is short of space.
+    pub fn is_node_full(&self, id: u64) -> bool {
+        self.full_nodes.lock().contains(&id)
     }
 
     /// Takes a sample of the free space; returns the new state if it changed.

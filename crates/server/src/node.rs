@@ -245,10 +245,16 @@ pub struct Driver {
     /// service sees them hosted here and does not ask again.
     create_failed: BTreeMap<u64, proto::Route>,
     last_create_retry: Instant,
+    /// When leaderships were last handed off a full disk (`shed_leaders`).
+    last_shed: Instant,
     /// Memory of the session records cached by every replica (apply.rs
     /// `SessionCache`): past [`SESSION_CACHE_BYTES_MAX`] every cache starts over.
     session_records: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// How often a node whose disk is full hands its leaderships away (a transfer takes an
+/// append round and an election; one under way is not restarted).
+const SHED_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Memory the node gives to decoded client session records, over all its groups (a
 /// record of a client that acknowledges its answers is about 150 bytes: every client of
@@ -289,6 +295,7 @@ impl Driver {
             registry,
             create_failed: BTreeMap::new(),
             last_create_retry: Instant::now(),
+            last_shed: Instant::now(),
             session_records: Arc::default(),
         };
         for r in routes {
@@ -514,8 +521,57 @@ impl Driver {
                 self.last_truncate = Instant::now();
                 self.truncate_logs();
             }
+            if self.shared.disk.is_full() && self.last_shed.elapsed() >= SHED_INTERVAL {
+                self.last_shed = Instant::now();
+                self.shed_leaders();
+            }
         }
         self.stop();
+    }
+
+    /// While this node's disk is under its reserve (it refuses client writes), hands
+    /// each data group it leads to a follower whose node has room, as the meta service
+    /// last reported (so leadership does not bounce between full nodes): the one heard
+    /// from lately with the longest log. The group's writes then go on there. A group
+    /// with no such follower stays here, refusing writes until the space returns.
+    fn shed_leaders(&mut self) {
+        let me = self.shared.cfg.node_id;
+        let mut moved = Vec::new();
+        for (&g, p) in &mut self.peers {
+            let r = p.raw.raft();
+            if g == META_GROUP
+                || p.failed.is_some()
+                || r.role() != StateRole::Leader
+                || r.lead_transferee() != 0
+            {
+                continue;
+            }
+            let target = r
+                .conf_state()
+                .voters
+                .iter()
+                .copied()
+                .filter(|&v| v != me && !self.shared.disk.is_node_full(v))
+                .max_by_key(|&v| {
+                    r.progress(v)
+                        .map_or((false, 0), |pr| (pr.recent_active, pr.matched))
+                });
+            if let Some(t) = target {
+                if p.raw.transfer_leader(t).is_ok() {
+                    moved.push(g);
+                }
+            }
+        }
+        if !moved.is_empty() {
+            tracing::warn!(
+                groups = moved.len(),
+                first = moved[0],
+                "disk full: handing leaderships to followers with room"
+            );
+        }
+        for g in moved {
+            self.touch(g);
+        }
     }
 
     /// One tick of the awake groups. A leader idle for `hibernate_ticks` puts its group

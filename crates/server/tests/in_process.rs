@@ -1085,11 +1085,24 @@ async fn reports_disk_full(addrs: &[String], node: u64) -> Option<bool> {
         .map(|s| s.disk_full)
 }
 
-/// A disk under its reserve (fault injection caps the free space the node sees): the
-/// leader's node refuses client writes with a typed DiskFull — through a follower too —
-/// and applies none of them; reads are served; the node reports it; a follower short of
-/// space does not stop the group's writes; once space returns, writes are taken again
-/// with no restart.
+/// The reported leader of `group`, if any replica says it leads.
+async fn reported_leader(addrs: &[String], group: u64) -> Option<u64> {
+    cluster_groups(addrs)
+        .await
+        .iter()
+        .filter(|g| g.route.as_ref().is_some_and(|r| r.group_id == group))
+        .flat_map(|g| g.replicas.iter())
+        .filter(|r| r.is_leader)
+        .max_by_key(|r| r.term)
+        .map(|r| r.node_id)
+}
+
+/// Disks under their reserve (fault injection caps the free space the nodes see).
+/// Every node full: client writes are refused with a typed DiskFull — sent to any node,
+/// forwarded — and none is applied; reads are served; the nodes report it. One node
+/// with room again: the full leader hands the group to it and writes go on there while
+/// the other two (followers now) are still full. Space back everywhere: nothing to
+/// restart, and no refused write was applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
     let dir = tempfile::tempdir().unwrap();
@@ -1107,114 +1120,109 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
     for i in 0..10u32 {
         put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v1").await;
     }
-    let leader = route.leader_node_id;
-    let li = leader as usize - 1;
-    let fi = (li + 1) % 3;
-    set_space_cap(&addrs[li], Some(1 << 20)).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    // (Writes before the watcher's next sample are taken: probe with a key of its own.)
-    loop {
-        match put_at(&addrs[li], &route, b"k-probe").await {
-            Some(e) if matches!(e.kind, Some(proto::error::Kind::DiskFull(_))) => break,
-            other => assert!(
-                Instant::now() < deadline,
-                "the full leader still takes writes: {other:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    for a in &addrs {
+        set_space_cap(a, Some(1 << 20)).await;
     }
-    let refused = loop {
-        match put_at(&addrs[li], &route, b"k-refused").await {
-            Some(e) if matches!(e.kind, Some(proto::error::Kind::DiskFull(_))) => break e,
-            other => assert!(
-                Instant::now() < deadline,
-                "the full leader still takes writes: {other:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let Some(proto::error::Kind::DiskFull(df)) = &refused.kind else {
-        unreachable!()
-    };
-    assert_eq!(
-        (df.group_id, df.node_id, df.reserve),
-        (route.group_id, leader, 64 << 20),
-        "{refused}"
-    );
-    assert!(df.available <= 1 << 20, "{refused}");
-    assert!(refused.message.contains("disk is full"), "{refused}");
-    // Through a follower: forwarded to the leader, refused the same way.
-    let via = put_at(&addrs[fi], &route, b"k-refused").await;
-    assert!(
-        matches!(
-            via.as_ref().and_then(|e| e.kind.as_ref()),
-            Some(proto::error::Kind::DiskFull(_))
-        ),
-        "{via:?}"
-    );
-    // Reads are served, from the full leader itself.
-    let r = kv(&addrs[li])
-        .await
-        .get(proto::GetRequest {
-            header: header(&route),
-            key: b"k0003".to_vec().into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(r.error.is_none(), "{r:?}");
-    assert!(r.found && r.value.as_ref() == b"v1", "{r:?}");
+    // (Writes before the watchers' next samples are taken, and leadership may move
+    // until the meta service knows every node is full: probe with a key of its own.)
     let deadline = Instant::now() + Duration::from_secs(10);
-    while reports_disk_full(&addrs, leader).await != Some(true) {
+    let is_full = |e: &Option<proto::Error>| {
+        matches!(
+            e.as_ref().and_then(|e| e.kind.as_ref()),
+            Some(proto::error::Kind::DiskFull(_))
+        )
+    };
+    loop {
+        let e = put_at(&addrs[0], &route, b"k-probe").await;
+        if is_full(&e) {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
-            "node {leader} never reported its full disk"
+            "a full cluster still takes writes: {e:?}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // A follower short of space instead: the leader takes writes, the follower keeps
-    // replicating them within its reserve.
-    set_space_cap(&addrs[fi], Some(0)).await;
-    set_space_cap(&addrs[li], None).await;
-    let applied_before = cluster_groups(&addrs)
-        .await
-        .iter()
-        .filter(|g| {
-            g.route
-                .as_ref()
-                .is_some_and(|r| r.group_id == route.group_id)
-        })
-        .flat_map(|g| g.replicas.iter().map(|r| r.applied_index))
-        .max()
-        .unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for n in 1..=3 {
+        while reports_disk_full(&addrs, n).await != Some(true) {
+            assert!(
+                Instant::now() < deadline,
+                "node {n} never reported its full disk"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Every node's heartbeat answer names the three (their leaders stop handing over).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for a in &addrs {
+        let e = put_at(a, &route, b"k-refused").await;
+        assert!(is_full(&e), "{a}: {e:?}");
+        let e = e.unwrap();
+        let Some(proto::error::Kind::DiskFull(df)) = &e.kind else {
+            unreachable!()
+        };
+        assert_eq!((df.group_id, df.reserve), (route.group_id, 64 << 20), "{e}");
+        assert!(
+            (1..=3).contains(&df.node_id) && df.available <= 1 << 20,
+            "{e}"
+        );
+        assert!(e.message.contains("disk is full"), "{e}");
+    }
+    // Reads are served.
+    for a in &addrs {
+        let r = kv(a)
+            .await
+            .get(proto::GetRequest {
+                header: header(&route),
+                key: b"k0003".to_vec().into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.error.is_none(), "{a}: {r:?}");
+        assert!(r.found && r.value.as_ref() == b"v1", "{a}: {r:?}");
+    }
+    // Room on one node that does not lead: the leader hands the group over, and writes
+    // go on there with the two others still full.
+    let leader = reported_leader(&addrs, route.group_id).await.unwrap_or(1);
+    let roomy = leader % 3 + 1;
+    set_space_cap(&addrs[roomy as usize - 1], None).await;
     put(&addrs, &route, b"k-after", b"v2").await;
     for i in 0..20u32 {
         put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v3").await;
     }
-    wait_caught_up(
-        &addrs,
-        &route,
-        li,
-        fi,
-        applied_before + 21,
-        Duration::from_secs(10),
-    )
-    .await;
-    set_space_cap(&addrs[fi], None).await;
-    // No refused write was applied; the accepted one is there.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reported_leader(&addrs, route.group_id).await != Some(roomy) {
+        assert!(
+            Instant::now() < deadline,
+            "node {roomy} never took the lead"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for a in &addrs {
+        set_space_cap(a, None).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for n in 1..=3 {
+        while reports_disk_full(&addrs, n).await != Some(false) {
+            assert!(
+                Instant::now() < deadline,
+                "node {n} still reports a full disk"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    put(&addrs, &route, b"k-last", b"v4").await;
     assert_eq!(get(&addrs, &route, b"k-refused").await, None);
     assert_eq!(
         get(&addrs, &route, b"k-after").await.as_deref(),
         Some(&b"v2"[..])
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while reports_disk_full(&addrs, leader).await != Some(false) {
-        assert!(
-            Instant::now() < deadline,
-            "node {leader} still reports a full disk"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_eq!(
+        get(&addrs, &route, b"k0019").await.as_deref(),
+        Some(&b"v3"[..])
+    );
     for n in nodes {
         n.stop().await;
     }
