@@ -92,6 +92,8 @@ pub struct Config {
     pub reserve_space: u64,
     /// How often the data disk's free space is sampled.
     pub disk_check_interval: Duration,
+    /// Address of the metrics endpoint (`GET /metrics`, Prometheus text), if any.
+    pub metrics_listen: Option<String>,
     /// Serve the `Faults` service (cut links on request), for fault runs only.
     pub fault_injection: bool,
     /// Keep bytes not yet synced in this process's memory instead of the OS page cache,
@@ -140,6 +142,7 @@ impl Config {
             heartbeat_interval: Duration::from_secs(1),
             reserve_space: Self::DEFAULT_RESERVE_SPACE,
             disk_check_interval: Duration::from_millis(250),
+            metrics_listen: None,
             fault_injection: false,
             unsynced_in_memory: false,
         }

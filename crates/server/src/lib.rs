@@ -11,6 +11,7 @@
 //!   and the scheduler's host; [`meta`]: the meta group's state machine (group 0,
 //!   `phoenix_meta`) stored in the engine;
 //! - [`registry`]: the node's list of hosted replicas; [`keys`]: the engine key layout;
+//! - [`metrics`]: Prometheus text on `--metrics-listen`;
 //! - [`faults`]: cut links for fault runs (`--fault-injection`); [`disk`]: free space,
 //!   and client writes refused while it is under the reserve.
 //!
@@ -31,6 +32,7 @@ pub mod faults;
 pub mod forward;
 pub mod keys;
 pub mod meta;
+pub mod metrics;
 pub mod node;
 pub mod registry;
 pub mod service;
@@ -132,6 +134,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
         .map_err(|e| Error::io(format!("binding {}", cfg.listen), e))?;
+    let metrics_listener = match &cfg.metrics_listen {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| Error::io(format!("binding the metrics address {a}"), e))?,
+        ),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         cfg: cfg.clone(),
         engine: Arc::clone(&engine),
@@ -146,6 +156,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         disk_faults,
         fs: Arc::clone(&fs),
         disk: disk::DiskSpace::new(cfg.reserve_space),
+        metrics: metrics::NodeMetrics::default(),
         started: Instant::now(),
         runtime,
     });
@@ -173,6 +184,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         });
     }
     let mut server_stop = stop_rx.clone();
+    let metrics_task = metrics_listener
+        .map(|l| tokio::spawn(metrics::serve(Arc::clone(&shared), l, stop_rx.clone())));
 
     let kv = service::Services {
         shared: Arc::clone(&shared),
@@ -232,6 +245,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         .await;
     hb.abort();
     disk_watch.abort();
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
     sched.abort();
     let _ = tx.send(node::Event::Stop);
     let joined = tokio::task::spawn_blocking(move || driver_thread.join()).await;

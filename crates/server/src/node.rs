@@ -749,6 +749,7 @@ impl Driver {
                 let term = p.raw.raft().term();
                 match p.raw.propose(data) {
                     Ok(index) => {
+                        self.shared.metrics.proposals.inc();
                         p.proposals.insert(index, PendingProposal { term, reply });
                     }
                     Err(e) if is_storage(&e) => {
@@ -797,6 +798,7 @@ impl Driver {
                 dir,
                 route,
             } => {
+                self.shared.metrics.snapshot("received", true);
                 if !self.peers.contains_key(&group) {
                     if let Err(e) = self.create_replicas(vec![route]) {
                         tracing::error!(group, "creating replica for snapshot: {e}");
@@ -837,6 +839,7 @@ impl Driver {
                 });
             }
             Event::SnapshotSent { group, to, ok } => {
+                self.shared.metrics.snapshot("sent", ok);
                 if let Some(p) = self.peers.get_mut(&group) {
                     let st = if ok {
                         SnapshotStatus::Finish
@@ -942,6 +945,8 @@ impl Driver {
         if let Some(ss) = rd.soft_state {
             if ss.role != StateRole::Leader {
                 p.fail_all("leadership lost");
+            } else {
+                shared.metrics.leader_changes.inc();
             }
             tracing::info!(group = g, leader = ss.leader, role = ?ss.role, "role change");
         }
@@ -951,7 +956,9 @@ impl Driver {
             return Ok(());
         };
         if let Some(snap) = rd.snapshot.take() {
-            install_snapshot(&shared, p, &snap.meta)?;
+            let installed = install_snapshot(&shared, p, &snap.meta);
+            shared.metrics.snapshot("installed", installed.is_ok());
+            installed?;
         }
         let number = rd.number();
         let events = shared.events.clone();

@@ -151,6 +151,22 @@ impl Services {
         Ok(())
     }
 
+    /// Records an answered request in the node's metrics.
+    fn count(
+        &self,
+        method: &'static str,
+        answer: Result<Option<&PErr>, &Status>,
+        started: Instant,
+    ) {
+        let result = match answer {
+            Ok(e) => crate::metrics::result_label(e),
+            Err(_) => "status",
+        };
+        self.shared
+            .metrics
+            .request(method, result, started.elapsed());
+    }
+
     fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, PErr> {
         Arc::clone(&self.inflight).try_acquire_owned().map_err(|_| {
             PErr::server_busy("too many requests in flight on this node; back off and retry")
@@ -299,6 +315,121 @@ impl proto::kv_server::Kv for Services {
         &self,
         req: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
+        let started = Instant::now();
+        let answer = self.serve_get(req).await;
+        self.count(
+            "get",
+            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
+            started,
+        );
+        answer
+    }
+
+    async fn put(
+        &self,
+        req: Request<proto::PutRequest>,
+    ) -> Result<Response<proto::PutResponse>, Status> {
+        let started = Instant::now();
+        let answer = self.serve_put(req).await;
+        self.count(
+            "put",
+            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
+            started,
+        );
+        answer
+    }
+
+    async fn delete(
+        &self,
+        req: Request<proto::DeleteRequest>,
+    ) -> Result<Response<proto::DeleteResponse>, Status> {
+        let started = Instant::now();
+        let answer = self.serve_delete(req).await;
+        self.count(
+            "delete",
+            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
+            started,
+        );
+        answer
+    }
+
+    async fn batch_get(
+        &self,
+        req: Request<proto::BatchGetRequest>,
+    ) -> Result<Response<proto::BatchGetResponse>, Status> {
+        let started = Instant::now();
+        let answer = self.serve_batch_get(req).await;
+        self.count(
+            "batch_get",
+            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
+            started,
+        );
+        answer
+    }
+
+    async fn batch_write(
+        &self,
+        req: Request<proto::BatchWriteRequest>,
+    ) -> Result<Response<proto::BatchWriteResponse>, Status> {
+        let started = Instant::now();
+        let answer = self.serve_batch_write(req).await;
+        self.count(
+            "batch_write",
+            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
+            started,
+        );
+        answer
+    }
+
+    async fn scan(
+        &self,
+        req: Request<proto::ScanRequest>,
+    ) -> Result<Response<proto::ScanResponse>, Status> {
+        let started = Instant::now();
+        let answer = self.serve_scan(req).await;
+        self.count(
+            "scan",
+            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
+            started,
+        );
+        answer
+    }
+
+    async fn delete_range(
+        &self,
+        req: Request<proto::DeleteRangeRequest>,
+    ) -> Result<Response<proto::DeleteRangeResponse>, Status> {
+        let started = Instant::now();
+        let answer = self.serve_delete_range(req).await;
+        self.count(
+            "delete_range",
+            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
+            started,
+        );
+        answer
+    }
+
+    async fn cas(
+        &self,
+        req: Request<proto::CasRequest>,
+    ) -> Result<Response<proto::CasResponse>, Status> {
+        let started = Instant::now();
+        let answer = self.serve_cas(req).await;
+        self.count(
+            "cas",
+            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
+            started,
+        );
+        answer
+    }
+}
+
+/// The `Kv` methods' work (the trait's methods count each answer, then return it).
+impl Services {
+    async fn serve_get(
+        &self,
+        req: Request<proto::GetRequest>,
+    ) -> Result<Response<proto::GetResponse>, Status> {
         let r = req.into_inner();
         let _permit = try_err!(GetResponse, self.admit());
         let c = here_or_forward!(self, r, GetResponse, get, false, _permit);
@@ -318,7 +449,7 @@ impl proto::kv_server::Kv for Services {
         }))
     }
 
-    async fn put(
+    async fn serve_put(
         &self,
         req: Request<proto::PutRequest>,
     ) -> Result<Response<proto::PutResponse>, Status> {
@@ -336,7 +467,7 @@ impl proto::kv_server::Kv for Services {
         Ok(Response::new(proto::PutResponse { error: None }))
     }
 
-    async fn delete(
+    async fn serve_delete(
         &self,
         req: Request<proto::DeleteRequest>,
     ) -> Result<Response<proto::DeleteResponse>, Status> {
@@ -353,7 +484,7 @@ impl proto::kv_server::Kv for Services {
         Ok(Response::new(proto::DeleteResponse { error: None }))
     }
 
-    async fn batch_get(
+    async fn serve_batch_get(
         &self,
         req: Request<proto::BatchGetRequest>,
     ) -> Result<Response<proto::BatchGetResponse>, Status> {
@@ -399,7 +530,7 @@ impl proto::kv_server::Kv for Services {
         }))
     }
 
-    async fn batch_write(
+    async fn serve_batch_write(
         &self,
         req: Request<proto::BatchWriteRequest>,
     ) -> Result<Response<proto::BatchWriteResponse>, Status> {
@@ -454,7 +585,7 @@ impl proto::kv_server::Kv for Services {
         Ok(Response::new(proto::BatchWriteResponse { error: None }))
     }
 
-    async fn scan(
+    async fn serve_scan(
         &self,
         req: Request<proto::ScanRequest>,
     ) -> Result<Response<proto::ScanResponse>, Status> {
@@ -552,7 +683,7 @@ impl proto::kv_server::Kv for Services {
         }))
     }
 
-    async fn delete_range(
+    async fn serve_delete_range(
         &self,
         req: Request<proto::DeleteRangeRequest>,
     ) -> Result<Response<proto::DeleteRangeResponse>, Status> {
@@ -595,7 +726,7 @@ impl proto::kv_server::Kv for Services {
         Ok(Response::new(proto::DeleteRangeResponse { error: None }))
     }
 
-    async fn cas(
+    async fn serve_cas(
         &self,
         req: Request<proto::CasRequest>,
     ) -> Result<Response<proto::CasResponse>, Status> {

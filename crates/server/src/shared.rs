@@ -67,6 +67,8 @@ pub struct Shared {
     pub fs: phoenix_storage::SharedFs,
     /// The data disk's free space, and whether client writes are refused for lack of it.
     pub disk: crate::disk::DiskSpace,
+    /// What the node counts as it happens (metrics.rs).
+    pub metrics: crate::metrics::NodeMetrics,
     /// When the node started.
     pub started: Instant,
     /// Tokio runtime handle for background tasks started from the driver thread.

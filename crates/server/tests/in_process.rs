@@ -1227,3 +1227,113 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
         n.stop().await;
     }
 }
+
+/// One HTTP/1.1 GET on loopback: (status code, body).
+async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, body.to_string())
+}
+
+/// The value of the sample `name{labels}` (labels as written, e.g.
+/// `method="put",result="ok"`; empty for none) in a metrics text.
+fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The metrics endpoint serves the node's counters and state as OpenMetrics text: every
+/// answered request by method and result, with latencies; proposals; replicas by state;
+/// engine, log store and disk figures. Other paths are 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_metrics_endpoint_counts_requests_and_reports_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let maddr = format!("127.0.0.1:{}", free_port());
+    let meta = vec![MetaMember {
+        id: 1,
+        addr: addr.clone(),
+    }];
+    let addrs = vec![addr.clone()];
+    let mut cfg = config(1, &addr, dir.path(), &meta, 1);
+    cfg.metrics_listen = Some(maddr.clone());
+    let node = start(cfg);
+    let route = wait_route(&addrs).await;
+    let (code, before) = http_get(&maddr, "/metrics").await;
+    assert_eq!(code, 200, "{before}");
+    let puts_before = sample(
+        &before,
+        "phoenix_requests_total",
+        "method=\"put\",result=\"ok\"",
+    )
+    .unwrap_or(0.0);
+    for i in 0..30u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v").await;
+    }
+    assert_eq!(
+        get(&addrs, &route, b"k0001").await.as_deref(),
+        Some(&b"v"[..])
+    );
+    // A refused request is counted under its error kind.
+    let e = kv(&addr)
+        .await
+        .put(proto::PutRequest {
+            header: header(&route),
+            key: vec![b'x'; 5000].into(),
+            value: Default::default(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .error;
+    assert!(e.is_some());
+    let (code, text) = http_get(&maddr, "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    let s = |name: &str, labels: &str| {
+        sample(&text, name, labels).unwrap_or_else(|| panic!("no {name}{{{labels}}} in:\n{text}"))
+    };
+    let puts = s("phoenix_requests_total", "method=\"put\",result=\"ok\"");
+    assert_eq!(puts - puts_before, 30.0, "{text}");
+    assert!(s("phoenix_requests_total", "method=\"get\",result=\"ok\"") >= 1.0);
+    assert_eq!(
+        s(
+            "phoenix_requests_total",
+            "method=\"put\",result=\"key_too_large\""
+        ),
+        1.0
+    );
+    assert!(s("phoenix_request_duration_seconds_count", "method=\"put\"") >= 31.0);
+    assert!(s("phoenix_request_duration_seconds_sum", "method=\"put\"") > 0.0);
+    assert!(s("phoenix_raft_proposals_total", "") >= 30.0);
+    assert!(s("phoenix_raft_leader_changes_total", "") >= 1.0);
+    assert!(
+        s("phoenix_groups", "state=\"hosted\"") >= 2.0,
+        "meta and data groups"
+    );
+    assert!(s("phoenix_groups", "state=\"leader\"") >= 2.0);
+    assert_eq!(s("phoenix_groups", "state=\"stopped\""), 0.0);
+    assert!(s("phoenix_log_syncs_total", "") >= 1.0);
+    assert!(s("phoenix_log_write_bytes_total", "") > 0.0);
+    assert!(s("phoenix_engine_user_write_bytes_total", "") > 0.0);
+    assert!(s("phoenix_engine_level_files", "level=\"L0\"") >= 0.0);
+    assert!(s("phoenix_disk_free_bytes", "") > 0.0);
+    assert_eq!(s("phoenix_disk_full", ""), 0.0);
+    assert_eq!(s("phoenix_disk_reserve_bytes", ""), 512.0 * 1024.0 * 1024.0);
+    let (code, _) = http_get(&maddr, "/nothing-here").await;
+    assert_eq!(code, 404);
+    node.stop().await;
+}

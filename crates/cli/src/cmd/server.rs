@@ -59,6 +59,10 @@ pub struct Args {
     /// Snapshot streaming rate limit in MiB/s.
     #[arg(long, default_value_t = 64)]
     pub snapshot_mb_per_sec: u64,
+    /// Address to serve metrics on (`GET /metrics`, Prometheus text; names in
+    /// docs/metrics.md), e.g. 127.0.0.1:9101. Off unless given.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
     /// Free disk space to keep, in MiB: under it the node refuses client writes with a
     /// DiskFull error (reads go on) and takes them again once space returns. 0: never.
     #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_RESERVE_SPACE >> 20)]
@@ -111,6 +115,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.hibernate_ticks = args.hibernate_ticks;
     cfg.snapshot_bytes_per_sec = args.snapshot_mb_per_sec.max(1) << 20;
     cfg.reserve_space = args.reserve_space_mb.saturating_mul(1 << 20);
+    cfg.metrics_listen = args.metrics_listen;
     cfg.fault_injection = args.fault_injection;
     cfg.unsynced_in_memory = args.unsynced_in_memory;
     let rt = tokio::runtime::Builder::new_multi_thread()
