@@ -811,8 +811,10 @@ impl Client {
         // Set once an attempt of a write may have been applied: whatever ends the call
         // after that, the caller must hear "ambiguous", not a definite failure.
         let mut maybe_applied = false;
-        // When the first DiskFull refusal of this call came.
+        // When the first DiskFull refusal of this call came, and the last answer if it
+        // was one (at the deadline the typed refusal is returned, not a timeout).
         let mut disk_full_since: Option<Instant> = None;
+        let mut last_disk_full: Option<(String, pb::Error)> = None;
         // Replicas whose attempt timed out in this call, and when.
         let mut silent: HashMap<NodeId, Instant> = HashMap::new();
         let attempt_timeout = self.inner.opts.attempt_timeout;
@@ -825,6 +827,13 @@ impl Client {
         loop {
             let now = Instant::now();
             if now >= deadline {
+                if let Some((addr, error)) = last_disk_full.take() {
+                    return Err(ClientError::Refused {
+                        op,
+                        addr,
+                        error: Box::new(error),
+                    });
+                }
                 return Err(ClientError::DeadlineExceeded {
                     op,
                     timeout: self.timeout,
@@ -914,6 +923,7 @@ impl Client {
             };
             let answer = tokio::time::timeout(budget, call(conn, header)).await;
             let group = route.group_id;
+            last_disk_full = None;
             match answer {
                 Err(_) if retry_ambiguous && Instant::now() < deadline => {
                     // Silent within the attempt's budget (paused, cut off, overloaded):
@@ -1038,10 +1048,11 @@ impl Client {
                         }
                         Some(Kind::ServerBusy(_)) => self.backoff(&mut backoffs, deadline).await,
                         Some(Kind::DiskFull(_)) => {
-                            // Nothing was applied. A full leader hands its group to a
-                            // node with room within about a second; past that the
-                            // cluster is out of space, and waiting out the deadline
-                            // would only hide it.
+                            // This attempt was not proposed (an earlier one that went
+                            // unanswered may have been: `maybe_applied` says so). A
+                            // full leader hands its group to a node with room within
+                            // about a second; past that the cluster is out of space,
+                            // and waiting out the deadline would only hide it.
                             let since = *disk_full_since.get_or_insert_with(Instant::now);
                             if since.elapsed() >= DISK_FULL_PATIENCE {
                                 return Err(ClientError::Refused {
@@ -1050,6 +1061,7 @@ impl Client {
                                     error: Box::new(err),
                                 });
                             }
+                            last_disk_full = Some((addr, err));
                             self.backoff(&mut backoffs, deadline).await;
                         }
                         Some(Kind::DeadlineExceeded(_) | Kind::OutcomeUnknown(_)) => {

@@ -99,7 +99,15 @@ impl Node {
                     *f = Fault::None;
                     return Err(pb::Error::outcome_unknown(h.group_id, "scripted"));
                 }
-                Fault::DiskFull => return Err(pb::Error::disk_full(h.group_id, self.id, 10, 100)),
+                Fault::DiskFull => {
+                    return Err(pb::Error::disk_full(
+                        h.group_id,
+                        self.id,
+                        10,
+                        100,
+                        vec![self.id],
+                    ))
+                }
             }
         }
         let route = self
@@ -701,6 +709,17 @@ async fn a_full_disk_is_waited_out_briefly_then_returned() {
         took >= phoenix_client::DISK_FULL_PATIENCE && took < Duration::from_secs(5),
         "took {took:?}"
     );
+    // A deadline shorter than the patience ends in the typed refusal too, on time.
+    let short = c.client(Duration::from_millis(600)).await;
+    let started = Instant::now();
+    let err = short.put(b"x", b"3").await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        matches!(&err, ClientError::Refused { error, .. }
+            if matches!(error.kind, Some(pb::error::Kind::DiskFull(_)))),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_millis(1_500), "took {took:?}");
     *c.st.fault.lock().unwrap() = Fault::None;
     assert_eq!(client.get(b"x").await.unwrap(), Some(b"1".to_vec()));
 }

@@ -145,18 +145,37 @@ impl Error {
         )
     }
 
-    /// The leader's node is short of disk space: the write was refused, not applied.
-    pub fn disk_full(group_id: u64, node_id: u64, available: u64, reserve: u64) -> Error {
+    /// A write not proposed for lack of disk space: on the refusing node `node_id`
+    /// (`available` bytes free, under its `reserve`), or on `full_nodes` of the group's
+    /// replicas, leaving no quorum with room.
+    pub fn disk_full(
+        group_id: u64,
+        node_id: u64,
+        available: u64,
+        reserve: u64,
+        full_nodes: Vec<u64>,
+    ) -> Error {
+        let why = if full_nodes.contains(&node_id) {
+            format!(
+                "node {node_id}'s disk is full ({available} bytes free, under its reserve of \
+                 {reserve})"
+            )
+        } else {
+            format!(
+                "nodes {full_nodes:?} holding its replicas are short of disk space, leaving no \
+                 quorum with room"
+            )
+        };
         Error::with(
             Kind::DiskFull(DiskFull {
                 group_id,
                 node_id,
                 available,
                 reserve,
+                full_nodes,
             }),
             format!(
-                "group {group_id}: write refused: node {node_id}'s disk is full ({available} \
-                 bytes free, under its reserve of {reserve}); reads are served, and writes \
+                "group {group_id}: write not proposed: {why}; reads are served, and writes \
                  are taken again once space is freed"
             ),
         )

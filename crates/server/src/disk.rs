@@ -1,26 +1,25 @@
-//! The node's view of its data disk's free space, and the refusal of writes while the
-//! space is under the reserve (`--reserve-space-mb`).
+//! The node's view of its data disk's free space (and of which other nodes are short
+//! of it), and the refusal of writes while the space is under the reserve
+//! (`--reserve-space-mb`).
 //!
 //! A write that fails for lack of space poisons the log store or the engine (they cannot
 //! tell which of the bytes written made it), and the node's groups stop until a restart.
-//! So the node stops *taking* client writes before that: while the free space is under
-//! the reserve, its leaders refuse client writes with a typed `DiskFull`. Everything else
-//! goes on within the reserve — reads (ReadIndex writes nothing), replication to this
-//! node's followers, applies, flushes, compactions (which free space), log truncation,
-//! the meta group's own proposals — and writes are taken again by themselves once the
-//! space is back (a watcher samples it every `disk_check_interval`).
-//!
-//! Its leaders do not wait for the space to return: every half second the driver hands
-//! each group it leads to its most caught-up follower on a node with room (as the meta
-//! service last reported, so leadership does not bounce between full nodes), and the
-//! group's writes go on there. With no such follower the group refuses writes until
-//! the space returns.
+//! So the node stops *taking* writes before that: while its free space is under the
+//! reserve, its leaders refuse client writes with a typed `DiskFull`, its followers drop
+//! appends of data entries (node.rs), and every half second it hands the groups it leads
+//! to a follower on a node with room (node.rs `shed_leaders`; the meta service's
+//! heartbeat answer says which nodes are full). A leader with room refuses too when fewer
+//! than a quorum of the group's voters have room. Everything else goes on within the
+//! reserve — reads, applies, flushes, compactions (which free space), log truncation, the
+//! meta group — and writes are taken again by themselves once the space is back (a
+//! watcher samples it every `disk_check_interval`).
 //!
 //! Leaving the state needs 5% more than the reserve, so a disk hovering at the line does
 //! not flip the node's answer at every sample.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use phoenix_proto as proto;
@@ -33,29 +32,47 @@ pub struct DiskSpace {
     reserve: u64,
     available: AtomicU64,
     full: AtomicBool,
-    /// The nodes the meta service last said are short of space (this one included).
-    full_nodes: Mutex<Vec<u64>>,
+    /// The nodes the meta service last said are short of space, and when it said so.
+    full_nodes: Mutex<(Vec<u64>, Option<Instant>)>,
+    /// How long that list is trusted (a few heartbeat intervals): past it, other nodes
+    /// count as having room.
+    fresh_for: Duration,
 }
 
 impl DiskSpace {
-    /// A view with `reserve` bytes kept free (0: never full), not sampled yet.
-    pub fn new(reserve: u64) -> DiskSpace {
+    /// A view with `reserve` bytes kept free (0: never full), not sampled yet; the meta
+    /// service's list of full nodes is trusted for `fresh_for`.
+    pub fn new(reserve: u64, fresh_for: Duration) -> DiskSpace {
         DiskSpace {
             reserve,
             available: AtomicU64::new(u64::MAX),
             full: AtomicBool::new(false),
-            full_nodes: Mutex::new(Vec::new()),
+            full_nodes: Mutex::new((Vec::new(), None)),
+            fresh_for,
         }
     }
 
     /// Takes the meta service's list of nodes short of space.
     pub fn set_full_nodes(&self, nodes: Vec<u64>) {
-        *self.full_nodes.lock() = nodes;
+        *self.full_nodes.lock() = (nodes, Some(Instant::now()));
     }
 
-    /// Whether the meta service last said node `id`'s disk is short of space.
-    pub fn is_node_full(&self, id: u64) -> bool {
-        self.full_nodes.lock().contains(&id)
+    /// Whether the meta service's list is recent enough to act on.
+    pub fn knows_peers(&self) -> bool {
+        self.full_nodes
+            .lock()
+            .1
+            .is_some_and(|t| t.elapsed() < self.fresh_for)
+    }
+
+    /// Whether node `id`'s disk is short of space: this node's from its own samples,
+    /// another's from the meta service's recent list (not recent: it has room).
+    pub fn is_node_full(&self, id: u64, me: u64) -> bool {
+        if id == me {
+            return self.is_full();
+        }
+        let l = self.full_nodes.lock();
+        l.1.is_some_and(|t| t.elapsed() < self.fresh_for) && l.0.contains(&id)
     }
 
     /// Takes a sample of the free space; returns the new state if it changed.
@@ -87,10 +104,25 @@ impl DiskSpace {
         self.available.load(Ordering::Acquire)
     }
 
-    /// The refusal of a client write to group `g` on node `node`, if the disk is full.
-    pub fn refusal(&self, g: u64, node: u64) -> Option<proto::Error> {
-        self.is_full()
-            .then(|| proto::Error::disk_full(g, node, self.available(), self.reserve))
+    /// The refusal of a client write to group `g` led by node `me` with `voters`, if
+    /// this node's disk is full, or if fewer than a quorum of the voters are on nodes
+    /// with room (the write could not commit; their followers take no new entries).
+    pub fn refusal(&self, g: u64, me: u64, voters: &[u64]) -> Option<proto::Error> {
+        let full: Vec<u64> = voters
+            .iter()
+            .copied()
+            .filter(|&v| self.is_node_full(v, me))
+            .collect();
+        let self_full = self.is_full();
+        let quorum = voters.len() / 2 + 1;
+        let roomy = voters.len() - full.len();
+        (self_full || roomy < quorum).then(|| {
+            let mut full = full;
+            if self_full && !full.contains(&me) {
+                full.push(me);
+            }
+            proto::Error::disk_full(g, me, self.available(), self.reserve, full)
+        })
     }
 }
 
@@ -100,7 +132,19 @@ pub async fn watch(shared: Arc<Shared>) {
     let dir = shared.cfg.data_dir.clone();
     let mut failing = false;
     loop {
-        match shared.fs.available_space(&dir) {
+        // (statvfs blocks; on a hung network disk it must not hold a runtime worker.)
+        let fs = Arc::clone(&shared.fs);
+        let d = dir.clone();
+        let sampled = tokio::task::spawn_blocking(move || fs.available_space(&d)).await;
+        let sampled = match sampled {
+            Ok(r) => r,
+            Err(e) => Err(phoenix_storage::Error::io(
+                phoenix_storage::IoOp::Stat,
+                &dir,
+                std::io::Error::other(e.to_string()),
+            )),
+        };
+        match sampled {
             Ok(avail) => {
                 failing = false;
                 match shared.disk.observe(avail) {
@@ -131,26 +175,26 @@ pub async fn watch(shared: Arc<Shared>) {
 mod tests {
     use super::*;
 
+    const FRESH: Duration = Duration::from_secs(60);
+
     #[test]
     fn full_under_the_reserve_and_back_above_it_with_a_margin() {
-        let d = DiskSpace::new(1000);
+        let d = DiskSpace::new(1000, FRESH);
         assert!(!d.is_full());
-        assert_eq!(d.refusal(1, 2), None);
+        assert_eq!(d.refusal(1, 2, &[1, 2, 3]), None);
         assert_eq!(d.observe(5000), None);
         assert_eq!(d.observe(999), Some(true));
         assert!(d.is_full());
-        let e = d.refusal(7, 2).map(|e| e.kind);
-        assert!(
-            matches!(
-                e,
-                Some(Some(proto::error::Kind::DiskFull(proto::DiskFull {
-                    group_id: 7,
-                    node_id: 2,
-                    available: 999,
-                    reserve: 1000,
-                })))
-            ),
-            "{e:?}"
+        let e = d.refusal(7, 2, &[1, 2, 3]).and_then(|e| e.kind);
+        assert_eq!(
+            e,
+            Some(proto::error::Kind::DiskFull(proto::DiskFull {
+                group_id: 7,
+                node_id: 2,
+                available: 999,
+                reserve: 1000,
+                full_nodes: vec![2],
+            }))
         );
         // At the reserve, not yet 5% above it: still full.
         assert_eq!(d.observe(1000), None);
@@ -161,9 +205,40 @@ mod tests {
         assert_eq!(d.observe(0), Some(true));
     }
 
+    /// A leader with room refuses when too few voters have room for a quorum, as the
+    /// meta service's recent list says; an old list is not acted on.
+    #[test]
+    fn too_few_voters_with_room_refuse_and_stale_lists_do_not() {
+        let d = DiskSpace::new(1000, FRESH);
+        assert_eq!(d.observe(5000), None);
+        assert!(!d.knows_peers());
+        d.set_full_nodes(vec![3]);
+        assert!(d.knows_peers());
+        assert!(d.is_node_full(3, 1) && !d.is_node_full(2, 1));
+        // One of three full: a quorum has room.
+        assert_eq!(d.refusal(5, 1, &[1, 2, 3]), None);
+        d.set_full_nodes(vec![2, 3, 1]);
+        // This node's own samples win over the list for itself.
+        assert!(!d.is_node_full(1, 1));
+        let e = d.refusal(5, 1, &[1, 2, 3]).unwrap_or_default();
+        match e.kind {
+            Some(proto::error::Kind::DiskFull(df)) => {
+                assert_eq!((df.node_id, df.full_nodes), (1, vec![2, 3]))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(e.message.contains("no quorum with room"), "{}", e.message);
+        // One voter only (itself, with room): never refused for the others.
+        assert_eq!(d.refusal(5, 1, &[1]), None);
+        let stale = DiskSpace::new(1000, Duration::ZERO);
+        stale.set_full_nodes(vec![2, 3]);
+        assert!(!stale.knows_peers() && !stale.is_node_full(2, 1));
+        assert_eq!(stale.refusal(5, 1, &[1, 2, 3]), None);
+    }
+
     #[test]
     fn a_zero_reserve_is_never_full() {
-        let d = DiskSpace::new(0);
+        let d = DiskSpace::new(0, FRESH);
         assert_eq!(d.observe(0), None);
         assert!(!d.is_full());
         assert_eq!(d.available(), 0);

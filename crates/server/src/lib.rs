@@ -155,11 +155,24 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         links,
         disk_faults,
         fs: Arc::clone(&fs),
-        disk: disk::DiskSpace::new(cfg.reserve_space),
+        disk: disk::DiskSpace::new(cfg.reserve_space, cfg.heartbeat_interval * 3),
         metrics: metrics::NodeMetrics::default(),
         started: Instant::now(),
         runtime,
     });
+    // A node that starts on a full disk refuses writes from its first request on.
+    match shared.fs.available_space(&data) {
+        Ok(a) => {
+            if shared.disk.observe(a) == Some(true) {
+                tracing::error!(
+                    available = a,
+                    reserve = cfg.reserve_space,
+                    "disk nearly full at start: client writes refused until space is freed"
+                );
+            }
+        }
+        Err(e) => tracing::warn!("cannot sample the data disk's free space: {e}"),
+    }
     let driver = node::Driver::new(Arc::clone(&shared), rx, registry)?;
     let driver_thread = std::thread::Builder::new()
         .name("phoenix-raft".into())

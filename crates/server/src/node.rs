@@ -536,6 +536,10 @@ impl Driver {
     /// with no such follower stays here, refusing writes until the space returns.
     fn shed_leaders(&mut self) {
         let me = self.shared.cfg.node_id;
+        // Without a recent list, full nodes would hand groups to each other.
+        if !self.shared.disk.knows_peers() {
+            return;
+        }
         let mut moved = Vec::new();
         for (&g, p) in &mut self.peers {
             let r = p.raw.raft();
@@ -551,11 +555,14 @@ impl Driver {
                 .voters
                 .iter()
                 .copied()
-                .filter(|&v| v != me && !self.shared.disk.is_node_full(v))
-                .max_by_key(|&v| {
+                .filter(|&v| v != me && !self.shared.disk.is_node_full(v, me))
+                .filter_map(|v| {
                     r.progress(v)
-                        .map_or((false, 0), |pr| (pr.recent_active, pr.matched))
-                });
+                        .filter(|pr| pr.recent_active)
+                        .map(|pr| (pr.matched, v))
+                })
+                .max()
+                .map(|(_, v)| v);
             if let Some(t) = target {
                 if p.raw.transfer_leader(t).is_ok() {
                     moved.push(g);
@@ -710,6 +717,18 @@ impl Driver {
                 if p.failed.is_some() {
                     return;
                 }
+                // On a disk under its reserve a follower takes no new data entries for
+                // data groups, so replication cannot eat the reserve; the leader resends
+                // once the space is back (raft treats the drop as a lost message). An
+                // append of empty entries (a new leader's first) is taken: without it
+                // the leader could not commit in its term, nor serve reads.
+                if group != META_GROUP
+                    && self.shared.disk.is_full()
+                    && msg.kind == MessageType::Append
+                    && msg.entries.iter().any(|e| !e.data.is_empty())
+                {
+                    return;
+                }
                 if let Err(e) = p.raw.step(msg) {
                     if is_storage(&e) {
                         return self.fail_group(group, format!("stepping a message: {e}"));
@@ -737,10 +756,16 @@ impl Driver {
                     self.touch(group);
                     return;
                 }
-                // A leader on a disk short of space takes no client write; the meta
-                // group's own (small) proposals go on within the reserve.
+                // A leader on a disk short of space, or whose group lacks a quorum of
+                // replicas with room, takes no client write (disk.rs); the meta group's
+                // own small proposals go on within the reserve.
                 if group != META_GROUP {
-                    if let Some(e) = self.shared.disk.refusal(group, self.shared.cfg.node_id) {
+                    let refused = self.shared.disk.refusal(
+                        group,
+                        self.shared.cfg.node_id,
+                        &p.raw.raft().conf_state().voters,
+                    );
+                    if let Some(e) = refused {
                         let _ = reply.send(Err(e));
                         return;
                     }

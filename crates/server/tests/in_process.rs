@@ -1097,12 +1097,66 @@ async fn reported_leader(addrs: &[String], group: u64) -> Option<u64> {
         .map(|r| r.node_id)
 }
 
+/// The applied index node `node` reports for `group`.
+async fn reported_applied(addrs: &[String], group: u64, node: u64) -> Option<u64> {
+    cluster_groups(addrs)
+        .await
+        .iter()
+        .filter(|g| g.route.as_ref().is_some_and(|r| r.group_id == group))
+        .flat_map(|g| g.replicas.iter())
+        .find(|r| r.node_id == node)
+        .map(|r| r.applied_index)
+}
+
+fn disk_full_of(e: &Option<proto::Error>) -> Option<&proto::DiskFull> {
+    match e.as_ref().and_then(|e| e.kind.as_ref()) {
+        Some(proto::error::Kind::DiskFull(df)) => Some(df),
+        _ => None,
+    }
+}
+
+/// Puts `key` through `addr` until the answer is DiskFull (other refusals, e.g. while
+/// leadership moves, are retried; a write taken fails the test).
+async fn refused_at(addr: &str, route: &proto::Route, key: &[u8]) -> proto::Error {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let e = put_at(addr, route, key).await;
+        if disk_full_of(&e).is_some() {
+            return e.unwrap_or_default();
+        }
+        assert!(
+            e.is_some(),
+            "{addr}: a write was taken while it must be refused"
+        );
+        assert!(Instant::now() < deadline, "{addr}: never refused: {e:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Puts a probe key through `addr` until the answer is DiskFull (a probe may be taken
+/// before the nodes know of the full disks).
+async fn probe_until_refused(addr: &str, route: &proto::Route, key: &[u8]) -> proto::Error {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let e = put_at(addr, route, key).await;
+        if disk_full_of(&e).is_some() {
+            return e.unwrap_or_default();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr}: still takes writes: {e:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Disks under their reserve (fault injection caps the free space the nodes see).
 /// Every node full: client writes are refused with a typed DiskFull — sent to any node,
-/// forwarded — and none is applied; reads are served; the nodes report it. One node
-/// with room again: the full leader hands the group to it and writes go on there while
-/// the other two (followers now) are still full. Space back everywhere: nothing to
-/// restart, and no refused write was applied.
+/// forwarded — and none is applied; reads are served; the nodes report it. Room again on
+/// the two nodes that do not lead: the full leader hands the group to one of them,
+/// writes go on, and the full node takes no new entries. Then one of the two fills up:
+/// no quorum has room, writes are refused by the leader though its own disk has room.
+/// Space back everywhere: nothing to restart, the full node catches up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
     let dir = tempfile::tempdir().unwrap();
@@ -1111,7 +1165,8 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
         .map(|i| {
             let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
             c.fault_injection = true;
-            c.reserve_space = 64 << 20;
+            // Any disk has this much free: only the caps below make one look full.
+            c.reserve_space = 4 << 20;
             c.disk_check_interval = Duration::from_millis(20);
             start(c)
         })
@@ -1123,26 +1178,7 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
     for a in &addrs {
         set_space_cap(a, Some(1 << 20)).await;
     }
-    // (Writes before the watchers' next samples are taken, and leadership may move
-    // until the meta service knows every node is full: probe with a key of its own.)
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let is_full = |e: &Option<proto::Error>| {
-        matches!(
-            e.as_ref().and_then(|e| e.kind.as_ref()),
-            Some(proto::error::Kind::DiskFull(_))
-        )
-    };
-    loop {
-        let e = put_at(&addrs[0], &route, b"k-probe").await;
-        if is_full(&e) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a full cluster still takes writes: {e:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    probe_until_refused(&addrs[0], &route, b"k-probe").await;
     let deadline = Instant::now() + Duration::from_secs(10);
     for n in 1..=3 {
         while reports_disk_full(&addrs, n).await != Some(true) {
@@ -1153,20 +1189,12 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    // Every node's heartbeat answer names the three (their leaders stop handing over).
-    tokio::time::sleep(Duration::from_millis(500)).await;
     for a in &addrs {
-        let e = put_at(a, &route, b"k-refused").await;
-        assert!(is_full(&e), "{a}: {e:?}");
-        let e = e.unwrap();
-        let Some(proto::error::Kind::DiskFull(df)) = &e.kind else {
-            unreachable!()
-        };
-        assert_eq!((df.group_id, df.reserve), (route.group_id, 64 << 20), "{e}");
-        assert!(
-            (1..=3).contains(&df.node_id) && df.available <= 1 << 20,
-            "{e}"
-        );
+        let e = refused_at(a, &route, b"k-refused").await;
+        let df = disk_full_of(&Some(e.clone())).cloned().unwrap_or_default();
+        assert_eq!((df.group_id, df.reserve), (route.group_id, 4 << 20), "{e}");
+        assert!(df.full_nodes.contains(&df.node_id), "{e}");
+        assert!(df.available <= 1 << 20, "{e}");
         assert!(e.message.contains("disk is full"), "{e}");
     }
     // Reads are served.
@@ -1183,23 +1211,74 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
         assert!(r.error.is_none(), "{a}: {r:?}");
         assert!(r.found && r.value.as_ref() == b"v1", "{a}: {r:?}");
     }
-    // Room on one node that does not lead: the leader hands the group over, and writes
-    // go on there with the two others still full.
-    let leader = reported_leader(&addrs, route.group_id).await.unwrap_or(1);
-    let roomy = leader % 3 + 1;
-    set_space_cap(&addrs[roomy as usize - 1], None).await;
+    // Room on the two nodes that do not lead: the full leader hands the group over,
+    // writes go on, and the full node takes no new entries.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let full = loop {
+        if let Some(l) = reported_leader(&addrs, route.group_id).await {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "no leader reported");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let roomy: Vec<u64> = (1..=3).filter(|&n| n != full).collect();
+    for &n in &roomy {
+        set_space_cap(&addrs[n as usize - 1], None).await;
+    }
+    let full_applied = reported_applied(&addrs, route.group_id, full)
+        .await
+        .unwrap_or(0);
     put(&addrs, &route, b"k-after", b"v2").await;
     for i in 0..20u32 {
         put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v3").await;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while reported_leader(&addrs, route.group_id).await != Some(roomy) {
+    let leader = loop {
+        match reported_leader(&addrs, route.group_id).await {
+            Some(l) if l != full => break l,
+            other => assert!(
+                Instant::now() < deadline,
+                "node {full} kept the lead: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let l = reported_applied(&addrs, route.group_id, leader)
+            .await
+            .unwrap_or(0);
+        if l >= full_applied + 21 {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
-            "node {roomy} never took the lead"
+            "the new leader's applied index stays {l}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let f = reported_applied(&addrs, route.group_id, full)
+        .await
+        .unwrap_or(0);
+    assert!(
+        f < full_applied + 21,
+        "the full node took the new entries: applied {f}, was {full_applied}"
+    );
+    // The other node with room fills up too: no quorum has room, and the leader, its
+    // own disk fine, refuses.
+    let other = roomy.iter().copied().find(|&n| n != leader).unwrap_or(0);
+    set_space_cap(&addrs[other as usize - 1], Some(0)).await;
+    let e = probe_until_refused(&addrs[leader as usize - 1], &route, b"k-probe2").await;
+    let df = disk_full_of(&Some(e.clone())).cloned().unwrap_or_default();
+    assert_eq!(df.node_id, leader, "{e}");
+    let mut named = df.full_nodes.clone();
+    named.sort_unstable();
+    let mut want = vec![full, other];
+    want.sort_unstable();
+    assert_eq!(named, want, "{e}");
+    assert!(e.message.contains("no quorum with room"), "{e}");
+    refused_at(&addrs[leader as usize - 1], &route, b"k-refused").await;
+    // Space back everywhere: writes taken, the full node catches up.
     for a in &addrs {
         set_space_cap(a, None).await;
     }
@@ -1214,6 +1293,18 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
         }
     }
     put(&addrs, &route, b"k-last", b"v4").await;
+    let top = reported_applied(&addrs, route.group_id, leader)
+        .await
+        .unwrap_or(0);
+    wait_caught_up(
+        &addrs,
+        &route,
+        leader as usize - 1,
+        full as usize - 1,
+        top,
+        Duration::from_secs(10),
+    )
+    .await;
     assert_eq!(get(&addrs, &route, b"k-refused").await, None);
     assert_eq!(
         get(&addrs, &route, b"k-after").await.as_deref(),
@@ -1270,6 +1361,7 @@ async fn the_metrics_endpoint_counts_requests_and_reports_the_node() {
     let addrs = vec![addr.clone()];
     let mut cfg = config(1, &addr, dir.path(), &meta, 1);
     cfg.metrics_listen = Some(maddr.clone());
+    cfg.reserve_space = 1 << 20;
     let node = start(cfg);
     let route = wait_route(&addrs).await;
     let (code, before) = http_get(&maddr, "/metrics").await;
@@ -1332,7 +1424,7 @@ async fn the_metrics_endpoint_counts_requests_and_reports_the_node() {
     assert!(s("phoenix_engine_level_files", "level=\"L0\"") >= 0.0);
     assert!(s("phoenix_disk_free_bytes", "") > 0.0);
     assert_eq!(s("phoenix_disk_full", ""), 0.0);
-    assert_eq!(s("phoenix_disk_reserve_bytes", ""), 512.0 * 1024.0 * 1024.0);
+    assert_eq!(s("phoenix_disk_reserve_bytes", ""), 1048576.0);
     let (code, _) = http_get(&maddr, "/nothing-here").await;
     assert_eq!(code, 404);
     node.stop().await;
