@@ -182,15 +182,22 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     let hb = tokio::spawn(control::heartbeat_loop(Arc::clone(&shared)));
     let disk_watch = tokio::spawn(disk::watch(Arc::clone(&shared)));
     let sched = tokio::spawn(control::scheduler_loop(Arc::clone(&shared)));
-    // On shutdown the driver stops first (so this node stops acting as a replica at
-    // once), then the outgoing streams close and the incoming ones are ended, so the
-    // server's graceful drain does not wait on long-lived raft streams.
+    // On shutdown the groups this node leads are handed to their followers first (so
+    // clients see a leader transfer, not an election timeout), then the driver stops (so
+    // this node stops acting as a replica), then the outgoing streams close and the
+    // incoming ones are ended, so the server's graceful drain does not wait on
+    // long-lived raft streams.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     {
         let tx = tx.clone();
         let transport = shared.transport.clone();
         tokio::spawn(async move {
             shutdown.await;
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            if tx.send(node::Event::HandOff(done_tx)).is_ok() {
+                let wait = node::HAND_OFF_MAX + std::time::Duration::from_millis(500);
+                let _ = tokio::time::timeout(wait, done_rx).await;
+            }
             let _ = tx.send(node::Event::Stop);
             transport.close();
             let _ = stop_tx.send(true);

@@ -102,6 +102,9 @@ pub enum Event {
     },
     /// A node could not be reached.
     Unreachable(u64),
+    /// The node is stopping: hand every group it leads to a follower, then answer
+    /// (when none is led here any more, or after [`HAND_OFF_MAX`]).
+    HandOff(tokio::sync::oneshot::Sender<()>),
     /// Stop the driver.
     Stop,
 }
@@ -247,10 +250,16 @@ pub struct Driver {
     last_create_retry: Instant,
     /// When leaderships were last handed off a full disk (`shed_leaders`).
     last_shed: Instant,
+    /// A stop under way: the groups handed off, until when to wait for them, and whom
+    /// to tell (`Event::HandOff`).
+    handing_off: Option<(Vec<u64>, Instant, tokio::sync::oneshot::Sender<()>)>,
     /// Memory of the session records cached by every replica (apply.rs
     /// `SessionCache`): past [`SESSION_CACHE_BYTES_MAX`] every cache starts over.
     session_records: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// Longest a stopping node waits for its leaderships to move.
+pub const HAND_OFF_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How often a node whose disk is full hands its leaderships away (a transfer takes an
 /// append round and an election; one under way is not restarted).
@@ -296,6 +305,7 @@ impl Driver {
             create_failed: BTreeMap::new(),
             last_create_retry: Instant::now(),
             last_shed: Instant::now(),
+            handing_off: None,
             session_records: Arc::default(),
         };
         for r in routes {
@@ -525,8 +535,81 @@ impl Driver {
                 self.last_shed = Instant::now();
                 self.shed_leaders();
             }
+            self.check_hand_off();
         }
         self.stop();
+    }
+
+    /// Hands every group this node leads (the meta group too) to its most caught-up
+    /// follower heard from lately, so a stop costs the clients a leader transfer (a
+    /// round trip), not an election timeout. Returns the groups handed off.
+    fn hand_off_leaders(&mut self) -> Vec<u64> {
+        let me = self.shared.cfg.node_id;
+        let mut moved = Vec::new();
+        for (&g, p) in &mut self.peers {
+            let r = p.raw.raft();
+            if p.failed.is_some() || r.role() != StateRole::Leader || r.lead_transferee() != 0 {
+                continue;
+            }
+            let target = r
+                .conf_state()
+                .voters
+                .iter()
+                .copied()
+                .filter(|&v| v != me)
+                .filter_map(|v| {
+                    r.progress(v)
+                        // (An asleep group's followers were idle, not absent.)
+                        .filter(|pr| pr.recent_active || r.is_hibernating())
+                        .map(|pr| (pr.matched, v))
+                })
+                .max()
+                .map(|(_, v)| v);
+            if let Some(t) = target {
+                if p.raw.transfer_leader(t).is_ok() {
+                    moved.push(g);
+                }
+            }
+        }
+        for &g in &moved {
+            self.touch(g);
+        }
+        moved
+    }
+
+    /// Answers a hand-off once none of its groups is led here with a transfer under way
+    /// (each is tried once: one raft abandons after an election timeout stays), or at
+    /// its deadline.
+    fn check_hand_off(&mut self) {
+        let Some((groups, deadline, _)) = &self.handing_off else {
+            return;
+        };
+        let waiting = groups.iter().any(|g| {
+            self.peers.get(g).is_some_and(|p| {
+                p.failed.is_none()
+                    && p.raw.raft().role() == StateRole::Leader
+                    && p.raw.raft().lead_transferee() != 0
+            })
+        });
+        if waiting && Instant::now() < *deadline {
+            return;
+        }
+        if let Some((groups, _, done)) = self.handing_off.take() {
+            let kept = groups
+                .iter()
+                .filter(|g| {
+                    self.peers
+                        .get(g)
+                        .is_some_and(|p| p.raw.raft().role() == StateRole::Leader)
+                })
+                .count();
+            tracing::info!(
+                groups = groups.len(),
+                kept,
+                "stopping: leaderships handed off"
+            );
+            let _ = done.send(());
+        }
     }
 
     /// While this node's disk is under its reserve (it refuses client writes), hands
@@ -558,7 +641,8 @@ impl Driver {
                 .filter(|&v| v != me && !self.shared.disk.is_node_full(v, me))
                 .filter_map(|v| {
                     r.progress(v)
-                        .filter(|pr| pr.recent_active)
+                        // (An asleep group's followers were idle, not absent.)
+                        .filter(|pr| pr.recent_active || r.is_hibernating())
                         .map(|pr| (pr.matched, v))
                 })
                 .max()
@@ -921,6 +1005,10 @@ impl Driver {
                 for g in touched {
                     self.touch(g);
                 }
+            }
+            Event::HandOff(done) => {
+                let groups = self.hand_off_leaders();
+                self.handing_off = Some((groups, Instant::now() + HAND_OFF_MAX, done));
             }
             Event::Stop => {}
         }

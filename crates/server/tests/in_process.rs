@@ -1429,3 +1429,56 @@ async fn the_metrics_endpoint_counts_requests_and_reports_the_node() {
     assert_eq!(code, 404);
     node.stop().await;
 }
+
+/// A leader's node that stops cleanly hands its groups to a follower first: with
+/// election timeouts of 3–6 s, a new leader takes writes well within the shortest one,
+/// which only the hand-off explains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopping_node_hands_its_leaderships_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let mut nodes: Vec<Option<Node>> = (0..3)
+        .map(|i| {
+            let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+            c.election_ticks = 300;
+            Some(start(c))
+        })
+        .collect();
+    let route = wait_route(&addrs).await;
+    for i in 0..10u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v1").await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let leader = loop {
+        if let Some(l) = reported_leader(&addrs, route.group_id).await {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "no leader reported");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Let the group fall asleep: the hand-off wakes it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopping = Instant::now();
+    if let Some(n) = nodes[leader as usize - 1].take() {
+        n.stop().await;
+    }
+    let stopped_in = stopping.elapsed();
+    let rest: Vec<String> = (1..=3u64)
+        .filter(|&n| n != leader)
+        .map(|n| addrs[n as usize - 1].clone())
+        .collect();
+    let t = Instant::now();
+    put(&rest, &route, b"k-after", b"v2").await;
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "a write after the stop took {took:?} (stop took {stopped_in:?}): no hand-off"
+    );
+    assert_eq!(
+        get(&rest, &route, b"k-after").await.as_deref(),
+        Some(&b"v2"[..])
+    );
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}
