@@ -544,11 +544,22 @@ impl Driver {
     /// follower heard from lately, so a stop costs the clients a leader transfer (a
     /// round trip), not an election timeout. Returns the groups handed off.
     fn hand_off_leaders(&mut self) -> Vec<u64> {
+        self.transfer_leaderships(true, |_| true)
+    }
+
+    /// Hands each group this node leads (data groups only unless `meta`) to its most
+    /// caught-up follower heard from lately among the voters `eligible` accepts; a group
+    /// with a transfer under way is left to it. Returns the groups handed off.
+    fn transfer_leaderships(&mut self, meta: bool, eligible: impl Fn(u64) -> bool) -> Vec<u64> {
         let me = self.shared.cfg.node_id;
         let mut moved = Vec::new();
         for (&g, p) in &mut self.peers {
             let r = p.raw.raft();
-            if p.failed.is_some() || r.role() != StateRole::Leader || r.lead_transferee() != 0 {
+            if (g == META_GROUP && !meta)
+                || p.failed.is_some()
+                || r.role() != StateRole::Leader
+                || r.lead_transferee() != 0
+            {
                 continue;
             }
             let target = r
@@ -556,7 +567,7 @@ impl Driver {
                 .voters
                 .iter()
                 .copied()
-                .filter(|&v| v != me)
+                .filter(|&v| v != me && eligible(v))
                 .filter_map(|v| {
                     r.progress(v)
                         // (An asleep group's followers were idle, not absent.)
@@ -623,45 +634,14 @@ impl Driver {
         if !self.shared.disk.knows_peers() {
             return;
         }
-        let mut moved = Vec::new();
-        for (&g, p) in &mut self.peers {
-            let r = p.raw.raft();
-            if g == META_GROUP
-                || p.failed.is_some()
-                || r.role() != StateRole::Leader
-                || r.lead_transferee() != 0
-            {
-                continue;
-            }
-            let target = r
-                .conf_state()
-                .voters
-                .iter()
-                .copied()
-                .filter(|&v| v != me && !self.shared.disk.is_node_full(v, me))
-                .filter_map(|v| {
-                    r.progress(v)
-                        // (An asleep group's followers were idle, not absent.)
-                        .filter(|pr| pr.recent_active || r.is_hibernating())
-                        .map(|pr| (pr.matched, v))
-                })
-                .max()
-                .map(|(_, v)| v);
-            if let Some(t) = target {
-                if p.raw.transfer_leader(t).is_ok() {
-                    moved.push(g);
-                }
-            }
-        }
+        let shared = Arc::clone(&self.shared);
+        let moved = self.transfer_leaderships(false, |v| !shared.disk.is_node_full(v, me));
         if !moved.is_empty() {
             tracing::warn!(
                 groups = moved.len(),
                 first = moved[0],
                 "disk full: handing leaderships to followers with room"
             );
-        }
-        for g in moved {
-            self.touch(g);
         }
     }
 
