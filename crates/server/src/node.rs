@@ -252,11 +252,19 @@ pub struct Driver {
     last_shed: Instant,
     /// A stop under way: the groups handed off, until when to wait for them, and whom
     /// to tell (`Event::HandOff`).
-    handing_off: Option<(Vec<u64>, Instant, tokio::sync::oneshot::Sender<()>)>,
+    handing_off: Option<HandOff>,
     /// Memory of the session records cached by every replica (apply.rs
     /// `SessionCache`): past [`SESSION_CACHE_BYTES_MAX`] every cache starts over.
     session_records: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// A stop's hand-off under way: group → the followers tried, until when to wait, and
+/// whom to tell when done.
+type HandOff = (
+    HashMap<u64, Vec<u64>>,
+    Instant,
+    tokio::sync::oneshot::Sender<()>,
+);
 
 /// Longest a stopping node waits for its leaderships to move.
 pub const HAND_OFF_MAX: std::time::Duration = std::time::Duration::from_secs(2);
@@ -541,42 +549,78 @@ impl Driver {
     }
 
     /// Hands every group this node leads (the meta group too) to its most caught-up
-    /// follower heard from lately, so a stop costs the clients a leader transfer (a
-    /// round trip), not an election timeout. Returns the groups handed off.
-    fn hand_off_leaders(&mut self) -> Vec<u64> {
-        self.transfer_leaderships(true, |_| true)
+    /// follower heard from lately — one with disk room first, as the meta service's
+    /// recent list says — so a stop costs the clients a leader transfer (a round trip),
+    /// not an election timeout. Returns each group led here with the target tried (none
+    /// when no follower qualifies).
+    fn hand_off_leaders(&mut self) -> HashMap<u64, Vec<u64>> {
+        let leading: Vec<u64> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.failed.is_none() && p.raw.raft().role() == StateRole::Leader)
+            .map(|(&g, _)| g)
+            .collect();
+        let mut tried = HashMap::new();
+        for g in leading {
+            let first = self.hand_off_group(g, &[]);
+            tried.insert(g, first.into_iter().collect());
+        }
+        tried
     }
 
-    /// Hands each group this node leads (data groups only unless `meta`) to its most
-    /// caught-up follower heard from lately among the voters `eligible` accepts; a group
-    /// with a transfer under way is left to it. Returns the groups handed off.
-    fn transfer_leaderships(&mut self, meta: bool, eligible: impl Fn(u64) -> bool) -> Vec<u64> {
+    /// Starts handing group `g` to a follower not in `tried` (one with disk room if
+    /// there is one); returns the target.
+    fn hand_off_group(&mut self, g: u64, tried: &[u64]) -> Option<u64> {
         let me = self.shared.cfg.node_id;
+        let disk = Arc::clone(&self.shared);
+        let target = self
+            .transfer_target(g, |v| !tried.contains(&v) && !disk.disk.is_node_full(v, me))
+            .or_else(|| self.transfer_target(g, |v| !tried.contains(&v)))?;
+        let p = self.peers.get_mut(&g)?;
+        p.raw.transfer_leader(target).ok()?;
+        self.touch(g);
+        Some(target)
+    }
+
+    /// The follower of group `g` (led here, no transfer under way) to hand it to: the
+    /// most caught-up voter heard from lately among those `eligible` accepts.
+    fn transfer_target(&self, g: u64, eligible: impl Fn(u64) -> bool) -> Option<u64> {
+        let me = self.shared.cfg.node_id;
+        let p = self.peers.get(&g)?;
+        let r = p.raw.raft();
+        if p.failed.is_some() || r.role() != StateRole::Leader || r.lead_transferee() != 0 {
+            return None;
+        }
+        r.conf_state()
+            .voters
+            .iter()
+            .copied()
+            .filter(|&v| v != me && eligible(v))
+            .filter_map(|v| {
+                r.progress(v)
+                    // (An asleep group's followers were idle, not absent.)
+                    .filter(|pr| pr.recent_active || r.is_hibernating())
+                    .map(|pr| (pr.matched, v))
+            })
+            .max()
+            .map(|(_, v)| v)
+    }
+
+    /// Hands each data group this node leads to the follower `transfer_target` picks
+    /// among the voters `eligible` accepts. Returns the groups handed off.
+    fn transfer_leaderships(&mut self, eligible: impl Fn(u64) -> bool) -> Vec<u64> {
+        let leading: Vec<u64> = self
+            .peers
+            .keys()
+            .copied()
+            .filter(|&g| g != META_GROUP)
+            .collect();
         let mut moved = Vec::new();
-        for (&g, p) in &mut self.peers {
-            let r = p.raw.raft();
-            if (g == META_GROUP && !meta)
-                || p.failed.is_some()
-                || r.role() != StateRole::Leader
-                || r.lead_transferee() != 0
-            {
+        for g in leading {
+            let Some(t) = self.transfer_target(g, &eligible) else {
                 continue;
-            }
-            let target = r
-                .conf_state()
-                .voters
-                .iter()
-                .copied()
-                .filter(|&v| v != me && eligible(v))
-                .filter_map(|v| {
-                    r.progress(v)
-                        // (An asleep group's followers were idle, not absent.)
-                        .filter(|pr| pr.recent_active || r.is_hibernating())
-                        .map(|pr| (pr.matched, v))
-                })
-                .max()
-                .map(|(_, v)| v);
-            if let Some(t) = target {
+            };
+            if let Some(p) = self.peers.get_mut(&g) {
                 if p.raw.transfer_leader(t).is_ok() {
                     moved.push(g);
                 }
@@ -588,32 +632,53 @@ impl Driver {
         moved
     }
 
-    /// Answers a hand-off once none of its groups is led here with a transfer under way
-    /// (each is tried once: one raft abandons after an election timeout stays), or at
-    /// its deadline.
+    /// Drives a hand-off: a group whose transfer raft abandoned (target dead or slow) is
+    /// handed to the next follower; once none is led here with a transfer under way, or
+    /// at the deadline, each group still led here is left to the follower most likely
+    /// to win at once (`abdicate`: it campaigns without waiting for a timeout), and the
+    /// stop goes on.
     fn check_hand_off(&mut self) {
         let Some((groups, deadline, _)) = &self.handing_off else {
             return;
         };
-        let waiting = groups.iter().any(|g| {
-            self.peers.get(g).is_some_and(|p| {
-                p.failed.is_none()
-                    && p.raw.raft().role() == StateRole::Leader
-                    && p.raw.raft().lead_transferee() != 0
-            })
-        });
-        if waiting && Instant::now() < *deadline {
+        let deadline = *deadline;
+        let mut groups = groups.clone();
+        let before_deadline = Instant::now() < deadline;
+        let mut waiting = false;
+        for (g, tried) in groups.iter_mut() {
+            let Some(p) = self.peers.get(g) else { continue };
+            let r = p.raw.raft();
+            if p.failed.is_some() || r.role() != StateRole::Leader {
+                continue;
+            }
+            if r.lead_transferee() != 0 {
+                waiting = true;
+            } else if before_deadline {
+                if let Some(t) = self.hand_off_group(*g, tried) {
+                    tried.push(t);
+                    waiting = true;
+                }
+            }
+        }
+        if waiting && before_deadline {
+            if let Some(h) = self.handing_off.as_mut() {
+                h.0 = groups;
+            }
             return;
         }
         if let Some((groups, _, done)) = self.handing_off.take() {
-            let kept = groups
-                .iter()
-                .filter(|g| {
-                    self.peers
-                        .get(g)
-                        .is_some_and(|p| p.raw.raft().role() == StateRole::Leader)
-                })
-                .count();
+            let mut kept = 0;
+            for g in groups.keys() {
+                let Some(p) = self.peers.get(g) else { continue };
+                if p.failed.is_some() || p.raw.raft().role() != StateRole::Leader {
+                    continue;
+                }
+                kept += 1;
+                if let Some(m) = p.raw.abdicate() {
+                    let epoch = p.route.epoch;
+                    self.shared.transport.send(*g, epoch, m);
+                }
+            }
             tracing::info!(
                 groups = groups.len(),
                 kept,
@@ -635,7 +700,7 @@ impl Driver {
             return;
         }
         let shared = Arc::clone(&self.shared);
-        let moved = self.transfer_leaderships(false, |v| !shared.disk.is_node_full(v, me));
+        let moved = self.transfer_leaderships(|v| !shared.disk.is_node_full(v, me));
         if !moved.is_empty() {
             tracing::warn!(
                 groups = moved.len(),

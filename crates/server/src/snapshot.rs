@@ -325,6 +325,16 @@ pub async fn receive(
             header.from_node
         ));
     }
+    // A disk under its reserve takes no snapshot of a data group (a whole copy of the
+    // group's data); the leader is told it failed and tries again later (disk.rs).
+    if shared.disk.is_full() && header.group_id != crate::meta::META_GROUP {
+        return refuse(format!(
+            "node {}'s disk is full ({} bytes free, under its reserve of {})",
+            shared.cfg.node_id,
+            shared.disk.available(),
+            shared.cfg.reserve_space
+        ));
+    }
     let Some(wire) = header.message.clone() else {
         return refuse("snapshot header without raft message".into());
     };

@@ -1168,6 +1168,11 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
             // Any disk has this much free: only the caps below make one look full.
             c.reserve_space = 4 << 20;
             c.disk_check_interval = Duration::from_millis(20);
+            // Small memtables and a short log: the full node falls behind the leader's
+            // truncated log, so only a snapshot could catch it up (refused while full).
+            c.memtable_bytes = 64 << 10;
+            c.log_keep_entries = 5;
+            c.log_truncate_interval = Duration::from_millis(100);
             start(c)
         })
         .collect();
@@ -1229,8 +1234,16 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
         .await
         .unwrap_or(0);
     put(&addrs, &route, b"k-after", b"v2").await;
+    // 20 writes of 8 KiB: flushes move the persisted index, and the leader truncates its
+    // log past what the full node holds.
     for i in 0..20u32 {
-        put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v3").await;
+        put(
+            &addrs,
+            &route,
+            format!("k{i:04}").as_bytes(),
+            &[b'3'; 8 << 10],
+        )
+        .await;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     let leader = loop {
@@ -1257,6 +1270,30 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let first = cluster_groups(&addrs)
+            .await
+            .iter()
+            .filter(|g| {
+                g.route
+                    .as_ref()
+                    .is_some_and(|r| r.group_id == route.group_id)
+            })
+            .flat_map(|g| g.replicas.iter())
+            .find(|r| r.node_id == leader)
+            .map_or(0, |r| r.log_first_index);
+        if first > full_applied + 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leader never truncated past the full node: first index {first}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Several snapshot attempts' time.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let f = reported_applied(&addrs, route.group_id, full)
         .await
         .unwrap_or(0);
@@ -1312,7 +1349,7 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
     );
     assert_eq!(
         get(&addrs, &route, b"k0019").await.as_deref(),
-        Some(&b"v3"[..])
+        Some(&[b'3'; 8 << 10][..])
     );
     for n in nodes {
         n.stop().await;
