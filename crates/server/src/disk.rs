@@ -59,10 +59,7 @@ impl DiskSpace {
 
     /// Whether the meta service's list is recent enough to act on.
     pub fn knows_peers(&self) -> bool {
-        self.full_nodes
-            .lock()
-            .1
-            .is_some_and(|t| t.elapsed() < self.fresh_for)
+        self.is_fresh(self.full_nodes.lock().1)
     }
 
     /// Whether node `id`'s disk is short of space: this node's from its own samples,
@@ -72,7 +69,7 @@ impl DiskSpace {
             return self.is_full();
         }
         let l = self.full_nodes.lock();
-        l.1.is_some_and(|t| t.elapsed() < self.fresh_for) && l.0.contains(&id)
+        self.is_fresh(l.1) && l.0.contains(&id)
     }
 
     /// Takes a sample of the free space; returns the new state if it changed.
@@ -108,21 +105,46 @@ impl DiskSpace {
     /// this node's disk is full, or if fewer than a quorum of the voters are on nodes
     /// with room (the write could not commit; their followers take no new entries).
     pub fn refusal(&self, g: u64, me: u64, voters: &[u64]) -> Option<proto::Error> {
-        let full: Vec<u64> = voters
-            .iter()
-            .copied()
-            .filter(|&v| self.is_node_full(v, me))
-            .collect();
         let self_full = self.is_full();
+        let mut full: Vec<u64> = {
+            // One lock, and nothing built, on the usual path (every proposal asks).
+            let l = self.full_nodes.lock();
+            let fresh = self.is_fresh(l.1);
+            if !self_full && (!fresh || l.0.is_empty()) {
+                return None;
+            }
+            voters
+                .iter()
+                .copied()
+                .filter(|&v| {
+                    if v == me {
+                        self_full
+                    } else {
+                        fresh && l.0.contains(&v)
+                    }
+                })
+                .collect()
+        };
         let quorum = voters.len() / 2 + 1;
         let roomy = voters.len() - full.len();
-        (self_full || roomy < quorum).then(|| {
-            let mut full = full;
-            if self_full && !full.contains(&me) {
-                full.push(me);
-            }
-            proto::Error::disk_full(g, me, self.available(), self.reserve, full)
-        })
+        if !self_full && roomy >= quorum {
+            return None;
+        }
+        if self_full && !full.contains(&me) {
+            full.push(me);
+        }
+        Some(proto::Error::disk_full(
+            g,
+            me,
+            self.available(),
+            self.reserve,
+            full,
+        ))
+    }
+
+    /// Whether a list received at `at` may still be acted on.
+    fn is_fresh(&self, at: Option<Instant>) -> bool {
+        at.is_some_and(|t| t.elapsed() < self.fresh_for)
     }
 }
 
@@ -135,14 +157,9 @@ pub async fn watch(shared: Arc<Shared>) {
         // (statvfs blocks; on a hung network disk it must not hold a runtime worker.)
         let fs = Arc::clone(&shared.fs);
         let d = dir.clone();
-        let sampled = tokio::task::spawn_blocking(move || fs.available_space(&d)).await;
-        let sampled = match sampled {
-            Ok(r) => r,
-            Err(e) => Err(phoenix_storage::Error::io(
-                phoenix_storage::IoOp::Stat,
-                &dir,
-                std::io::Error::other(e.to_string()),
-            )),
+        let sampled = match tokio::task::spawn_blocking(move || fs.available_space(&d)).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(format!("the sampling task failed: {e}")),
         };
         match sampled {
             Ok(avail) => {

@@ -159,6 +159,21 @@ fn gauge<N: prometheus_client::encoding::EncodeGaugeValue>(
     g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
 }
 
+/// One gauge family: a sample per `(label value, value)`.
+fn labelled_gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    samples: impl IntoIterator<Item = (&'static str, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, None, ConstGauge::new(0u64).metric_type())?;
+    for (value, n) in samples {
+        ConstGauge::new(n).encode(m.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}
+
 fn counter<N: prometheus_client::encoding::EncodeCounterValue>(
     enc: &mut DescriptorEncoder,
     name: &str,
@@ -181,24 +196,19 @@ impl Collector for NodeCollector {
             stopped += u64::from(v.failed.is_some());
             apply_lag += v.commit.saturating_sub(v.applied);
         }
-        {
-            let g = ConstGauge::new(0u64);
-            let mut m = enc.encode_descriptor(
-                "groups",
-                "Replicas hosted on this node, by state (a replica counts in hosted and in \
-                 each state it is in)",
-                None,
-                g.metric_type(),
-            )?;
-            for (state, n) in [
+        labelled_gauges(
+            &mut enc,
+            "groups",
+            "Replicas hosted on this node, by state (a replica counts in hosted and in each \
+             state it is in)",
+            "state",
+            [
                 ("hosted", hosted),
                 ("leader", leaders),
                 ("hibernating", asleep),
                 ("stopped", stopped),
-            ] {
-                ConstGauge::new(n).encode(m.encode_family(&[("state", state)])?)?;
-            }
-        }
+            ],
+        )?;
         gauge(
             &mut enc,
             "raft_apply_lag_entries",
@@ -231,32 +241,27 @@ impl Collector for NodeCollector {
         )?;
 
         let es = s.engine.stats();
-        {
-            let g = ConstGauge::new(0u64);
-            let mut m = enc.encode_descriptor(
-                "engine_level_files",
-                "Engine table files per level",
-                None,
-                g.metric_type(),
-            )?;
-            for (i, l) in es.levels.iter().enumerate() {
-                let level = LEVEL_NAMES.get(i).copied().unwrap_or("deeper");
-                ConstGauge::new(l.files as u64).encode(m.encode_family(&[("level", level)])?)?;
-            }
-        }
-        {
-            let g = ConstGauge::new(0u64);
-            let mut m = enc.encode_descriptor(
-                "engine_level_bytes",
-                "Bytes of engine table files per level",
-                None,
-                g.metric_type(),
-            )?;
-            for (i, l) in es.levels.iter().enumerate() {
-                let level = LEVEL_NAMES.get(i).copied().unwrap_or("deeper");
-                ConstGauge::new(l.bytes).encode(m.encode_family(&[("level", level)])?)?;
-            }
-        }
+        let level = |i: usize| LEVEL_NAMES.get(i).copied().unwrap_or("deeper");
+        labelled_gauges(
+            &mut enc,
+            "engine_level_files",
+            "Engine table files per level",
+            "level",
+            es.levels
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (level(i), l.files as u64)),
+        )?;
+        labelled_gauges(
+            &mut enc,
+            "engine_level_bytes",
+            "Bytes of engine table files per level",
+            "level",
+            es.levels
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (level(i), l.bytes)),
+        )?;
         gauge(
             &mut enc,
             "engine_memtable_bytes",

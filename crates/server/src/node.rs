@@ -572,12 +572,26 @@ impl Driver {
     /// there is one); returns the target.
     fn hand_off_group(&mut self, g: u64, tried: &[u64]) -> Option<u64> {
         let me = self.shared.cfg.node_id;
-        let disk = Arc::clone(&self.shared);
-        let target = self
-            .transfer_target(g, |v| !tried.contains(&v) && !disk.disk.is_node_full(v, me))
-            .or_else(|| self.transfer_target(g, |v| !tried.contains(&v)))?;
-        let p = self.peers.get_mut(&g)?;
-        p.raw.transfer_leader(target).ok()?;
+        let shared = Arc::clone(&self.shared);
+        self.transfer_group(g, |v| {
+            !tried.contains(&v) && !shared.disk.is_node_full(v, me)
+        })
+        .or_else(|| self.transfer_group(g, |v| !tried.contains(&v)))
+    }
+
+    /// Starts handing group `g` to the follower `transfer_target` picks among the
+    /// voters `eligible` accepts; returns it.
+    fn transfer_group(&mut self, g: u64, eligible: impl Fn(u64) -> bool) -> Option<u64> {
+        let target = self.transfer_target(g, eligible)?;
+        match self.peers.get_mut(&g)?.raw.transfer_leader(target) {
+            Ok(()) => {}
+            // (It reads the log to catch the target up: a failure there stops the group.)
+            Err(e) if is_storage(&e) => {
+                self.fail_group(g, format!("handing leadership to node {target}: {e}"));
+                return None;
+            }
+            Err(_) => return None,
+        }
         self.touch(g);
         Some(target)
     }
@@ -609,27 +623,16 @@ impl Driver {
     /// Hands each data group this node leads to the follower `transfer_target` picks
     /// among the voters `eligible` accepts. Returns the groups handed off.
     fn transfer_leaderships(&mut self, eligible: impl Fn(u64) -> bool) -> Vec<u64> {
-        let leading: Vec<u64> = self
+        let groups: Vec<u64> = self
             .peers
             .keys()
             .copied()
             .filter(|&g| g != META_GROUP)
             .collect();
-        let mut moved = Vec::new();
-        for g in leading {
-            let Some(t) = self.transfer_target(g, &eligible) else {
-                continue;
-            };
-            if let Some(p) = self.peers.get_mut(&g) {
-                if p.raw.transfer_leader(t).is_ok() {
-                    moved.push(g);
-                }
-            }
-        }
-        for &g in &moved {
-            self.touch(g);
-        }
-        moved
+        groups
+            .into_iter()
+            .filter(|&g| self.transfer_group(g, &eligible).is_some())
+            .collect()
     }
 
     /// Drives a hand-off: a group whose transfer raft abandoned (target dead or slow) is
@@ -638,11 +641,10 @@ impl Driver {
     /// to win at once (`abdicate`: it campaigns without waiting for a timeout), and the
     /// stop goes on.
     fn check_hand_off(&mut self) {
-        let Some((groups, deadline, _)) = &self.handing_off else {
+        // (Taken out while the groups are driven, put back if still waiting.)
+        let Some((mut groups, deadline, done)) = self.handing_off.take() else {
             return;
         };
-        let deadline = *deadline;
-        let mut groups = groups.clone();
         let before_deadline = Instant::now() < deadline;
         let mut waiting = false;
         for (g, tried) in groups.iter_mut() {
@@ -661,31 +663,26 @@ impl Driver {
             }
         }
         if waiting && before_deadline {
-            if let Some(h) = self.handing_off.as_mut() {
-                h.0 = groups;
-            }
+            self.handing_off = Some((groups, deadline, done));
             return;
         }
-        if let Some((groups, _, done)) = self.handing_off.take() {
-            let mut kept = 0;
-            for g in groups.keys() {
-                let Some(p) = self.peers.get(g) else { continue };
-                if p.failed.is_some() || p.raw.raft().role() != StateRole::Leader {
-                    continue;
-                }
-                kept += 1;
-                if let Some(m) = p.raw.abdicate() {
-                    let epoch = p.route.epoch;
-                    self.shared.transport.send(*g, epoch, m);
-                }
+        let mut kept = 0;
+        for g in groups.keys() {
+            let Some(p) = self.peers.get(g) else { continue };
+            if p.failed.is_some() || p.raw.raft().role() != StateRole::Leader {
+                continue;
             }
-            tracing::info!(
-                groups = groups.len(),
-                kept,
-                "stopping: leaderships handed off"
-            );
-            let _ = done.send(());
+            kept += 1;
+            if let Some(m) = p.raw.abdicate() {
+                self.shared.transport.send(*g, p.route.epoch, m);
+            }
         }
+        tracing::info!(
+            groups = groups.len(),
+            kept,
+            "stopping: leaderships handed off"
+        );
+        let _ = done.send(());
     }
 
     /// While this node's disk is under its reserve (it refuses client writes), hands
@@ -952,7 +949,6 @@ impl Driver {
                 dir,
                 route,
             } => {
-                self.shared.metrics.snapshot("received", true);
                 if !self.peers.contains_key(&group) {
                     if let Err(e) = self.create_replicas(vec![route]) {
                         tracing::error!(group, "creating replica for snapshot: {e}");
@@ -969,6 +965,7 @@ impl Driver {
                     crate::snapshot::remove_dir(&dir);
                     return;
                 }
+                self.shared.metrics.snapshot("received", true);
                 let index = msg.snapshot.as_ref().map_or(0, |s| s.meta.index);
                 if let Some(old) = p.pending_snapshots.insert(index, dir) {
                     crate::snapshot::remove_dir(&old);

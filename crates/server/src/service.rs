@@ -151,20 +151,22 @@ impl Services {
         Ok(())
     }
 
-    /// Records an answered request in the node's metrics.
-    fn count(
+    /// Serves a request through `serve` and records its answer in the node's metrics.
+    async fn counted<R: Answer>(
         &self,
         method: &'static str,
-        answer: Result<Option<&PErr>, &Status>,
-        started: Instant,
-    ) {
-        let result = match answer {
-            Ok(e) => crate::metrics::result_label(e),
+        serve: impl std::future::Future<Output = Result<Response<R>, Status>>,
+    ) -> Result<Response<R>, Status> {
+        let started = Instant::now();
+        let answer = serve.await;
+        let result = match &answer {
+            Ok(r) => crate::metrics::result_label(r.get_ref().error()),
             Err(_) => "status",
         };
         self.shared
             .metrics
             .request(method, result, started.elapsed());
+        answer
     }
 
     fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, PErr> {
@@ -296,6 +298,32 @@ macro_rules! here_or_forward {
     };
 }
 
+/// A `Kv` answer: its error, if any (for the metrics).
+trait Answer {
+    fn error(&self) -> Option<&PErr>;
+}
+
+macro_rules! answers {
+    ($($t:ident),*) => {$(
+        impl Answer for proto::$t {
+            fn error(&self) -> Option<&PErr> {
+                self.error.as_ref()
+            }
+        }
+    )*};
+}
+
+answers!(
+    GetResponse,
+    PutResponse,
+    DeleteResponse,
+    BatchGetResponse,
+    BatchWriteResponse,
+    ScanResponse,
+    DeleteRangeResponse,
+    CasResponse
+);
+
 #[tonic::async_trait]
 impl proto::kv_server::Kv for Services {
     type BatchStream = crate::batch::BatchStream;
@@ -315,112 +343,58 @@ impl proto::kv_server::Kv for Services {
         &self,
         req: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
-        let started = Instant::now();
-        let answer = self.serve_get(req).await;
-        self.count(
-            "get",
-            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
-            started,
-        );
-        answer
+        self.counted("get", self.serve_get(req)).await
     }
 
     async fn put(
         &self,
         req: Request<proto::PutRequest>,
     ) -> Result<Response<proto::PutResponse>, Status> {
-        let started = Instant::now();
-        let answer = self.serve_put(req).await;
-        self.count(
-            "put",
-            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
-            started,
-        );
-        answer
+        self.counted("put", self.serve_put(req)).await
     }
 
     async fn delete(
         &self,
         req: Request<proto::DeleteRequest>,
     ) -> Result<Response<proto::DeleteResponse>, Status> {
-        let started = Instant::now();
-        let answer = self.serve_delete(req).await;
-        self.count(
-            "delete",
-            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
-            started,
-        );
-        answer
+        self.counted("delete", self.serve_delete(req)).await
     }
 
     async fn batch_get(
         &self,
         req: Request<proto::BatchGetRequest>,
     ) -> Result<Response<proto::BatchGetResponse>, Status> {
-        let started = Instant::now();
-        let answer = self.serve_batch_get(req).await;
-        self.count(
-            "batch_get",
-            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
-            started,
-        );
-        answer
+        self.counted("batch_get", self.serve_batch_get(req)).await
     }
 
     async fn batch_write(
         &self,
         req: Request<proto::BatchWriteRequest>,
     ) -> Result<Response<proto::BatchWriteResponse>, Status> {
-        let started = Instant::now();
-        let answer = self.serve_batch_write(req).await;
-        self.count(
-            "batch_write",
-            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
-            started,
-        );
-        answer
+        self.counted("batch_write", self.serve_batch_write(req))
+            .await
     }
 
     async fn scan(
         &self,
         req: Request<proto::ScanRequest>,
     ) -> Result<Response<proto::ScanResponse>, Status> {
-        let started = Instant::now();
-        let answer = self.serve_scan(req).await;
-        self.count(
-            "scan",
-            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
-            started,
-        );
-        answer
+        self.counted("scan", self.serve_scan(req)).await
     }
 
     async fn delete_range(
         &self,
         req: Request<proto::DeleteRangeRequest>,
     ) -> Result<Response<proto::DeleteRangeResponse>, Status> {
-        let started = Instant::now();
-        let answer = self.serve_delete_range(req).await;
-        self.count(
-            "delete_range",
-            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
-            started,
-        );
-        answer
+        self.counted("delete_range", self.serve_delete_range(req))
+            .await
     }
 
     async fn cas(
         &self,
         req: Request<proto::CasRequest>,
     ) -> Result<Response<proto::CasResponse>, Status> {
-        let started = Instant::now();
-        let answer = self.serve_cas(req).await;
-        self.count(
-            "cas",
-            answer.as_ref().map(|r| r.get_ref().error.as_ref()),
-            started,
-        );
-        answer
+        self.counted("cas", self.serve_cas(req)).await
     }
 }
 

@@ -1115,9 +1115,10 @@ fn disk_full_of(e: &Option<proto::Error>) -> Option<&proto::DiskFull> {
     }
 }
 
-/// Puts `key` through `addr` until the answer is DiskFull (other refusals, e.g. while
-/// leadership moves, are retried; a write taken fails the test).
-async fn refused_at(addr: &str, route: &proto::Route, key: &[u8]) -> proto::Error {
+/// Puts `key` through `addr` until the answer is DiskFull. Other refusals (e.g. while
+/// leadership moves) are retried; a write taken fails the test unless `probe` (a probe
+/// may be taken before the nodes know of the full disks).
+async fn refused_at(addr: &str, route: &proto::Route, key: &[u8], probe: bool) -> proto::Error {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let e = put_at(addr, route, key).await;
@@ -1125,27 +1126,10 @@ async fn refused_at(addr: &str, route: &proto::Route, key: &[u8]) -> proto::Erro
             return e.unwrap_or_default();
         }
         assert!(
-            e.is_some(),
+            probe || e.is_some(),
             "{addr}: a write was taken while it must be refused"
         );
         assert!(Instant::now() < deadline, "{addr}: never refused: {e:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Puts a probe key through `addr` until the answer is DiskFull (a probe may be taken
-/// before the nodes know of the full disks).
-async fn probe_until_refused(addr: &str, route: &proto::Route, key: &[u8]) -> proto::Error {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let e = put_at(addr, route, key).await;
-        if disk_full_of(&e).is_some() {
-            return e.unwrap_or_default();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{addr}: still takes writes: {e:?}"
-        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -1183,7 +1167,7 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
     for a in &addrs {
         set_space_cap(a, Some(1 << 20)).await;
     }
-    probe_until_refused(&addrs[0], &route, b"k-probe").await;
+    refused_at(&addrs[0], &route, b"k-probe", true).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     for n in 1..=3 {
         while reports_disk_full(&addrs, n).await != Some(true) {
@@ -1195,7 +1179,7 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
         }
     }
     for a in &addrs {
-        let e = refused_at(a, &route, b"k-refused").await;
+        let e = refused_at(a, &route, b"k-refused", false).await;
         let df = disk_full_of(&Some(e.clone())).cloned().unwrap_or_default();
         assert_eq!((df.group_id, df.reserve), (route.group_id, 4 << 20), "{e}");
         assert!(df.full_nodes.contains(&df.node_id), "{e}");
@@ -1305,7 +1289,7 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
     // own disk fine, refuses.
     let other = roomy.iter().copied().find(|&n| n != leader).unwrap_or(0);
     set_space_cap(&addrs[other as usize - 1], Some(0)).await;
-    let e = probe_until_refused(&addrs[leader as usize - 1], &route, b"k-probe2").await;
+    let e = refused_at(&addrs[leader as usize - 1], &route, b"k-probe2", true).await;
     let df = disk_full_of(&Some(e.clone())).cloned().unwrap_or_default();
     assert_eq!(df.node_id, leader, "{e}");
     let mut named = df.full_nodes.clone();
@@ -1314,7 +1298,7 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
     want.sort_unstable();
     assert_eq!(named, want, "{e}");
     assert!(e.message.contains("no quorum with room"), "{e}");
-    refused_at(&addrs[leader as usize - 1], &route, b"k-refused").await;
+    refused_at(&addrs[leader as usize - 1], &route, b"k-refused", false).await;
     // Space back everywhere: writes taken, the full node catches up.
     for a in &addrs {
         set_space_cap(a, None).await;

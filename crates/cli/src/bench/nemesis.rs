@@ -277,6 +277,23 @@ pub async fn set_disk(addr: &str, fail: bool, space_cap: Option<u64>) -> Result<
     .await
 }
 
+/// `set_disk` on node `node` (index into `links`); the error, naming the node.
+fn disk_call(
+    rt: &tokio::runtime::Runtime,
+    links: Option<&[String]>,
+    node: usize,
+    fail: bool,
+    space_cap: Option<u64>,
+) -> Option<String> {
+    let addr = links
+        .unwrap_or_default()
+        .get(node)
+        .map_or("", String::as_str);
+    rt.block_on(set_disk(addr, fail, space_cap))
+        .err()
+        .map(|e| format!("node {} at {addr}: {e}", node + 1))
+}
+
 /// Replaces node `addr`'s cut links.
 async fn set_links(addr: &str, cut_nodes: Vec<u64>) -> Result<(), String> {
     faults_call(addr, |mut c| async move {
@@ -346,25 +363,11 @@ fn run(
                 down * 2 + Duration::from_secs(1)
             }
             Fault::DiskError => {
-                let addr = links
-                    .unwrap_or_default()
-                    .get(node)
-                    .map_or("", String::as_str);
-                error = rt
-                    .block_on(set_disk(addr, true, None))
-                    .err()
-                    .map(|e| format!("node {} at {addr}: {e}", node + 1));
+                error = disk_call(&rt, links, node, true, None);
                 down
             }
             Fault::DiskFull => {
-                let addr = links
-                    .unwrap_or_default()
-                    .get(node)
-                    .map_or("", String::as_str);
-                error = rt
-                    .block_on(set_disk(addr, false, Some(0)))
-                    .err()
-                    .map(|e| format!("node {} at {addr}: {e}", node + 1));
+                error = disk_call(&rt, links, node, false, Some(0));
                 down * 2 + Duration::from_secs(1)
             }
         };
@@ -385,15 +388,7 @@ fn run(
                 p.restart().err().map(|e| e.to_string())
             }
             // The node takes writes again by itself once the space is back.
-            Fault::DiskFull => {
-                let addr = links
-                    .unwrap_or_default()
-                    .get(node)
-                    .map_or("", String::as_str);
-                rt.block_on(set_disk(addr, false, None))
-                    .err()
-                    .map(|e| format!("node {} at {addr}: {e}", node + 1))
-            }
+            Fault::DiskFull => disk_call(&rt, links, node, false, None),
         };
         let error = match (error, back) {
             (Some(a), Some(b)) => Some(format!("{a}; healing: {b}")),
