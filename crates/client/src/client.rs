@@ -225,6 +225,25 @@ pub struct ClusterStatus {
     pub nodes: Vec<NodeStatus>,
     /// Data groups.
     pub groups: Vec<GroupStatus>,
+    /// Changes the meta leader drives now, oldest first.
+    pub operators: Vec<OperatorStatus>,
+}
+
+/// A change the meta leader drives (today: a leader transfer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorStatus {
+    /// The group it changes.
+    pub group_id: u64,
+    /// What it does (`transfer-leader`).
+    pub kind: String,
+    /// Who started it: `request` (a user) or `balance` (the leader balancer).
+    pub origin: String,
+    /// Node it moves from.
+    pub from: NodeId,
+    /// Node it moves to.
+    pub to: NodeId,
+    /// Milliseconds since it started.
+    pub age_ms: u64,
 }
 
 /// How an operation may be retried after an unknown outcome.
@@ -1532,8 +1551,61 @@ impl Client {
         }
     }
 
-    /// Cluster membership, groups, leaders and sizes, from the meta group.
+    /// Cluster membership, groups, leaders, sizes and operators, from the meta group.
     pub async fn cluster_status(&self) -> Result<ClusterStatus> {
+        let r = self
+            .meta_call(
+                "cluster_status",
+                Duration::from_secs(2),
+                |mut meta, t| async move {
+                    let req = pb::GetClusterRequest { timeout_ms: t };
+                    let mut r = meta.get_cluster(req).await?.into_inner();
+                    Ok((r.error.take(), r))
+                },
+            )
+            .await?;
+        Ok(status_from_wire(r))
+    }
+
+    /// Moves the leadership of `group` to its replica on node `to` (the meta leader has
+    /// the group's leader hand it over) and waits until the meta leader hears that it
+    /// moved. Returns the leader then (`to`).
+    pub async fn transfer_leader(&self, group: u64, to: NodeId) -> Result<NodeId> {
+        // The meta leader waits for the transfer: one try may take most of the time (a
+        // quarter is left for another node, should the first not answer).
+        let r = self
+            .meta_call(
+                "transfer_leader",
+                self.timeout * 3 / 4,
+                |mut meta, t| async move {
+                    let req = pb::TransferLeaderRequest {
+                        group_id: group,
+                        to_node: to,
+                        timeout_ms: t,
+                    };
+                    let mut r = meta.transfer_leader(req).await?.into_inner();
+                    Ok((r.error.take(), r))
+                },
+            )
+            .await?;
+        Ok(r.leader_node_id)
+    }
+
+    /// Asks the meta service through the known nodes in turn (each forwards to the
+    /// meta leader), each try bounded by `per_try_max` and the deadline, until one
+    /// answers without a retryable error; backs off between rounds.
+    async fn meta_call<T, F, Fut>(
+        &self,
+        op: &'static str,
+        per_try_max: Duration,
+        call: F,
+    ) -> Result<T>
+    where
+        F: Fn(MetaClient<Channel>, u64) -> Fut,
+        Fut: std::future::Future<
+            Output = std::result::Result<(Option<pb::Error>, T), tonic::Status>,
+        >,
+    {
         let deadline = self.deadline();
         let mut last = String::from("no node asked");
         let mut attempts = 0;
@@ -1544,35 +1616,39 @@ impl Client {
                 if now >= deadline {
                     break;
                 }
-                let per_try = (deadline - now).min(Duration::from_secs(2));
-                let mut meta = self.meta(self.channel(&addr)?);
+                let per_try = (deadline - now).min(per_try_max);
+                let meta = self.meta(self.channel(&addr)?);
                 attempts += 1;
-                let req = pb::GetClusterRequest {
-                    timeout_ms: per_try.as_millis().max(1) as u64,
-                };
-                match tokio::time::timeout(per_try, meta.get_cluster(req)).await {
-                    Err(_) => last = format!("{addr}: GetCluster timed out"),
-                    Ok(Err(status)) => last = format!("{addr}: {}", status.message()),
-                    Ok(Ok(resp)) => {
-                        let r = resp.into_inner();
-                        match r.error {
-                            Some(e) if e.is_retryable() => last = format!("{addr}: {e}"),
-                            Some(e) => {
-                                return Err(ClientError::Refused {
-                                    op: "cluster_status",
-                                    addr,
-                                    error: Box::new(e),
-                                })
-                            }
-                            None => return Ok(status_from_wire(r)),
-                        }
+                let timeout_ms = per_try.as_millis().max(1) as u64;
+                match tokio::time::timeout(per_try, call(meta, timeout_ms)).await {
+                    Err(_) => last = format!("{addr}: {op} timed out"),
+                    // A node older than this request's kind: asking again will not help.
+                    Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                        return Err(ClientError::Refused {
+                            op,
+                            addr: addr.clone(),
+                            error: Box::new(pb::Error::invalid_argument(format!(
+                                "{addr} does not serve {op} (an older version): {}",
+                                status.message()
+                            ))),
+                        })
                     }
+                    Ok(Err(status)) => last = format!("{addr}: {}", status.message()),
+                    Ok(Ok((Some(e), _))) if e.is_retryable() => last = format!("{addr}: {e}"),
+                    Ok(Ok((Some(e), _))) => {
+                        return Err(ClientError::Refused {
+                            op,
+                            addr,
+                            error: Box::new(e),
+                        })
+                    }
+                    Ok(Ok((None, r))) => return Ok(r),
                 }
             }
             self.backoff(&mut backoffs, deadline).await;
         }
         Err(ClientError::DeadlineExceeded {
-            op: "cluster_status",
+            op,
             timeout: self.timeout,
             attempts,
             last,
@@ -1655,10 +1731,30 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
             })
         })
         .collect();
+    let operators = r
+        .operators
+        .into_iter()
+        .map(|o| OperatorStatus {
+            group_id: o.group_id,
+            kind: match pb::OperatorKind::try_from(o.kind) {
+                Ok(pb::OperatorKind::TransferLeader) => "transfer-leader".to_string(),
+                _ => format!("unknown ({})", o.kind),
+            },
+            origin: match pb::OperatorOrigin::try_from(o.origin) {
+                Ok(pb::OperatorOrigin::Request) => "request".to_string(),
+                Ok(pb::OperatorOrigin::Balance) => "balance".to_string(),
+                _ => format!("unknown ({})", o.origin),
+            },
+            from: o.from_node,
+            to: o.to_node,
+            age_ms: o.age_ms,
+        })
+        .collect();
     ClusterStatus {
         meta_leader: (r.meta_leader_node_id != 0).then_some(r.meta_leader_node_id),
         nodes,
         groups,
+        operators,
     }
 }
 

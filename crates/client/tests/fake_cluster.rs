@@ -448,6 +448,7 @@ impl Meta for Node {
                     uptime_ms: 5,
                     available_bytes: (id == 1).then_some(1 << 30),
                     disk_full: id == 2,
+                    stopping: false,
                 }),
             })
             .collect();
@@ -480,6 +481,38 @@ impl Meta for Node {
             nodes,
             groups,
             meta_leader_node_id: 1,
+            operators: vec![pb::Operator {
+                group_id: 2,
+                kind: pb::OperatorKind::TransferLeader as i32,
+                origin: pb::OperatorOrigin::Balance as i32,
+                from_node: 1,
+                to_node: 2,
+                age_ms: 40,
+            }],
+        }))
+    }
+
+    /// Node 1 answers as a meta member that cannot reach the meta leader (retryable),
+    /// the others as the meta leader: a node that hosts no replica is refused, any
+    /// other target leads at once.
+    async fn transfer_leader(
+        &self,
+        req: Request<pb::TransferLeaderRequest>,
+    ) -> R<pb::TransferLeaderResponse> {
+        let r = req.into_inner();
+        let error = if self.id == 1 {
+            Some(pb::Error::group_unavailable(0, "no meta leader known"))
+        } else if !self.st.addrs.lock().unwrap().contains_key(&r.to_node) {
+            Some(pb::Error::invalid_argument(format!(
+                "node {} holds no replica of group {}",
+                r.to_node, r.group_id
+            )))
+        } else {
+            None
+        };
+        Ok(Response::new(pb::TransferLeaderResponse {
+            leader_node_id: if error.is_none() { r.to_node } else { 0 },
+            error,
         }))
     }
 
@@ -970,6 +1003,24 @@ async fn cluster_status_and_unreachable_seeds() {
     assert_eq!(s.groups.len(), 2);
     assert_eq!(s.groups[1].start, b"m".to_vec());
     assert_eq!(s.groups[0].replica_status[0].approximate_bytes, 4096);
+    assert_eq!(s.operators.len(), 1);
+    assert_eq!(
+        (s.operators[0].kind.as_str(), s.operators[0].origin.as_str()),
+        ("transfer-leader", "balance")
+    );
+    assert_eq!((s.operators[0].from, s.operators[0].to), (1, 2));
+
+    // A transfer goes past a node that cannot answer (retryable) to one that can; a
+    // refusal comes back typed, at once.
+    assert_eq!(client.transfer_leader(2, 3).await.unwrap(), 3);
+    let t = std::time::Instant::now();
+    match client.transfer_leader(2, 9).await {
+        Err(ClientError::Refused { error, .. }) => {
+            assert!(error.message.contains("holds no replica"), "{error}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 
     // A dead seed listed first is skipped.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")

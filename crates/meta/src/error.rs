@@ -87,5 +87,60 @@ pub enum Refusal {
     InvalidRoutes(String),
 }
 
+/// Why an operator (a change the meta leader drives, e.g. a leader transfer) cannot
+/// start. The `Display` texts are what the asker sees.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OperatorError {
+    /// The group is not in the routing table.
+    #[error("group {0} is not in the routing table")]
+    UnknownGroup(u64),
+    /// The routing table places no replica of the group on the node.
+    #[error("node {node} holds no replica of group {group}")]
+    NotAReplica {
+        /// The group.
+        group: u64,
+        /// The node asked for.
+        node: u64,
+    },
+    /// The node has not reported its replica of the group yet (being created).
+    #[error("node {node} has not reported its replica of group {group} yet")]
+    ReplicaNotReported {
+        /// The group.
+        group: u64,
+        /// The node asked for.
+        node: u64,
+    },
+    /// The node's replica of the group stopped after a failure in its work.
+    #[error("the replica of group {group} on node {node} is stopped: {why}")]
+    ReplicaStopped {
+        /// The group.
+        group: u64,
+        /// The node asked for.
+        node: u64,
+        /// The cause it reported.
+        why: String,
+    },
+    /// No heartbeat from the node lately.
+    #[error("node {0} is down (no heartbeat lately)")]
+    NodeDown(u64),
+    /// The node's disk is under its reserve: it refuses writes.
+    #[error("node {0}'s disk is full")]
+    DiskFull(u64),
+    /// The node is stopping and hands its leaderships away.
+    #[error("node {0} is stopping")]
+    NodeStopping(u64),
+    /// No replica of the group has reported leading it yet.
+    #[error("group {0} has no known leader yet")]
+    NoLeader(u64),
+    /// Another operator is under way on the group.
+    #[error("group {group} already has an operator under way (leadership to node {to})")]
+    Busy {
+        /// The group.
+        group: u64,
+        /// That operator's target.
+        to: u64,
+    },
+}
+
 /// Result with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;

@@ -9,6 +9,8 @@
 //!   rebuilt from its records; replay-safe;
 //! - [`liveness`]: the meta leader's soft state from heartbeats — liveness, node stats,
 //!   replica states, group leaders;
+//! - [`operator`]: the meta leader's operators (leader transfers) and the leader
+//!   balancer that starts them;
 //! - [`schedule`]: decisions — bootstrap placement (one group, or one per range between
 //!   split keys), placement commands for heartbeats, node registration, and the route
 //!   and cluster views served to clients;
@@ -17,11 +19,13 @@
 
 pub mod error;
 pub mod liveness;
+pub mod operator;
 pub mod schedule;
 pub mod state;
 
-pub use error::{Error, Refusal, Result};
+pub use error::{Error, OperatorError, Refusal, Result};
 pub use liveness::{LeaderView, Report, ALIVE_WITHIN};
+pub use operator::{balance_leaders, Operators, Origin, Outcome, BALANCE_INFLIGHT_MAX};
 pub use schedule::{
     bootstrap_plan, cluster_view, even_split_keys, place, placement_commands, registration,
     route_table, routes_view, split_ranges, INITIAL_GROUPS_MAX,

@@ -133,6 +133,11 @@ impl LeaderView {
         self.leaders.get(&group).map(|&(_, node)| node)
     }
 
+    /// The latest stats `node` reported for its replica of `group`.
+    pub fn replica(&self, node: u64, group: u64) -> Option<&ReplicaStats> {
+        self.replicas.get(&node).and_then(|m| m.get(&group))
+    }
+
     /// Whether `node`'s reports say it hosts a replica of `group`.
     pub fn hosts(&self, node: u64, group: u64) -> bool {
         self.replicas

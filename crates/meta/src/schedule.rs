@@ -178,6 +178,8 @@ pub fn cluster_view(
         nodes,
         groups,
         meta_leader_node_id: meta_leader,
+        // (The host adds its operators: they are not the meta state's.)
+        operators: Vec::new(),
     }
 }
 
@@ -491,7 +493,7 @@ mod tests {
                         let r = cr.route.unwrap();
                         (r.group_id, r.replicas.into_iter().map(|x| x.addr).collect())
                     }
-                    None => panic!("empty placement command"),
+                    other => panic!("expected CreateReplica, got {other:?}"),
                 })
                 .collect()
         };

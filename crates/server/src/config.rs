@@ -92,6 +92,9 @@ pub struct Config {
     pub reserve_space: u64,
     /// How often the data disk's free space is sampled.
     pub disk_check_interval: Duration,
+    /// As the meta leader, move leaderships so that every node leads about as many
+    /// groups (within 10% of the mean, or one, as far as the placement allows).
+    pub balance_leaders: bool,
     /// Address of the metrics endpoint (`GET /metrics`, Prometheus text), if any.
     pub metrics_listen: Option<String>,
     /// Serve the `Faults` service (cut links on request), for fault runs only.
@@ -142,6 +145,7 @@ impl Config {
             heartbeat_interval: Duration::from_secs(1),
             reserve_space: Self::DEFAULT_RESERVE_SPACE,
             disk_check_interval: Duration::from_millis(250),
+            balance_leaders: true,
             metrics_listen: None,
             fault_injection: false,
             unsynced_in_memory: false,

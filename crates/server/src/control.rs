@@ -9,7 +9,10 @@
 //!   commands: create the replicas the routing table puts on the node that it does
 //!   not report hosting.
 //! - The scheduler (meta leader only) bootstraps the data groups once `replication`
-//!   nodes are alive: one group, or one per range between `--split-keys`.
+//!   nodes are alive: one group, or one per range between `--split-keys`; then it
+//!   balances leaders by count (`phoenix_meta::balance_leaders`).
+//! - `TransferLeader` (meta leader; others forward) starts a leader transfer operator
+//!   and waits for it. Operators reach the group's leader as heartbeat commands.
 //!
 //! The decisions (registration, placement, bootstrap plan, the served views) are
 //! `phoenix_meta`'s; this module runs them on the node and carries them out.
@@ -58,7 +61,12 @@ macro_rules! error_reply {
         }
     )*};
 }
-error_reply!(GetRoutesResponse, GetClusterResponse, HeartbeatResponse);
+error_reply!(
+    GetRoutesResponse,
+    GetClusterResponse,
+    HeartbeatResponse,
+    TransferLeaderResponse
+);
 
 /// The gRPC answer to a request: its response, or one reporting its error (gRPC
 /// statuses are for transport failures only).
@@ -150,6 +158,15 @@ impl MetaService {
             match connect_meta(&self.shared, &addr, timeout).await {
                 Ok(c) => match call(c).await {
                     Ok(resp) => return Ok(resp.into_inner()),
+                    // A meta leader older than this request's kind: asking again will
+                    // not help.
+                    Err(s) if s.code() == tonic::Code::Unimplemented => {
+                        return Err(PErr::invalid_argument(format!(
+                            "the meta leader at {addr} does not serve this request (an \
+                             older version): {}",
+                            s.message()
+                        )))
+                    }
                     Err(s) => last = PErr::group_unavailable(META_GROUP, format!("{addr}: {s}")),
                 },
                 Err(e) => last = e,
@@ -252,14 +269,91 @@ impl MetaService {
 
     async fn local_cluster(&self, timeout: Duration) -> Result<proto::GetClusterResponse, PErr> {
         self.read_index(timeout).await?;
+        let now = Instant::now();
         let meta = self.shared.meta.read();
         let lv = self.shared.leader_view.lock();
-        Ok(phoenix_meta::cluster_view(
-            &meta,
-            &lv,
-            Instant::now(),
-            self.shared.cfg.node_id,
-        ))
+        let mut view = phoenix_meta::cluster_view(&meta, &lv, now, self.shared.cfg.node_id);
+        view.operators = self.shared.operators.lock().list(now);
+        Ok(view)
+    }
+
+    /// Starts the transfer of `group`'s leadership to `to` here (the meta leader) and
+    /// waits until the view shows `to` leading: as soon as the target's node reports it
+    /// (its next heartbeat after the transfer), within `timeout`.
+    async fn local_transfer_leader(
+        &self,
+        group: u64,
+        to: u64,
+        timeout: Duration,
+    ) -> Result<proto::TransferLeaderResponse, PErr> {
+        // The answer must leave time to travel back through a forwarding node.
+        let deadline = tokio::time::Instant::now() + timeout * 4 / 5;
+        self.read_index(timeout).await?;
+        loop {
+            if !self.is_meta_leader() {
+                return Err(PErr::group_unavailable(
+                    META_GROUP,
+                    "no longer the meta leader (ask again)",
+                ));
+            }
+            let started = {
+                let meta = self.shared.meta.read();
+                let lv = self.shared.leader_view.lock();
+                let mut ops = self.shared.operators.lock();
+                ops.transfer_leader(
+                    &meta,
+                    &lv,
+                    group,
+                    to,
+                    Instant::now(),
+                    phoenix_meta::Origin::Request,
+                )
+            };
+            use phoenix_meta::OperatorError as E;
+            // A meta leader new in office hears every node within ALIVE_WITHIN: until
+            // then a node looks down and a replica unreported for want of a heartbeat.
+            let young = self
+                .shared
+                .meta_leader_since
+                .lock()
+                .is_none_or(|t| t.elapsed() < phoenix_meta::ALIVE_WITHIN);
+            match started {
+                Ok(false) => {
+                    return Ok(proto::TransferLeaderResponse {
+                        error: None,
+                        leader_node_id: to,
+                    })
+                }
+                Ok(true) => {}
+                // Waited out: another operator ends within its timeout, a leader is
+                // elected, a young view fills.
+                Err(e @ (E::NoLeader(_) | E::Busy { .. }))
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::debug!(group, to, "transfer waits: {e}");
+                }
+                Err(e @ (E::NodeDown(_) | E::ReplicaNotReported { .. }))
+                    if young && tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::debug!(group, to, "transfer waits for heartbeats: {e}");
+                }
+                Err(e @ (E::NoLeader(_) | E::Busy { .. })) => {
+                    return Err(PErr::group_unavailable(group, e))
+                }
+                Err(e) => return Err(PErr::invalid_argument(e.to_string())),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let leader = self.shared.leader_view.lock().leader(group).unwrap_or(0);
+                return Err(PErr::group_unavailable(
+                    group,
+                    format!(
+                        "leadership not on node {to} within {} ms (leader: node {leader})",
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn heartbeat_local(
@@ -295,11 +389,14 @@ impl MetaService {
             );
             // Placement waits for a whole view of the node (the next report): from a
             // partial one, every replica it did not name would look missing.
-            let commands = if held {
+            let mut commands = if held {
                 phoenix_meta::placement_commands(&meta, &lv, r.node_id)
             } else {
                 Vec::new()
             };
+            let mut ops = self.shared.operators.lock();
+            settle_operators(&mut ops, &meta, &lv);
+            commands.extend(ops.commands_for(&lv, r.node_id));
             (held, commands, lv.disk_full_nodes())
         };
         Ok(proto::HeartbeatResponse {
@@ -369,6 +466,31 @@ impl proto::meta_server::Meta for MetaService {
         )
     }
 
+    async fn transfer_leader(
+        &self,
+        req: Request<proto::TransferLeaderRequest>,
+    ) -> Result<Response<proto::TransferLeaderResponse>, Status> {
+        let r = req.into_inner();
+        reply(
+            async {
+                let timeout = timeout_of(r.timeout_ms)?;
+                if r.group_id == META_GROUP || r.to_node == 0 {
+                    return Err(PErr::invalid_argument(
+                        "transfer-leader needs a data group and a node id (not 0)",
+                    ));
+                }
+                let (group, to) = (r.group_id, r.to_node);
+                self.leader_or_forward(
+                    timeout,
+                    self.local_transfer_leader(group, to, timeout),
+                    |mut c| async move { c.transfer_leader(r).await },
+                )
+                .await
+            }
+            .await,
+        )
+    }
+
     async fn heartbeat(
         &self,
         req: Request<proto::HeartbeatRequest>,
@@ -429,6 +551,7 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
         uptime_ms: shared.started.elapsed().as_millis() as u64,
         available_bytes: Some(shared.disk.available()).filter(|a| *a != u64::MAX),
         disk_full: shared.disk.is_full(),
+        stopping: shared.stopping.load(std::sync::atomic::Ordering::Relaxed),
     };
     (stats, replicas)
 }
@@ -502,11 +625,21 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
                 None => {
                     shared.disk.set_full_nodes(r.disk_full_nodes);
                     for c in r.commands {
-                        if let Some(proto::placement_command::Cmd::CreateReplica(cr)) = c.cmd {
-                            if let Some(route) = cr.route {
+                        use proto::placement_command::Cmd;
+                        let event = match c.cmd {
+                            Some(Cmd::CreateReplica(cr)) => cr.route.map(|route| {
                                 shared.learn_addrs(&route);
-                                let _ = shared.events.send(Event::CreateReplica(route));
-                            }
+                                Event::CreateReplica(route)
+                            }),
+                            Some(Cmd::TransferLeader(t)) => Some(Event::TransferLeader {
+                                group: t.group_id,
+                                to: t.to_node,
+                            }),
+                            // A command this node predates.
+                            None => None,
+                        };
+                        if let Some(ev) = event {
+                            let _ = shared.events.send(ev);
                         }
                     }
                     target = Some(addr);
@@ -539,8 +672,28 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
     }
 }
 
-/// The meta leader's scheduler: bootstraps the data groups when enough nodes are alive
-/// (the decision is [`phoenix_meta::bootstrap_plan`]).
+/// Ends the operators that are done, out of time or impossible now, saying so.
+fn settle_operators(
+    ops: &mut phoenix_meta::Operators,
+    meta: &phoenix_meta::MetaState,
+    lv: &phoenix_meta::LeaderView,
+) {
+    for (group, outcome) in ops.settle(meta, lv, Instant::now()) {
+        match outcome {
+            phoenix_meta::Outcome::Done => tracing::debug!(group, "leader transfer done"),
+            phoenix_meta::Outcome::GivenUp => {
+                tracing::info!(group, "leader transfer given up (not done in time)")
+            }
+            phoenix_meta::Outcome::Cancelled(why) => {
+                tracing::info!(group, "leader transfer cancelled: {why}")
+            }
+        }
+    }
+}
+
+/// The meta leader's scheduler, every 500 ms: bootstraps the data groups when enough
+/// nodes are alive (the decision is [`phoenix_meta::bootstrap_plan`]), then balances
+/// leaders ([`phoenix_meta::balance_leaders`]) unless switched off.
 pub async fn scheduler_loop(shared: Arc<Shared>) {
     let svc = MetaService {
         shared: Arc::clone(&shared),
@@ -548,40 +701,84 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         if !svc.is_meta_leader() {
+            // Operators are the meta leader's: a deposed one drops them.
+            *shared.operators.lock() = phoenix_meta::Operators::default();
+            *shared.meta_leader_since.lock() = None;
             continue;
         }
-        let plan = {
-            let meta = shared.meta.read();
-            let lv = shared.leader_view.lock();
-            phoenix_meta::bootstrap_plan(
-                &meta,
-                &lv,
-                Instant::now(),
-                &shared.cfg.split_keys,
-                shared.cfg.replication,
-            )
-        };
-        let cmd = match plan {
-            Ok(Some(cmd)) => cmd,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!("cannot bootstrap: {e}");
-                continue;
+        {
+            let mut since = shared.meta_leader_since.lock();
+            if since.is_none() {
+                // New in office (perhaps again): what it heard in an earlier term is
+                // stale (a node that died meanwhile would look alive); it learns
+                // everything anew from the next heartbeats.
+                *shared.leader_view.lock() = phoenix_meta::LeaderView::default();
+                *shared.operators.lock() = phoenix_meta::Operators::default();
+                *since = Some(Instant::now());
             }
-        };
-        let n = match &cmd.cmd {
-            Some(proto::meta_command::Cmd::CreateGroups(cg)) => cg.routes.len(),
-            _ => 0,
-        };
-        let started = Instant::now();
-        match svc.propose(cmd, Duration::from_secs(5)).await {
-            Ok(ApplyResult::Done) => tracing::info!(
-                groups = n,
-                ms = started.elapsed().as_millis() as u64,
-                "cluster bootstrapped"
-            ),
-            Ok(other) => tracing::warn!("bootstrap refused: {other:?}"),
-            Err(e) => tracing::warn!("bootstrap proposal failed: {e}"),
         }
+        bootstrap(&svc).await;
+        if shared.cfg.balance_leaders {
+            balance(&shared);
+        }
+    }
+}
+
+/// Starts the leader transfers the balancer decides, up to its in-flight limit.
+fn balance(shared: &Shared) {
+    let now = Instant::now();
+    let meta = shared.meta.read();
+    let lv = shared.leader_view.lock();
+    let mut ops = shared.operators.lock();
+    settle_operators(&mut ops, &meta, &lv);
+    let room = phoenix_meta::BALANCE_INFLIGHT_MAX.saturating_sub(ops.balancing());
+    let moves = phoenix_meta::balance_leaders(&meta, &lv, &ops, now, room);
+    let mut started = 0;
+    for (group, to) in moves {
+        match ops.transfer_leader(&meta, &lv, group, to, now, phoenix_meta::Origin::Balance) {
+            Ok(_) => started += 1,
+            Err(e) => tracing::debug!(group, to, "balancer: {e}"),
+        }
+    }
+    if started > 0 {
+        tracing::info!(transfers = started, "balancing leaders");
+    }
+}
+
+/// Proposes the bootstrap of the data groups once its plan says so.
+async fn bootstrap(svc: &MetaService) {
+    let shared = &svc.shared;
+    let plan = {
+        let meta = shared.meta.read();
+        let lv = shared.leader_view.lock();
+        phoenix_meta::bootstrap_plan(
+            &meta,
+            &lv,
+            Instant::now(),
+            &shared.cfg.split_keys,
+            shared.cfg.replication,
+        )
+    };
+    let cmd = match plan {
+        Ok(Some(cmd)) => cmd,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!("cannot bootstrap: {e}");
+            return;
+        }
+    };
+    let n = match &cmd.cmd {
+        Some(proto::meta_command::Cmd::CreateGroups(cg)) => cg.routes.len(),
+        _ => 0,
+    };
+    let started = Instant::now();
+    match svc.propose(cmd, Duration::from_secs(5)).await {
+        Ok(ApplyResult::Done) => tracing::info!(
+            groups = n,
+            ms = started.elapsed().as_millis() as u64,
+            "cluster bootstrapped"
+        ),
+        Ok(other) => tracing::warn!("bootstrap refused: {other:?}"),
+        Err(e) => tracing::warn!("bootstrap proposal failed: {e}"),
     }
 }

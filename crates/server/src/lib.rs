@@ -150,6 +150,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         addrs,
         meta: RwLock::new(meta_state),
         leader_view: Mutex::new(LeaderView::default()),
+        operators: Mutex::default(),
+        meta_leader_since: Mutex::new(None),
+        stopping: std::sync::atomic::AtomicBool::new(false),
         events: tx.clone(),
         transport,
         links,
@@ -191,8 +194,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     {
         let tx = tx.clone();
         let transport = shared.transport.clone();
+        let shared = Arc::clone(&shared);
         tokio::spawn(async move {
             shutdown.await;
+            shared
+                .stopping
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             let (done_tx, done_rx) = tokio::sync::oneshot::channel();
             if tx.send(node::Event::HandOff(done_tx)).is_ok() {
                 let wait = node::HAND_OFF_MAX + std::time::Duration::from_millis(500);

@@ -102,6 +102,16 @@ pub enum Event {
     },
     /// A node could not be reached.
     Unreachable(u64),
+    /// The meta leader asks to move the leadership of `group` (if led here) to its
+    /// replica on node `to` (raft's leader transfer; ignored while a transfer of the
+    /// group is under way, when `to` is not a voter heard from lately, or while this
+    /// node stops).
+    TransferLeader {
+        /// Group.
+        group: u64,
+        /// Node of the replica to lead it.
+        to: u64,
+    },
     /// The node is stopping: hand every group it leads to a follower, then answer
     /// (when none is led here any more, or after [`HAND_OFF_MAX`]).
     HandOff(tokio::sync::oneshot::Sender<()>),
@@ -253,6 +263,8 @@ pub struct Driver {
     /// A stop under way: the groups handed off, until when to wait for them, and whom
     /// to tell (`Event::HandOff`).
     handing_off: Option<HandOff>,
+    /// The node is stopping (a hand-off began): it takes no leadership any more.
+    stopping: bool,
     /// Memory of the session records cached by every replica (apply.rs
     /// `SessionCache`): past [`SESSION_CACHE_BYTES_MAX`] every cache starts over.
     session_records: Arc<std::sync::atomic::AtomicUsize>,
@@ -314,6 +326,7 @@ impl Driver {
             last_create_retry: Instant::now(),
             last_shed: Instant::now(),
             handing_off: None,
+            stopping: false,
             session_records: Arc::default(),
         };
         for r in routes {
@@ -646,6 +659,21 @@ impl Driver {
             return;
         };
         let before_deadline = Instant::now() < deadline;
+        // A group won since the hand-off began (an election, or a transfer to this node
+        // that arrived before the stop) is handed off too.
+        let won: Vec<u64> = self
+            .peers
+            .iter()
+            .filter(|(g, p)| {
+                !groups.contains_key(g)
+                    && p.failed.is_none()
+                    && p.raw.raft().role() == StateRole::Leader
+            })
+            .map(|(&g, _)| g)
+            .collect();
+        for g in won {
+            groups.insert(g, Vec::new());
+        }
         let mut waiting = false;
         for (g, tried) in groups.iter_mut() {
             let Some(p) = self.peers.get(g) else { continue };
@@ -841,6 +869,13 @@ impl Driver {
                     return;
                 };
                 if p.failed.is_some() {
+                    return;
+                }
+                // A stopping node takes no leadership: a transfer to it (the balancer's,
+                // decided before it heard of the stop) would leave the group leaderless
+                // when it goes. The sender gives the transfer up after a timeout.
+                if self.stopping && msg.kind == MessageType::TimeoutNow {
+                    tracing::debug!(group, from = msg.from, "stopping: leader transfer refused");
                     return;
                 }
                 // On a disk under its reserve a follower takes no new data entries for
@@ -1048,7 +1083,16 @@ impl Driver {
                     self.touch(g);
                 }
             }
+            Event::TransferLeader { group, to } => {
+                if self.stopping || to == self.shared.cfg.node_id {
+                    return;
+                }
+                if let Some(t) = self.transfer_group(group, |v| v == to) {
+                    tracing::info!(group, to = t, "handing leadership over (meta's request)");
+                }
+            }
             Event::HandOff(done) => {
+                self.stopping = true;
                 let groups = self.hand_off_leaders();
                 self.handing_off = Some((groups, Instant::now() + HAND_OFF_MAX, done));
             }

@@ -54,6 +54,14 @@ pub struct Shared {
     pub meta: RwLock<MetaState>,
     /// Soft state of the meta leader.
     pub leader_view: Mutex<LeaderView>,
+    /// The meta leader's operators under way (leader transfers). Lock order:
+    /// `meta`, then `leader_view`, then `operators`.
+    pub operators: Mutex<phoenix_meta::Operators>,
+    /// Since when this node leads the meta group, as its scheduler last saw (None: it
+    /// does not). Lock it before `leader_view` and `operators`.
+    pub meta_leader_since: Mutex<Option<Instant>>,
+    /// The node is stopping: its heartbeats say so, so no leadership is moved to it.
+    pub stopping: std::sync::atomic::AtomicBool,
     /// Input of the raft driver.
     pub events: Sender<Event>,
     /// Outgoing raft messages.

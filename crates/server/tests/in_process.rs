@@ -1503,3 +1503,147 @@ async fn a_stopping_node_hands_its_leaderships_over() {
         n.stop().await;
     }
 }
+
+/// Leaders per node as the meta service reports them (groups with no reported leader
+/// are left out), and how many groups have one.
+async fn leaders_per_node(addrs: &[String]) -> (std::collections::BTreeMap<u64, usize>, usize) {
+    let mut per = std::collections::BTreeMap::new();
+    let mut led = 0;
+    for g in cluster_groups(addrs).await {
+        if let Some(l) = g
+            .replicas
+            .iter()
+            .filter(|r| r.is_leader)
+            .max_by_key(|r| r.term)
+        {
+            *per.entry(l.node_id).or_insert(0) += 1;
+            led += 1;
+        }
+    }
+    (per, led)
+}
+
+async fn transfer(addr: &str, group: u64, to: u64) -> proto::TransferLeaderResponse {
+    meta_client(addr)
+        .await
+        .transfer_leader(proto::TransferLeaderRequest {
+            group_id: group,
+            to_node: to,
+            timeout_ms: 10_000,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// `TransferLeader` moves a group's leadership where asked, through any node (one that
+/// is not the meta leader forwards), and answers once the meta leader heard it moved;
+/// the group serves writes there. Impossible targets get a typed refusal at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leadership_moves_where_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+            c.split_keys = vec![b"m".to_vec()];
+            start(c)
+        })
+        .collect();
+    let table = routes_with_leaders(&addrs[0], 2).await;
+    let route = &table[0];
+    let g = route.group_id;
+    for round in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let leader = loop {
+            if let Some(l) = reported_leader(&addrs, g).await {
+                break l;
+            }
+            assert!(Instant::now() < deadline, "no leader reported");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let to = leader % 3 + 1;
+        // Asked through each node in turn: the meta leader and those that forward.
+        let asked = Instant::now();
+        let r = transfer(&addrs[round], g, to).await;
+        assert!(r.error.is_none(), "round {round}: {:?}", r.error);
+        assert_eq!(r.leader_node_id, to);
+        eprintln!(
+            "round {round}: group {g} moved {leader} -> {to} in {:?}",
+            asked.elapsed()
+        );
+        assert_eq!(reported_leader(&addrs, g).await, Some(to));
+        let key = format!("after-{round}");
+        assert_eq!(
+            put_at(&addrs[to as usize - 1], route, key.as_bytes()).await,
+            None,
+            "the new leader takes writes"
+        );
+        // Asking again for the leader it has is answered at once.
+        let r = transfer(&addrs[0], g, to).await;
+        assert!(r.error.is_none() && r.leader_node_id == to, "{r:?}");
+    }
+    for (group, to, want) in [
+        (g, 9, "holds no replica"),
+        (99, 1, "not in the routing table"),
+        (0, 1, "data group"),
+    ] {
+        let r = transfer(&addrs[1], group, to).await;
+        let e = r
+            .error
+            .unwrap_or_else(|| panic!("group {group} to {to} accepted"));
+        assert!(e.to_string().contains(want), "group {group} to {to}: {e}");
+    }
+    for n in nodes {
+        n.stop().await;
+    }
+}
+
+/// Node 1 wins every election (its timeout is a tenth of the others'), so it leads
+/// every group at first; the meta leader's balancer then moves leaderships until each
+/// node leads 12 / 3 ± 1 groups, and stops moving them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_balancer_spreads_leaders_over_the_nodes() {
+    const GROUPS: usize = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+            c.split_keys = phoenix_server::even_split_keys(GROUPS).unwrap();
+            c.balance_leaders = true;
+            c.election_ticks = if i == 0 { 30 } else { 300 };
+            start(c)
+        })
+        .collect();
+    routes_with_leaders(&addrs[0], GROUPS).await;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut most_on_one = 0;
+    let balanced = loop {
+        let (per, led) = leaders_per_node(&addrs).await;
+        most_on_one = most_on_one.max(per.values().copied().max().unwrap_or(0));
+        if led == GROUPS && per.len() == 3 && per.values().all(|&c| (3..=5).contains(&c)) {
+            break per;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "leaders not balanced within 40 s: {per:?} ({led} of {GROUPS} led)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("balanced: {balanced:?} (at most {most_on_one} on one node before)");
+    // Balanced, it stays put: no operator under way, the same leaders a while later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = meta_client(&addrs[0])
+        .await
+        .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(c.operators.is_empty(), "{:?}", c.operators);
+    let (after, _) = leaders_per_node(&addrs).await;
+    assert_eq!(after, balanced);
+    for n in nodes {
+        n.stop().await;
+    }
+}

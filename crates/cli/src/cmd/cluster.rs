@@ -1,4 +1,5 @@
-//! `phoenix cluster status`: nodes, groups, leaders and sizes, as the meta group sees them.
+//! `phoenix cluster status`: nodes, groups, leaders, sizes and operators, as the meta
+//! group sees them; `phoenix cluster transfer-leader`: move a group's leadership.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -15,6 +16,20 @@ use crate::output::{self, Bytes, Format, Stdout};
 pub enum ClusterCmd {
     /// Nodes (alive, last heartbeat, sizes) and groups (range, epoch, leader, replicas).
     Status(StatusArgs),
+    /// Move a group's leadership to its replica on another node, and wait until it has
+    /// moved.
+    TransferLeader(TransferLeaderArgs),
+}
+
+/// Flags of `phoenix cluster transfer-leader`.
+#[derive(Debug, clap::Args)]
+pub struct TransferLeaderArgs {
+    /// The group (an id from `phoenix cluster status`).
+    group: u64,
+    /// The node whose replica is to lead it.
+    node: u64,
+    #[command(flatten)]
+    conn: Conn,
 }
 
 /// Flags of `phoenix cluster status`.
@@ -28,7 +43,29 @@ pub struct StatusArgs {
 pub fn run(cmd: ClusterCmd, format: Format) -> Result<Outcome, CmdError> {
     match cmd {
         ClusterCmd::Status(args) => status(args, format),
+        ClusterCmd::TransferLeader(args) => transfer_leader(args, format),
     }
+}
+
+fn transfer_leader(args: TransferLeaderArgs, format: Format) -> Result<Outcome, CmdError> {
+    runtime()?.block_on(async {
+        let client = Client::new_lazy(args.conn.endpoints.clone(), options(&args.conn))?;
+        let leader = client
+            .transfer_leader(args.group, args.node)
+            .await
+            .map_err(|e| unreachable_or(&args.conn, e))?;
+        match format {
+            Format::Text => {
+                let mut out = Stdout::lock();
+                writeln!(out, "group {}: leader is node {leader}", args.group)?;
+                out.flush()?;
+            }
+            Format::Json => {
+                output::print_json(&json!({ "group_id": args.group, "leader": leader }))?
+            }
+        }
+        Ok(Outcome::Done)
+    })
 }
 
 fn status(args: StatusArgs, format: Format) -> Result<Outcome, CmdError> {
@@ -104,7 +141,26 @@ pub fn to_json(s: &ClusterStatus, bytes: Bytes) -> Value {
             Value::Object(m)
         })
         .collect();
-    json!({ "meta_leader": s.meta_leader, "nodes": nodes, "groups": groups })
+    let operators: Vec<Value> = s
+        .operators
+        .iter()
+        .map(|o| {
+            json!({
+                "group_id": o.group_id,
+                "kind": o.kind,
+                "origin": o.origin,
+                "from": o.from,
+                "to": o.to,
+                "age_ms": o.age_ms,
+            })
+        })
+        .collect();
+    json!({
+        "meta_leader": s.meta_leader,
+        "nodes": nodes,
+        "groups": groups,
+        "operators": operators,
+    })
 }
 
 /// Human-readable size.
@@ -220,13 +276,33 @@ pub fn render(s: &ClusterStatus) -> String {
             );
         }
     }
+    if !s.operators.is_empty() {
+        let _ = writeln!(out, "\nOPERATORS ({})", s.operators.len());
+        let _ = writeln!(
+            out,
+            "{:>5}  {:<16} {:<8} {:>5} {:>5} {:>9}",
+            "group", "kind", "origin", "from", "to", "age"
+        );
+        for o in &s.operators {
+            let _ = writeln!(
+                out,
+                "{:>5}  {:<16} {:<8} {:>5} {:>5} {:>9}",
+                o.group_id,
+                o.kind,
+                o.origin,
+                o.from,
+                o.to,
+                format!("{} ms", o.age_ms)
+            );
+        }
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use phoenix_client::{GroupStatus, NodeStatus, ReplicaStatus};
+    use phoenix_client::{GroupStatus, NodeStatus, OperatorStatus, ReplicaStatus};
 
     fn sample() -> ClusterStatus {
         ClusterStatus {
@@ -262,6 +338,14 @@ mod tests {
                     hibernating: false,
                 }],
             }],
+            operators: vec![OperatorStatus {
+                group_id: 1,
+                kind: "transfer-leader".into(),
+                origin: "balance".into(),
+                from: 3,
+                to: 1,
+                age_ms: 120,
+            }],
         }
     }
 
@@ -283,6 +367,16 @@ mod tests {
             t.contains("replica on node 3 STOPPED: log append failed: disk full"),
             "{t}"
         );
+        assert!(t.contains("OPERATORS (1)"), "{t}");
+        assert!(
+            t.lines().any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["1", "transfer-leader", "balance", "3", "1", "120", "ms"]),
+            "{t}"
+        );
+        // No operators: no section.
+        let mut quiet = s.clone();
+        quiet.operators.clear();
+        assert!(!render(&quiet).contains("OPERATORS"));
     }
 
     #[test]
@@ -301,6 +395,10 @@ mod tests {
             v["groups"][0]["replica_status"][0]["stopped"],
             "log append failed: disk full"
         );
+        assert_eq!(v["operators"][0]["kind"], "transfer-leader");
+        assert_eq!(v["operators"][0]["origin"], "balance");
+        assert_eq!(v["operators"][0]["from"], 3);
+        assert_eq!(v["operators"][0]["to"], 1);
         let h = to_json(&sample(), Bytes::Hex);
         assert_eq!(h["groups"][0]["end_hex"], "6d");
     }

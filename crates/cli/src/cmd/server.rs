@@ -67,6 +67,11 @@ pub struct Args {
     /// DiskFull error (reads go on) and takes them again once space returns. 0: never.
     #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_RESERVE_SPACE >> 20)]
     pub reserve_space_mb: u64,
+    /// Do not move leaderships to balance them (as the meta leader, this node would
+    /// otherwise bring every node's count of led groups within 10% of the mean, or one,
+    /// as far as the placement allows). Give it to every meta member.
+    #[arg(long)]
+    pub no_balance_leaders: bool,
     /// Serve the fault-injection service (cut links to chosen peers on request), for
     /// fault runs (`bench cluster --nemesis partition`). Never in production.
     #[arg(long)]
@@ -116,6 +121,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.snapshot_bytes_per_sec = args.snapshot_mb_per_sec.max(1) << 20;
     cfg.reserve_space = args.reserve_space_mb.saturating_mul(1 << 20);
     cfg.metrics_listen = args.metrics_listen;
+    cfg.balance_leaders = !args.no_balance_leaders;
     cfg.fault_injection = args.fault_injection;
     cfg.unsynced_in_memory = args.unsynced_in_memory;
     let rt = tokio::runtime::Builder::new_multi_thread()

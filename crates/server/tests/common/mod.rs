@@ -70,6 +70,9 @@ pub fn config(id: u64, addr: &str, dir: &Path, meta: &[MetaMember], replication:
     c.heartbeat_interval = Duration::from_millis(200);
     // The host's free space must not decide a test (the full-disk test sets its own).
     c.reserve_space = 0;
+    // Leaderships stay where elections put them unless a test moves them (the
+    // balancer's test turns it on).
+    c.balance_leaders = false;
     c
 }
 
