@@ -210,8 +210,10 @@ pub struct GroupStatus {
     pub epoch: u64,
     /// Leader as last reported.
     pub leader: Option<NodeId>,
-    /// Replica nodes.
+    /// Replica nodes (voters and learners).
     pub replicas: Vec<NodeId>,
+    /// The replicas that are learners (catching up; they do not vote).
+    pub learners: Vec<NodeId>,
     /// Per-replica state.
     pub replica_status: Vec<ReplicaStatus>,
 }
@@ -234,16 +236,18 @@ pub struct ClusterStatus {
 pub struct OperatorStatus {
     /// The group it changes.
     pub group_id: u64,
-    /// What it does (`transfer-leader`).
+    /// What it does (`transfer-leader`, `add-replica`).
     pub kind: String,
     /// Who started it: `request` (a user) or `balance` (the leader balancer).
     pub origin: String,
-    /// Node it moves from.
+    /// Node it moves from (0: none, an addition).
     pub from: NodeId,
     /// Node it moves to.
     pub to: NodeId,
     /// Milliseconds since it started.
     pub age_ms: u64,
+    /// Where it is (add-replica: "add learner", "catch up", "promote", "update route").
+    pub step: String,
 }
 
 /// How an operation may be retried after an unknown outcome.
@@ -1591,6 +1595,34 @@ impl Client {
         Ok(r.leader_node_id)
     }
 
+    /// Adds a replica of `group` on node `node` (a learner that catches up, then a
+    /// voter) and waits until the routing table lists it as a voter. Returns the
+    /// group's voters then.
+    pub async fn add_replica(&self, group: u64, node: NodeId) -> Result<Vec<NodeId>> {
+        let r = self
+            .meta_call(
+                "add_replica",
+                self.timeout * 3 / 4,
+                |mut meta, t| async move {
+                    let req = pb::AddReplicaRequest {
+                        group_id: group,
+                        node_id: node,
+                        timeout_ms: t,
+                    };
+                    let mut r = meta.add_replica(req).await?.into_inner();
+                    Ok((r.error.take(), r))
+                },
+            )
+            .await?;
+        let route = r.route.unwrap_or_default();
+        Ok(route
+            .replicas
+            .iter()
+            .map(|x| x.node_id)
+            .filter(|id| !route.learners.contains(id))
+            .collect())
+    }
+
     /// Asks the meta service through the known nodes in turn (each forwards to the
     /// meta leader), each try bounded by `per_try_max` and the deadline, until one
     /// answers without a retryable error; backs off between rounds.
@@ -1727,6 +1759,7 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
                 epoch: route.epoch,
                 leader: (route.leader_node_id != 0).then_some(route.leader_node_id),
                 replicas: route.replicas.iter().map(|x| x.node_id).collect(),
+                learners: route.learners.clone(),
                 replica_status,
             })
         })
@@ -1738,6 +1771,7 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
             group_id: o.group_id,
             kind: match pb::OperatorKind::try_from(o.kind) {
                 Ok(pb::OperatorKind::TransferLeader) => "transfer-leader".to_string(),
+                Ok(pb::OperatorKind::AddReplica) => "add-replica".to_string(),
                 _ => format!("unknown ({})", o.kind),
             },
             origin: match pb::OperatorOrigin::try_from(o.origin) {
@@ -1748,6 +1782,7 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
             from: o.from_node,
             to: o.to_node,
             age_ms: o.age_ms,
+            step: o.step,
         })
         .collect();
     ClusterStatus {

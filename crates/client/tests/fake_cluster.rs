@@ -132,6 +132,7 @@ impl Node {
             .unwrap_or(0);
         if leader != self.id {
             let hint = (self.st.hint && leader != 0).then(|| pb::Replica {
+                protocol: 0,
                 node_id: leader,
                 addr: self
                     .st
@@ -449,6 +450,7 @@ impl Meta for Node {
                     available_bytes: (id == 1).then_some(1 << 30),
                     disk_full: id == 2,
                     stopping: false,
+                    protocol: 1,
                 }),
             })
             .collect();
@@ -473,6 +475,7 @@ impl Meta for Node {
                     epoch: r.epoch,
                     stopped: String::new(),
                     hibernating: false,
+                    ..Default::default()
                 }],
             })
             .collect();
@@ -488,6 +491,7 @@ impl Meta for Node {
                 from_node: 1,
                 to_node: 2,
                 age_ms: 40,
+                step: String::new(),
             }],
         }))
     }
@@ -516,6 +520,10 @@ impl Meta for Node {
         }))
     }
 
+    async fn add_replica(&self, _req: Request<pb::AddReplicaRequest>) -> R<pb::AddReplicaResponse> {
+        Err(Status::unimplemented("fake"))
+    }
+
     async fn heartbeat(&self, _req: Request<pb::HeartbeatRequest>) -> R<pb::HeartbeatResponse> {
         Err(Status::unimplemented("fake"))
     }
@@ -537,12 +545,15 @@ fn route(group: u64, start: &str, end: &str, epoch: u64, addrs: &[String]) -> pb
             .iter()
             .enumerate()
             .map(|(i, a)| pb::Replica {
+                protocol: 0,
                 node_id: i as u64 + 1,
                 addr: a.clone(),
             })
             .collect(),
         leader_node_id: 0,
         leader_addr: String::new(),
+        conf_version: 0,
+        learners: Vec::new(),
     }
 }
 
@@ -1013,10 +1024,19 @@ async fn cluster_status_and_unreachable_seeds() {
     // A transfer goes past a node that cannot answer (retryable) to one that can; a
     // refusal comes back typed, at once.
     assert_eq!(client.transfer_leader(2, 3).await.unwrap(), 3);
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     match client.transfer_leader(2, 9).await {
         Err(ClientError::Refused { error, .. }) => {
             assert!(error.message.contains("holds no replica"), "{error}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // A node that predates a request kind answers Unimplemented: a refusal, at once.
+    let t = Instant::now();
+    match client.add_replica(1, 2).await {
+        Err(ClientError::Refused { error, .. }) => {
+            assert!(error.message.contains("older version"), "{error}")
         }
         other => panic!("expected a refusal, got {other:?}"),
     }

@@ -85,6 +85,23 @@ pub enum Refusal {
     /// The routes of a `CreateGroups` do not form a valid routing table.
     #[error("invalid routing table: {0}")]
     InvalidRoutes(String),
+    /// An `UpdateRoute` for a group not in the table.
+    #[error("group {0} is not in the routing table")]
+    UnknownGroup(u64),
+    /// An `UpdateRoute` whose range or epoch differs from the route's (it may change
+    /// the membership only).
+    #[error("group {0}: a membership update must keep the route's range and epoch")]
+    RangeChanged(u64),
+    /// An `UpdateRoute` not newer than the route.
+    #[error("group {group}: membership {got} is not newer than the table's {have}")]
+    StaleMembership {
+        /// The group.
+        group: u64,
+        /// The table's conf version.
+        have: u64,
+        /// The update's.
+        got: u64,
+    },
 }
 
 /// Why an operator (a change the meta leader drives, e.g. a leader transfer) cannot
@@ -132,8 +149,23 @@ pub enum OperatorError {
     /// No replica of the group has reported leading it yet.
     #[error("group {0} has no known leader yet")]
     NoLeader(u64),
+    /// The node's replica of the group is a learner: it cannot lead.
+    #[error("the replica of group {group} on node {node} is a learner")]
+    Learner {
+        /// The group.
+        group: u64,
+        /// The node asked for.
+        node: u64,
+    },
+    /// A meta member runs a binary that does not apply the meta commands the operator
+    /// needs (upgrade it first).
+    #[error("meta member node {0} runs an older version that cannot record membership changes")]
+    OldMetaMember(u64),
+    /// The node is not registered.
+    #[error("node {0} is not registered")]
+    UnknownNode(u64),
     /// Another operator is under way on the group.
-    #[error("group {group} already has an operator under way (leadership to node {to})")]
+    #[error("group {group} already has an operator under way (to node {to})")]
     Busy {
         /// The group.
         group: u64,

@@ -9,8 +9,8 @@
 //!   rebuilt from its records; replay-safe;
 //! - [`liveness`]: the meta leader's soft state from heartbeats — liveness, node stats,
 //!   replica states, group leaders;
-//! - [`operator`]: the meta leader's operators (leader transfers) and the leader
-//!   balancer that starts them;
+//! - [`operator`]: the meta leader's operators (leader transfers, replica additions)
+//!   and the leader balancer that starts transfers;
 //! - [`schedule`]: decisions — bootstrap placement (one group, or one per range between
 //!   split keys), placement commands for heartbeats, node registration, and the route
 //!   and cluster views served to clients;
@@ -25,12 +25,12 @@ pub mod state;
 
 pub use error::{Error, OperatorError, Refusal, Result};
 pub use liveness::{LeaderView, Report, ALIVE_WITHIN};
-pub use operator::{balance_leaders, Operators, Origin, Outcome, BALANCE_INFLIGHT_MAX};
+pub use operator::{balance_leaders, AddStep, Operators, Origin, Outcome, BALANCE_INFLIGHT_MAX};
 pub use schedule::{
     bootstrap_plan, cluster_view, even_split_keys, place, placement_commands, registration,
-    route_table, routes_view, split_ranges, INITIAL_GROUPS_MAX,
+    route_table, route_updates, routes_view, split_ranges, INITIAL_GROUPS_MAX,
 };
 pub use state::{
     node_record_key, route_contains, route_record_key, validate_table, Applied, MetaState, Write,
-    META_GROUP,
+    META_GROUP, PROTOCOL,
 };

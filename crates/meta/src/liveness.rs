@@ -241,6 +241,7 @@ mod tests {
         for (i, id) in [1u64, 2, 3].iter().enumerate() {
             let cmd = MetaCommand {
                 cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                    protocol: 0,
                     node_id: *id,
                     addr: format!("h:{id}"),
                 })),

@@ -1,13 +1,21 @@
 //! The meta leader's operators: changes to groups it has started and follows from
-//! heartbeats until they are done or given up — today leader transfers, asked for by a
-//! user (`phoenix cluster transfer-leader`) or decided by the leader balancer
-//! ([`balance_leaders`]).
+//! heartbeats until they are done or given up:
+//! - leader transfers, asked for by a user (`phoenix cluster transfer-leader`) or
+//!   decided by the leader balancer ([`balance_leaders`]): the heartbeat answer to the
+//!   node that the view says leads the group carries a `TransferLeader` command, again
+//!   at every heartbeat, until the view shows the target leading (done),
+//!   [`TRANSFER_TIMEOUT`] passes (given up: the target could not catch up or win; the
+//!   balancer may decide again) or the target can no longer lead (cancelled);
+//! - replica additions (`phoenix cluster add-replica`), one membership change at a time
+//!   (raft's single-server changes): the leader is told to add the node as a learner;
+//!   the routing table takes the new membership from the leader's report
+//!   ([`crate::route_updates`]), so the node is told to create its replica, which
+//!   catches up from the log or a snapshot; once it reports being within
+//!   [`PROMOTE_LAG_MAX`] entries of the leader's commit the leader is told to promote
+//!   it; done when the routing table lists it as a voter. Each command names the
+//!   membership it was decided on (its conf version), so a stale one is ignored.
 //!
-//! An operator is carried out by the group's leader: the heartbeat answer to the node
-//! that the view says leads the group carries a `TransferLeader` command, again at
-//! every heartbeat, until the view shows the target leading (done) or
-//! [`TRANSFER_TIMEOUT`] passes (given up: the target could not catch up or win; the
-//! balancer may decide again). One operator per group at a time.
+//! One operator per group at a time.
 //!
 //! Soft state like [`LeaderView`]: a new meta leader starts with none. An operator lost
 //! with its meta leader is a transfer that completes or not on its own; nothing waits
@@ -17,7 +25,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use phoenix_proto::{
-    placement_command, Operator, OperatorKind, OperatorOrigin, PlacementCommand, TransferLeader,
+    placement_command, ChangePeer, ChangePeerKind, Operator, OperatorKind, OperatorOrigin,
+    PlacementCommand, TransferLeader,
 };
 
 use crate::error::OperatorError;
@@ -39,6 +48,44 @@ pub const BALANCE_LAG_MAX: u64 = 1000;
 /// (group, node) pair alone this long (it would likely fail again: an old node that
 /// ignores the command, a target that cannot catch up).
 pub const BALANCE_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Longest an add-replica operator runs: the learner may need a whole snapshot.
+pub const ADD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A learner this many entries or fewer behind its leader's commit (as reported) is
+/// promoted to a voter: a voter far behind would weaken the quorum until it caught up.
+pub const PROMOTE_LAG_MAX: u64 = 100;
+
+/// Where an add-replica operator stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddStep {
+    /// The leader is asked to add the node as a learner.
+    AddLearner,
+    /// The learner is catching up.
+    CatchUp,
+    /// The leader is asked to promote the learner.
+    Promote,
+    /// A voter in the group; the routing table is to list it.
+    Route,
+}
+
+impl AddStep {
+    fn name(self) -> &'static str {
+        match self {
+            AddStep::AddLearner => "add learner",
+            AddStep::CatchUp => "catch up",
+            AddStep::Promote => "promote",
+            AddStep::Route => "update route",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Add {
+    to: u64,
+    started: Instant,
+    step: AddStep,
+}
 
 /// Who started an operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +119,7 @@ pub enum Outcome {
 #[derive(Debug, Default)]
 pub struct Operators {
     transfers: BTreeMap<u64, Transfer>,
+    adds: BTreeMap<u64, Add>,
     /// (group, target) pairs whose transfer failed lately, with when.
     failed: HashMap<(u64, u64), Instant>,
 }
@@ -97,6 +145,9 @@ impl Operators {
                 Err(OperatorError::Busy { group, to: t.to })
             };
         }
+        if let Some(a) = self.adds.get(&group) {
+            return Err(OperatorError::Busy { group, to: a.to });
+        }
         let from = view.leader(group).ok_or(OperatorError::NoLeader(group))?;
         if from == to {
             return Ok(false);
@@ -109,6 +160,54 @@ impl Operators {
                 to,
                 started: now,
                 origin,
+            },
+        );
+        Ok(true)
+    }
+
+    /// Starts adding a replica of `group` on node `to` (a learner, then a voter).
+    /// Returns false (and starts nothing) when the routing table lists `to` as a voter
+    /// already; asking again for an addition under way is not an error.
+    pub fn add_replica(
+        &mut self,
+        state: &MetaState,
+        view: &LeaderView,
+        meta_members: &[u64],
+        group: u64,
+        to: u64,
+        now: Instant,
+    ) -> Result<bool, OperatorError> {
+        if let Some(m) = state.member_behind(meta_members, crate::PROTOCOL) {
+            return Err(OperatorError::OldMetaMember(m));
+        }
+        let route = state
+            .routes()
+            .get(&group)
+            .ok_or(OperatorError::UnknownGroup(group))?;
+        if !state.nodes().contains_key(&to) {
+            return Err(OperatorError::UnknownNode(to));
+        }
+        if let Some(a) = self.adds.get(&group) {
+            return if a.to == to {
+                Ok(true)
+            } else {
+                Err(OperatorError::Busy { group, to: a.to })
+            };
+        }
+        if let Some(t) = self.transfers.get(&group) {
+            return Err(OperatorError::Busy { group, to: t.to });
+        }
+        if is_voter(route, to) {
+            return Ok(false);
+        }
+        check_node(view, to, now)?;
+        view.leader(group).ok_or(OperatorError::NoLeader(group))?;
+        self.adds.insert(
+            group,
+            Add {
+                to,
+                started: now,
+                step: AddStep::AddLearner,
             },
         );
         Ok(true)
@@ -145,6 +244,23 @@ impl Operators {
             ended.push((g, outcome));
             false
         });
+        self.adds.retain(|&g, a| {
+            let outcome = if state.routes().get(&g).is_some_and(|r| is_voter(r, a.to)) {
+                Outcome::Done
+            } else if now.saturating_duration_since(a.started) >= ADD_TIMEOUT {
+                Outcome::GivenUp
+            } else if let Err(e) = check_node(view, a.to, now) {
+                // (A learner left behind does not vote: it weakens nothing.)
+                Outcome::Cancelled(e)
+            } else {
+                if let Some((step, _)) = add_step(view, g, a.to) {
+                    a.step = step;
+                }
+                return true;
+            };
+            ended.push((g, outcome));
+            false
+        });
         ended
     }
 
@@ -153,24 +269,44 @@ impl Operators {
         self.failed.contains_key(&(group, to))
     }
 
-    /// The commands for `node`'s heartbeat answer: the transfers of the groups the view
-    /// says it leads.
+    /// The commands for `node`'s heartbeat answer: the transfers and membership changes
+    /// of the groups the view says it leads.
     pub fn commands_for(&self, view: &LeaderView, node: u64) -> Vec<PlacementCommand> {
-        self.transfers
+        let transfers = self
+            .transfers
             .iter()
             .filter(|(&g, _)| view.leader(g) == Some(node))
-            .map(|(&g, t)| PlacementCommand {
-                cmd: Some(placement_command::Cmd::TransferLeader(TransferLeader {
+            .map(|(&g, t)| {
+                placement_command::Cmd::TransferLeader(TransferLeader {
                     group_id: g,
                     to_node: t.to,
-                })),
-            })
+                })
+            });
+        let changes = self
+            .adds
+            .iter()
+            .filter(|(&g, _)| view.leader(g) == Some(node))
+            .filter_map(|(&g, a)| add_step(view, g, a.to)?.1)
+            .map(placement_command::Cmd::ChangePeer);
+        transfers
+            .chain(changes)
+            .map(|cmd| PlacementCommand { cmd: Some(cmd) })
             .collect()
     }
 
     /// The target of the transfer under way on `group`, if any.
     pub fn transfer_target(&self, group: u64) -> Option<u64> {
         self.transfers.get(&group).map(|t| t.to)
+    }
+
+    /// Whether an operator is under way on `group`.
+    pub fn busy(&self, group: u64) -> bool {
+        self.transfers.contains_key(&group) || self.adds.contains_key(&group)
+    }
+
+    /// The step of the replica addition under way on `group`, if any.
+    pub fn add_step(&self, group: u64) -> Option<AddStep> {
+        self.adds.get(&group).map(|a| a.step)
     }
 
     /// Transfers under way that the balancer started.
@@ -199,36 +335,52 @@ impl Operators {
                         from_node: t.from,
                         to_node: t.to,
                         age_ms: now.saturating_duration_since(t.started).as_millis() as u64,
+                        step: String::new(),
                     },
                 )
             })
             .collect();
+        v.extend(self.adds.iter().map(|(&g, a)| {
+            (
+                a.started,
+                Operator {
+                    group_id: g,
+                    kind: OperatorKind::AddReplica as i32,
+                    origin: OperatorOrigin::Request as i32,
+                    from_node: 0,
+                    to_node: a.to,
+                    age_ms: now.saturating_duration_since(a.started).as_millis() as u64,
+                    step: a.step.name().to_string(),
+                },
+            )
+        }));
         v.sort_by_key(|(t, o)| (*t, o.group_id));
         v.into_iter().map(|(_, o)| o).collect()
     }
 }
 
-/// Whether the routing table places a replica of `group` on `node`.
+/// Whether `route` lists `node` as a voter.
+fn is_voter(route: &phoenix_proto::Route, node: u64) -> bool {
+    route.replicas.iter().any(|r| r.node_id == node) && !route.learners.contains(&node)
+}
+
+/// Whether the routing table places a voter of `group` on `node` (one that may lead).
 fn placed(state: &MetaState, group: u64, node: u64) -> Result<(), OperatorError> {
     let route = state
         .routes()
         .get(&group)
         .ok_or(OperatorError::UnknownGroup(group))?;
-    if route.replicas.iter().any(|r| r.node_id == node) {
-        Ok(())
-    } else {
+    if !route.replicas.iter().any(|r| r.node_id == node) {
         Err(OperatorError::NotAReplica { group, node })
+    } else if route.learners.contains(&node) {
+        Err(OperatorError::Learner { group, node })
+    } else {
+        Ok(())
     }
 }
 
-/// Whether `node` may take the leadership of `group`: alive, with disk room, not
-/// stopping, hosting a running replica of it.
-fn check_target(
-    view: &LeaderView,
-    group: u64,
-    node: u64,
-    now: Instant,
-) -> Result<(), OperatorError> {
+/// Whether `node` may take on work: alive, with disk room, not stopping.
+fn check_node(view: &LeaderView, node: u64, now: Instant) -> Result<(), OperatorError> {
     if !view.is_alive(node, now) {
         return Err(OperatorError::NodeDown(node));
     }
@@ -240,6 +392,53 @@ fn check_target(
             return Err(OperatorError::NodeStopping(node));
         }
     }
+    Ok(())
+}
+
+/// Where adding `to` to `group` stands by its leader's last report, with the command
+/// the leader needs for the next step (None when it waits).
+fn add_step(view: &LeaderView, group: u64, to: u64) -> Option<(AddStep, Option<ChangePeer>)> {
+    let rep = view.leader(group).and_then(|l| view.replica(l, group))?;
+    if rep.voters.contains(&to) {
+        return Some((AddStep::Route, None));
+    }
+    let change = |kind: ChangePeerKind| ChangePeer {
+        group_id: group,
+        node_id: to,
+        kind: kind as i32,
+        conf_version: rep.conf_version,
+    };
+    if !rep.learners.contains(&to) {
+        return Some((
+            AddStep::AddLearner,
+            Some(change(ChangePeerKind::AddLearner)),
+        ));
+    }
+    // Caught up by its own report: it applied its own addition (its report is not older
+    // than it) and is close to the leader's commit. (Its node is alive: `settle`
+    // cancels the addition otherwise.)
+    let caught_up = view.replica(to, group).is_some_and(|r| {
+        r.stopped.is_empty()
+            && r.conf_version >= rep.conf_version
+            && r.applied_index >= rep.conf_version
+            && r.applied_index + PROMOTE_LAG_MAX >= rep.commit_index
+    });
+    Some(if caught_up {
+        (AddStep::Promote, Some(change(ChangePeerKind::AddVoter)))
+    } else {
+        (AddStep::CatchUp, None)
+    })
+}
+
+/// Whether `node` may take the leadership of `group`: alive, with disk room, not
+/// stopping, hosting a running replica of it.
+fn check_target(
+    view: &LeaderView,
+    group: u64,
+    node: u64,
+    now: Instant,
+) -> Result<(), OperatorError> {
+    check_node(view, node, now)?;
     match view.replica(node, group) {
         None => Err(OperatorError::ReplicaNotReported { group, node }),
         Some(r) if !r.stopped.is_empty() => Err(OperatorError::ReplicaStopped {
@@ -285,7 +484,7 @@ pub fn balance_leaders(
     for &g in state.routes().keys() {
         let (leader, busy) = match ops.transfer_target(g) {
             Some(to) => (Some(to), true),
-            None => (view.leader(g), false),
+            None => (view.leader(g), ops.busy(g)),
         };
         let Some(leader) = leader else { continue };
         let Some(c) = count.get_mut(&leader) else {
@@ -346,12 +545,9 @@ pub fn balance_leaders(
 }
 
 /// Whether the balancer may move `group`'s leadership from `from` to `to`: the route
-/// places a replica on `to`, which reported it running and close to the leader's commit.
+/// places a voter on `to`, which reported it running and close to the leader's commit.
 fn can_lead(state: &MetaState, view: &LeaderView, group: u64, from: u64, to: u64) -> bool {
-    let placed = state
-        .routes()
-        .get(&group)
-        .is_some_and(|r| r.replicas.iter().any(|x| x.node_id == to));
+    let placed = placed(state, group, to).is_ok();
     let (Some(target), Some(leader)) = (view.replica(to, group), view.replica(from, group)) else {
         return false;
     };
@@ -377,6 +573,7 @@ mod tests {
             index += 1;
             let cmd = MetaCommand {
                 cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                    protocol: 0,
                     node_id: id,
                     addr: format!("h:{id}"),
                 })),
@@ -402,6 +599,7 @@ mod tests {
                 replicas: place(i + 1)
                     .into_iter()
                     .map(|id| Replica {
+                        protocol: 0,
                         node_id: id,
                         addr: format!("h:{id}"),
                     })
@@ -702,6 +900,180 @@ mod tests {
         assert!(
             c.values().all(|&n| (2..=3).contains(&n)),
             "{c:?} after {moves:?}"
+        );
+    }
+
+    /// An addition walks its steps from the leader's reports: add a learner (at the
+    /// reported membership version), wait for it to catch up, promote it, wait for the
+    /// routing table; a stale report asks for nothing new.
+    #[test]
+    fn a_replica_is_added_as_a_learner_then_promoted() {
+        let now = Instant::now();
+        let mut st = cluster(4, 1, |_| vec![1, 2, 3]);
+        let v = view(&st, now, |_| 1);
+        let mut ops = Operators::default();
+        assert_eq!(
+            ops.add_replica(&st, &v, &[], 1, 2, now),
+            Ok(false),
+            "a voter already"
+        );
+        assert_eq!(
+            ops.add_replica(&st, &v, &[], 1, 9, now),
+            Err(OperatorError::UnknownNode(9))
+        );
+        assert_eq!(ops.add_replica(&st, &v, &[], 1, 4, now), Ok(true));
+        assert_eq!(ops.add_replica(&st, &v, &[], 1, 4, now), Ok(true));
+        assert_eq!(
+            ops.transfer_leader(&st, &v, 1, 2, now, Origin::Request),
+            Err(OperatorError::Busy { group: 1, to: 4 })
+        );
+        let change = |ops: &Operators, v: &LeaderView| -> Vec<ChangePeer> {
+            ops.commands_for(v, 1)
+                .into_iter()
+                .filter_map(|c| match c.cmd {
+                    Some(placement_command::Cmd::ChangePeer(c)) => Some(c),
+                    _ => None,
+                })
+                .collect()
+        };
+        let leader_reports =
+            |v: &mut LeaderView, version: u64, voters: &[u64], learners: &[u64]| {
+                v.record(
+                    now,
+                    1,
+                    NodeStats::default(),
+                    &[ReplicaStats {
+                        group_id: 1,
+                        is_leader: true,
+                        term: 1,
+                        commit_index: 500,
+                        applied_index: 500,
+                        conf_version: version,
+                        voters: voters.to_vec(),
+                        learners: learners.to_vec(),
+                        ..ReplicaStats::default()
+                    }],
+                );
+            };
+        let mut v = v.clone();
+        leader_reports(&mut v, 0, &[1, 2, 3], &[]);
+        let c = change(&ops, &v);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].kind, ChangePeerKind::AddLearner as i32);
+        assert_eq!((c[0].node_id, c[0].conf_version), (4, 0));
+        assert!(
+            ops.commands_for(&v, 2).is_empty(),
+            "only the leader is told"
+        );
+        // Learner added at index 40; node 4 has not reported its replica: wait.
+        leader_reports(&mut v, 40, &[1, 2, 3], &[4]);
+        assert!(change(&ops, &v).is_empty());
+        ops.settle(&st, &v, now);
+        assert_eq!(ops.add_step(1), Some(AddStep::CatchUp));
+        // Far behind (a snapshot on its way): wait; close: promote.
+        let learner = |applied, version| ReplicaStats {
+            group_id: 1,
+            term: 1,
+            applied_index: applied,
+            conf_version: version,
+            ..ReplicaStats::default()
+        };
+        v.record(now, 4, NodeStats::default(), &[learner(10, 40)]);
+        assert!(change(&ops, &v).is_empty());
+        // Close to the commit, but its report predates its addition: wait.
+        let close = 500 - PROMOTE_LAG_MAX;
+        v.record(now, 4, NodeStats::default(), &[learner(close, 0)]);
+        assert!(change(&ops, &v).is_empty());
+        v.record(now, 4, NodeStats::default(), &[learner(close, 40)]);
+        let c = change(&ops, &v);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].kind, ChangePeerKind::AddVoter as i32);
+        assert_eq!(c[0].conf_version, 40);
+        // A stale leader report (from before the learner was added) asks to add it
+        // again at the old version, which the leader ignores (its membership is newer).
+        let mut stale = v.clone();
+        leader_reports(&mut stale, 0, &[1, 2, 3], &[]);
+        let c0 = change(&ops, &stale);
+        assert_eq!(
+            (c0[0].kind, c0[0].conf_version),
+            (ChangePeerKind::AddLearner as i32, 0)
+        );
+        // Promoted at 41: nothing more to ask; done once the table lists it as a voter.
+        leader_reports(&mut v, 41, &[1, 2, 3, 4], &[]);
+        assert!(change(&ops, &v).is_empty());
+        assert_eq!(ops.settle(&st, &v, now), vec![]);
+        assert_eq!(ops.add_step(1), Some(AddStep::Route));
+        for cmd in crate::route_updates(&st, &v) {
+            st.apply(st.applied() + 1, &cmd).unwrap();
+        }
+        assert_eq!(st.routes()[&1].conf_version, 41);
+        assert_eq!(ops.settle(&st, &v, now), vec![(1, Outcome::Done)]);
+        assert_eq!(ops.list(now), vec![]);
+    }
+
+    #[test]
+    fn an_addition_waits_for_every_meta_member_to_apply_route_updates() {
+        let now = Instant::now();
+        // (`cluster` registers nodes at protocol 0: binaries that predate it.)
+        let mut st = cluster(4, 1, |_| vec![1, 2, 3]);
+        let v = view(&st, now, |_| 1);
+        let mut ops = Operators::default();
+        assert_eq!(
+            ops.add_replica(&st, &v, &[1, 2, 3], 1, 4, now),
+            Err(OperatorError::OldMetaMember(1))
+        );
+        // Members 1 and 2 upgraded and say so in a heartbeat: re-registered.
+        for id in [1, 2] {
+            let hb = phoenix_proto::HeartbeatRequest {
+                node_id: id,
+                addr: format!("h:{id}"),
+                stats: Some(NodeStats {
+                    protocol: crate::PROTOCOL,
+                    ..NodeStats::default()
+                }),
+                ..Default::default()
+            };
+            let cmd = crate::registration(&st, &hb).unwrap().unwrap();
+            st.apply(st.applied() + 1, &cmd).unwrap();
+            assert_eq!(crate::registration(&st, &hb).unwrap(), None);
+        }
+        // Member 3 still runs the old binary (down or not: its record says so).
+        assert_eq!(
+            ops.add_replica(&st, &v, &[1, 2, 3], 1, 4, now),
+            Err(OperatorError::OldMetaMember(3))
+        );
+        assert_eq!(ops.add_replica(&st, &v, &[1, 2], 1, 4, now), Ok(true));
+    }
+
+    #[test]
+    fn an_addition_to_a_node_gone_down_is_cancelled() {
+        let now = Instant::now();
+        let st = cluster(4, 1, |_| vec![1, 2, 3]);
+        let v = view(&st, now, |_| 1);
+        let mut ops = Operators::default();
+        assert_eq!(ops.add_replica(&st, &v, &[], 1, 4, now), Ok(true));
+        let later = now + crate::ALIVE_WITHIN;
+        let mut v2 = v.clone();
+        for id in 1..=3 {
+            v2.record(later, id, NodeStats::default(), &report(&st, id, &|_| 1));
+        }
+        assert_eq!(
+            ops.settle(&st, &v2, later),
+            vec![(1, Outcome::Cancelled(OperatorError::NodeDown(4)))]
+        );
+    }
+
+    #[test]
+    fn an_addition_not_done_in_time_is_given_up() {
+        let now = Instant::now();
+        let st = cluster(4, 1, |_| vec![1, 2, 3]);
+        let v = view(&st, now, |_| 1);
+        let mut ops = Operators::default();
+        assert_eq!(ops.add_replica(&st, &v, &[], 1, 4, now), Ok(true));
+        assert_eq!(ops.list(now)[0].step, "add learner");
+        assert_eq!(
+            ops.settle(&st, &v, now + ADD_TIMEOUT),
+            vec![(1, Outcome::GivenUp)]
         );
     }
 

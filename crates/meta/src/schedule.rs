@@ -98,12 +98,15 @@ pub fn bootstrap_plan(
             replicas: reps
                 .into_iter()
                 .map(|id| Replica {
+                    protocol: 0,
                     node_id: id,
                     addr: state.addr_of(id).unwrap_or_default().to_string(),
                 })
                 .collect(),
             leader_node_id: 0,
             leader_addr: String::new(),
+            conf_version: 0,
+            learners: Vec::new(),
         })
         .collect();
     Ok(Some(MetaCommand {
@@ -184,20 +187,69 @@ pub fn cluster_view(
 }
 
 /// Validates a heartbeat and says whether its node must be (re-)registered: the
-/// `RegisterNode` command to propose when the node is new or its address changed.
+/// `RegisterNode` command to propose when the node is new, its address changed or it
+/// applies other meta commands than its record says (its `protocol` changed).
 pub fn registration(state: &MetaState, hb: &HeartbeatRequest) -> Result<Option<MetaCommand>> {
     if hb.node_id == 0 || hb.addr.is_empty() {
         return Err(Error::BadHeartbeat);
     }
-    if state.addr_of(hb.node_id) == Some(hb.addr.as_str()) {
-        return Ok(None);
+    let protocol = hb.stats.as_ref().map_or(0, |s| s.protocol);
+    if let Some(n) = state.nodes().get(&hb.node_id) {
+        // (A level that fell is a downgraded binary: recorded too, so that no command
+        // kind it cannot apply is proposed once it is heard from.)
+        if n.addr == hb.addr && n.protocol == protocol {
+            return Ok(None);
+        }
     }
     Ok(Some(MetaCommand {
         cmd: Some(meta_command::Cmd::RegisterNode(Replica {
             node_id: hb.node_id,
             addr: hb.addr.clone(),
+            protocol,
         })),
     }))
+}
+
+/// The `UpdateRoute` commands that bring the routing table up to the memberships the
+/// groups' leaders report applying: one per group whose leader (as last heard) reports a
+/// newer conf version than its route's. A membership naming a node not registered is
+/// left for later (its address is not known).
+pub fn route_updates(state: &MetaState, view: &LeaderView) -> Vec<MetaCommand> {
+    let mut out = Vec::new();
+    for route in state.routes().values() {
+        let g = route.group_id;
+        let Some(rep) = view.leader(g).and_then(|l| view.replica(l, g)) else {
+            continue;
+        };
+        if rep.conf_version <= route.conf_version || rep.voters.is_empty() {
+            continue;
+        }
+        let replicas: Option<Vec<Replica>> = rep
+            .voters
+            .iter()
+            .chain(&rep.learners)
+            .map(|id| {
+                state.nodes().get(id).map(|n| Replica {
+                    node_id: n.node_id,
+                    addr: n.addr.clone(),
+                    // (A route's replicas name nodes; the level is the node record's.)
+                    protocol: 0,
+                })
+            })
+            .collect();
+        let Some(replicas) = replicas else { continue };
+        out.push(MetaCommand {
+            cmd: Some(meta_command::Cmd::UpdateRoute(Route {
+                replicas,
+                learners: rep.learners.clone(),
+                conf_version: rep.conf_version,
+                leader_node_id: 0,
+                leader_addr: String::new(),
+                ..route.clone()
+            })),
+        });
+    }
+    out
 }
 
 /// The placement commands for `node`, given the replicas its reports (recorded in
@@ -238,6 +290,7 @@ mod tests {
         for (i, id) in ids.iter().enumerate() {
             let cmd = MetaCommand {
                 cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                    protocol: 0,
                     node_id: *id,
                     addr: format!("h:{id}"),
                 })),
@@ -446,6 +499,7 @@ mod tests {
             assert_eq!(
                 cmd.cmd,
                 Some(meta_command::Cmd::RegisterNode(Replica {
+                    protocol: 0,
                     node_id: id,
                     addr: addr.into()
                 }))
@@ -467,6 +521,7 @@ mod tests {
             11,
             &MetaCommand {
                 cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                    protocol: 0,
                     node_id: 3,
                     addr: "new:3".into(),
                 })),

@@ -19,7 +19,8 @@
 //! 1. node 0 is never registered; no two nodes share an address;
 //! 2. the routing table is empty, or its ranges are contiguous, start at the empty key,
 //!    end unbounded and do not overlap; group 0 (the meta group) is never in it;
-//! 3. every route has epoch ≥ 1 and at least one replica, with distinct non-zero ids.
+//! 3. every route has epoch ≥ 1 and at least one replica, with distinct non-zero ids;
+//!    its learners are among its replicas, and at least one replica is a voter.
 //!
 //! Replay: the state remembers the last log index it applied. An entry at or below it
 //! is skipped ([`Applied::Replayed`]), so applying the same committed entry twice (a
@@ -34,6 +35,10 @@ use crate::error::{Error, Refusal, Result};
 
 /// Group id of the meta group.
 pub const META_GROUP: u64 = 0;
+
+/// The meta commands this binary applies: 1 = `UpdateRoute` (membership changes).
+/// Before, a command kind unknown to a replica was refused there and applied elsewhere.
+pub const PROTOCOL: u32 = 1;
 
 /// Record kind byte of a node record.
 const NODE_RECORD: u8 = b'n';
@@ -128,6 +133,15 @@ pub fn validate_table(routes: &[Route]) -> std::result::Result<(), String> {
                 "group {} lists replica node {} twice or as 0",
                 r.group_id, bad.node_id
             ));
+        }
+        if let Some(l) = r.learners.iter().find(|l| !reps.contains(*l)) {
+            return Err(format!(
+                "group {} names learner {l}, not one of its replicas",
+                r.group_id
+            ));
+        }
+        if r.replicas.len() <= r.learners.len() {
+            return Err(format!("group {} has no voter", r.group_id));
         }
         if !r.end_key.is_empty() && r.start_key >= r.end_key {
             return Err(format!(
@@ -255,6 +269,7 @@ impl MetaState {
         let out = match &cmd.cmd {
             Some(meta_command::Cmd::RegisterNode(n)) => self.register_node(n),
             Some(meta_command::Cmd::CreateGroups(cg)) => self.create_groups(&cg.routes),
+            Some(meta_command::Cmd::UpdateRoute(r)) => self.update_route(r),
             None => Err(Refusal::EmptyCommand),
         };
         #[cfg(debug_assertions)]
@@ -317,6 +332,43 @@ impl MetaState {
         Ok(Applied::Changed(writes))
     }
 
+    /// Takes the membership of `r` (replicas, learners, conf version) for its group if
+    /// it is newer than the route's: the group applied a membership change.
+    fn update_route(&mut self, r: &Route) -> std::result::Result<Applied, Refusal> {
+        let g = r.group_id;
+        let cur = self.routes.get(&g).ok_or(Refusal::UnknownGroup(g))?;
+        if r.start_key != cur.start_key || r.end_key != cur.end_key || r.epoch != cur.epoch {
+            return Err(Refusal::RangeChanged(g));
+        }
+        if r.conf_version <= cur.conf_version {
+            return Err(Refusal::StaleMembership {
+                group: g,
+                have: cur.conf_version,
+                got: r.conf_version,
+            });
+        }
+        let mut next = cur.clone();
+        next.replicas = r.replicas.clone();
+        next.learners = r.learners.clone();
+        next.learners.sort_unstable();
+        next.conf_version = r.conf_version;
+        next.leader_node_id = 0;
+        next.leader_addr = String::new();
+        validate_table(std::slice::from_ref(&Route {
+            // (One route alone: its range is checked as a whole table's would be.)
+            start_key: Default::default(),
+            end_key: Default::default(),
+            ..next.clone()
+        }))
+        .map_err(Refusal::InvalidRoutes)?;
+        let write = Write {
+            key: route_record_key(g),
+            value: next.encode_to_vec(),
+        };
+        self.routes.insert(g, next);
+        Ok(Applied::Changed(vec![write]))
+    }
+
     /// Checks the invariants of the module doc.
     pub fn check(&self) -> std::result::Result<(), String> {
         let mut addrs = HashSet::new();
@@ -338,6 +390,16 @@ impl MetaState {
         }
         let table: Vec<Route> = self.routes.values().cloned().collect();
         validate_table(&table)
+    }
+
+    /// The first of `members` whose node record does not say it applies meta commands
+    /// of protocol `level` (not registered, or an older binary when it registered).
+    /// Decided from replicated records, so a down member counts as what it last said.
+    pub fn member_behind(&self, members: &[u64], level: u32) -> Option<u64> {
+        members
+            .iter()
+            .copied()
+            .find(|m| self.nodes.get(m).is_none_or(|n| n.protocol < level))
     }
 
     /// Registered nodes by id.
@@ -382,6 +444,7 @@ mod tests {
     fn register(id: u64, addr: &str) -> MetaCommand {
         MetaCommand {
             cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                protocol: 0,
                 node_id: id,
                 addr: addr.into(),
             })),
@@ -403,12 +466,15 @@ mod tests {
             replicas: replicas
                 .iter()
                 .map(|&n| Replica {
+                    protocol: 0,
                     node_id: n,
                     addr: format!("h:{n}"),
                 })
                 .collect(),
             leader_node_id: 0,
             leader_addr: String::new(),
+            conf_version: 0,
+            learners: Vec::new(),
         }
     }
 
@@ -433,6 +499,7 @@ mod tests {
         assert_eq!(
             Replica::decode(ws[0].value.as_slice()).unwrap(),
             Replica {
+                protocol: 0,
                 node_id: 1,
                 addr: "a:1".into()
             }
@@ -512,6 +579,72 @@ mod tests {
         );
         assert_eq!(st.routes().len(), 1);
         assert_eq!(st.route_for(b"anything"), Some(&r1));
+    }
+
+    #[test]
+    fn update_route_takes_newer_memberships_only() {
+        let mut st = MetaState::default();
+        st.apply(
+            1,
+            &create(vec![
+                route(1, "", "m", &[1, 2, 3]),
+                route(2, "m", "", &[1, 2, 3]),
+            ]),
+        )
+        .unwrap();
+        let update = |r: Route| MetaCommand {
+            cmd: Some(meta_command::Cmd::UpdateRoute(r)),
+        };
+        // Node 4 added as a learner at index 7 of the group's log.
+        let mut r = route(1, "", "m", &[1, 2, 3, 4]);
+        r.learners = vec![4];
+        r.conf_version = 7;
+        let got = st.apply(2, &update(r.clone())).unwrap();
+        let mut store = BTreeMap::new();
+        persist(&mut store, &got);
+        assert_eq!(st.routes()[&1].learners, vec![4]);
+        assert_eq!(st.routes()[&1].conf_version, 7);
+        assert_eq!(st.routes()[&1].replicas.len(), 4);
+        // The record holds it: a restart rebuilds the same table.
+        let rec = store.get(&route_record_key(1)).unwrap();
+        assert_eq!(Route::decode(rec.as_slice()).unwrap(), st.routes()[&1]);
+        // Not newer, another range, or not a valid membership: refused, unchanged.
+        assert_eq!(
+            st.apply(3, &update(r.clone())),
+            Err(Refusal::StaleMembership {
+                group: 1,
+                have: 7,
+                got: 7
+            })
+        );
+        let mut moved = r.clone();
+        moved.conf_version = 9;
+        moved.end_key = Bytes::from_static(b"n");
+        assert_eq!(st.apply(4, &update(moved)), Err(Refusal::RangeChanged(1)));
+        let mut stranger = r.clone();
+        stranger.conf_version = 9;
+        stranger.learners = vec![5];
+        assert!(matches!(
+            st.apply(5, &update(stranger)),
+            Err(Refusal::InvalidRoutes(_))
+        ));
+        let mut no_voter = route(1, "", "m", &[4]);
+        no_voter.learners = vec![4];
+        no_voter.conf_version = 9;
+        assert!(matches!(
+            st.apply(6, &update(no_voter)),
+            Err(Refusal::InvalidRoutes(_))
+        ));
+        assert_eq!(
+            st.apply(7, &update(route(3, "", "", &[1]))),
+            Err(Refusal::UnknownGroup(3))
+        );
+        assert_eq!(st.routes()[&1].conf_version, 7);
+        // Promoted at index 9.
+        let mut promoted = route(1, "", "m", &[1, 2, 3, 4]);
+        promoted.conf_version = 9;
+        st.apply(8, &update(promoted)).unwrap();
+        assert!(st.routes()[&1].learners.is_empty());
     }
 
     #[test]
@@ -612,6 +745,7 @@ mod tests {
         assert_eq!(MetaState::from_records(3, recs.clone()).unwrap(), st);
 
         let node = Replica {
+            protocol: 0,
             node_id: 1,
             addr: "a:1".into(),
         }
@@ -634,6 +768,7 @@ mod tests {
         ));
         // Records that decode one by one but together break an invariant.
         let node2 = Replica {
+            protocol: 0,
             node_id: 2,
             addr: "a:1".into(),
         }

@@ -217,6 +217,7 @@ mod tests {
         let e = Error::not_leader(
             3,
             Some(Replica {
+                protocol: 0,
                 node_id: 2,
                 addr: "127.0.0.1:1".into(),
             }),

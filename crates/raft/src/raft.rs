@@ -783,9 +783,23 @@ impl<S: Storage> Raft<S> {
         {
             return Err(Error::Malformed("index, term or commit out of range"));
         }
-        // A member accepts messages from members only; a node outside its own
-        // configuration (just added, not yet caught up) accepts them from anyone.
-        if self.is_member() && !self.conf.contains(m.from) {
+        // A member refuses votes and answers from nodes outside its configuration; a
+        // node outside its own (just added, not yet caught up) accepts them from anyone.
+        // A leader's messages at a term not below ours are taken from anyone: a member
+        // that has not applied the change adding that leader (it lags) must still hear
+        // it, or it could never catch up while that node leads. Safe: one leader per
+        // term, whatever the configurations (single-server changes).
+        let from_leader = matches!(
+            m.kind,
+            MessageType::Append
+                | MessageType::Heartbeat
+                | MessageType::Snapshot
+                | MessageType::TimeoutNow
+                | MessageType::Hibernate
+                | MessageType::ReadIndexResponse
+        );
+        if self.is_member() && !self.conf.contains(m.from) && !(from_leader && m.term >= self.term)
+        {
             return Err(Error::UnknownPeer {
                 kind: m.kind,
                 from: m.from,

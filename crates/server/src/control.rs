@@ -65,7 +65,8 @@ error_reply!(
     GetRoutesResponse,
     GetClusterResponse,
     HeartbeatResponse,
-    TransferLeaderResponse
+    TransferLeaderResponse,
+    AddReplicaResponse
 );
 
 /// The gRPC answer to a request: its response, or one reporting its error (gRPC
@@ -277,15 +278,25 @@ impl MetaService {
         Ok(view)
     }
 
-    /// Starts the transfer of `group`'s leadership to `to` here (the meta leader) and
-    /// waits until the view shows `to` leading: as soon as the target's node reports it
-    /// (its next heartbeat after the transfer), within `timeout`.
-    async fn local_transfer_leader(
+    /// Starts an operator here (the meta leader) with `start` and waits until it is
+    /// done, within `timeout`: `start` returns false once there is nothing left to do
+    /// (asking again for an operator under way is not an error). Errors that time
+    /// mends (no leader yet, another operator on the group; a node not heard from or an
+    /// unreported replica while this meta leader is new) are waited out; the others
+    /// are refusals. `late` says where it stands when the time is up.
+    async fn run_operator<T>(
         &self,
         group: u64,
-        to: u64,
         timeout: Duration,
-    ) -> Result<proto::TransferLeaderResponse, PErr> {
+        start: impl Fn(
+            &phoenix_meta::MetaState,
+            &phoenix_meta::LeaderView,
+            &mut phoenix_meta::Operators,
+        ) -> Result<bool, phoenix_meta::OperatorError>,
+        done: impl Fn(&phoenix_meta::MetaState) -> T,
+        late: impl Fn(&Shared) -> String,
+    ) -> Result<T, PErr> {
+        use phoenix_meta::OperatorError as E;
         // The answer must leave time to travel back through a forwarding node.
         let deadline = tokio::time::Instant::now() + timeout * 4 / 5;
         self.read_index(timeout).await?;
@@ -300,16 +311,11 @@ impl MetaService {
                 let meta = self.shared.meta.read();
                 let lv = self.shared.leader_view.lock();
                 let mut ops = self.shared.operators.lock();
-                ops.transfer_leader(
-                    &meta,
-                    &lv,
-                    group,
-                    to,
-                    Instant::now(),
-                    phoenix_meta::Origin::Request,
-                )
+                match start(&meta, &lv, &mut ops) {
+                    Ok(false) => return Ok(done(&meta)),
+                    other => other,
+                }
             };
-            use phoenix_meta::OperatorError as E;
             // A meta leader new in office hears every node within ALIVE_WITHIN: until
             // then a node looks down and a replica unreported for want of a heartbeat.
             let young = self
@@ -317,43 +323,86 @@ impl MetaService {
                 .meta_leader_since
                 .lock()
                 .is_none_or(|t| t.elapsed() < phoenix_meta::ALIVE_WITHIN);
+            let in_time = tokio::time::Instant::now() < deadline;
             match started {
-                Ok(false) => {
-                    return Ok(proto::TransferLeaderResponse {
-                        error: None,
-                        leader_node_id: to,
-                    })
+                Ok(_) => {}
+                Err(e @ (E::NoLeader(_) | E::Busy { .. })) if in_time => {
+                    tracing::debug!(group, "operator waits: {e}");
                 }
-                Ok(true) => {}
-                // Waited out: another operator ends within its timeout, a leader is
-                // elected, a young view fills.
-                Err(e @ (E::NoLeader(_) | E::Busy { .. }))
-                    if tokio::time::Instant::now() < deadline =>
+                Err(e @ (E::NodeDown(_) | E::ReplicaNotReported { .. } | E::OldMetaMember(_)))
+                    if young && in_time =>
                 {
-                    tracing::debug!(group, to, "transfer waits: {e}");
-                }
-                Err(e @ (E::NodeDown(_) | E::ReplicaNotReported { .. }))
-                    if young && tokio::time::Instant::now() < deadline =>
-                {
-                    tracing::debug!(group, to, "transfer waits for heartbeats: {e}");
+                    tracing::debug!(group, "operator waits for heartbeats: {e}");
                 }
                 Err(e @ (E::NoLeader(_) | E::Busy { .. })) => {
                     return Err(PErr::group_unavailable(group, e))
                 }
                 Err(e) => return Err(PErr::invalid_argument(e.to_string())),
             }
-            if tokio::time::Instant::now() >= deadline {
-                let leader = self.shared.leader_view.lock().leader(group).unwrap_or(0);
+            if !in_time {
                 return Err(PErr::group_unavailable(
                     group,
-                    format!(
-                        "leadership not on node {to} within {} ms (leader: node {leader})",
-                        timeout.as_millis()
-                    ),
+                    format!("{} within {} ms", late(&self.shared), timeout.as_millis()),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Adds a replica of `group` on node `to` ([`run_operator`](Self::run_operator)):
+    /// done when the routing table lists it as a voter.
+    async fn local_add_replica(
+        &self,
+        group: u64,
+        to: u64,
+        timeout: Duration,
+    ) -> Result<proto::AddReplicaResponse, PErr> {
+        let members: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
+        self.run_operator(
+            group,
+            timeout,
+            |meta, lv, ops| ops.add_replica(meta, lv, &members, group, to, Instant::now()),
+            |meta| proto::AddReplicaResponse {
+                error: None,
+                route: meta.routes().get(&group).cloned(),
+            },
+            |shared| {
+                let step = shared
+                    .operators
+                    .lock()
+                    .add_step(group)
+                    .map_or("ended".to_string(), |s| format!("{s:?}"));
+                format!("replica on node {to} not a voter (still under way: {step})")
+            },
+        )
+        .await
+    }
+
+    /// Moves `group`'s leadership to `to` ([`run_operator`](Self::run_operator)): done
+    /// when the view shows `to` leading, as soon as the target's node reports it.
+    async fn local_transfer_leader(
+        &self,
+        group: u64,
+        to: u64,
+        timeout: Duration,
+    ) -> Result<proto::TransferLeaderResponse, PErr> {
+        self.run_operator(
+            group,
+            timeout,
+            |meta, lv, ops| {
+                let origin = phoenix_meta::Origin::Request;
+                ops.transfer_leader(meta, lv, group, to, Instant::now(), origin)
+            },
+            |_| proto::TransferLeaderResponse {
+                error: None,
+                leader_node_id: to,
+            },
+            |shared| {
+                let leader = shared.leader_view.lock().leader(group).unwrap_or(0);
+                format!("leadership not on node {to} (leader: node {leader})")
+            },
+        )
+        .await
     }
 
     async fn heartbeat_local(
@@ -377,7 +426,7 @@ impl MetaService {
             base: (r.report_base != 0).then_some(r.report_base),
             removed: r.removed_groups,
         };
-        let (held, commands, disk_full_nodes) = {
+        let (held, commands, disk_full_nodes, nodes) = {
             let meta = self.shared.meta.read();
             let mut lv = self.shared.leader_view.lock();
             let held = lv.record_report(
@@ -397,7 +446,8 @@ impl MetaService {
             let mut ops = self.shared.operators.lock();
             settle_operators(&mut ops, &meta, &lv);
             commands.extend(ops.commands_for(&lv, r.node_id));
-            (held, commands, lv.disk_full_nodes())
+            let nodes: Vec<proto::Replica> = meta.nodes().values().cloned().collect();
+            (held, commands, lv.disk_full_nodes(), nodes)
         };
         Ok(proto::HeartbeatResponse {
             error: None,
@@ -405,6 +455,7 @@ impl MetaService {
             routes_version: self.meta_applied(),
             report_held: held,
             disk_full_nodes,
+            nodes,
         })
     }
 }
@@ -491,6 +542,31 @@ impl proto::meta_server::Meta for MetaService {
         )
     }
 
+    async fn add_replica(
+        &self,
+        req: Request<proto::AddReplicaRequest>,
+    ) -> Result<Response<proto::AddReplicaResponse>, Status> {
+        let r = req.into_inner();
+        reply(
+            async {
+                let timeout = timeout_of(r.timeout_ms)?;
+                if r.group_id == META_GROUP || r.node_id == 0 {
+                    return Err(PErr::invalid_argument(
+                        "add-replica needs a data group and a node id (not 0)",
+                    ));
+                }
+                let (group, to) = (r.group_id, r.node_id);
+                self.leader_or_forward(
+                    timeout,
+                    self.local_add_replica(group, to, timeout),
+                    |mut c| async move { c.add_replica(r).await },
+                )
+                .await
+            }
+            .await,
+        )
+    }
+
     async fn heartbeat(
         &self,
         req: Request<proto::HeartbeatRequest>,
@@ -540,6 +616,15 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
             epoch: v.route.epoch,
             stopped: v.failed.clone().unwrap_or_default(),
             hibernating: v.hibernating,
+            conf_version: v.route.conf_version,
+            voters: v
+                .route
+                .replicas
+                .iter()
+                .map(|r| r.node_id)
+                .filter(|id| !v.route.learners.contains(id))
+                .collect(),
+            learners: v.route.learners.clone(),
         })
         .collect();
     let es = shared.engine.stats();
@@ -552,6 +637,7 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
         available_bytes: Some(shared.disk.available()).filter(|a| *a != u64::MAX),
         disk_full: shared.disk.is_full(),
         stopping: shared.stopping.load(std::sync::atomic::Ordering::Relaxed),
+        protocol: phoenix_meta::PROTOCOL,
     };
     (stats, replicas)
 }
@@ -624,6 +710,14 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
             Ok(r) => match r.error {
                 None => {
                     shared.disk.set_full_nodes(r.disk_full_nodes);
+                    if !r.nodes.is_empty() {
+                        let mut a = shared.addrs.write();
+                        for n in &r.nodes {
+                            if n.node_id != 0 && !n.addr.is_empty() {
+                                a.insert(n.node_id, n.addr.clone());
+                            }
+                        }
+                    }
                     for c in r.commands {
                         use proto::placement_command::Cmd;
                         let event = match c.cmd {
@@ -635,6 +729,21 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
                                 group: t.group_id,
                                 to: t.to_node,
                             }),
+                            Some(Cmd::ChangePeer(c)) => {
+                                match proto::ChangePeerKind::try_from(c.kind) {
+                                    Ok(
+                                        k @ (proto::ChangePeerKind::AddLearner
+                                        | proto::ChangePeerKind::AddVoter),
+                                    ) => Some(Event::ChangePeer {
+                                        group: c.group_id,
+                                        node: c.node_id,
+                                        voter: k == proto::ChangePeerKind::AddVoter,
+                                        conf_version: c.conf_version,
+                                    }),
+                                    // A kind this node predates.
+                                    _ => None,
+                                }
+                            }
                             // A command this node predates.
                             None => None,
                         };
@@ -680,12 +789,12 @@ fn settle_operators(
 ) {
     for (group, outcome) in ops.settle(meta, lv, Instant::now()) {
         match outcome {
-            phoenix_meta::Outcome::Done => tracing::debug!(group, "leader transfer done"),
+            phoenix_meta::Outcome::Done => tracing::debug!(group, "operator done"),
             phoenix_meta::Outcome::GivenUp => {
-                tracing::info!(group, "leader transfer given up (not done in time)")
+                tracing::info!(group, "operator given up (not done in time)")
             }
             phoenix_meta::Outcome::Cancelled(why) => {
-                tracing::info!(group, "leader transfer cancelled: {why}")
+                tracing::info!(group, "operator cancelled: {why}")
             }
         }
     }
@@ -718,8 +827,39 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
             }
         }
         bootstrap(&svc).await;
+        update_routes(&svc).await;
         if shared.cfg.balance_leaders {
             balance(&shared);
+        }
+    }
+}
+
+/// Proposes the route updates that bring the routing table up to the memberships the
+/// groups' leaders report (`phoenix_meta::route_updates`).
+async fn update_routes(svc: &MetaService) {
+    let cmds = {
+        let meta = svc.shared.meta.read();
+        let lv = svc.shared.leader_view.lock();
+        let members: Vec<u64> = svc.shared.cfg.meta.iter().map(|m| m.id).collect();
+        // Every meta replica must apply the command the same way.
+        if meta
+            .member_behind(&members, phoenix_meta::PROTOCOL)
+            .is_some()
+        {
+            return;
+        }
+        phoenix_meta::route_updates(&meta, &lv)
+    };
+    for cmd in cmds {
+        let g = match &cmd.cmd {
+            Some(proto::meta_command::Cmd::UpdateRoute(r)) => r.group_id,
+            _ => 0,
+        };
+        match svc.propose(cmd, Duration::from_secs(5)).await {
+            Ok(ApplyResult::Done) => tracing::info!(group = g, "route membership updated"),
+            // (Another update of the same membership got there first.)
+            Ok(other) => tracing::debug!(group = g, "route update refused: {other:?}"),
+            Err(e) => tracing::warn!(group = g, "route update failed: {e}"),
         }
     }
 }

@@ -138,6 +138,7 @@ impl Forwarder {
             let mut e = PErr::not_leader(
                 to.group,
                 Some(proto::Replica {
+                    protocol: 0,
                     node_id: to.leader,
                     addr: to.addr.clone(),
                 }),

@@ -5,7 +5,10 @@
 //! namespace    := 'd' (user data: rest = user key) | 's' (system keys of the group)
 //! system keys  := "applied"  → applied_index: u64 BE ‖ applied_term: u64 BE
 //!                 "conf"     → voters_count: u32 BE ‖ voter: u64 BE * ‖ learners_count: u32 BE ‖ learner: u64 BE *
+//!                 "confidx"  → conf_version: u64 BE (index of the last membership change
+//!                              applied, written with "conf"; absent: none yet)
 //!                 "sess/" ‖ client_id: u64 BE → a client session (apply.rs, `Session`)
+//!                 "sweep"    → log time of the last session expiry sweep (apply.rs)
 //! ```
 //!
 //! The "applied" sentinel is written in the same engine batch as the entries it
@@ -53,6 +56,16 @@ pub fn applied_key(g: u64) -> Vec<u8> {
 /// The group's membership key.
 pub fn conf_key(g: u64) -> Vec<u8> {
     sys_key(g, b"conf")
+}
+
+/// The group's membership version key: the index of the last membership change applied.
+pub fn conf_version_key(g: u64) -> Vec<u8> {
+    sys_key(g, b"confidx")
+}
+
+/// Decodes a membership version; `None` if the value is not 8 bytes.
+pub fn decode_conf_version(v: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(v.try_into().ok()?))
 }
 
 /// System key prefix of the client sessions of group `g` (apply.rs).

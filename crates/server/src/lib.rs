@@ -118,11 +118,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
                 .meta
                 .iter()
                 .map(|m| proto::Replica {
+                    protocol: 0,
                     node_id: m.id,
                     addr: m.addr.clone(),
                 })
                 .collect(),
             leader_node_id: 0,
+            conf_version: 0,
+            learners: Vec::new(),
             leader_addr: String::new(),
         }])?;
     }

@@ -99,6 +99,7 @@ mod tests {
     fn register(id: u64, addr: &str) -> Vec<u8> {
         MetaCommand {
             cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                protocol: 0,
                 node_id: id,
                 addr: addr.into(),
             })),
@@ -137,6 +138,7 @@ mod tests {
             group_id: 1,
             epoch: 1,
             replicas: vec![Replica {
+                protocol: 0,
                 node_id: 1,
                 addr: "h:1".into(),
             }],

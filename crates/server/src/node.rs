@@ -112,6 +112,19 @@ pub enum Event {
         /// Node of the replica to lead it.
         to: u64,
     },
+    /// The meta leader asks to change the membership of `group` (if led here and its
+    /// applied membership is still `conf_version`): add `node` as a learner, or as a
+    /// voter (promote it).
+    ChangePeer {
+        /// Group.
+        group: u64,
+        /// The node added.
+        node: u64,
+        /// As a voter (else a learner).
+        voter: bool,
+        /// The membership version the change was decided on.
+        conf_version: u64,
+    },
     /// The node is stopping: hand every group it leads to a follower, then answer
     /// (when none is led here any more, or after [`HAND_OFF_MAX`]).
     HandOff(tokio::sync::oneshot::Sender<()>),
@@ -385,8 +398,21 @@ impl Driver {
             Some(v) => keys::decode_conf(&v).ok_or_else(|| {
                 crate::Error::Corruption(format!("group {g}: malformed membership {v:?}"))
             })?,
-            None => phoenix_raft::ConfState::with_voters(route.replicas.iter().map(|r| r.node_id)),
+            // Fresh: the route's membership (a new group's, or the one a replica added
+            // to a group is created with; entries it then applies from the log change
+            // each member to its final state whatever the start).
+            None => phoenix_raft::ConfState {
+                voters: route
+                    .replicas
+                    .iter()
+                    .map(|r| r.node_id)
+                    .filter(|id| !route.learners.contains(id))
+                    .collect(),
+                learners: route.learners.clone(),
+            },
         };
+        let conf_version = conf_version(db, g)?.unwrap_or(route.conf_version);
+        let route = route_with_conf(&self.shared, route, &conf, conf_version);
         let storage = GroupStorage::open(Arc::clone(&self.shared.log), g, applied, conf)?;
         let raw = RawNode::new(&raft_config(&self.shared, applied.0), storage)?;
         tracing::info!(group = g, applied = applied.0, "opened replica");
@@ -733,6 +759,43 @@ impl Driver {
                 "disk full: handing leaderships to followers with room"
             );
         }
+    }
+
+    /// Proposes adding `node` to group `g` (as a voter or a learner) if this node leads
+    /// it, its membership is still at `conf_version` and does not have the change yet.
+    /// Raft refuses it while another change is not applied; the meta leader asks again.
+    fn change_peer(&mut self, g: u64, node: u64, voter: bool, conf_version: u64) {
+        let Some(p) = self.peers.get_mut(&g) else {
+            return;
+        };
+        if p.failed.is_some()
+            || p.raw.raft().role() != StateRole::Leader
+            || p.route.conf_version != conf_version
+        {
+            return;
+        }
+        let conf = p.raw.raft().conf_state();
+        let done = if voter {
+            conf.voters.contains(&node)
+        } else {
+            conf.voters.contains(&node) || conf.learners.contains(&node)
+        };
+        if done {
+            return;
+        }
+        let cc = if voter {
+            ConfChange::AddVoter(node)
+        } else {
+            ConfChange::AddLearner(node)
+        };
+        match p.raw.propose_conf_change(cc) {
+            Ok(index) => tracing::info!(group = g, index, "proposed {cc:?} (meta's request)"),
+            Err(e) if is_storage(&e) => {
+                return self.fail_group(g, format!("proposing {cc:?}: {e}"));
+            }
+            Err(e) => tracing::debug!(group = g, "{cc:?} not proposed: {e}"),
+        }
+        self.touch(g);
     }
 
     /// One tick of the awake groups. A leader idle for `hibernate_ticks` puts its group
@@ -1091,6 +1154,12 @@ impl Driver {
                     tracing::info!(group, to = t, "handing leadership over (meta's request)");
                 }
             }
+            Event::ChangePeer {
+                group,
+                node,
+                voter,
+                conf_version,
+            } => self.change_peer(group, node, voter, conf_version),
             Event::HandOff(done) => {
                 self.stopping = true;
                 let groups = self.hand_off_leaders();
@@ -1357,9 +1426,16 @@ fn publish_view(shared: &Shared, p: &mut Peer) {
     let r = p.raw.raft();
     let mut groups = shared.groups.write();
     let v = groups.entry(p.group).or_default();
-    // A replica's route is fixed when it is opened: compare the cheap fields (a full
-    // comparison of replica lists was 6% of the driver at 10,000 groups).
-    if v.route.group_id != p.route.group_id || v.route.epoch != p.route.epoch {
+    // A replica's route changes with its epoch or membership version: compare those
+    // (a full comparison of replica lists was 6% of the driver at 10,000 groups).
+    // (Replaying older changes keeps the version but changes the members: every change
+    // changes the count of replicas or the learners.)
+    if v.route.group_id != p.route.group_id
+        || v.route.epoch != p.route.epoch
+        || v.route.conf_version != p.route.conf_version
+        || v.route.replicas.len() != p.route.replicas.len()
+        || v.route.learners != p.route.learners
+    {
         v.route.clone_from(&p.route);
     }
     v.leader = r.leader();
@@ -1500,7 +1576,54 @@ fn install_files(
             check(names::INSTALL_AFTER_SUFFIX, node).map_err(|e| e.to_string())
         })
         .map_err(|e| crate::Error::Raft(e.into()))?;
+    // The membership is the snapshot's now, at the version its files carry.
+    let version = conf_version(&shared.engine, g)?.unwrap_or(0);
+    let route = std::mem::take(&mut p.route);
+    p.route = route_with_conf(shared, route, &meta.conf, version);
     Ok(())
+}
+
+/// The membership version group `g` persisted (None: it applied no change yet).
+fn conf_version(db: &phoenix_engine::Db, g: u64) -> crate::Result<Option<u64>> {
+    match db.get(&ReadOptions::default(), &keys::conf_version_key(g))? {
+        None => Ok(None),
+        Some(v) => keys::decode_conf_version(&v).map(Some).ok_or_else(|| {
+            crate::Error::Corruption(format!("group {g}: malformed membership version {v:?}"))
+        }),
+    }
+}
+
+/// `route` with the membership `conf` at `version`: voters then learners, each with the
+/// address this node knows for it (else the one the route had).
+fn route_with_conf(
+    shared: &Shared,
+    mut route: proto::Route,
+    conf: &phoenix_raft::ConfState,
+    version: u64,
+) -> proto::Route {
+    let addrs = shared.addrs.read();
+    let old: HashMap<u64, String> = route
+        .replicas
+        .iter()
+        .map(|r| (r.node_id, r.addr.clone()))
+        .collect();
+    route.replicas = conf
+        .voters
+        .iter()
+        .chain(&conf.learners)
+        .map(|&id| proto::Replica {
+            protocol: 0,
+            node_id: id,
+            addr: addrs
+                .get(&id)
+                .or_else(|| old.get(&id))
+                .cloned()
+                .unwrap_or_default(),
+        })
+        .collect();
+    route.learners = conf.learners.clone();
+    route.conf_version = version;
+    route
 }
 
 /// Applies committed entries of one group as ONE engine batch carrying the group's
@@ -1554,8 +1677,19 @@ fn apply_round(
                     Ok(cs) => {
                         a.batch_mut()
                             .put(&keys::conf_key(g), &keys::encode_conf(&cs));
-                        conf = Some(cs);
+                        // (A replica created with a newer membership replays older
+                        // changes: its version does not go back.)
+                        let before = conf.as_ref().map_or(p.route.conf_version, |(_, v)| *v);
+                        let version = before.max(e.index);
+                        a.batch_mut()
+                            .put(&keys::conf_version_key(g), &version.to_be_bytes());
+                        conf = Some((cs, version));
                         ApplyResult::Done
+                    }
+                    // Raft took the new membership in memory, then failed to read its
+                    // log: the group stops; the entry is applied again after a restart.
+                    Err(err) if is_storage(&err) => {
+                        return Err(crate::Error::Raft(err));
                     }
                     Err(err) => ApplyResult::Refused(format!("conf change: {err}")),
                 },
@@ -1591,8 +1725,18 @@ fn apply_round(
     if let Some((index, term)) = a.finish(engine)? {
         p.raw.store_mut().set_applied(index, term);
     }
-    if let Some(cs) = conf {
+    if let Some((cs, version)) = conf {
+        let route = std::mem::take(&mut p.route);
+        p.route = route_with_conf(shared, route, &cs, version);
         p.raw.store_mut().set_conf(cs);
+        tracing::info!(
+            group = g,
+            version,
+            voters = ?p.route.replicas.iter().map(|r| r.node_id).filter(|id| !p.route.learners.contains(id)).collect::<Vec<_>>(),
+            learners = ?p.route.learners,
+            "membership changed"
+        );
+        publish_view(shared, p);
     }
     Ok(())
 }

@@ -90,6 +90,7 @@ impl Shared {
             return None;
         }
         Some(proto::Replica {
+            protocol: 0,
             node_id: id,
             addr: self.addrs.read().get(&id).cloned().unwrap_or_default(),
         })

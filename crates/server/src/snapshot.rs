@@ -380,16 +380,23 @@ pub async fn receive(
             .snapshot
             .as_ref()
             .map(|s| {
-                s.meta
-                    .conf
-                    .voters
+                let c = &s.meta.conf;
+                c.voters
                     .iter()
+                    .chain(&c.learners)
                     .map(|&id| shared.replica_of(id).unwrap_or_default())
                     .collect()
             })
             .unwrap_or_default(),
         leader_node_id: msg.from,
         leader_addr: shared.addr_of(msg.from).unwrap_or_default(),
+        // (The install takes the version the snapshot's files carry.)
+        conf_version: 0,
+        learners: msg
+            .snapshot
+            .as_ref()
+            .map(|s| s.meta.conf.learners.clone())
+            .unwrap_or_default(),
     };
     tracing::info!(
         group = g,

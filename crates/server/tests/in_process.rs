@@ -1647,3 +1647,167 @@ async fn the_balancer_spreads_leaders_over_the_nodes() {
         n.stop().await;
     }
 }
+
+async fn add_replica(addr: &str, group: u64, node: u64) -> proto::AddReplicaResponse {
+    meta_client(addr)
+        .await
+        .add_replica(proto::AddReplicaRequest {
+            group_id: group,
+            node_id: node,
+            timeout_ms: 30_000,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// A replica added on a fourth node joins as a learner, catches up by snapshot (the
+/// leader's log is truncated past what it would need), is promoted, and the routing
+/// table lists it as a voter at a new membership version; it holds every write, can
+/// lead the group, and keeps its membership across a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_added_on_another_node_catches_up_and_votes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(4);
+    // Nodes 1-3 host the meta group; node 4 only data.
+    let meta: Vec<MetaMember> = meta[..3].to_vec();
+    let metrics: Vec<String> = (0..4)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let cfg = |i: usize| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        c.metrics_listen = Some(metrics[i].clone());
+        // Small memtables flush often, so the persisted applied index advances and the
+        // logs are cut.
+        c.memtable_bytes = 64 << 10;
+        c.log_keep_entries = 5;
+        c.log_truncate_interval = Duration::from_millis(100);
+        c
+    };
+    let mut nodes: Vec<Option<Node>> = (0..4).map(|i| Some(start(cfg(i)))).collect();
+    let route = wait_route(&addrs).await;
+    let g = route.group_id;
+    let on: Vec<u64> = route.replicas.iter().map(|r| r.node_id).collect();
+    let new = (1..=4u64).find(|n| !on.contains(n)).unwrap();
+    let value = vec![7u8; 1024];
+    for i in 0..200u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), &value).await;
+    }
+    // The leader's log no longer starts at 1: the new replica needs a snapshot.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let groups = cluster_groups(&addrs).await;
+        let first = groups
+            .iter()
+            .flat_map(|gi| gi.replicas.iter())
+            .filter(|r| r.is_leader)
+            .map(|r| r.log_first_index)
+            .max()
+            .unwrap_or(0);
+        if first > 10 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leader's log was not truncated"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Refusals first: an unknown node, the meta group.
+    let r = add_replica(&addrs[0], g, 9).await;
+    let e = r.error.expect("node 9 accepted");
+    assert!(e.to_string().contains("not registered"), "{e}");
+    let r = add_replica(&addrs[0], 0, new).await;
+    assert!(r.error.is_some());
+
+    let t = Instant::now();
+    let r = add_replica(&addrs[3], g, new).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let added = r.route.unwrap();
+    eprintln!(
+        "replica on node {new} added in {:?}: {added:?}",
+        t.elapsed()
+    );
+    let mut ids: Vec<u64> = added.replicas.iter().map(|x| x.node_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![1, 2, 3, 4]);
+    assert!(added.learners.is_empty());
+    assert!(added.conf_version > 0);
+    // Every node's table says so; asking again is answered at once.
+    let table = routes_with_leaders(&addrs[new as usize - 1], 1).await;
+    assert_eq!(table[0].conf_version, added.conf_version);
+    assert_eq!(
+        table[0].epoch, route.epoch,
+        "a membership change keeps the epoch"
+    );
+    let r = add_replica(&addrs[1], g, new).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    // It caught up by a snapshot.
+    let (_, text) = http_get(&metrics[new as usize - 1], "/metrics").await;
+    assert_eq!(
+        sample(
+            &text,
+            "phoenix_snapshots_total",
+            r#"event="installed",result="ok""#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+
+    // It leads the group and serves what was written before it joined.
+    let moved = meta_client(&addrs[0])
+        .await
+        .transfer_leader(proto::TransferLeaderRequest {
+            group_id: g,
+            to_node: new,
+            timeout_ms: 10_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(moved.error.is_none(), "{:?}", moved.error);
+    let at_new = [addrs[new as usize - 1].clone()];
+    for i in [0u32, 99, 199] {
+        assert_eq!(
+            get(&at_new, &route, format!("k{i:04}").as_bytes()).await,
+            Some(value.clone()),
+            "k{i:04} on node {new}"
+        );
+    }
+    put(&at_new, &route, b"after-add", b"v2").await;
+
+    // Restarted, it is still a voter (its membership was persisted) and catches up.
+    if let Some(n) = nodes[new as usize - 1].take() {
+        n.stop().await;
+    }
+    put(&addrs, &route, b"while-down", b"v3").await;
+    nodes[new as usize - 1] = Some(start(cfg(new as usize - 1)));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let groups = cluster_groups(&addrs).await;
+        let reps: Vec<&proto::ReplicaStats> =
+            groups.iter().flat_map(|gi| gi.replicas.iter()).collect();
+        let leader_commit = reps
+            .iter()
+            .filter(|r| r.is_leader)
+            .map(|r| r.commit_index)
+            .max();
+        let mine = reps.iter().find(|r| r.node_id == new);
+        if let (Some(c), Some(m)) = (leader_commit, mine) {
+            if m.applied_index >= c
+                && m.voters.contains(&new)
+                && m.conf_version == added.conf_version
+            {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {new} did not catch up after its restart: {reps:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}

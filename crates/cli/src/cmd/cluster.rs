@@ -19,6 +19,20 @@ pub enum ClusterCmd {
     /// Move a group's leadership to its replica on another node, and wait until it has
     /// moved.
     TransferLeader(TransferLeaderArgs),
+    /// Add a replica of a group on a node (a learner that catches up, then a voter),
+    /// and wait until the routing table lists it as a voter.
+    AddReplica(AddReplicaArgs),
+}
+
+/// Flags of `phoenix cluster add-replica`.
+#[derive(Debug, clap::Args)]
+pub struct AddReplicaArgs {
+    /// The group (an id from `phoenix cluster status`).
+    group: u64,
+    /// The node to hold the new replica.
+    node: u64,
+    #[command(flatten)]
+    conn: Conn,
 }
 
 /// Flags of `phoenix cluster transfer-leader`.
@@ -44,7 +58,34 @@ pub fn run(cmd: ClusterCmd, format: Format) -> Result<Outcome, CmdError> {
     match cmd {
         ClusterCmd::Status(args) => status(args, format),
         ClusterCmd::TransferLeader(args) => transfer_leader(args, format),
+        ClusterCmd::AddReplica(args) => add_replica(args, format),
     }
+}
+
+fn add_replica(args: AddReplicaArgs, format: Format) -> Result<Outcome, CmdError> {
+    runtime()?.block_on(async {
+        let client = Client::new_lazy(args.conn.endpoints.clone(), options(&args.conn))?;
+        let voters = client
+            .add_replica(args.group, args.node)
+            .await
+            .map_err(|e| unreachable_or(&args.conn, e))?;
+        match format {
+            Format::Text => {
+                let list = voters
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let mut out = Stdout::lock();
+                writeln!(out, "group {}: voters {list}", args.group)?;
+                out.flush()?;
+            }
+            Format::Json => {
+                output::print_json(&json!({ "group_id": args.group, "voters": voters }))?
+            }
+        }
+        Ok(Outcome::Done)
+    })
 }
 
 fn transfer_leader(args: TransferLeaderArgs, format: Format) -> Result<Outcome, CmdError> {
@@ -120,6 +161,7 @@ pub fn to_json(s: &ClusterStatus, bytes: Bytes) -> Value {
             m.insert("epoch".into(), g.epoch.into());
             m.insert("leader".into(), json!(g.leader));
             m.insert("replicas".into(), json!(g.replicas));
+            m.insert("learners".into(), json!(g.learners));
             let replicas: Vec<Value> = g
                 .replica_status
                 .iter()
@@ -149,6 +191,7 @@ pub fn to_json(s: &ClusterStatus, bytes: Bytes) -> Value {
                 "group_id": o.group_id,
                 "kind": o.kind,
                 "origin": o.origin,
+                "step": o.step,
                 "from": o.from,
                 "to": o.to,
                 "age_ms": o.age_ms,
@@ -238,10 +281,17 @@ pub fn render(s: &ClusterStatus) -> String {
     );
     for g in &s.groups {
         let range = format!("[{}, {})", key(&g.start, "-inf"), key(&g.end, "+inf"));
+        // A learner is marked "L" (it catches up and does not vote).
         let replicas = g
             .replicas
             .iter()
-            .map(u64::to_string)
+            .map(|id| {
+                if g.learners.contains(id) {
+                    format!("{id}L")
+                } else {
+                    id.to_string()
+                }
+            })
             .collect::<Vec<_>>()
             .join(",");
         let applied = g
@@ -280,19 +330,24 @@ pub fn render(s: &ClusterStatus) -> String {
         let _ = writeln!(out, "\nOPERATORS ({})", s.operators.len());
         let _ = writeln!(
             out,
-            "{:>5}  {:<16} {:<8} {:>5} {:>5} {:>9}",
+            "{:>5}  {:<16} {:<8} {:>5} {:>5} {:>9}  step",
             "group", "kind", "origin", "from", "to", "age"
         );
         for o in &s.operators {
             let _ = writeln!(
                 out,
-                "{:>5}  {:<16} {:<8} {:>5} {:>5} {:>9}",
+                "{:>5}  {:<16} {:<8} {:>5} {:>5} {:>9}  {}",
                 o.group_id,
                 o.kind,
                 o.origin,
-                o.from,
+                if o.from == 0 {
+                    "-".to_string()
+                } else {
+                    o.from.to_string()
+                },
                 o.to,
-                format!("{} ms", o.age_ms)
+                format!("{} ms", o.age_ms),
+                o.step
             );
         }
     }
@@ -325,7 +380,8 @@ mod tests {
                 end: b"m".to_vec(),
                 epoch: 3,
                 leader: None,
-                replicas: vec![1, 2, 3],
+                replicas: vec![1, 2, 3, 4],
+                learners: vec![4],
                 replica_status: vec![ReplicaStatus {
                     node_id: 3,
                     is_leader: false,
@@ -345,6 +401,7 @@ mod tests {
                 from: 3,
                 to: 1,
                 age_ms: 120,
+                step: String::new(),
             }],
         }
     }
@@ -358,7 +415,7 @@ mod tests {
             t.contains("127.0.0.1:7001") && t.contains("3.0 MiB") && t.contains("512 B"),
             "{t}"
         );
-        assert!(t.contains("[-inf, \"m\")") && t.contains("1,2,3"), "{t}");
+        assert!(t.contains("[-inf, \"m\")") && t.contains("1,2,3,4L"), "{t}");
         assert!(
             t.contains("disk free") && t.contains("FULL 100.0 MiB"),
             "{t}"
@@ -390,7 +447,8 @@ mod tests {
         assert_eq!(v["groups"][0]["start"], "");
         assert_eq!(v["groups"][0]["end"], "m");
         assert!(v["groups"][0]["leader"].is_null());
-        assert_eq!(v["groups"][0]["replicas"], json!([1, 2, 3]));
+        assert_eq!(v["groups"][0]["replicas"], json!([1, 2, 3, 4]));
+        assert_eq!(v["groups"][0]["learners"], json!([4]));
         assert_eq!(
             v["groups"][0]["replica_status"][0]["stopped"],
             "log append failed: disk full"

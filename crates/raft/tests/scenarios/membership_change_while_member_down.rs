@@ -76,3 +76,39 @@ fn change_refused_before_leader_commits_in_its_term() {
         .propose_conf_change(ConfChange::AddLearner(4))
         .unwrap();
 }
+
+/// A member down while a node is added and then leads: back, it has not applied the
+/// change adding that leader, yet it takes the leader's appends and catches up (a member
+/// that refused a leader outside its own configuration could never catch up while it
+/// led).
+#[test]
+fn a_lagging_member_catches_up_from_a_leader_added_after_it_went_down() {
+    let mut net = Network::new(&[1, 2, 3], cfg_default);
+    net.campaign(1);
+    net.propose(1, "a").unwrap();
+    net.crash(3);
+    net.add_empty_node(4, ConfChange::AddLearner(4));
+    net.raw(1)
+        .propose_conf_change(ConfChange::AddLearner(4))
+        .unwrap();
+    net.settle();
+    net.tick_all(3);
+    net.raw(1)
+        .propose_conf_change(ConfChange::AddVoter(4))
+        .unwrap();
+    net.settle();
+    net.tick_all(3);
+    assert_eq!(net.node(4).conf.voters, vec![1, 2, 3, 4]);
+    net.raw(1).transfer_leader(4).unwrap();
+    net.settle();
+    assert_eq!(net.leaders(), vec![4]);
+    net.propose(4, "b").unwrap();
+    // Node 3 returns knowing only {1, 2, 3}.
+    net.restart(3);
+    assert_eq!(net.node(3).conf.voters, vec![1, 2, 3]);
+    net.tick_all(10);
+    assert_eq!(net.applied_data(3), vec!["a", "b"]);
+    assert_eq!(net.node(3).conf.voters, vec![1, 2, 3, 4]);
+    // Votes and answers from outside its configuration stay refused (the
+    // malformed-input scenarios).
+}
