@@ -399,8 +399,8 @@ impl Driver {
                 crate::Error::Corruption(format!("group {g}: malformed membership {v:?}"))
             })?,
             // Fresh: the route's membership (a new group's, or the one a replica added
-            // to a group is created with; entries it then applies from the log change
-            // each member to its final state whatever the start).
+            // to a group is created with, at the route's version: `apply_round` skips
+            // the changes at or below it).
             None => phoenix_raft::ConfState {
                 voters: route
                     .replicas
@@ -1672,25 +1672,29 @@ fn apply_round(
     for e in entries {
         a.entry(e.index, e.term);
         let result = match e.kind {
+            // A change at or below the membership version is in the membership already:
+            // a replica created with a route's membership (version V) that is fed the
+            // log from further back skips the older changes instead of replaying them
+            // onto a newer membership. (A replica that applied a change persisted its
+            // version with it, so it never sees that entry again.)
+            EntryKind::ConfChange if e.index <= p.route.conf_version => ApplyResult::Done,
             EntryKind::ConfChange => match ConfChange::decode(&e.data) {
                 Ok(cc) => match p.raw.apply_conf_change(cc) {
                     Ok(cs) => {
                         a.batch_mut()
                             .put(&keys::conf_key(g), &keys::encode_conf(&cs));
-                        // (A replica created with a newer membership replays older
-                        // changes: its version does not go back.)
-                        let before = conf.as_ref().map_or(p.route.conf_version, |(_, v)| *v);
-                        let version = before.max(e.index);
                         a.batch_mut()
-                            .put(&keys::conf_version_key(g), &version.to_be_bytes());
-                        conf = Some((cs, version));
+                            .put(&keys::conf_version_key(g), &e.index.to_be_bytes());
+                        conf = Some((cs, e.index));
                         ApplyResult::Done
                     }
                     // Raft took the new membership in memory, then failed to read its
                     // log: the group stops; the entry is applied again after a restart.
-                    Err(err) if is_storage(&err) => {
+                    Err(err @ phoenix_raft::Error::Storage(_)) => {
                         return Err(crate::Error::Raft(err));
                     }
+                    // (Refused before anything changed, e.g. removing the last voter:
+                    // the membership stays, on every replica alike.)
                     Err(err) => ApplyResult::Refused(format!("conf change: {err}")),
                 },
                 Err(err) => ApplyResult::Refused(format!("conf change: {err}")),

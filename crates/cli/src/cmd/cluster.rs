@@ -31,6 +31,11 @@ pub struct AddReplicaArgs {
     group: u64,
     /// The node to hold the new replica.
     node: u64,
+    /// How long to wait for the replica to become a voter, in milliseconds (it catches
+    /// up first: a few heartbeats, plus a snapshot's transfer). If the time is up the
+    /// addition goes on; `phoenix cluster status` shows its step.
+    #[arg(long = "wait-ms", default_value_t = 120_000)]
+    wait_ms: u64,
     #[command(flatten)]
     conn: Conn,
 }
@@ -64,7 +69,11 @@ pub fn run(cmd: ClusterCmd, format: Format) -> Result<Outcome, CmdError> {
 
 fn add_replica(args: AddReplicaArgs, format: Format) -> Result<Outcome, CmdError> {
     runtime()?.block_on(async {
-        let client = Client::new_lazy(args.conn.endpoints.clone(), options(&args.conn))?;
+        let opts = phoenix_client::ClientOptions {
+            timeout: std::time::Duration::from_millis(args.wait_ms.max(1)),
+            ..options(&args.conn)
+        };
+        let client = Client::new_lazy(args.conn.endpoints.clone(), opts)?;
         let voters = client
             .add_replica(args.group, args.node)
             .await
