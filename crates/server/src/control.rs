@@ -358,6 +358,7 @@ impl MetaService {
         timeout: Duration,
     ) -> Result<proto::AddReplicaResponse, PErr> {
         let members: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
+        operator_target("add-replica", group, to)?;
         self.run_operator(
             group,
             timeout,
@@ -386,6 +387,7 @@ impl MetaService {
         to: u64,
         timeout: Duration,
     ) -> Result<proto::TransferLeaderResponse, PErr> {
+        operator_target("transfer-leader", group, to)?;
         self.run_operator(
             group,
             timeout,
@@ -525,11 +527,6 @@ impl proto::meta_server::Meta for MetaService {
         reply(
             async {
                 let timeout = timeout_of(r.timeout_ms)?;
-                if r.group_id == META_GROUP || r.to_node == 0 {
-                    return Err(PErr::invalid_argument(
-                        "transfer-leader needs a data group and a node id (not 0)",
-                    ));
-                }
                 let (group, to) = (r.group_id, r.to_node);
                 self.leader_or_forward(
                     timeout,
@@ -550,11 +547,6 @@ impl proto::meta_server::Meta for MetaService {
         reply(
             async {
                 let timeout = timeout_of(r.timeout_ms)?;
-                if r.group_id == META_GROUP || r.node_id == 0 {
-                    return Err(PErr::invalid_argument(
-                        "add-replica needs a data group and a node id (not 0)",
-                    ));
-                }
                 let (group, to) = (r.group_id, r.node_id);
                 self.leader_or_forward(
                     timeout,
@@ -779,6 +771,16 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
         })
         .await;
     }
+}
+
+/// Refuses an operator request `what` on the meta group or node 0.
+fn operator_target(what: &str, group: u64, node: u64) -> Result<(), PErr> {
+    if group == META_GROUP || node == 0 {
+        return Err(PErr::invalid_argument(format!(
+            "{what} needs a data group and a node id (not 0)"
+        )));
+    }
+    Ok(())
 }
 
 /// Ends the operators that are done, out of time or impossible now, saying so.

@@ -1576,8 +1576,10 @@ fn install_files(
             check(names::INSTALL_AFTER_SUFFIX, node).map_err(|e| e.to_string())
         })
         .map_err(|e| crate::Error::Raft(e.into()))?;
-    // The membership is the snapshot's now, at the version its files carry.
-    let version = conf_version(&shared.engine, g)?.unwrap_or(0);
+    // The membership is the snapshot's now, at the version its files carry (none: its
+    // sender applied no change either; the version stays, as a restart would read it
+    // from the registry's route).
+    let version = conf_version(&shared.engine, g)?.unwrap_or(p.route.conf_version);
     let route = std::mem::take(&mut p.route);
     p.route = route_with_conf(shared, route, &meta.conf, version);
     Ok(())
@@ -1688,13 +1690,14 @@ fn apply_round(
                         conf = Some((cs, e.index));
                         ApplyResult::Done
                     }
-                    // Raft took the new membership in memory, then failed to read its
-                    // log: the group stops; the entry is applied again after a restart.
-                    Err(err @ phoenix_raft::Error::Storage(_)) => {
+                    // Raft may have taken the new membership in memory before failing
+                    // (reading its log to reach the new member): the group stops, and
+                    // the entry is applied again after a restart. (Removing the last
+                    // voter fails the same way on every replica; leaders never propose
+                    // it.)
+                    Err(err) if is_storage(&err) => {
                         return Err(crate::Error::Raft(err));
                     }
-                    // (Refused before anything changed, e.g. removing the last voter:
-                    // the membership stays, on every replica alike.)
                     Err(err) => ApplyResult::Refused(format!("conf change: {err}")),
                 },
                 Err(err) => ApplyResult::Refused(format!("conf change: {err}")),
