@@ -389,3 +389,95 @@ async fn killed_follower_behind_truncated_log_catches_up_by_snapshot() {
     }
     check_all(&c.live(), &r, &acked).await;
 }
+
+/// The voters of group `g` in the routing table (learners left out), sorted.
+async fn voters(addrs: &[String], g: u64) -> Vec<u64> {
+    let r = route(addrs, Duration::from_secs(30)).await;
+    assert_eq!(r.group_id, g);
+    let mut v: Vec<u64> = r
+        .replicas
+        .iter()
+        .map(|x| x.node_id)
+        .filter(|id| !r.learners.contains(id))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Replicas moved by hand and by repair, with real processes: `phoenix cluster move` (as
+/// a script runs it: JSON out, exit 0) moves a replica off one node onto the spare
+/// fourth; then a node of the group is killed -9 for good and, past `--down-after`, the
+/// meta leader gives the group a replica on the live node it lacks and removes the dead
+/// one. Every acknowledged write stays readable throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_move_on_request_and_away_from_a_dead_node() {
+    let mut c = Cluster::with_args(4, &["--down-after", "3s"]);
+    let r = current_route(&c.addrs).await;
+    let g = r.group_id;
+    let mut acked = Vec::new();
+    for i in 0..50 {
+        let (k, v) = (format!("key{i:05}"), format!("value-{i}"));
+        put(&c.addrs, &r, &k, &v).await;
+        acked.push((k, v));
+    }
+    let on = voters(&c.addrs, g).await;
+    let spare = (1..=4u64).find(|n| !on.contains(n)).unwrap();
+    let from = on[0];
+    let out = Command::new(env!("CARGO_BIN_EXE_phoenix"))
+        .args([
+            "--output",
+            "json",
+            "cluster",
+            "move",
+            "--endpoints",
+            &c.addrs[0],
+        ])
+        .args([g.to_string(), from.to_string(), spare.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster move: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut moved: Vec<u64> = on.iter().copied().filter(|&n| n != from).collect();
+    moved.push(spare);
+    moved.sort_unstable();
+    let mut printed: Vec<u64> = json["voters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    printed.sort_unstable();
+    assert_eq!(printed, moved, "{json}");
+    assert_eq!(voters(&c.addrs, g).await, moved);
+    check_all(&c.addrs, &r, &acked).await;
+
+    // A node of the group dies for good: `from` (hosting nothing now) takes its place.
+    let dead = moved[0];
+    c.kill9(dead as usize - 1);
+    let t = Instant::now();
+    let mut want: Vec<u64> = moved.iter().copied().filter(|&n| n != dead).collect();
+    want.push(from);
+    want.sort_unstable();
+    loop {
+        let now = voters(&c.live(), g).await;
+        if now == want {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "group {g} not repaired 60 s after node {dead} died: voters {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!(
+        "node {dead} killed: group {g} repaired in {:?}",
+        t.elapsed()
+    );
+    check_all(&c.live(), &r, &acked).await;
+    put(&c.live(), &r, "after-repair", "v").await;
+}

@@ -1614,13 +1614,45 @@ impl Client {
                 },
             )
             .await?;
-        let route = r.route.unwrap_or_default();
-        Ok(route
-            .replicas
-            .iter()
-            .map(|x| x.node_id)
-            .filter(|id| !route.learners.contains(id))
-            .collect())
+        Ok(voters_of(r.route.unwrap_or_default()))
+    }
+
+    /// Removes the replica of `group` on node `node` (its leadership is moved to
+    /// another voter first; the node may be down) and waits until the routing table no
+    /// longer lists it; the node then drops the replica's data. Returns the group's
+    /// voters then. The group's last voter cannot be removed.
+    pub async fn remove_replica(&self, group: u64, node: NodeId) -> Result<Vec<NodeId>> {
+        let r = self
+            .meta_call(
+                "remove_replica",
+                self.timeout * 3 / 4,
+                |mut meta, t| async move {
+                    let req = pb::RemoveReplicaRequest {
+                        group_id: group,
+                        node_id: node,
+                        timeout_ms: t,
+                    };
+                    let mut r = meta.remove_replica(req).await?.into_inner();
+                    Ok((r.error.take(), r))
+                },
+            )
+            .await?;
+        Ok(voters_of(r.route.unwrap_or_default()))
+    }
+
+    /// Moves the replica of `group` on node `from` to node `to`: adds `to` (a learner
+    /// that catches up, then a voter), then removes `from`: one membership change at a
+    /// time, so the group keeps a quorum throughout. Each step has the client's
+    /// timeout. If the removal fails, `to` stays a voter (the group has one replica
+    /// more); asking again finishes the move. Returns the group's voters.
+    pub async fn move_replica(&self, group: u64, from: NodeId, to: NodeId) -> Result<Vec<NodeId>> {
+        if from == to {
+            return Err(ClientError::InvalidArgument(format!(
+                "move of group {group}: the replica is on node {to} already"
+            )));
+        }
+        self.add_replica(group, to).await?;
+        self.remove_replica(group, from).await
     }
 
     /// Asks the meta service through the known nodes in turn (each forwards to the
@@ -1772,11 +1804,13 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
             kind: match pb::OperatorKind::try_from(o.kind) {
                 Ok(pb::OperatorKind::TransferLeader) => "transfer-leader".to_string(),
                 Ok(pb::OperatorKind::AddReplica) => "add-replica".to_string(),
+                Ok(pb::OperatorKind::RemoveReplica) => "remove-replica".to_string(),
                 _ => format!("unknown ({})", o.kind),
             },
             origin: match pb::OperatorOrigin::try_from(o.origin) {
                 Ok(pb::OperatorOrigin::Request) => "request".to_string(),
                 Ok(pb::OperatorOrigin::Balance) => "balance".to_string(),
+                Ok(pb::OperatorOrigin::Repair) => "repair".to_string(),
                 _ => format!("unknown ({})", o.origin),
             },
             from: o.from_node,
@@ -1791,6 +1825,16 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
         groups,
         operators,
     }
+}
+
+/// The voters of `route` (its replicas but the learners).
+fn voters_of(route: pb::Route) -> Vec<NodeId> {
+    route
+        .replicas
+        .iter()
+        .map(|x| x.node_id)
+        .filter(|id| !route.learners.contains(id))
+        .collect()
 }
 
 #[cfg(test)]

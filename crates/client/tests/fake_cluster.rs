@@ -524,6 +524,13 @@ impl Meta for Node {
         Err(Status::unimplemented("fake"))
     }
 
+    async fn remove_replica(
+        &self,
+        _req: Request<pb::RemoveReplicaRequest>,
+    ) -> R<pb::RemoveReplicaResponse> {
+        Err(Status::unimplemented("fake"))
+    }
+
     async fn heartbeat(&self, _req: Request<pb::HeartbeatRequest>) -> R<pb::HeartbeatResponse> {
         Err(Status::unimplemented("fake"))
     }

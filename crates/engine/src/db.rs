@@ -548,7 +548,16 @@ impl Db {
     /// touched. Meant for a group that is no longer written; snapshots taken before do
     /// not keep the dropped data.
     pub fn drop_group(&self, g: u64) -> Result<()> {
-        self.inner.drop_group(g)
+        self.inner.drop_groups(&[g])
+    }
+
+    /// [`drop_group`](Self::drop_group) for several groups at once: one write of their
+    /// range tombstones, one flush, one compaction of L0 and one manifest edit deleting
+    /// their files, so dropping many groups costs about what dropping one does. Each
+    /// step is crash-safe on its own as in `drop_group`; a crash part way leaves every
+    /// group either whole-but-tombstoned or dropped, and calling again finishes.
+    pub fn drop_groups(&self, groups: &[u64]) -> Result<()> {
+        self.inner.drop_groups(groups)
     }
 
     /// Adds tables built with [`crate::SstWriter`] (entries at sequence 0, files not
@@ -1238,11 +1247,29 @@ impl Inner {
         }
     }
 
-    fn drop_group(&self, g: u64) -> Result<()> {
-        let (gs, ge) = compaction::group_key_range(g);
-        let ge_key = ge.unwrap_or_else(|| vec![0xff; crate::options::KEY_LEN_MAX]);
+    fn drop_groups(&self, groups: &[u64]) -> Result<()> {
+        let mut groups = groups.to_vec();
+        groups.sort_unstable();
+        groups.dedup();
+        if groups.is_empty() {
+            return Ok(());
+        }
+        // (group, first key, last key of the group) for each.
+        let bounds: Vec<(u64, Vec<u8>, Vec<u8>)> = groups
+            .iter()
+            .map(|&g| {
+                let gs = compaction::group_key_range(g).0;
+                let mut last = group_range(g).0;
+                last.extend_from_slice(&[0xff; 16]);
+                (g, gs, last)
+            })
+            .collect();
         let mut b = WriteBatch::new();
-        b.delete_range(&gs, &ge_key);
+        for &g in &groups {
+            let (gs, ge) = compaction::group_key_range(g);
+            let ge_key = ge.unwrap_or_else(|| vec![0xff; crate::options::KEY_LEN_MAX]);
+            b.delete_range(&gs, &ge_key);
+        }
         self.write_slot(SlotState {
             batch: Some(b),
             sync: true,
@@ -1253,41 +1280,39 @@ impl Inner {
         })?;
         self.flush()?;
         let _c = self.compaction_lock.write();
-        let last_key_of_group = {
-            let mut k = group_range(g).0;
-            k.extend_from_slice(&[0xff; 16]);
-            k
-        };
-        // L0 data of the group goes to L1, where files are cut at group boundaries.
+        // L0 data of the groups goes to L1, where files are cut at group boundaries.
         let v = self.state.lock().vset.current();
-        if !v
-            .overlapping(0, Some(&gs), Some(&last_key_of_group))
-            .is_empty()
+        if bounds
+            .iter()
+            .any(|(_, gs, last)| !v.overlapping(0, Some(gs), Some(last)).is_empty())
         {
             let c = compaction::complete(&v, 0, v.files(0).to_vec(), Reason::Manual);
             drop(v);
             self.run_compaction(&c)?;
         }
-        // Files mixing g with other groups (ingested or tombstone-only ones): rewrite them
-        // down so the group's data meets the tombstone and is dropped or cut out.
-        let v = self.state.lock().vset.current();
-        // Tombstone-only files spanning groups count too: their tombstones over g would
-        // hide what is later ingested there.
-        let mixed = (1..v.num_levels()).any(|l| {
-            v.files(l).iter().any(|f| {
-                f.overlaps_exactly(&gs, &last_key_of_group)
-                    && !(f.min_group == g && f.max_group == g)
-            })
-        });
-        drop(v);
-        if mixed {
-            self.compact_range_locked(Some(&gs), Some(&last_key_of_group))?;
+        // Files mixing a group with other groups (ingested or tombstone-only ones):
+        // rewrite them down so the group's data meets the tombstone and is dropped or
+        // cut out. Tombstone-only files spanning groups count too: their tombstones
+        // over a group would hide what is later ingested there.
+        for (g, gs, last) in &bounds {
+            let v = self.state.lock().vset.current();
+            let mixed = (1..v.num_levels()).any(|l| {
+                v.files(l).iter().any(|f| {
+                    f.overlaps_exactly(gs, last) && !(f.min_group == *g && f.max_group == *g)
+                })
+            });
+            drop(v);
+            if mixed {
+                self.compact_range_locked(Some(gs), Some(last))?;
+            }
         }
         let st = self.state.lock();
         let v = st.vset.current();
         let mut edit = VersionEdit::default();
-        for (level, f) in v.group_only_files(g) {
-            edit.deleted_files.push((level, f.number));
+        for &g in &groups {
+            for (level, f) in v.group_only_files(g) {
+                edit.deleted_files.push((level, f.number));
+            }
         }
         drop(v);
         if edit.deleted_files.is_empty() {

@@ -60,11 +60,15 @@ fn fill(db: &Db) -> u64 {
 }
 
 fn check_after_drop(db: &Db, dropped: u64) {
+    check_after_drops(db, &[dropped]);
+}
+
+fn check_after_drops(db: &Db, dropped: &[u64]) {
     let ro = ReadOptions::default();
     for g in 0..GROUPS {
         for i in (0..keys_in(g)).step_by(7) {
             let got = db.get(&ro, &key(g, i)).unwrap();
-            if g == dropped {
+            if dropped.contains(&g) {
                 assert_eq!(got, None, "dropped group {g} key {i} still visible");
             } else {
                 assert_eq!(got, Some(vec![b'v'; 100]), "group {g} key {i} lost");
@@ -75,12 +79,15 @@ fn check_after_drop(db: &Db, dropped: u64) {
     it.seek_to_first();
     let mut n = 0;
     while it.valid() {
-        assert_ne!(phoenix_engine::key::group_of(it.key()), dropped);
+        assert!(!dropped.contains(&phoenix_engine::key::group_of(it.key())));
         n += 1;
         it.next();
     }
     it.status().unwrap();
-    let want: u64 = (0..GROUPS).filter(|&g| g != dropped).map(keys_in).sum();
+    let want: u64 = (0..GROUPS)
+        .filter(|g| !dropped.contains(g))
+        .map(keys_in)
+        .sum();
     assert_eq!(n, want);
 }
 
@@ -115,6 +122,42 @@ fn drop_group_after_compaction_frees_its_share_and_touches_nothing_else() {
         names_after.difference(&names_before).collect::<Vec<_>>()
     );
     check_after_drop(&db, g);
+    db.close().unwrap();
+}
+
+/// Several groups dropped at once cost one flush (not one each), free the groups'
+/// shares, leave the others readable, and stay dropped through a reopen.
+#[test]
+fn drop_groups_frees_several_groups_with_one_flush() {
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = mem.clone();
+    let dir = Path::new("/dg");
+    let db = Db::open(Arc::clone(&fs), dir, opts()).unwrap();
+    let total = fill(&db);
+    db.flush().unwrap();
+    let before = mem.total_file_bytes(dir);
+    // Some of every group in the memtable too.
+    for g in 0..GROUPS {
+        db.put(&WriteOptions::default(), &key(g, 0), &[b'v'; 100])
+            .unwrap();
+    }
+    let flushes = db.stats().flushes;
+    let dropped = [1, 3, 5];
+    db.drop_groups(&dropped).unwrap();
+    assert_eq!(db.stats().flushes, flushes + 1, "one flush for the drop");
+    check_after_drops(&db, &dropped);
+    let after = mem.total_file_bytes(dir);
+    let share =
+        before as f64 * dropped.iter().map(|&g| keys_in(g)).sum::<u64>() as f64 / total as f64;
+    let freed = before as f64 - after as f64;
+    assert!(
+        (freed - share).abs() <= 0.10 * share,
+        "freed {freed} bytes, the groups' share is {share:.0} (before {before}, after {after})"
+    );
+    db.close().unwrap();
+    drop(db);
+    let db = Db::open(Arc::clone(&fs), dir, opts()).unwrap();
+    check_after_drops(&db, &dropped);
     db.close().unwrap();
 }
 

@@ -164,6 +164,30 @@ pub enum OperatorError {
     /// The node is not registered.
     #[error("node {0} is not registered")]
     UnknownNode(u64),
+    /// Removing the replica would leave the group without a voter.
+    #[error("the replica of group {group} on node {node} is its last voter")]
+    LastVoter {
+        /// The group.
+        group: u64,
+        /// The node asked for.
+        node: u64,
+    },
+    /// Without the replica, fewer than a quorum of the group's voters would be alive:
+    /// the group could commit the removal and then nothing more.
+    #[error(
+        "removing node {node} from group {group} would leave {live} of its {voters} \
+         other voters alive, not a quorum"
+    )]
+    NoQuorumAfter {
+        /// The group.
+        group: u64,
+        /// The node asked for.
+        node: u64,
+        /// Voters left that are alive.
+        live: usize,
+        /// Voters left.
+        voters: usize,
+    },
     /// Another operator is under way on the group.
     #[error("group {group} already has an operator under way (to node {to})")]
     Busy {

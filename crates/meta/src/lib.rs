@@ -9,8 +9,9 @@
 //!   rebuilt from its records; replay-safe;
 //! - [`liveness`]: the meta leader's soft state from heartbeats — liveness, node stats,
 //!   replica states, group leaders;
-//! - [`operator`]: the meta leader's operators (leader transfers, replica additions)
-//!   and the leader balancer that starts transfers;
+//! - [`operator`]: the meta leader's operators (leader transfers, replica additions
+//!   and removals) and the leader balancer that starts transfers;
+//! - [`repair`]: which replicas of down nodes to replace, and with what;
 //! - [`schedule`]: decisions — bootstrap placement (one group, or one per range between
 //!   split keys), placement commands for heartbeats, node registration, and the route
 //!   and cluster views served to clients;
@@ -20,12 +21,16 @@
 pub mod error;
 pub mod liveness;
 pub mod operator;
+pub mod repair;
 pub mod schedule;
 pub mod state;
 
 pub use error::{Error, OperatorError, Refusal, Result};
 pub use liveness::{LeaderView, Report, ALIVE_WITHIN};
-pub use operator::{balance_leaders, AddStep, Operators, Origin, Outcome, BALANCE_INFLIGHT_MAX};
+pub use operator::{
+    balance_leaders, AddStep, Operators, Origin, Outcome, RemoveStep, BALANCE_INFLIGHT_MAX,
+};
+pub use repair::{down_nodes, repair_replicas, RepairMove, REPAIR_INFLIGHT_MAX};
 pub use schedule::{
     bootstrap_plan, cluster_view, even_split_keys, place, placement_commands, registration,
     route_table, route_updates, routes_view, split_ranges, INITIAL_GROUPS_MAX,

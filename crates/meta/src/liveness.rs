@@ -145,6 +145,14 @@ impl LeaderView {
             .is_some_and(|m| m.contains_key(&group))
     }
 
+    /// The latest stats of every replica `node` reported, by group id.
+    pub fn hosted(&self, node: u64) -> impl Iterator<Item = &ReplicaStats> {
+        self.replicas
+            .get(&node)
+            .into_iter()
+            .flat_map(|m| m.values())
+    }
+
     /// The latest stats of every reported replica of `group`, by node id.
     pub fn replicas_of(&self, group: u64) -> Vec<ReplicaStats> {
         let mut out: Vec<ReplicaStats> = self

@@ -13,7 +13,15 @@
 //!   catches up from the log or a snapshot; once it reports being within
 //!   [`PROMOTE_LAG_MAX`] entries of the leader's commit the leader is told to promote
 //!   it; done when the routing table lists it as a voter. Each command names the
-//!   membership it was decided on (its conf version), so a stale one is ignored.
+//!   membership it was decided on (its conf version), so a stale one is ignored;
+//! - replica removals (`phoenix cluster remove-replica`): if the node leads the group,
+//!   its leadership is moved to the most caught-up running voter first (a leader could
+//!   remove itself, but the group would wait an election for a new one); then the
+//!   leader is told to remove the node; done when the routing table, following the
+//!   leader's report, no longer lists it. The node then drops its data when its
+//!   heartbeat answer says the table left it out ([`crate::placement_commands`]). A
+//!   removal goes on while the node is down: replacing a dead node's replicas is what
+//!   it is for.
 //!
 //! One operator per group at a time.
 //!
@@ -56,6 +64,40 @@ pub const ADD_TIMEOUT: Duration = Duration::from_secs(120);
 /// promoted to a voter: a voter far behind would weaken the quorum until it caught up.
 pub const PROMOTE_LAG_MAX: u64 = 100;
 
+/// Longest a remove-replica operator runs.
+pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where a remove-replica operator stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoveStep {
+    /// The node leads the group: its leadership moves to another voter first.
+    MoveLeader,
+    /// The leader is asked to remove the node.
+    Remove,
+    /// Out of the membership; the routing table is to follow.
+    Route,
+}
+
+impl RemoveStep {
+    fn name(self) -> &'static str {
+        match self {
+            RemoveStep::MoveLeader => "move leader away",
+            RemoveStep::Remove => "remove",
+            RemoveStep::Route => "update route",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Remove {
+    node: u64,
+    started: Instant,
+    step: RemoveStep,
+    /// The command the group's leader gets for the step (None: it waits).
+    command: Option<placement_command::Cmd>,
+    origin: Origin,
+}
+
 /// Where an add-replica operator stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AddStep {
@@ -85,6 +127,7 @@ struct Add {
     to: u64,
     started: Instant,
     step: AddStep,
+    origin: Origin,
 }
 
 /// Who started an operator.
@@ -94,6 +137,18 @@ pub enum Origin {
     Request,
     /// The leader balancer.
     Balance,
+    /// Replica repair ([`crate::repair_replicas`]).
+    Repair,
+}
+
+impl Origin {
+    fn wire(self) -> OperatorOrigin {
+        match self {
+            Origin::Request => OperatorOrigin::Request,
+            Origin::Balance => OperatorOrigin::Balance,
+            Origin::Repair => OperatorOrigin::Repair,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -120,6 +175,7 @@ pub enum Outcome {
 pub struct Operators {
     transfers: BTreeMap<u64, Transfer>,
     adds: BTreeMap<u64, Add>,
+    removes: BTreeMap<u64, Remove>,
     /// (group, target) pairs whose transfer failed lately, with when.
     failed: HashMap<(u64, u64), Instant>,
 }
@@ -148,6 +204,9 @@ impl Operators {
         if let Some(a) = self.adds.get(&group) {
             return Err(OperatorError::Busy { group, to: a.to });
         }
+        if let Some(r) = self.removes.get(&group) {
+            return Err(OperatorError::Busy { group, to: r.node });
+        }
         let from = view.leader(group).ok_or(OperatorError::NoLeader(group))?;
         if from == to {
             return Ok(false);
@@ -168,6 +227,7 @@ impl Operators {
     /// Starts adding a replica of `group` on node `to` (a learner, then a voter).
     /// Returns false (and starts nothing) when the routing table lists `to` as a voter
     /// already; asking again for an addition under way is not an error.
+    #[allow(clippy::too_many_arguments)] // what, where, when and why: all needed
     pub fn add_replica(
         &mut self,
         state: &MetaState,
@@ -176,6 +236,7 @@ impl Operators {
         group: u64,
         to: u64,
         now: Instant,
+        origin: Origin,
     ) -> Result<bool, OperatorError> {
         if let Some(m) = state.member_behind(meta_members, crate::PROTOCOL) {
             return Err(OperatorError::OldMetaMember(m));
@@ -197,6 +258,9 @@ impl Operators {
         if let Some(t) = self.transfers.get(&group) {
             return Err(OperatorError::Busy { group, to: t.to });
         }
+        if let Some(r) = self.removes.get(&group) {
+            return Err(OperatorError::Busy { group, to: r.node });
+        }
         if is_voter(route, to) {
             return Ok(false);
         }
@@ -208,6 +272,68 @@ impl Operators {
                 to,
                 started: now,
                 step: AddStep::AddLearner,
+                origin,
+            },
+        );
+        Ok(true)
+    }
+
+    /// Starts removing the replica of `group` on `node` (voter or learner). Returns
+    /// false (and starts nothing) when the routing table does not list it; asking again
+    /// for a removal under way is not an error. The node need not be alive.
+    #[allow(clippy::too_many_arguments)] // what, where, when and why: all needed
+    pub fn remove_replica(
+        &mut self,
+        state: &MetaState,
+        view: &LeaderView,
+        meta_members: &[u64],
+        group: u64,
+        node: u64,
+        now: Instant,
+        origin: Origin,
+    ) -> Result<bool, OperatorError> {
+        if let Some(m) = state.member_behind(meta_members, crate::PROTOCOL) {
+            return Err(OperatorError::OldMetaMember(m));
+        }
+        let route = state
+            .routes()
+            .get(&group)
+            .ok_or(OperatorError::UnknownGroup(group))?;
+        if let Some(r) = self.removes.get(&group) {
+            return if r.node == node {
+                Ok(true)
+            } else {
+                Err(OperatorError::Busy { group, to: r.node })
+            };
+        }
+        if !route.replicas.iter().any(|r| r.node_id == node) {
+            return Ok(false);
+        }
+        if let Some(t) = self.transfers.get(&group) {
+            return Err(OperatorError::Busy { group, to: t.to });
+        }
+        if let Some(a) = self.adds.get(&group) {
+            return Err(OperatorError::Busy { group, to: a.to });
+        }
+        let voters = route
+            .replicas
+            .iter()
+            .filter(|r| is_voter(route, r.node_id))
+            .count();
+        if is_voter(route, node) && voters <= 1 {
+            return Err(OperatorError::LastVoter { group, node });
+        }
+        quorum_after_removal(route, view, node, now)?;
+        view.leader(group).ok_or(OperatorError::NoLeader(group))?;
+        let (step, command) = remove_step(view, group, node, now);
+        self.removes.insert(
+            group,
+            Remove {
+                node,
+                started: now,
+                step,
+                command,
+                origin,
             },
         );
         Ok(true)
@@ -261,6 +387,28 @@ impl Operators {
             ended.push((g, outcome));
             false
         });
+        self.removes.retain(|&g, r| {
+            let listed = state
+                .routes()
+                .get(&g)
+                .is_some_and(|route| route.replicas.iter().any(|x| x.node_id == r.node));
+            let route = state.routes().get(&g);
+            let outcome = if !listed {
+                Outcome::Done
+            } else if now.saturating_duration_since(r.started) >= REMOVE_TIMEOUT {
+                Outcome::GivenUp
+            } else if let Some(Err(e)) =
+                route.map(|route| quorum_after_removal(route, view, r.node, now))
+            {
+                // Not proposed yet, or not committed: the leader is told nothing more.
+                Outcome::Cancelled(e)
+            } else {
+                (r.step, r.command) = remove_step(view, g, r.node, now);
+                return true;
+            };
+            ended.push((g, outcome));
+            false
+        });
         ended
     }
 
@@ -288,8 +436,14 @@ impl Operators {
             .filter(|(&g, _)| view.leader(g) == Some(node))
             .filter_map(|(&g, a)| add_step(view, g, a.to)?.1)
             .map(placement_command::Cmd::ChangePeer);
+        let removals = self
+            .removes
+            .iter()
+            .filter(|(&g, _)| view.leader(g) == Some(node))
+            .filter_map(|(_, r)| r.command.clone());
         transfers
             .chain(changes)
+            .chain(removals)
             .map(|cmd| PlacementCommand { cmd: Some(cmd) })
             .collect()
     }
@@ -301,12 +455,31 @@ impl Operators {
 
     /// Whether an operator is under way on `group`.
     pub fn busy(&self, group: u64) -> bool {
-        self.transfers.contains_key(&group) || self.adds.contains_key(&group)
+        self.transfers.contains_key(&group)
+            || self.adds.contains_key(&group)
+            || self.removes.contains_key(&group)
+    }
+
+    /// The step of the replica removal under way on `group`, if any.
+    pub fn remove_step(&self, group: u64) -> Option<RemoveStep> {
+        self.removes.get(&group).map(|r| r.step)
     }
 
     /// The step of the replica addition under way on `group`, if any.
     pub fn add_step(&self, group: u64) -> Option<AddStep> {
         self.adds.get(&group).map(|a| a.step)
+    }
+
+    /// Replica additions and removals under way that repair started.
+    pub fn repairing(&self) -> usize {
+        let adds = self.adds.values().filter(|a| a.origin == Origin::Repair);
+        let removes = self.removes.values().filter(|r| r.origin == Origin::Repair);
+        adds.count() + removes.count()
+    }
+
+    /// The node a replica addition under way on `group` adds, if any.
+    pub fn add_target(&self, group: u64) -> Option<u64> {
+        self.adds.get(&group).map(|a| a.to)
     }
 
     /// Transfers under way that the balancer started.
@@ -328,10 +501,7 @@ impl Operators {
                     Operator {
                         group_id: g,
                         kind: OperatorKind::TransferLeader as i32,
-                        origin: match t.origin {
-                            Origin::Request => OperatorOrigin::Request,
-                            Origin::Balance => OperatorOrigin::Balance,
-                        } as i32,
+                        origin: t.origin.wire() as i32,
                         from_node: t.from,
                         to_node: t.to,
                         age_ms: now.saturating_duration_since(t.started).as_millis() as u64,
@@ -346,11 +516,25 @@ impl Operators {
                 Operator {
                     group_id: g,
                     kind: OperatorKind::AddReplica as i32,
-                    origin: OperatorOrigin::Request as i32,
+                    origin: a.origin.wire() as i32,
                     from_node: 0,
                     to_node: a.to,
                     age_ms: now.saturating_duration_since(a.started).as_millis() as u64,
                     step: a.step.name().to_string(),
+                },
+            )
+        }));
+        v.extend(self.removes.iter().map(|(&g, r)| {
+            (
+                r.started,
+                Operator {
+                    group_id: g,
+                    kind: OperatorKind::RemoveReplica as i32,
+                    origin: r.origin.wire() as i32,
+                    from_node: r.node,
+                    to_node: 0,
+                    age_ms: now.saturating_duration_since(r.started).as_millis() as u64,
+                    step: r.step.name().to_string(),
                 },
             )
         }));
@@ -377,6 +561,36 @@ fn placed(state: &MetaState, group: u64, node: u64) -> Result<(), OperatorError>
     } else {
         Ok(())
     }
+}
+
+/// Whether the voters of `route` but `node` would have a quorum alive: a removal
+/// that left fewer could commit (the old membership's quorum may include `node`) and
+/// then leave the group unable to commit anything until they return.
+fn quorum_after_removal(
+    route: &phoenix_proto::Route,
+    view: &LeaderView,
+    node: u64,
+    now: Instant,
+) -> Result<(), OperatorError> {
+    if !is_voter(route, node) {
+        return Ok(());
+    }
+    let rest: Vec<u64> = route
+        .replicas
+        .iter()
+        .map(|r| r.node_id)
+        .filter(|&n| n != node && is_voter(route, n))
+        .collect();
+    let live = rest.iter().filter(|&&n| view.is_alive(n, now)).count();
+    if live < rest.len() / 2 + 1 {
+        return Err(OperatorError::NoQuorumAfter {
+            group: route.group_id,
+            node,
+            live,
+            voters: rest.len(),
+        });
+    }
+    Ok(())
 }
 
 /// Whether `node` may take on work: alive, with disk room, not stopping.
@@ -428,6 +642,54 @@ fn add_step(view: &LeaderView, group: u64, to: u64) -> Option<(AddStep, Option<C
     } else {
         (AddStep::CatchUp, None)
     })
+}
+
+/// Where removing `node` from `group` stands by its leader's last report, with the
+/// command the leader needs for the next step (None when it waits: no leader known, or
+/// no voter able to take the leadership over).
+fn remove_step(
+    view: &LeaderView,
+    group: u64,
+    node: u64,
+    now: Instant,
+) -> (RemoveStep, Option<placement_command::Cmd>) {
+    let Some((leader, rep)) = view
+        .leader(group)
+        .and_then(|l| Some((l, view.replica(l, group)?)))
+    else {
+        return (RemoveStep::Remove, None);
+    };
+    if !rep.voters.contains(&node) && !rep.learners.contains(&node) {
+        return (RemoveStep::Route, None);
+    }
+    if leader == node {
+        // The running voter closest to the commit takes over (ties: lowest id).
+        let to = rep
+            .voters
+            .iter()
+            .filter(|&&v| v != node && check_target(view, group, v, now).is_ok())
+            .filter_map(|&v| Some((view.replica(v, group)?.applied_index, v)))
+            .filter(|&(applied, _)| applied + BALANCE_LAG_MAX >= rep.commit_index)
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        return (
+            RemoveStep::MoveLeader,
+            to.map(|(_, to)| {
+                placement_command::Cmd::TransferLeader(TransferLeader {
+                    group_id: group,
+                    to_node: to,
+                })
+            }),
+        );
+    }
+    (
+        RemoveStep::Remove,
+        Some(placement_command::Cmd::ChangePeer(ChangePeer {
+            group_id: group,
+            node_id: node,
+            kind: ChangePeerKind::Remove as i32,
+            conf_version: rep.conf_version,
+        })),
+    )
 }
 
 /// Whether `node` may take the leadership of `group`: alive, with disk room, not
@@ -557,7 +819,7 @@ fn can_lead(state: &MetaState, view: &LeaderView, group: u64, from: u64, to: u64
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use phoenix_proto::{
         meta_command, CreateGroups, MetaCommand, NodeStats, Replica, ReplicaStats, Route,
@@ -566,7 +828,7 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     /// A meta state with nodes 1..=n and `groups` routes, each on the nodes `place` gives.
-    fn cluster(n: u64, groups: u64, place: impl Fn(u64) -> Vec<u64>) -> MetaState {
+    pub(crate) fn cluster(n: u64, groups: u64, place: impl Fn(u64) -> Vec<u64>) -> MetaState {
         let mut st = MetaState::default();
         let mut index = 0;
         for id in 1..=n {
@@ -616,7 +878,11 @@ mod tests {
 
     /// Node `id`'s report of every replica the state places on it, with `leader_of(g)`
     /// leading (term 1) and all caught up.
-    fn report(st: &MetaState, id: u64, leader_of: &impl Fn(u64) -> u64) -> Vec<ReplicaStats> {
+    pub(crate) fn report(
+        st: &MetaState,
+        id: u64,
+        leader_of: &impl Fn(u64) -> u64,
+    ) -> Vec<ReplicaStats> {
         st.routes()
             .values()
             .filter(|r| r.replicas.iter().any(|x| x.node_id == id))
@@ -633,7 +899,7 @@ mod tests {
     }
 
     /// Every node's [`report`] at `now`.
-    fn view(st: &MetaState, now: Instant, leader_of: impl Fn(u64) -> u64) -> LeaderView {
+    pub(crate) fn view(st: &MetaState, now: Instant, leader_of: impl Fn(u64) -> u64) -> LeaderView {
         let mut v = LeaderView::default();
         for &id in st.nodes().keys() {
             v.record(now, id, NodeStats::default(), &report(st, id, &leader_of));
@@ -913,16 +1179,22 @@ mod tests {
         let v = view(&st, now, |_| 1);
         let mut ops = Operators::default();
         assert_eq!(
-            ops.add_replica(&st, &v, &[], 1, 2, now),
+            ops.add_replica(&st, &v, &[], 1, 2, now, Origin::Request),
             Ok(false),
             "a voter already"
         );
         assert_eq!(
-            ops.add_replica(&st, &v, &[], 1, 9, now),
+            ops.add_replica(&st, &v, &[], 1, 9, now, Origin::Request),
             Err(OperatorError::UnknownNode(9))
         );
-        assert_eq!(ops.add_replica(&st, &v, &[], 1, 4, now), Ok(true));
-        assert_eq!(ops.add_replica(&st, &v, &[], 1, 4, now), Ok(true));
+        assert_eq!(
+            ops.add_replica(&st, &v, &[], 1, 4, now, Origin::Request),
+            Ok(true)
+        );
+        assert_eq!(
+            ops.add_replica(&st, &v, &[], 1, 4, now, Origin::Request),
+            Ok(true)
+        );
         assert_eq!(
             ops.transfer_leader(&st, &v, 1, 2, now, Origin::Request),
             Err(OperatorError::Busy { group: 1, to: 4 })
@@ -1019,7 +1291,7 @@ mod tests {
         let v = view(&st, now, |_| 1);
         let mut ops = Operators::default();
         assert_eq!(
-            ops.add_replica(&st, &v, &[1, 2, 3], 1, 4, now),
+            ops.add_replica(&st, &v, &[1, 2, 3], 1, 4, now, Origin::Request),
             Err(OperatorError::OldMetaMember(1))
         );
         // Members 1 and 2 upgraded and say so in a heartbeat: re-registered.
@@ -1039,10 +1311,13 @@ mod tests {
         }
         // Member 3 still runs the old binary (down or not: its record says so).
         assert_eq!(
-            ops.add_replica(&st, &v, &[1, 2, 3], 1, 4, now),
+            ops.add_replica(&st, &v, &[1, 2, 3], 1, 4, now, Origin::Request),
             Err(OperatorError::OldMetaMember(3))
         );
-        assert_eq!(ops.add_replica(&st, &v, &[1, 2], 1, 4, now), Ok(true));
+        assert_eq!(
+            ops.add_replica(&st, &v, &[1, 2], 1, 4, now, Origin::Request),
+            Ok(true)
+        );
     }
 
     #[test]
@@ -1051,7 +1326,10 @@ mod tests {
         let st = cluster(4, 1, |_| vec![1, 2, 3]);
         let v = view(&st, now, |_| 1);
         let mut ops = Operators::default();
-        assert_eq!(ops.add_replica(&st, &v, &[], 1, 4, now), Ok(true));
+        assert_eq!(
+            ops.add_replica(&st, &v, &[], 1, 4, now, Origin::Request),
+            Ok(true)
+        );
         let later = now + crate::ALIVE_WITHIN;
         let mut v2 = v.clone();
         for id in 1..=3 {
@@ -1069,10 +1347,198 @@ mod tests {
         let st = cluster(4, 1, |_| vec![1, 2, 3]);
         let v = view(&st, now, |_| 1);
         let mut ops = Operators::default();
-        assert_eq!(ops.add_replica(&st, &v, &[], 1, 4, now), Ok(true));
+        assert_eq!(
+            ops.add_replica(&st, &v, &[], 1, 4, now, Origin::Request),
+            Ok(true)
+        );
         assert_eq!(ops.list(now)[0].step, "add learner");
         assert_eq!(
             ops.settle(&st, &v, now + ADD_TIMEOUT),
+            vec![(1, Outcome::GivenUp)]
+        );
+    }
+
+    /// A removal moves the leadership off the node first (to the most caught-up
+    /// running voter), then has the leader remove it, and is done once the routing
+    /// table leaves it out; a removal of the last voter is refused, and a node not in
+    /// the table is nothing to do.
+    #[test]
+    fn a_leader_is_removed_after_its_leadership_moves_away() {
+        let now = Instant::now();
+        let mut st = cluster(4, 1, |_| vec![1, 2, 3]);
+        let mut v = view(&st, now, |_| 1);
+        let mut ops = Operators::default();
+        assert_eq!(
+            ops.remove_replica(&st, &v, &[], 1, 4, now, Origin::Request),
+            Ok(false)
+        );
+        assert_eq!(
+            ops.remove_replica(&st, &v, &[], 7, 1, now, Origin::Request),
+            Err(OperatorError::UnknownGroup(7))
+        );
+        assert_eq!(
+            ops.remove_replica(&st, &v, &[], 1, 1, now, Origin::Request),
+            Ok(true)
+        );
+        assert_eq!(
+            ops.remove_replica(&st, &v, &[], 1, 1, now, Origin::Request),
+            Ok(true)
+        );
+        assert_eq!(
+            ops.remove_replica(&st, &v, &[], 1, 2, now, Origin::Request),
+            Err(OperatorError::Busy { group: 1, to: 1 })
+        );
+        assert_eq!(
+            ops.add_replica(&st, &v, &[], 1, 4, now, Origin::Request),
+            Err(OperatorError::Busy { group: 1, to: 1 })
+        );
+        let leader = |v: &mut LeaderView, node: u64, version: u64, voters: &[u64]| {
+            v.record(
+                now,
+                node,
+                NodeStats::default(),
+                &[ReplicaStats {
+                    group_id: 1,
+                    node_id: node,
+                    is_leader: true,
+                    term: 2,
+                    commit_index: 500,
+                    applied_index: 500,
+                    conf_version: version,
+                    voters: voters.to_vec(),
+                    ..ReplicaStats::default()
+                }],
+            );
+        };
+        let follower = |v: &mut LeaderView, node: u64, applied: u64| {
+            v.record(
+                now,
+                node,
+                NodeStats::default(),
+                &[ReplicaStats {
+                    group_id: 1,
+                    node_id: node,
+                    term: 2,
+                    applied_index: applied,
+                    ..ReplicaStats::default()
+                }],
+            );
+        };
+        leader(&mut v, 1, 0, &[1, 2, 3]);
+        follower(&mut v, 2, 490);
+        follower(&mut v, 3, 499);
+        ops.settle(&st, &v, now);
+        assert_eq!(ops.remove_step(1), Some(RemoveStep::MoveLeader));
+        let cmds = ops.commands_for(&v, 1);
+        assert_eq!(
+            cmds,
+            vec![PlacementCommand {
+                cmd: Some(placement_command::Cmd::TransferLeader(TransferLeader {
+                    group_id: 1,
+                    to_node: 3,
+                })),
+            }],
+            "the most caught-up voter takes over"
+        );
+        // Node 3 stopped its replica: node 2 then.
+        v.record(
+            now,
+            3,
+            NodeStats::default(),
+            &[ReplicaStats {
+                group_id: 1,
+                node_id: 3,
+                applied_index: 499,
+                stopped: "disk".into(),
+                ..ReplicaStats::default()
+            }],
+        );
+        ops.settle(&st, &v, now);
+        match &ops.commands_for(&v, 1)[0].cmd {
+            Some(placement_command::Cmd::TransferLeader(t)) => assert_eq!(t.to_node, 2),
+            other => panic!("expected a transfer, got {other:?}"),
+        }
+        // Node 2 leads now: it is told to remove node 1, at its membership version.
+        leader(&mut v, 2, 0, &[1, 2, 3]);
+        ops.settle(&st, &v, now);
+        assert_eq!(ops.remove_step(1), Some(RemoveStep::Remove));
+        assert!(
+            ops.commands_for(&v, 1).is_empty(),
+            "only the leader is told"
+        );
+        let cmds = ops.commands_for(&v, 2);
+        assert_eq!(
+            cmds,
+            vec![PlacementCommand {
+                cmd: Some(placement_command::Cmd::ChangePeer(ChangePeer {
+                    group_id: 1,
+                    node_id: 1,
+                    kind: ChangePeerKind::Remove as i32,
+                    conf_version: 0,
+                })),
+            }]
+        );
+        assert_eq!(ops.list(now)[0].step, "remove");
+        // Removed at 60: the table follows, and the removal is done.
+        leader(&mut v, 2, 60, &[2, 3]);
+        assert_eq!(ops.settle(&st, &v, now), vec![]);
+        assert_eq!(ops.remove_step(1), Some(RemoveStep::Route));
+        assert!(ops.commands_for(&v, 2).is_empty());
+        for cmd in crate::route_updates(&st, &v) {
+            st.apply(st.applied() + 1, &cmd).unwrap();
+        }
+        assert_eq!(st.routes()[&1].conf_version, 60);
+        assert_eq!(ops.settle(&st, &v, now), vec![(1, Outcome::Done)]);
+        // Two voters left: each may go, not both.
+        assert_eq!(
+            ops.remove_replica(&st, &v, &[], 1, 3, now, Origin::Request),
+            Ok(true)
+        );
+        leader(&mut v, 2, 61, &[2]);
+        for cmd in crate::route_updates(&st, &v) {
+            st.apply(st.applied() + 1, &cmd).unwrap();
+        }
+        assert_eq!(ops.settle(&st, &v, now), vec![(1, Outcome::Done)]);
+        assert_eq!(
+            ops.remove_replica(&st, &v, &[], 1, 2, now, Origin::Request),
+            Err(OperatorError::LastVoter { group: 1, node: 2 })
+        );
+    }
+
+    /// A removal goes on while the node is down (that is what repair needs), and is
+    /// given up after its timeout.
+    #[test]
+    fn a_removal_of_a_down_node_goes_on_until_its_timeout() {
+        let now = Instant::now();
+        let st = cluster(3, 1, |_| vec![1, 2, 3]);
+        let v = view(&st, now, |_| 1);
+        let mut ops = Operators::default();
+        let later = now + crate::ALIVE_WITHIN * 2;
+        let mut v2 = v.clone();
+        for id in 1..=2 {
+            let mut r = report(&st, id, &|_| 1);
+            r[0].voters = vec![1, 2, 3];
+            v2.record(later, id, NodeStats::default(), &r);
+        }
+        assert!(!v2.is_alive(3, later));
+        // Node 2 may not go: nodes 1 and 3 would be left, and only one is alive.
+        assert_eq!(
+            ops.remove_replica(&st, &v2, &[], 1, 2, later, Origin::Request),
+            Err(OperatorError::NoQuorumAfter {
+                group: 1,
+                node: 2,
+                live: 1,
+                voters: 2
+            })
+        );
+        assert_eq!(
+            ops.remove_replica(&st, &v2, &[], 1, 3, later, Origin::Request),
+            Ok(true)
+        );
+        assert_eq!(ops.settle(&st, &v2, later), vec![]);
+        assert_eq!(ops.remove_step(1), Some(RemoveStep::Remove));
+        assert_eq!(
+            ops.settle(&st, &v2, later + REMOVE_TIMEOUT),
             vec![(1, Outcome::GivenUp)]
         );
     }

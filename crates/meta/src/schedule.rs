@@ -9,8 +9,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use phoenix_proto::{
-    meta_command, placement_command, CreateGroups, CreateReplica, GetClusterResponse, GroupInfo,
-    HeartbeatRequest, MetaCommand, NodeInfo, PlacementCommand, Replica, Route,
+    meta_command, placement_command, CreateGroups, CreateReplica, DestroyReplica,
+    GetClusterResponse, GroupInfo, HeartbeatRequest, MetaCommand, NodeInfo, PlacementCommand,
+    Replica, Route,
 };
 
 use crate::error::{Error, Result};
@@ -254,7 +255,10 @@ pub fn route_updates(state: &MetaState, view: &LeaderView) -> Vec<MetaCommand> {
 
 /// The placement commands for `node`, given the replicas its reports (recorded in
 /// `view`) say it hosts: create every replica the routing table puts on it that it does
-/// not host.
+/// not host, and destroy every replica it hosts that the table's membership leaves out
+/// (`DestroyReplica`, naming the table's membership version: a replica whose own
+/// membership is newer, e.g. added back since, is not destroyed). A replica reporting
+/// a newer membership than the table's is left alone too: the table follows.
 pub fn placement_commands(
     state: &MetaState,
     view: &LeaderView,
@@ -262,7 +266,7 @@ pub fn placement_commands(
 ) -> Vec<PlacementCommand> {
     // Only the missing routes are copied: a node hosting all of 10,000 groups asks
     // every heartbeat.
-    state
+    let create = state
         .routes()
         .values()
         .filter(|route| {
@@ -272,8 +276,18 @@ pub fn placement_commands(
             cmd: Some(placement_command::Cmd::CreateReplica(CreateReplica {
                 route: Some(route_view(state, view, route)),
             })),
+        });
+    let destroy = view.hosted(node).filter_map(|rep| {
+        let route = state.routes().get(&rep.group_id)?;
+        let listed = route.replicas.iter().any(|x| x.node_id == node);
+        (!listed && rep.conf_version <= route.conf_version).then(|| PlacementCommand {
+            cmd: Some(placement_command::Cmd::DestroyReplica(DestroyReplica {
+                group_id: route.group_id,
+                conf_version: route.conf_version,
+            })),
         })
-        .collect()
+    });
+    create.chain(destroy).collect()
 }
 
 #[cfg(test)]
@@ -313,6 +327,77 @@ mod tests {
             Some(meta_command::Cmd::CreateGroups(cg)) => cg.routes.clone(),
             other => panic!("expected CreateGroups, got {other:?}"),
         }
+    }
+
+    /// A node is told to destroy a replica the table's membership leaves out, unless
+    /// its replica's own membership is newer than the table's.
+    #[test]
+    fn replicas_left_out_of_the_table_are_destroyed() {
+        let now = Instant::now();
+        let mut st = registered(&[1, 2, 3, 4]);
+        let route = |g: u64, nodes: &[u64], version: u64| Route {
+            group_id: g,
+            start_key: Bytes::from(if g == 1 { vec![] } else { vec![b'a' + g as u8] }),
+            end_key: Bytes::from(if g == 1 { vec![b'c'] } else { vec![] }),
+            epoch: 1,
+            replicas: nodes
+                .iter()
+                .map(|&id| Replica {
+                    protocol: 0,
+                    node_id: id,
+                    addr: format!("h:{id}"),
+                })
+                .collect(),
+            conf_version: version,
+            ..Route::default()
+        };
+        let cmd = MetaCommand {
+            cmd: Some(meta_command::Cmd::CreateGroups(CreateGroups {
+                routes: vec![route(1, &[1, 2, 3], 0), route(2, &[1, 2, 3], 0)],
+            })),
+        };
+        st.apply(st.applied() + 1, &cmd).unwrap();
+        // Node 3 left group 1 at 30, group 2 at 40.
+        for (g, v) in [(1, 30), (2, 40)] {
+            let cmd = MetaCommand {
+                cmd: Some(meta_command::Cmd::UpdateRoute(route(g, &[1, 2], v))),
+            };
+            st.apply(st.applied() + 1, &cmd).unwrap();
+        }
+        let rep = |g: u64, version: u64| ReplicaStats {
+            group_id: g,
+            node_id: 3,
+            conf_version: version,
+            ..ReplicaStats::default()
+        };
+        let mut v = LeaderView::default();
+        // Group 1's replica is behind the table (it never applied its removal); group
+        // 2's was added back at 50, which the table has not heard of yet.
+        v.record(now, 3, NodeStats::default(), &[rep(1, 0), rep(2, 50)]);
+        let cmds = placement_commands(&st, &v, 3);
+        assert_eq!(
+            cmds,
+            vec![PlacementCommand {
+                cmd: Some(placement_command::Cmd::DestroyReplica(DestroyReplica {
+                    group_id: 1,
+                    conf_version: 30,
+                })),
+            }]
+        );
+        // Nodes the table lists are told nothing of the kind.
+        v.record(
+            now,
+            1,
+            NodeStats::default(),
+            &[ReplicaStats {
+                group_id: 1,
+                node_id: 1,
+                ..ReplicaStats::default()
+            }],
+        );
+        assert!(placement_commands(&st, &v, 1)
+            .iter()
+            .all(|c| !matches!(c.cmd, Some(placement_command::Cmd::DestroyReplica(_)))));
     }
 
     #[test]

@@ -95,6 +95,9 @@ pub struct Config {
     /// As the meta leader, move leaderships so that every node leads about as many
     /// groups (within 10% of the mean, or one, as far as the placement allows).
     pub balance_leaders: bool,
+    /// As the meta leader, replace the replicas of a node not heard from for this long
+    /// (`phoenix_meta::repair_replicas`); zero: never.
+    pub down_after: Duration,
     /// Address of the metrics endpoint (`GET /metrics`, Prometheus text), if any.
     pub metrics_listen: Option<String>,
     /// Serve the `Faults` service (cut links on request), for fault runs only.
@@ -116,6 +119,11 @@ impl Config {
     /// Free disk space kept by default: room for a few memtable flushes, the log
     /// segments being filled and a compaction's output while writes are refused.
     pub const DEFAULT_RESERVE_SPACE: u64 = 512 << 20;
+
+    /// How long a node is down before its replicas are replaced, by default: a restart
+    /// or a short outage is waited out (TiKV waits 30 min, for a whole store's worth of
+    /// snapshots; a metadata group here is small, and each replaced replica is one).
+    pub const DEFAULT_DOWN_AFTER: Duration = Duration::from_secs(30);
 
     /// Defaults for a node; `listen` is also the advertised address.
     pub fn new(node_id: u64, listen: &str, data_dir: PathBuf, meta: Vec<MetaMember>) -> Config {
@@ -146,6 +154,7 @@ impl Config {
             reserve_space: Self::DEFAULT_RESERVE_SPACE,
             disk_check_interval: Duration::from_millis(250),
             balance_leaders: true,
+            down_after: Self::DEFAULT_DOWN_AFTER,
             metrics_listen: None,
             fault_injection: false,
             unsynced_in_memory: false,
@@ -188,6 +197,10 @@ impl Config {
         }
         if self.value_bytes_max == 0 || self.value_bytes_max > (64 << 20) {
             return bad("value limit must be in 1..=64 MiB");
+        }
+        // A node missing one heartbeat (a pause, a slow disk) is not down.
+        if !self.down_after.is_zero() && self.down_after < 3 * self.heartbeat_interval {
+            return bad("--down-after must be 0 (never) or at least three heartbeat intervals");
         }
         Ok(())
     }

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use phoenix_meta::Origin;
 use phoenix_proto as proto;
 use prost::Message as _;
 use tokio::sync::oneshot;
@@ -66,7 +67,8 @@ error_reply!(
     GetClusterResponse,
     HeartbeatResponse,
     TransferLeaderResponse,
-    AddReplicaResponse
+    AddReplicaResponse,
+    RemoveReplicaResponse
 );
 
 /// The gRPC answer to a request: its response, or one reporting its error (gRPC
@@ -174,6 +176,29 @@ impl MetaService {
             }
         }
         Err(last)
+    }
+
+    /// Serves an operator request within its `timeout_ms`: here (`local`) if this node
+    /// leads the meta group, else forwarded (`call`).
+    async fn serve_operator<T, L, F, Fut>(
+        &self,
+        timeout_ms: u64,
+        local: impl FnOnce(Duration) -> L,
+        call: F,
+    ) -> Result<Response<T>, Status>
+    where
+        T: ErrorReply,
+        L: Future<Output = Result<T, PErr>>,
+        F: Fn(MetaClient) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        reply(
+            async {
+                let timeout = timeout_of(timeout_ms)?;
+                self.leader_or_forward(timeout, local(timeout), call).await
+            }
+            .await,
+        )
     }
 
     /// Sends `event` (built around the reply channel) to the raft driver and waits for
@@ -329,9 +354,12 @@ impl MetaService {
                 Err(e @ (E::NoLeader(_) | E::Busy { .. })) if in_time => {
                     tracing::debug!(group, "operator waits: {e}");
                 }
-                Err(e @ (E::NodeDown(_) | E::ReplicaNotReported { .. } | E::OldMetaMember(_)))
-                    if young && in_time =>
-                {
+                Err(
+                    e @ (E::NodeDown(_)
+                    | E::ReplicaNotReported { .. }
+                    | E::OldMetaMember(_)
+                    | E::NoQuorumAfter { .. }),
+                ) if young && in_time => {
                     tracing::debug!(group, "operator waits for heartbeats: {e}");
                 }
                 Err(e @ (E::NoLeader(_) | E::Busy { .. })) => {
@@ -362,7 +390,17 @@ impl MetaService {
         self.run_operator(
             group,
             timeout,
-            |meta, lv, ops| ops.add_replica(meta, lv, &members, group, to, Instant::now()),
+            |meta, lv, ops| {
+                ops.add_replica(
+                    meta,
+                    lv,
+                    &members,
+                    group,
+                    to,
+                    Instant::now(),
+                    Origin::Request,
+                )
+            },
             |meta| proto::AddReplicaResponse {
                 error: None,
                 route: meta.routes().get(&group).cloned(),
@@ -374,6 +412,39 @@ impl MetaService {
                     .add_step(group)
                     .map_or("ended".to_string(), |s| format!("{s:?}"));
                 format!("replica on node {to} not a voter (still under way: {step})")
+            },
+        )
+        .await
+    }
+
+    /// Removes the replica of `group` on `node` ([`run_operator`](Self::run_operator)):
+    /// done when the routing table no longer lists it.
+    async fn local_remove_replica(
+        &self,
+        group: u64,
+        node: u64,
+        timeout: Duration,
+    ) -> Result<proto::RemoveReplicaResponse, PErr> {
+        let members: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
+        operator_target("remove-replica", group, node)?;
+        self.run_operator(
+            group,
+            timeout,
+            |meta, lv, ops| {
+                let now = Instant::now();
+                ops.remove_replica(meta, lv, &members, group, node, now, Origin::Request)
+            },
+            |meta| proto::RemoveReplicaResponse {
+                error: None,
+                route: meta.routes().get(&group).cloned(),
+            },
+            |shared| {
+                let step = shared
+                    .operators
+                    .lock()
+                    .remove_step(group)
+                    .map_or("ended".to_string(), |s| format!("{s:?}"));
+                format!("replica on node {node} still in the group (under way: {step})")
             },
         )
         .await
@@ -392,8 +463,7 @@ impl MetaService {
             group,
             timeout,
             |meta, lv, ops| {
-                let origin = phoenix_meta::Origin::Request;
-                ops.transfer_leader(meta, lv, group, to, Instant::now(), origin)
+                ops.transfer_leader(meta, lv, group, to, Instant::now(), Origin::Request)
             },
             |_| proto::TransferLeaderResponse {
                 error: None,
@@ -524,19 +594,12 @@ impl proto::meta_server::Meta for MetaService {
         req: Request<proto::TransferLeaderRequest>,
     ) -> Result<Response<proto::TransferLeaderResponse>, Status> {
         let r = req.into_inner();
-        reply(
-            async {
-                let timeout = timeout_of(r.timeout_ms)?;
-                let (group, to) = (r.group_id, r.to_node);
-                self.leader_or_forward(
-                    timeout,
-                    self.local_transfer_leader(group, to, timeout),
-                    |mut c| async move { c.transfer_leader(r).await },
-                )
-                .await
-            }
-            .await,
+        self.serve_operator(
+            r.timeout_ms,
+            |timeout| self.local_transfer_leader(r.group_id, r.to_node, timeout),
+            |mut c| async move { c.transfer_leader(r).await },
         )
+        .await
     }
 
     async fn add_replica(
@@ -544,19 +607,25 @@ impl proto::meta_server::Meta for MetaService {
         req: Request<proto::AddReplicaRequest>,
     ) -> Result<Response<proto::AddReplicaResponse>, Status> {
         let r = req.into_inner();
-        reply(
-            async {
-                let timeout = timeout_of(r.timeout_ms)?;
-                let (group, to) = (r.group_id, r.node_id);
-                self.leader_or_forward(
-                    timeout,
-                    self.local_add_replica(group, to, timeout),
-                    |mut c| async move { c.add_replica(r).await },
-                )
-                .await
-            }
-            .await,
+        self.serve_operator(
+            r.timeout_ms,
+            |timeout| self.local_add_replica(r.group_id, r.node_id, timeout),
+            |mut c| async move { c.add_replica(r).await },
         )
+        .await
+    }
+
+    async fn remove_replica(
+        &self,
+        req: Request<proto::RemoveReplicaRequest>,
+    ) -> Result<Response<proto::RemoveReplicaResponse>, Status> {
+        let r = req.into_inner();
+        self.serve_operator(
+            r.timeout_ms,
+            |timeout| self.local_remove_replica(r.group_id, r.node_id, timeout),
+            |mut c| async move { c.remove_replica(r).await },
+        )
+        .await
     }
 
     async fn heartbeat(
@@ -722,20 +791,29 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
                                 to: t.to_node,
                             }),
                             Some(Cmd::ChangePeer(c)) => {
-                                match proto::ChangePeerKind::try_from(c.kind) {
-                                    Ok(
-                                        k @ (proto::ChangePeerKind::AddLearner
-                                        | proto::ChangePeerKind::AddVoter),
-                                    ) => Some(Event::ChangePeer {
-                                        group: c.group_id,
-                                        node: c.node_id,
-                                        voter: k == proto::ChangePeerKind::AddVoter,
-                                        conf_version: c.conf_version,
-                                    }),
+                                use crate::node::PeerChange;
+                                let change = match proto::ChangePeerKind::try_from(c.kind) {
+                                    Ok(proto::ChangePeerKind::AddLearner) => {
+                                        Some(PeerChange::AddLearner)
+                                    }
+                                    Ok(proto::ChangePeerKind::AddVoter) => {
+                                        Some(PeerChange::AddVoter)
+                                    }
+                                    Ok(proto::ChangePeerKind::Remove) => Some(PeerChange::Remove),
                                     // A kind this node predates.
                                     _ => None,
-                                }
+                                };
+                                change.map(|change| Event::ChangePeer {
+                                    group: c.group_id,
+                                    node: c.node_id,
+                                    change,
+                                    conf_version: c.conf_version,
+                                })
                             }
+                            Some(Cmd::DestroyReplica(d)) => Some(Event::DestroyReplica {
+                                group: d.group_id,
+                                conf_version: d.conf_version,
+                            }),
                             // A command this node predates.
                             None => None,
                         };
@@ -830,6 +908,14 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
         }
         bootstrap(&svc).await;
         update_routes(&svc).await;
+        {
+            let meta = shared.meta.read();
+            let lv = shared.leader_view.lock();
+            settle_operators(&mut shared.operators.lock(), &meta, &lv);
+        }
+        if !shared.cfg.down_after.is_zero() {
+            repair(&shared);
+        }
         if shared.cfg.balance_leaders {
             balance(&shared);
         }
@@ -872,18 +958,52 @@ fn balance(shared: &Shared) {
     let meta = shared.meta.read();
     let lv = shared.leader_view.lock();
     let mut ops = shared.operators.lock();
-    settle_operators(&mut ops, &meta, &lv);
     let room = phoenix_meta::BALANCE_INFLIGHT_MAX.saturating_sub(ops.balancing());
     let moves = phoenix_meta::balance_leaders(&meta, &lv, &ops, now, room);
     let mut started = 0;
     for (group, to) in moves {
-        match ops.transfer_leader(&meta, &lv, group, to, now, phoenix_meta::Origin::Balance) {
+        match ops.transfer_leader(&meta, &lv, group, to, now, Origin::Balance) {
             Ok(_) => started += 1,
             Err(e) => tracing::debug!(group, to, "balancer: {e}"),
         }
     }
     if started > 0 {
         tracing::info!(transfers = started, "balancing leaders");
+    }
+}
+
+/// Starts the replica repairs (`phoenix_meta::repair_replicas`) for the nodes down for
+/// `--down-after`, up to repair's in-flight limit.
+fn repair(shared: &Shared) {
+    use phoenix_meta::RepairMove;
+    let now = Instant::now();
+    let Some(since) = *shared.meta_leader_since.lock() else {
+        return;
+    };
+    let members: Vec<u64> = shared.cfg.meta.iter().map(|m| m.id).collect();
+    let meta = shared.meta.read();
+    let lv = shared.leader_view.lock();
+    let mut ops = shared.operators.lock();
+    let down = phoenix_meta::down_nodes(&meta, &lv, now, since, shared.cfg.down_after);
+    if down.is_empty() {
+        return;
+    }
+    let room = phoenix_meta::REPAIR_INFLIGHT_MAX.saturating_sub(ops.repairing());
+    let moves =
+        phoenix_meta::repair_replicas(&meta, &lv, &ops, now, &down, shared.cfg.replication, room);
+    for m in moves {
+        let started = match m {
+            RepairMove::Add { group, to } => {
+                ops.add_replica(&meta, &lv, &members, group, to, now, Origin::Repair)
+            }
+            RepairMove::Remove { group, node } => {
+                ops.remove_replica(&meta, &lv, &members, group, node, now, Origin::Repair)
+            }
+        };
+        match started {
+            Ok(_) => tracing::info!(?m, down = ?down, "repair: replacing a down node's replica"),
+            Err(e) => tracing::debug!(?m, "repair: {e}"),
+        }
     }
 }
 

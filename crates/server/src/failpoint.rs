@@ -1,6 +1,7 @@
 //! Failpoints at the steps of a replica's life (apply, snapshot install, log truncation,
-//! replica creation). Compiled in only with the `failpoints` feature (the crate's tests
-//! turn it on); otherwise [`check`] is a no-op the optimiser removes.
+//! replica creation, the drop of a removed replica's data). Compiled in only with the
+//! `failpoints` feature (the crate's tests turn it on); otherwise [`check`] is a no-op
+//! the optimiser removes.
 //!
 //! A test turns one on with `fail::cfg(name, "return(<node ids>)")`: the step then fails
 //! with [`crate::Error::Injected`] on those nodes (comma-separated ids; `return` alone:
@@ -26,6 +27,14 @@ pub mod names {
     pub const OPEN_REPLICA: &str = "open_replica";
     /// After a new replica is in the registry, before it is opened.
     pub const CREATE_AFTER_REGISTRY: &str = "create_after_registry";
+    /// After a removed replica's tombstone is in the registry, before the engine drops
+    /// its data.
+    pub const DROP_BEFORE_ENGINE: &str = "drop_before_engine";
+    /// After the engine dropped a removed replica's data, before its log stream goes.
+    pub const DROP_BEFORE_LOG: &str = "drop_before_log";
+    /// After a removed replica's log stream is gone, before the registry records the
+    /// drop done.
+    pub const DROP_BEFORE_DONE: &str = "drop_before_done";
 }
 
 /// Fails with an injected error if failpoint `name` is on for node `node`.

@@ -10,7 +10,9 @@
 //! - [`service`]: the client `Kv` service ([`batch`]: its many-calls stream); [`control`]: the `Meta` service, heartbeats
 //!   and the scheduler's host; [`meta`]: the meta group's state machine (group 0,
 //!   `phoenix_meta`) stored in the engine;
-//! - [`registry`]: the node's list of hosted replicas; [`keys`]: the engine key layout;
+//! - [`registry`]: the node's list of hosted replicas and tombstones of removed ones;
+//!   [`dropper`]: the thread that drops removed replicas' data; [`keys`]: the engine
+//!   key layout;
 //! - [`metrics`]: Prometheus text on `--metrics-listen`;
 //! - [`faults`]: cut links for fault runs (`--fault-injection`); [`disk`]: free space,
 //!   and client writes refused while it is under the reserve.
@@ -26,6 +28,7 @@ pub mod batch;
 pub mod config;
 pub mod control;
 pub mod disk;
+pub mod dropper;
 pub mod error;
 pub mod failpoint;
 pub mod faults;

@@ -95,6 +95,8 @@ pub enum Event {
     Persisted {
         /// Group.
         group: u64,
+        /// The replica's incarnation ([`Peer`] `incarnation`).
+        incarnation: u64,
         /// Ready number.
         number: u64,
         /// Outcome of the append.
@@ -113,23 +115,49 @@ pub enum Event {
         to: u64,
     },
     /// The meta leader asks to change the membership of `group` (if led here and its
-    /// applied membership is still `conf_version`): add `node` as a learner, or as a
-    /// voter (promote it).
+    /// applied membership is still `conf_version`): add `node` as a learner, as a voter
+    /// (promote it), or remove it.
     ChangePeer {
         /// Group.
         group: u64,
-        /// The node added.
+        /// The node added or removed.
         node: u64,
-        /// As a voter (else a learner).
-        voter: bool,
+        /// The change.
+        change: PeerChange,
         /// The membership version the change was decided on.
         conf_version: u64,
+    },
+    /// The meta leader's routing table leaves this node out of `group` at membership
+    /// version `conf_version`: drop the replica (unless its own membership is newer).
+    DestroyReplica {
+        /// Group.
+        group: u64,
+        /// The table's membership version.
+        conf_version: u64,
+    },
+    /// The dropper finished dropping the data of `groups` (or failed).
+    Dropped {
+        /// Groups.
+        groups: Vec<u64>,
+        /// Outcome.
+        result: Result<(), String>,
     },
     /// The node is stopping: hand every group it leads to a follower, then answer
     /// (when none is led here any more, or after [`HAND_OFF_MAX`]).
     HandOff(tokio::sync::oneshot::Sender<()>),
     /// Stop the driver.
     Stop,
+}
+
+/// A membership change the meta leader asks a group's leader for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerChange {
+    /// Add the node as a learner.
+    AddLearner,
+    /// Add the node as a voter (promote a learner).
+    AddVoter,
+    /// Remove the node's replica.
+    Remove,
 }
 
 /// A ready handed out but not yet acknowledged to raft: acknowledgements go in ready
@@ -149,6 +177,10 @@ struct PendingProposal {
 /// One group replica hosted by this node.
 pub struct Peer {
     group: u64,
+    /// Which of the group's replicas on this node, in this process, this is: ready
+    /// numbers start over in a replica created again (removed, then added back), so an
+    /// append completion of the old one must not be taken for the new one's.
+    incarnation: u64,
     raw: RawNode<GroupStorage>,
     route: proto::Route,
     proposals: BTreeMap<u64, PendingProposal>,
@@ -281,6 +313,13 @@ pub struct Driver {
     /// Memory of the session records cached by every replica (apply.rs
     /// `SessionCache`): past [`SESSION_CACHE_BYTES_MAX`] every cache starts over.
     session_records: Arc<std::sync::atomic::AtomicUsize>,
+    /// Drops removed replicas' data off this thread.
+    dropper: crate::dropper::Dropper,
+    /// The next replica opened gets this incarnation.
+    next_incarnation: u64,
+    /// Removed replicas whose drop failed, tried again every heartbeat interval.
+    drop_failed: BTreeSet<u64>,
+    last_drop_retry: Instant,
 }
 
 /// A stop's hand-off under way: group → the followers tried, until when to wait, and
@@ -324,7 +363,7 @@ impl Driver {
     ) -> crate::Result<Driver> {
         let routes: Vec<proto::Route> = registry.routes().cloned().collect();
         let mut d = Driver {
-            shared,
+            shared: Arc::clone(&shared),
             peers: HashMap::new(),
             events,
             next_read_ctx: 1,
@@ -341,7 +380,17 @@ impl Driver {
             handing_off: None,
             stopping: false,
             session_records: Arc::default(),
+            dropper: crate::dropper::Dropper::start(Arc::clone(&shared))?,
+            next_incarnation: 1,
+            drop_failed: BTreeSet::new(),
+            last_drop_retry: Instant::now(),
         };
+        // Drops a crash (or an error) cut short are finished first.
+        let dropping = d.registry.dropping();
+        if !dropping.is_empty() {
+            tracing::info!(groups = ?dropping, "finishing the drop of removed replicas");
+            d.dropper.drop_groups(dropping);
+        }
         for r in routes {
             if let Err(e) = d.open_peer(r.clone()) {
                 d.mark_unopened(r, format!("opening the replica: {e}"));
@@ -413,8 +462,26 @@ impl Driver {
         };
         let conf_version = conf_version(db, g)?.unwrap_or(route.conf_version);
         let route = route_with_conf(&self.shared, route, &conf, conf_version);
+        if let Some(t) = self.registry.tombstone(g) {
+            // Hosted here before: this replica starts from the old one's term and vote,
+            // durably, or it could vote a second time in a term the old one voted in.
+            let hs = self.shared.log.hard_state(g).unwrap_or_default();
+            if hs.term < t.term {
+                let seed = phoenix_log::HardState {
+                    term: t.term,
+                    vote: t.vote,
+                    commit: hs.commit,
+                };
+                self.shared
+                    .log
+                    .append_durable(g, Vec::new(), Some(seed), true)
+                    .wait()?;
+            }
+        }
         let storage = GroupStorage::open(Arc::clone(&self.shared.log), g, applied, conf)?;
         let raw = RawNode::new(&raft_config(&self.shared, applied.0), storage)?;
+        let incarnation = self.next_incarnation;
+        self.next_incarnation += 1;
         tracing::info!(group = g, applied = applied.0, "opened replica");
         self.shared.learn_addrs(&route);
         self.shared.groups.write().insert(
@@ -428,6 +495,7 @@ impl Driver {
             g,
             Box::new(Peer {
                 group: g,
+                incarnation,
                 raw,
                 route,
                 proposals: BTreeMap::new(),
@@ -512,6 +580,140 @@ impl Driver {
         Ok(())
     }
 
+    /// Whether a replica may be created from `route`, with the group's state at
+    /// `version` (a route's membership version, or a snapshot's index), as far as the
+    /// group's tombstone says: not while the old replica's data is being dropped, and
+    /// only from a state past the removal that lists this node again (a stale request or
+    /// snapshot does not bring a removed replica back).
+    fn creatable(&self, route: &proto::Route, version: u64) -> bool {
+        let g = route.group_id;
+        let Some(t) = self.registry.tombstone(g) else {
+            return true;
+        };
+        let me = self.shared.cfg.node_id;
+        let listed = route.replicas.iter().any(|r| r.node_id == me);
+        if t.dropping || version <= t.conf_version || !listed {
+            tracing::debug!(
+                group = g,
+                version,
+                removed_at = t.conf_version,
+                dropping = t.dropping,
+                listed,
+                "not created: removed from this node"
+            );
+            return false;
+        }
+        true
+    }
+
+    /// Drops this node's replica of `g`: the routing table left it out at membership
+    /// version `conf_version`. Skipped if the replica's own membership is newer (added
+    /// back since) or it is being dropped already. The tombstone goes to the registry
+    /// first (durably; on an error nothing is dropped and the meta leader asks again),
+    /// then the replica closes (its waiting requests fail) and the dropper deletes its
+    /// data and log stream; a crash after the tombstone is written redoes the drop at
+    /// the next start.
+    fn destroy_replica(&mut self, g: u64, conf_version: u64) {
+        if g == META_GROUP {
+            return;
+        }
+        let old = self.registry.tombstone(g).cloned();
+        if old.as_ref().is_some_and(|t| t.dropping) {
+            return;
+        }
+        let (local, hs) = match self.peers.get(&g) {
+            Some(p) => (p.route.conf_version, p.raw.raft().hard_state()),
+            None => {
+                let Some(route) = self.registry.routes().find(|r| r.group_id == g) else {
+                    return;
+                };
+                // Not open (it failed to): its membership is what its engine applied,
+                // which may be newer than the route it was created with.
+                let local = match self::conf_version(&self.shared.engine, g) {
+                    Ok(v) => v.unwrap_or(route.conf_version),
+                    Err(e) => {
+                        tracing::warn!(group = g, "not destroyed: reading its membership: {e}");
+                        return;
+                    }
+                };
+                let hs = self.shared.log.hard_state(g).unwrap_or_default();
+                let hs = phoenix_raft::HardState {
+                    term: hs.term,
+                    vote: hs.vote,
+                    commit: hs.commit,
+                };
+                (local, hs)
+            }
+        };
+        if local > conf_version {
+            tracing::debug!(
+                group = g,
+                local,
+                conf_version,
+                "not destroyed: its membership is newer than the table's"
+            );
+            return;
+        }
+        let (old_version, old_term, old_vote) =
+            old.map_or((0, 0, 0), |t| (t.conf_version, t.term, t.vote));
+        let (term, vote) = if hs.term >= old_term {
+            (hs.term, hs.vote)
+        } else {
+            (old_term, old_vote)
+        };
+        let tomb = proto::ReplicaTombstone {
+            group_id: g,
+            conf_version: conf_version.max(old_version),
+            term,
+            vote,
+            dropping: true,
+        };
+        if let Err(e) = self.registry.remove(tomb) {
+            // The file may say either: the replica stops here (no vote past the term
+            // the tombstone may hold); the meta leader asks again.
+            self.fail_group(g, format!("removing the replica from the registry: {e}"));
+            return;
+        }
+        if let Some(mut p) = self.peers.remove(&g) {
+            p.fail_all("replica removed from this node");
+            for d in std::mem::take(&mut p.pending_snapshots).into_values() {
+                crate::snapshot::remove_dir(&d);
+            }
+        }
+        self.awake.remove(&g);
+        self.reads_queued.remove(&g);
+        self.unopened.remove(&g);
+        self.create_failed.remove(&g);
+        self.shared.groups.write().remove(&g);
+        tracing::info!(
+            group = g,
+            conf_version,
+            "replica removed; dropping its data"
+        );
+        self.dropper.drop_groups(vec![g]);
+    }
+
+    /// Records the end of a drop, or queues a retry of a failed one.
+    fn dropped(&mut self, groups: Vec<u64>, result: Result<(), String>) {
+        match result {
+            Ok(()) => {
+                for g in &groups {
+                    self.drop_failed.remove(g);
+                }
+                if let Err(e) = self.registry.dropped(&groups) {
+                    // The file still says dropping: the next start drops them again.
+                    tracing::warn!(groups = ?groups, "recording dropped replicas: {e}");
+                }
+            }
+            Err(_) => {
+                if self.drop_failed.is_empty() {
+                    self.last_drop_retry = Instant::now();
+                }
+                self.drop_failed.extend(groups);
+            }
+        }
+    }
+
     /// Creates the replicas asked for since the last loop, and once per heartbeat
     /// interval those whose creation failed.
     fn create_pending(&mut self) {
@@ -521,7 +723,15 @@ impl Driver {
             self.last_create_retry = Instant::now();
             self.to_create.extend(self.create_failed.values().cloned());
         }
-        let routes = std::mem::take(&mut self.to_create);
+        if !self.drop_failed.is_empty()
+            && self.last_drop_retry.elapsed() >= self.shared.cfg.heartbeat_interval
+        {
+            self.last_drop_retry = Instant::now();
+            let groups: Vec<u64> = std::mem::take(&mut self.drop_failed).into_iter().collect();
+            self.dropper.drop_groups(groups);
+        }
+        let mut routes = std::mem::take(&mut self.to_create);
+        routes.retain(|r| self.creatable(r, r.conf_version));
         if routes.is_empty() {
             return;
         }
@@ -761,10 +971,11 @@ impl Driver {
         }
     }
 
-    /// Proposes adding `node` to group `g` (as a voter or a learner) if this node leads
-    /// it, its membership is still at `conf_version` and does not have the change yet.
-    /// Raft refuses it while another change is not applied; the meta leader asks again.
-    fn change_peer(&mut self, g: u64, node: u64, voter: bool, conf_version: u64) {
+    /// Proposes `change` of `node` in group `g` if this node leads it, its membership
+    /// is still at `conf_version` and does not have the change yet. Raft refuses it
+    /// while another change is not applied, and a removal of the last voter; the meta
+    /// leader asks again.
+    fn change_peer(&mut self, g: u64, node: u64, change: PeerChange, conf_version: u64) {
         let Some(p) = self.peers.get_mut(&g) else {
             return;
         };
@@ -775,18 +986,18 @@ impl Driver {
             return;
         }
         let conf = p.raw.raft().conf_state();
-        let done = if voter {
-            conf.voters.contains(&node)
-        } else {
-            conf.voters.contains(&node) || conf.learners.contains(&node)
+        let done = match change {
+            PeerChange::AddVoter => conf.voters.contains(&node),
+            PeerChange::AddLearner => conf.contains(node),
+            PeerChange::Remove => !conf.contains(node),
         };
         if done {
             return;
         }
-        let cc = if voter {
-            ConfChange::AddVoter(node)
-        } else {
-            ConfChange::AddLearner(node)
+        let cc = match change {
+            PeerChange::AddVoter => ConfChange::AddVoter(node),
+            PeerChange::AddLearner => ConfChange::AddLearner(node),
+            PeerChange::Remove => ConfChange::RemoveNode(node),
         };
         match p.raw.propose_conf_change(cc) {
             Ok(index) => tracing::info!(group = g, index, "proposed {cc:?} (meta's request)"),
@@ -1047,6 +1258,13 @@ impl Driver {
                 dir,
                 route,
             } => {
+                // (The route's membership version is unknown until the files are read:
+                // the snapshot's index stands for the state it carries.)
+                let version = msg.snapshot.as_ref().map_or(0, |s| s.meta.index);
+                if !self.peers.contains_key(&group) && !self.creatable(&route, version) {
+                    crate::snapshot::remove_dir(&dir);
+                    return;
+                }
                 if !self.peers.contains_key(&group) {
                     if let Err(e) = self.create_replicas(vec![route]) {
                         tracing::error!(group, "creating replica for snapshot: {e}");
@@ -1101,13 +1319,14 @@ impl Driver {
             }
             Event::Persisted {
                 group,
+                incarnation,
                 number,
                 result,
             } => {
                 let Some(p) = self.peers.get_mut(&group) else {
                     return;
                 };
-                if p.failed.is_some() {
+                if p.failed.is_some() || p.incarnation != incarnation {
                     return;
                 }
                 if let Err(e) = result {
@@ -1157,9 +1376,14 @@ impl Driver {
             Event::ChangePeer {
                 group,
                 node,
-                voter,
+                change,
                 conf_version,
-            } => self.change_peer(group, node, voter, conf_version),
+            } => self.change_peer(group, node, change, conf_version),
+            Event::DestroyReplica {
+                group,
+                conf_version,
+            } => self.destroy_replica(group, conf_version),
+            Event::Dropped { groups, result } => self.dropped(groups, result),
             Event::HandOff(done) => {
                 self.stopping = true;
                 let groups = self.hand_off_leaders();
@@ -1229,6 +1453,7 @@ impl Driver {
             installed?;
         }
         let number = rd.number();
+        let incarnation = p.incarnation;
         let events = shared.events.clone();
         let submitted = p
             .raw
@@ -1238,6 +1463,7 @@ impl Driver {
                 // A closed channel means the driver stopped: nothing to tell.
                 let _ = events.send(Event::Persisted {
                     group: g,
+                    incarnation,
                     number,
                     result,
                 });

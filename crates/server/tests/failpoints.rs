@@ -589,3 +589,124 @@ async fn a_stopped_leader_hands_its_sleeping_group_over() {
     restart_and_check(c, &route, follower, names::READY_BEFORE_SEND, 20, want).await;
     scenario.teardown();
 }
+
+/// Node 3's replica of the first of two groups is removed while the drop of its data
+/// fails at `step`; returns the cluster, the dropped group's id and the kept group's
+/// route with the writes it acknowledged. Node 3's registry already holds the replica's
+/// tombstone, still marked dropping, and the node no longer reports the replica.
+async fn removal_failing_at(step: &str) -> (Cluster, u64, proto::Route, Vec<(Vec<u8>, Vec<u8>)>) {
+    let c = Cluster::start_split(vec![b"m".to_vec()]);
+    let routes = c.routes(2).await;
+    let (gone, kept) = (routes[0].clone(), routes[1].clone());
+    let (mut w_gone, mut w_kept) = (Vec::new(), Vec::new());
+    // Past a memtable (64 KiB) of the dropped group: some of it is in tables.
+    put_all(&c, &gone, 0, 100, &mut w_gone).await;
+    put_all(&c, &kept, 0, 30, &mut w_kept).await;
+    c.wait_caught_up(gone.group_id, 3).await;
+    fail::cfg(step, "return(3)").unwrap();
+    let r = remove_replica(&c.addrs[0], gone.group_id, 3).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let node3 = c.dir.path().join("node-3");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !phoenix_server::registry::load_tombstones(&node3)
+        .unwrap()
+        .iter()
+        .any(|t| t.group_id == gone.group_id && t.dropping)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no tombstone of group {}",
+            gone.group_id
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Several tries of the drop (one per heartbeat interval), each failing.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let tombs = phoenix_server::registry::load_tombstones(&node3).unwrap();
+    assert!(
+        tombs
+            .iter()
+            .any(|t| t.group_id == gone.group_id && t.dropping),
+        "the drop went through despite {step}: {tombs:?}"
+    );
+    assert!(
+        !phoenix_server::registry::load(&node3)
+            .unwrap()
+            .iter()
+            .any(|r| r.group_id == gone.group_id),
+        "the registry still names the removed replica"
+    );
+    assert_eq!(c.replica(gone.group_id, 3).await, None);
+    (c, gone.group_id, kept, w_kept)
+}
+
+/// The end of a drop scenario: nothing of group `gone` is left on node 3, its kept
+/// group catches up and holds every acknowledged write, and a restart brings nothing
+/// of the dropped group back.
+async fn check_dropped(
+    mut c: Cluster,
+    gone: u64,
+    kept: &proto::Route,
+    mut want: Vec<(Vec<u8>, Vec<u8>)>,
+) {
+    let node3 = c.dir.path().join("node-3");
+    let tomb = wait_dropped(&node3, gone).await;
+    assert!(tomb.term >= 1, "{tomb:?}");
+    put_all(&c, kept, 30, 40, &mut want).await;
+    c.wait_caught_up(kept.group_id, 3).await;
+    c.stop(2).await;
+    assert_eq!(group_left_on_disk(&node3, gone), (0, false));
+    c.restart(2);
+    c.wait_caught_up(kept.group_id, 3).await;
+    assert_eq!(
+        c.replica(gone, 3).await,
+        None,
+        "the dropped replica came back"
+    );
+    let dir = c.dir.path().to_path_buf();
+    c.stop_all().await;
+    assert_eq!(group_left_on_disk(&node3, gone), (0, false));
+    check_engine(&dir, 2, kept.group_id, &want);
+}
+
+/// A removed replica's drop cut short at each of its steps (the step fails, then the
+/// node stops, as a crash there would leave it): the registry's tombstone keeps the
+/// replica from opening again, and the next start finishes the drop: no engine key and
+/// no log stream of the group are left, and the node's other group is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drop_cut_short_at_any_step_is_finished_at_the_next_start() {
+    let _turn = TURN.lock().await;
+    for step in [
+        names::DROP_BEFORE_ENGINE,
+        names::DROP_BEFORE_LOG,
+        names::DROP_BEFORE_DONE,
+    ] {
+        eprintln!("--- drop cut short at {step}");
+        let scenario = fail::FailScenario::setup();
+        let (mut c, gone, kept, want) = removal_failing_at(step).await;
+        let node3 = c.dir.path().join("node-3");
+        c.stop(2).await;
+        let (keys, stream) = group_left_on_disk(&node3, gone);
+        match step {
+            names::DROP_BEFORE_ENGINE => assert!(keys > 0 && stream, "{keys} keys, {stream}"),
+            names::DROP_BEFORE_LOG => assert!(keys == 0 && stream, "{keys} keys, {stream}"),
+            _ => assert!(keys == 0 && !stream, "{keys} keys, {stream}"),
+        }
+        fail::remove(step);
+        c.restart(2);
+        check_dropped(c, gone, &kept, want).await;
+        scenario.teardown();
+    }
+}
+
+/// A drop that fails is tried again while the node runs, and finishes once the fault
+/// is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_drop_is_tried_again_without_a_restart() {
+    let _turn = TURN.lock().await;
+    let scenario = fail::FailScenario::setup();
+    let (c, gone, kept, want) = removal_failing_at(names::DROP_BEFORE_LOG).await;
+    fail::remove(names::DROP_BEFORE_LOG);
+    check_dropped(c, gone, &kept, want).await;
+    scenario.teardown();
+}

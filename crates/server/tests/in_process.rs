@@ -1876,3 +1876,191 @@ async fn replicas_added_from_the_log_replay_older_changes_safely() {
         n.stop().await;
     }
 }
+
+/// Whether some live node's meta service sees node `node` report a replica of `g`
+/// (asked after a few heartbeats).
+async fn reported(addrs: &[String], g: u64, node: u64) -> bool {
+    cluster_groups(addrs)
+        .await
+        .iter()
+        .filter(|gi| gi.route.as_ref().is_some_and(|r| r.group_id == g))
+        .flat_map(|gi| gi.replicas.iter())
+        .any(|r| r.node_id == node)
+}
+
+/// A replica moved off its leader's node (added on a fourth node, then the old one
+/// removed): the leadership moves away first, the table lists the three others at a
+/// newer membership version, and the old node drops the group: no engine key and no
+/// log stream of it are left, and a restart does not bring it back. The writes are all
+/// there on the new membership. Added back later, the node gets a new replica that
+/// catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_moved_off_a_node_is_dropped_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(4);
+    let meta: Vec<MetaMember> = meta[..3].to_vec();
+    let cfg = |i: usize| config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+    let mut nodes: Vec<Option<Node>> = (0..4).map(|i| Some(start(cfg(i)))).collect();
+    let route = wait_route(&addrs).await;
+    let g = route.group_id;
+    let on: Vec<u64> = route.replicas.iter().map(|r| r.node_id).collect();
+    let new = (1..=4u64).find(|n| !on.contains(n)).unwrap();
+    let from = route.leader_node_id;
+    assert!(from != 0);
+    let value = vec![5u8; 512];
+    for i in 0..100u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), &value).await;
+    }
+    let r = add_replica(&addrs[0], g, new).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    // Removing a node that holds no replica is nothing to do.
+    let other = remove_replica(&addrs[1], g, 9).await;
+    assert!(other.error.is_none(), "{:?}", other.error);
+    let t = Instant::now();
+    let r = remove_replica(&addrs[2], g, from).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    eprintln!("replica on node {from} removed in {:?}", t.elapsed());
+    let after = r.route.unwrap();
+    let mut ids: Vec<u64> = after.replicas.iter().map(|x| x.node_id).collect();
+    ids.sort_unstable();
+    let mut want: Vec<u64> = on.iter().copied().filter(|&n| n != from).collect();
+    want.push(new);
+    want.sort_unstable();
+    assert_eq!(ids, want);
+    assert!(after.learners.is_empty());
+    assert_eq!(
+        after.epoch, route.epoch,
+        "a membership change keeps the epoch"
+    );
+    // The old node drops the group and stops reporting it.
+    let from_dir = dir.path().join(format!("node-{from}"));
+    let tomb = wait_dropped(&from_dir, g).await;
+    assert!(
+        tomb.term >= 1 && tomb.conf_version == after.conf_version,
+        "{tomb:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        !reported(&addrs, g, from).await,
+        "node {from} still reports group {g}"
+    );
+    // Every write is there, and the group takes more.
+    for i in [0u32, 50, 99] {
+        assert_eq!(
+            get(&addrs, &after, format!("k{i:04}").as_bytes()).await,
+            Some(value.clone())
+        );
+    }
+    put(&addrs, &after, b"after-move", b"v").await;
+    // On disk: nothing of the group is left on the old node; a restart keeps it so.
+    if let Some(n) = nodes[from as usize - 1].take() {
+        n.stop().await;
+    }
+    assert_eq!(group_left_on_disk(&from_dir, g), (0, false));
+    nodes[from as usize - 1] = Some(start(cfg(from as usize - 1)));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        !reported(&addrs, g, from).await,
+        "node {from} brought group {g} back"
+    );
+    // Added back, the node gets a new replica that catches up.
+    let r = add_replica(&addrs[3], g, from).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let back = r.route.unwrap();
+    assert_eq!(back.replicas.len(), 4);
+    assert!(back.conf_version > after.conf_version);
+    let at_from = [addrs[from as usize - 1].clone()];
+    let moved = meta_client(&addrs[0])
+        .await
+        .transfer_leader(proto::TransferLeaderRequest {
+            group_id: g,
+            to_node: from,
+            timeout_ms: 10_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(moved.error.is_none(), "{:?}", moved.error);
+    assert_eq!(
+        get(&at_from, &back, b"after-move").await,
+        Some(b"v".to_vec())
+    );
+    assert_eq!(get(&at_from, &back, b"k0042").await, Some(value.clone()));
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}
+
+/// A node down longer than `--down-after` has its replicas replaced: the group gets a
+/// replica on the fourth node (added, caught up, promoted), then the down one is
+/// removed; the table lists the three live nodes at a newer membership, every write is
+/// there, and the group takes more. The down node, restarted, drops its old replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_replicas_of_a_node_down_too_long_are_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(4);
+    let meta: Vec<MetaMember> = meta[..3].to_vec();
+    let cfg = |i: usize| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        c.down_after = Duration::from_secs(2);
+        c
+    };
+    let mut nodes: Vec<Option<Node>> = (0..4).map(|i| Some(start(cfg(i)))).collect();
+    let route = wait_route(&addrs).await;
+    let g = route.group_id;
+    let on: Vec<u64> = route.replicas.iter().map(|r| r.node_id).collect();
+    let free = (1..=4u64).find(|n| !on.contains(n)).unwrap();
+    let value = vec![3u8; 256];
+    for i in 0..50u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), &value).await;
+    }
+    // A follower goes down (its leader keeps the group's writes flowing).
+    let dead = *on.iter().find(|&&n| n != route.leader_node_id).unwrap();
+    if let Some(n) = nodes[dead as usize - 1].take() {
+        n.stop().await;
+    }
+    let live: Vec<String> = (1..=4u64)
+        .filter(|&n| n != dead)
+        .map(|n| addrs[n as usize - 1].clone())
+        .collect();
+    let mut want: Vec<u64> = on.iter().copied().filter(|&n| n != dead).collect();
+    want.push(free);
+    want.sort_unstable();
+    let t = Instant::now();
+    let deadline = t + Duration::from_secs(60);
+    let after = loop {
+        let r = wait_route(&live).await;
+        let mut ids: Vec<u64> = r.replicas.iter().map(|x| x.node_id).collect();
+        ids.sort_unstable();
+        if ids == want && r.learners.is_empty() {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {g} not repaired within 60 s: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!(
+        "node {dead} down: its replica of group {g} replaced on node {free} within {:?}",
+        t.elapsed()
+    );
+    assert!(after.conf_version > route.conf_version);
+    assert_eq!(after.epoch, route.epoch);
+    for i in [0u32, 25, 49] {
+        assert_eq!(
+            get(&live, &after, format!("k{i:04}").as_bytes()).await,
+            Some(value.clone())
+        );
+    }
+    put(&live, &after, b"after-repair", b"v").await;
+    // Back, the old node is told the table left it out, and drops the group.
+    nodes[dead as usize - 1] = Some(start(cfg(dead as usize - 1)));
+    let dead_dir = dir.path().join(format!("node-{dead}"));
+    let tomb = wait_dropped(&dead_dir, g).await;
+    assert_eq!(tomb.conf_version, after.conf_version);
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+    assert_eq!(group_left_on_disk(&dead_dir, g), (0, false));
+}

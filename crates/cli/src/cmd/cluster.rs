@@ -1,5 +1,6 @@
 //! `phoenix cluster status`: nodes, groups, leaders, sizes and operators, as the meta
-//! group sees them; `phoenix cluster transfer-leader`: move a group's leadership.
+//! group sees them; `transfer-leader`: move a group's leadership; `add-replica`,
+//! `remove-replica` and `move`: change where a group's replicas are.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -22,6 +23,45 @@ pub enum ClusterCmd {
     /// Add a replica of a group on a node (a learner that catches up, then a voter),
     /// and wait until the routing table lists it as a voter.
     AddReplica(AddReplicaArgs),
+    /// Remove the replica of a group on a node (its leadership moves away first; the
+    /// node may be down), and wait until the routing table no longer lists it. The node
+    /// then drops the replica's data.
+    RemoveReplica(RemoveReplicaArgs),
+    /// Move the replica of a group from one node to another: add the new one (it
+    /// catches up and becomes a voter), then remove the old one.
+    Move(MoveArgs),
+}
+
+/// Flags of `phoenix cluster remove-replica`.
+#[derive(Debug, clap::Args)]
+pub struct RemoveReplicaArgs {
+    /// The group (an id from `phoenix cluster status`).
+    group: u64,
+    /// The node whose replica goes.
+    node: u64,
+    /// How long to wait for the removal, in milliseconds.
+    #[arg(long = "wait-ms", default_value_t = 60_000)]
+    wait_ms: u64,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+/// Flags of `phoenix cluster move`.
+#[derive(Debug, clap::Args)]
+pub struct MoveArgs {
+    /// The group (an id from `phoenix cluster status`).
+    group: u64,
+    /// The node whose replica goes.
+    from: u64,
+    /// The node to hold the new replica.
+    to: u64,
+    /// How long to wait for each of the two steps, in milliseconds (the addition
+    /// includes the new replica's catching up). If the time is up the step goes on;
+    /// asking again finishes the move.
+    #[arg(long = "wait-ms", default_value_t = 120_000)]
+    wait_ms: u64,
+    #[command(flatten)]
+    conn: Conn,
 }
 
 /// Flags of `phoenix cluster add-replica`.
@@ -64,20 +104,31 @@ pub fn run(cmd: ClusterCmd, format: Format) -> Result<Outcome, CmdError> {
         ClusterCmd::Status(args) => status(args, format),
         ClusterCmd::TransferLeader(args) => transfer_leader(args, format),
         ClusterCmd::AddReplica(args) => add_replica(args, format),
+        ClusterCmd::RemoveReplica(args) => remove_replica(args, format),
+        ClusterCmd::Move(args) => move_replica(args, format),
     }
 }
 
-fn add_replica(args: AddReplicaArgs, format: Format) -> Result<Outcome, CmdError> {
+/// The change of `args` (`group`, nodes) made by `change` with a client that waits
+/// `wait_ms`; prints the group's voters then.
+fn membership_change<F, Fut>(
+    conn: &Conn,
+    group: u64,
+    wait_ms: u64,
+    format: Format,
+    change: F,
+) -> Result<Outcome, CmdError>
+where
+    F: FnOnce(Client) -> Fut,
+    Fut: std::future::Future<Output = phoenix_client::Result<Vec<u64>>>,
+{
     runtime()?.block_on(async {
         let opts = phoenix_client::ClientOptions {
-            timeout: std::time::Duration::from_millis(args.wait_ms.max(1)),
-            ..options(&args.conn)
+            timeout: std::time::Duration::from_millis(wait_ms.max(1)),
+            ..options(conn)
         };
-        let client = Client::new_lazy(args.conn.endpoints.clone(), opts)?;
-        let voters = client
-            .add_replica(args.group, args.node)
-            .await
-            .map_err(|e| unreachable_or(&args.conn, e))?;
+        let client = Client::new_lazy(conn.endpoints.clone(), opts)?;
+        let voters = change(client).await.map_err(|e| unreachable_or(conn, e))?;
         match format {
             Format::Text => {
                 let list = voters
@@ -86,14 +137,33 @@ fn add_replica(args: AddReplicaArgs, format: Format) -> Result<Outcome, CmdError
                     .collect::<Vec<_>>()
                     .join(",");
                 let mut out = Stdout::lock();
-                writeln!(out, "group {}: voters {list}", args.group)?;
+                writeln!(out, "group {group}: voters {list}")?;
                 out.flush()?;
             }
-            Format::Json => {
-                output::print_json(&json!({ "group_id": args.group, "voters": voters }))?
-            }
+            Format::Json => output::print_json(&json!({ "group_id": group, "voters": voters }))?,
         }
         Ok(Outcome::Done)
+    })
+}
+
+fn add_replica(args: AddReplicaArgs, format: Format) -> Result<Outcome, CmdError> {
+    let (group, node) = (args.group, args.node);
+    membership_change(&args.conn, group, args.wait_ms, format, |c| async move {
+        c.add_replica(group, node).await
+    })
+}
+
+fn remove_replica(args: RemoveReplicaArgs, format: Format) -> Result<Outcome, CmdError> {
+    let (group, node) = (args.group, args.node);
+    membership_change(&args.conn, group, args.wait_ms, format, |c| async move {
+        c.remove_replica(group, node).await
+    })
+}
+
+fn move_replica(args: MoveArgs, format: Format) -> Result<Outcome, CmdError> {
+    let (group, from, to) = (args.group, args.from, args.to);
+    membership_change(&args.conn, group, args.wait_ms, format, |c| async move {
+        c.move_replica(group, from, to).await
     })
 }
 

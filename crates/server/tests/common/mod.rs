@@ -73,6 +73,8 @@ pub fn config(id: u64, addr: &str, dir: &Path, meta: &[MetaMember], replication:
     // Leaderships stay where elections put them unless a test moves them (the
     // balancer's test turns it on).
     c.balance_leaders = false;
+    // Nor are replicas replaced when a node is stopped (the repair test turns it on).
+    c.down_after = Duration::ZERO;
     c
 }
 
@@ -198,4 +200,80 @@ pub async fn cluster_groups(addrs: &[String]) -> Vec<proto::GroupInfo> {
         }
     }
     Vec::new()
+}
+
+/// What a stopped node (data directory `node_dir`) still holds of group `g`: the
+/// number of its engine keys (data and system keys), and whether its log stream exists.
+pub fn group_left_on_disk(node_dir: &Path, g: u64) -> (usize, bool) {
+    use std::sync::Arc;
+    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    let opts = phoenix_engine::Options {
+        wal: phoenix_engine::WalMode::None,
+        ..Default::default()
+    };
+    // The stopped node's last tasks may hold the files a moment longer.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let db = loop {
+        match phoenix_engine::Db::open(Arc::clone(&fs), &node_dir.join("db"), opts.clone()) {
+            Ok(db) => break db,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("opening {}: {e}; retrying", node_dir.display());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("opening {}: {e}", node_dir.display()),
+        }
+    };
+    let mut it = db.iter(&phoenix_engine::ReadOptions::default()).unwrap();
+    let prefix = g.to_be_bytes();
+    it.seek(&prefix);
+    let mut keys = 0;
+    while it.valid() && it.key().starts_with(&prefix) {
+        keys += 1;
+        it.next();
+    }
+    it.status().unwrap();
+    drop(it);
+    db.close().unwrap();
+    let log = phoenix_log::LogStore::open(
+        Arc::clone(&fs),
+        &node_dir.join("log"),
+        phoenix_log::LogOptions::default(),
+    )
+    .unwrap();
+    let stream = log.streams().contains(&g);
+    log.close().unwrap();
+    (keys, stream)
+}
+
+/// Asks `addr`'s meta service to remove the replica of `group` on `node` (waiting up
+/// to 30 s for it).
+pub async fn remove_replica(addr: &str, group: u64, node: u64) -> proto::RemoveReplicaResponse {
+    proto::meta_client::MetaClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+        .remove_replica(proto::RemoveReplicaRequest {
+            group_id: group,
+            node_id: node,
+            timeout_ms: 30_000,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Waits until node `node`'s registry holds a tombstone of group `g` whose drop is done.
+pub async fn wait_dropped(node_dir: &std::path::Path, g: u64) -> proto::ReplicaTombstone {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let tombs = phoenix_server::registry::load_tombstones(node_dir).unwrap();
+        if let Some(t) = tombs.iter().find(|t| t.group_id == g && !t.dropping) {
+            return *t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: group {g} not dropped: {tombs:?}",
+            node_dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

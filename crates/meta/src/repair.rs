@@ -1,0 +1,388 @@
+//! Replica repair: the meta leader replaces the replicas of nodes down longer than
+//! `--down-after`, as seed 000's MetaServer and TiKV's PD do.
+//!
+//! Decisions only; the [`Operators`] carry them out. The rule is stateless, so a new
+//! meta leader picks up where the last one stopped: for each group whose route lists
+//! a down node (lowest group id first),
+//! - a learner there is removed (it holds no vote: nothing to replace);
+//! - a voter there is removed once the group has `replication` voters on other nodes;
+//! - otherwise a replica is added: on a live learner of the group if it has one (left
+//!   by an addition that gave up), else on the live node hosting the fewest replicas
+//!   (not full, not stopping, not in the group yet); once it is a voter the next pass
+//!   removes the down one. Adding first keeps the group at its number of live voters
+//!   throughout, and a group with no node to add to keeps its down replica (removing
+//!   it would not make the group any safer).
+//!
+//! A group is left alone while an operator is under way on it, or while no live node is
+//! known to lead it (without a quorum no membership change can commit). At most `max`
+//! moves start per pass, so repair does not take every group's leader at once.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::liveness::LeaderView;
+use crate::operator::Operators;
+use crate::state::MetaState;
+
+/// Repair operators under way at most: each catches a replica up (a snapshot, often),
+/// which takes disk and network from client traffic.
+pub const REPAIR_INFLIGHT_MAX: usize = 16;
+
+/// A step of repair the scheduler starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepairMove {
+    /// Add a replica of `group` on node `to`.
+    Add {
+        /// Group.
+        group: u64,
+        /// The node to host the new replica.
+        to: u64,
+    },
+    /// Remove the replica of `group` on the down node `node`.
+    Remove {
+        /// Group.
+        group: u64,
+        /// The down node.
+        node: u64,
+    },
+}
+
+/// The registered nodes down at `now`: not heard from for `down_after` or longer.
+/// A node not heard from since this meta leader took office (`since`) counts as down
+/// from then on: its last heartbeat went to an earlier leader, if anywhere.
+pub fn down_nodes(
+    state: &MetaState,
+    view: &LeaderView,
+    now: Instant,
+    since: Instant,
+    down_after: Duration,
+) -> Vec<u64> {
+    state
+        .nodes()
+        .keys()
+        .copied()
+        .filter(|&n| {
+            let last = view.last_heartbeat(n).map_or(since, |(t, _)| t.max(since));
+            now.saturating_duration_since(last) >= down_after
+        })
+        .collect()
+}
+
+/// The next repair moves (at most `max`) for the groups with a replica on a node of
+/// `down`, as the module doc says. Ties go to the lowest ids: the same view gives the
+/// same moves.
+pub fn repair_replicas(
+    state: &MetaState,
+    view: &LeaderView,
+    ops: &Operators,
+    now: Instant,
+    down: &[u64],
+    replication: usize,
+    max: usize,
+) -> Vec<RepairMove> {
+    if down.is_empty() || max == 0 {
+        return Vec::new();
+    }
+    let is_down = |n: u64| down.contains(&n);
+    // Nodes that may take a replica, with how many they host (or are being given).
+    let mut load: BTreeMap<u64, usize> = view
+        .alive_nodes(state, now)
+        .into_iter()
+        .filter(|&n| !is_down(n))
+        .filter(|&n| {
+            view.last_heartbeat(n)
+                .is_some_and(|(_, s)| !s.disk_full && !s.stopping)
+        })
+        .map(|n| (n, 0))
+        .collect();
+    for (&g, route) in state.routes() {
+        for r in &route.replicas {
+            if let Some(c) = load.get_mut(&r.node_id) {
+                *c += 1;
+            }
+        }
+        if let Some(c) = ops.add_target(g).and_then(|to| load.get_mut(&to)) {
+            *c += 1;
+        }
+    }
+    let mut moves = Vec::new();
+    for (&g, route) in state.routes() {
+        if moves.len() >= max {
+            break;
+        }
+        let Some(dead) = route
+            .replicas
+            .iter()
+            .map(|r| r.node_id)
+            .filter(|&n| is_down(n))
+            // A learner first: it goes without anything to replace.
+            .min_by_key(|&n| (!route.learners.contains(&n), n))
+        else {
+            continue;
+        };
+        if ops.busy(g) || view.leader(g).is_none_or(&is_down) {
+            continue;
+        }
+        let voters_elsewhere = route
+            .replicas
+            .iter()
+            .filter(|r| !is_down(r.node_id) && !route.learners.contains(&r.node_id))
+            .count();
+        if route.learners.contains(&dead) || voters_elsewhere >= replication {
+            moves.push(RepairMove::Remove {
+                group: g,
+                node: dead,
+            });
+            continue;
+        }
+        // A learner left by an addition that gave up (e.g. a snapshot longer than its
+        // time) is promoted rather than left to hold a copy while another node gets one.
+        let learner = route
+            .learners
+            .iter()
+            .copied()
+            .filter(|n| load.contains_key(n))
+            .min();
+        let target = learner.or_else(|| {
+            load.iter()
+                .filter(|(&n, _)| !route.replicas.iter().any(|r| r.node_id == n))
+                .min_by_key(|(&n, &c)| (c, n))
+                .map(|(&n, _)| n)
+        });
+        if let Some(to) = target {
+            moves.push(RepairMove::Add { group: g, to });
+            if let Some(c) = load.get_mut(&to) {
+                *c += 1;
+            }
+        }
+    }
+    moves
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::tests::{cluster, report, view};
+    use crate::operator::Origin;
+    use phoenix_proto::{meta_command, MetaCommand, NodeStats, Route};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    const DOWN_AFTER: Duration = Duration::from_secs(30);
+
+    /// Every node but `down` reports at `now` (leaders from `leader_of`); the down ones
+    /// last reported `DOWN_AFTER` earlier.
+    fn view_with_down(
+        st: &MetaState,
+        now: Instant,
+        down: &[u64],
+        leader_of: impl Fn(u64) -> u64,
+    ) -> LeaderView {
+        let mut v = view(st, now - DOWN_AFTER, &leader_of);
+        for &id in st.nodes().keys().filter(|n| !down.contains(n)) {
+            v.record(now, id, NodeStats::default(), &report(st, id, &leader_of));
+        }
+        v
+    }
+
+    /// The state with `g`'s route replaced by one placing `voters` and `learners`.
+    fn set_route(st: &mut MetaState, g: u64, voters: &[u64], learners: &[u64]) {
+        let old = st.routes()[&g].clone();
+        let all: Vec<u64> = voters.iter().chain(learners).copied().collect();
+        let route = Route {
+            replicas: all
+                .iter()
+                .map(|&id| phoenix_proto::Replica {
+                    protocol: 0,
+                    node_id: id,
+                    addr: format!("h:{id}"),
+                })
+                .collect(),
+            learners: learners.to_vec(),
+            conf_version: old.conf_version + 1,
+            ..old
+        };
+        let cmd = MetaCommand {
+            cmd: Some(meta_command::Cmd::UpdateRoute(route)),
+        };
+        st.apply(st.applied() + 1, &cmd).unwrap();
+    }
+
+    #[test]
+    fn nodes_not_heard_from_long_enough_are_down() {
+        let t0 = Instant::now();
+        let st = cluster(4, 1, |_| vec![1, 2, 3]);
+        let mut v = LeaderView::default();
+        v.record(t0, 1, NodeStats::default(), &[]);
+        v.record(t0 + Duration::from_secs(20), 2, NodeStats::default(), &[]);
+        // Node 3 last heard before this meta leader took office (t0); node 4 never.
+        let now = t0 + DOWN_AFTER;
+        assert_eq!(down_nodes(&st, &v, now, t0, DOWN_AFTER), vec![1, 3, 4]);
+        // A meta leader in office for less than `down_after` finds nobody down for want
+        // of heartbeats.
+        let since = t0 + Duration::from_secs(10);
+        assert_eq!(
+            down_nodes(&st, &v, now, since, DOWN_AFTER),
+            Vec::<u64>::new()
+        );
+    }
+
+    /// A group with a voter on a down node gets a replica on the least loaded live node
+    /// first, then loses the down one; a learner there goes at once.
+    #[test]
+    fn a_down_voter_is_replaced_before_it_is_removed() {
+        let now = Instant::now();
+        // Groups 1-3 on nodes 1, 2, 3; group 4 on 1, 2, 5: node 5 hosts more than 4.
+        let mut st = cluster(5, 4, |g| if g == 4 { vec![1, 2, 5] } else { vec![1, 2, 3] });
+        let ops = Operators::default();
+        let v = view_with_down(&st, now, &[3], |_| 1);
+        let down = down_nodes(&st, &v, now, now - DOWN_AFTER * 2, DOWN_AFTER);
+        assert_eq!(down, vec![3]);
+        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 10);
+        // Node 4 hosts nothing: it takes group 1, then group 2 (level with node 5, the
+        // lower id); group 3 goes to node 5.
+        assert_eq!(
+            moves,
+            vec![
+                RepairMove::Add { group: 1, to: 4 },
+                RepairMove::Add { group: 2, to: 4 },
+                RepairMove::Add { group: 3, to: 5 },
+            ]
+        );
+        assert_eq!(repair_replicas(&st, &v, &ops, now, &down, 3, 2), moves[..2]);
+        // Once node 4 is a voter of group 1, node 3 goes from it.
+        set_route(&mut st, 1, &[1, 2, 3, 4], &[]);
+        let v = view_with_down(&st, now, &[3], |_| 1);
+        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 1);
+        assert_eq!(moves, vec![RepairMove::Remove { group: 1, node: 3 }]);
+        // A learner on the down node goes without a replacement.
+        set_route(&mut st, 2, &[1, 2, 4], &[3]);
+        let v = view_with_down(&st, now, &[3], |_| 1);
+        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 10);
+        assert_eq!(moves[1], RepairMove::Remove { group: 2, node: 3 });
+        // A live learner left by an addition that gave up is promoted, not passed over
+        // for another node.
+        set_route(&mut st, 3, &[1, 2, 3], &[5]);
+        let v = view_with_down(&st, now, &[3], |_| 1);
+        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 10);
+        assert_eq!(moves[2], RepairMove::Add { group: 3, to: 5 });
+    }
+
+    /// Groups under an operator, led by nobody live, or with no node to take a replica
+    /// are left alone; nothing is done with no node down.
+    #[test]
+    fn repair_waits_when_it_cannot_help() {
+        let now = Instant::now();
+        let st = cluster(4, 3, |g| if g == 3 { vec![2, 3, 4] } else { vec![1, 2, 3] });
+        // Group 2's leader is the down node.
+        let v = view_with_down(&st, now, &[3], |g| if g == 2 { 3 } else { 2 });
+        let mut ops = Operators::default();
+        assert_eq!(repair_replicas(&st, &v, &ops, now, &[], 3, 10), vec![]);
+        let moves = repair_replicas(&st, &v, &ops, now, &[3], 3, 10);
+        assert_eq!(
+            moves,
+            vec![
+                RepairMove::Add { group: 1, to: 4 },
+                RepairMove::Add { group: 3, to: 1 },
+            ]
+        );
+        assert_eq!(
+            ops.add_replica(&st, &v, &[], 1, 4, now, Origin::Repair),
+            Ok(true)
+        );
+        assert_eq!(ops.repairing(), 1);
+        assert_eq!(
+            repair_replicas(&st, &v, &ops, now, &[3], 3, 10),
+            vec![RepairMove::Add { group: 3, to: 1 }]
+        );
+        // Three nodes, one down: nowhere to put a third replica, and the down one stays.
+        let st = cluster(3, 2, |_| vec![1, 2, 3]);
+        let v = view_with_down(&st, now, &[3], |_| 1);
+        let ops = Operators::default();
+        assert_eq!(repair_replicas(&st, &v, &ops, now, &[3], 3, 10), vec![]);
+    }
+
+    /// Random clusters with random down nodes, repaired step by step as the operators
+    /// would (each move applied to the routing table): every group whose leader is live
+    /// and that has somewhere to go ends with `replication` voters, none on a down node,
+    /// and no live node gets more than one replica of a group. `PHOENIX_SEED` replays a
+    /// run.
+    #[test]
+    fn random_repairs_end_with_full_groups_on_live_nodes() {
+        let seed = std::env::var("PHOENIX_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| rand::thread_rng().gen());
+        eprintln!("PHOENIX_SEED={seed}");
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let now = Instant::now();
+        for round in 0..100 {
+            let n = rng.gen_range(3..=8u64);
+            let groups = rng.gen_range(1..=30u64);
+            let placements: Vec<Vec<u64>> = (0..groups)
+                .map(|_| {
+                    let mut nodes: Vec<u64> = (1..=n).collect();
+                    for i in (1..nodes.len()).rev() {
+                        nodes.swap(i, rng.gen_range(0..=i));
+                    }
+                    nodes.truncate(3);
+                    nodes
+                })
+                .collect();
+            let mut st = cluster(n, groups, |g| placements[g as usize - 1].clone());
+            let down: Vec<u64> = (1..=n).filter(|_| rng.gen_bool(0.25)).collect();
+            // A group's leader: its first replica on a live node, if any.
+            let leader = |st: &MetaState, g: u64| {
+                st.routes()[&g]
+                    .replicas
+                    .iter()
+                    .map(|r| r.node_id)
+                    .find(|n| !down.contains(n))
+                    .unwrap_or(0)
+            };
+            let live = n as usize - down.len();
+            for step in 0.. {
+                assert!(
+                    step < 1000,
+                    "seed {seed} round {round}: repair does not end"
+                );
+                let v = view_with_down(&st, now, &down, |g| leader(&st, g));
+                let moves =
+                    repair_replicas(&st, &v, &Operators::default(), now, &down, 3, 1 + step % 4);
+                if moves.is_empty() {
+                    break;
+                }
+                for m in moves {
+                    let route = st.routes()[&match m {
+                        RepairMove::Add { group, .. } | RepairMove::Remove { group, .. } => group,
+                    }]
+                        .clone();
+                    let mut voters: Vec<u64> = route.replicas.iter().map(|r| r.node_id).collect();
+                    match m {
+                        RepairMove::Add { group, to } => {
+                            assert!(!down.contains(&to) && !voters.contains(&to));
+                            voters.push(to);
+                            set_route(&mut st, group, &voters, &[]);
+                        }
+                        RepairMove::Remove { group, node } => {
+                            assert!(down.contains(&node));
+                            voters.retain(|&x| x != node);
+                            set_route(&mut st, group, &voters, &[]);
+                        }
+                    }
+                }
+            }
+            for (g, route) in st.routes() {
+                let on: Vec<u64> = route.replicas.iter().map(|r| r.node_id).collect();
+                let led = on.iter().any(|n| !down.contains(n));
+                if led && live >= 3 {
+                    assert_eq!(on.len(), 3, "seed {seed} round {round} group {g}: {on:?}");
+                    assert!(
+                        on.iter().all(|n| !down.contains(n)),
+                        "seed {seed} round {round} group {g}: {on:?} (down {down:?})"
+                    );
+                }
+            }
+        }
+    }
+}
