@@ -25,8 +25,9 @@ use crate::operator::Operators;
 use crate::state::MetaState;
 
 /// Repair operators under way at most: each catches a replica up (a snapshot, often),
-/// which takes disk and network from client traffic.
-pub const REPAIR_INFLIGHT_MAX: usize = 16;
+/// which takes disk and network from client traffic (each node's snapshot streams share
+/// its `--snapshot-mb-per-sec`). As PD's default replica schedule limit.
+pub const REPAIR_INFLIGHT_MAX: usize = 64;
 
 /// A step of repair the scheduler starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

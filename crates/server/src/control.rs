@@ -842,14 +842,24 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
                 target = None;
             }
         }
-        tokio::time::sleep(if fast_retry {
+        let wait = if fast_retry {
             Duration::from_millis(50)
         } else {
             interval
-        })
-        .await;
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shared.report_soon.notified() => {
+                // A burst of changes (a leader applying many groups' changes, the
+                // elections after a node's death) makes one report, not one each.
+                tokio::time::sleep(REPORT_SOON_GAP.min(interval)).await;
+            }
+        }
     }
 }
+
+/// Least time between a report and the next one it hastens ([`Shared::report_soon`]).
+const REPORT_SOON_GAP: Duration = Duration::from_millis(100);
 
 /// Refuses an operator request `what` on the meta group or node 0.
 fn operator_target(what: &str, group: u64, node: u64) -> Result<(), PErr> {

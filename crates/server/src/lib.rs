@@ -168,6 +168,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         metrics: metrics::NodeMetrics::default(),
         started: Instant::now(),
         runtime,
+        report_soon: tokio::sync::Notify::new(),
     });
     // A node that starts on a full disk refuses writes from its first request on.
     match shared.fs.available_space(&data) {

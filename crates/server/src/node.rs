@@ -685,6 +685,7 @@ impl Driver {
         self.unopened.remove(&g);
         self.create_failed.remove(&g);
         self.shared.groups.write().remove(&g);
+        self.shared.report_soon.notify_one();
         tracing::info!(
             group = g,
             conf_version,
@@ -1652,6 +1653,8 @@ fn publish_view(shared: &Shared, p: &mut Peer) {
     let r = p.raw.raft();
     let mut groups = shared.groups.write();
     let v = groups.entry(p.group).or_default();
+    let was_leader = v.is_leader;
+    let mut changed = false;
     // A replica's route changes with its epoch or membership version: compare those
     // (a full comparison of replica lists was 6% of the driver at 10,000 groups).
     // (Replaying older changes keeps the version but changes the members: every change
@@ -1663,6 +1666,7 @@ fn publish_view(shared: &Shared, p: &mut Peer) {
         || v.route.learners != p.route.learners
     {
         v.route.clone_from(&p.route);
+        changed = true;
     }
     v.leader = r.leader();
     v.is_leader = r.role() == StateRole::Leader;
@@ -1677,7 +1681,11 @@ fn publish_view(shared: &Shared, p: &mut Peer) {
         v.is_leader = false;
         v.leader = 0;
     }
+    changed |= v.is_leader != was_leader;
     drop(groups);
+    if changed {
+        shared.report_soon.notify_one();
+    }
     p.published = Prompt::of(p);
     p.published_at = Instant::now();
     p.stats_stale = false;

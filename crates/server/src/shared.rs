@@ -81,6 +81,10 @@ pub struct Shared {
     pub started: Instant,
     /// Tokio runtime handle for background tasks started from the driver thread.
     pub runtime: tokio::runtime::Handle,
+    /// Woken when a replica's membership or leadership changes, or a replica comes or
+    /// goes: the heartbeat loop then reports soon instead of at its next interval, so
+    /// the meta leader's operators (each step waits for a report) move on at once.
+    pub report_soon: tokio::sync::Notify,
 }
 
 impl Shared {
