@@ -45,6 +45,16 @@ for _ in $(seq 1 300); do
   sleep 1
 done
 echo "cluster up: $led of $groups groups led"
+# The replica balancer evens out the bootstrap's placement first (the first nodes up
+# get every group): wait until no operator is under way for 3 s.
+quiet=0
+for _ in $(seq 1 600); do
+  ops=$(status | jq '.operators | length' 2>/dev/null || echo 1)
+  if [ "$ops" -eq 0 ]; then quiet=$((quiet + 1)); else quiet=0; fi
+  [ "$quiet" -ge 6 ] && break
+  sleep 0.5
+done
+echo "placement settled: replicas per node $(status | jq -c '[.groups[].replicas[]] | group_by(.) | map({(.[0] | tostring): length}) | add')"
 "$phoenix" bench cluster --endpoints "$endpoints" --clients 32 --keys "$keys" --fill \
   --key_size 16 --value_size "$value" --key-layout hashed --ops "$keys" >"$out/fill.txt" 2>&1
 echo "filled: $(grep -E '^\| phoenix ' "$out/fill.txt" | tail -1)"

@@ -12,6 +12,7 @@
 //! - [`operator`]: the meta leader's operators (leader transfers, replica additions
 //!   and removals) and the leader balancer that starts transfers;
 //! - [`repair`]: which replicas of down nodes to replace, and with what;
+//! - [`rebalance`]: which replicas to move so every node hosts about as many;
 //! - [`schedule`]: decisions — bootstrap placement (one group, or one per range between
 //!   split keys), placement commands for heartbeats, node registration, and the route
 //!   and cluster views served to clients;
@@ -21,6 +22,7 @@
 pub mod error;
 pub mod liveness;
 pub mod operator;
+pub mod rebalance;
 pub mod repair;
 pub mod schedule;
 pub mod state;
@@ -30,7 +32,8 @@ pub use liveness::{LeaderView, Report, ALIVE_WITHIN};
 pub use operator::{
     balance_leaders, AddStep, Operators, Origin, Outcome, RemoveStep, BALANCE_INFLIGHT_MAX,
 };
-pub use repair::{down_nodes, repair_replicas, RepairMove, REPAIR_INFLIGHT_MAX};
+pub use rebalance::{balance_replicas, REPLICA_BALANCE_INFLIGHT_MAX};
+pub use repair::{down_nodes, repair_replicas, ReplicaMove, REPAIR_INFLIGHT_MAX};
 pub use schedule::{
     bootstrap_plan, cluster_view, even_split_keys, place, placement_commands, registration,
     route_table, route_updates, routes_view, split_ranges, INITIAL_GROUPS_MAX,

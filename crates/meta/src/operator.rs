@@ -135,7 +135,7 @@ struct Add {
 pub enum Origin {
     /// A user's request.
     Request,
-    /// The leader balancer.
+    /// The leader balancer, or the replica balancer ([`crate::balance_replicas`]).
     Balance,
     /// Replica repair ([`crate::repair_replicas`]).
     Repair,
@@ -470,10 +470,11 @@ impl Operators {
         self.adds.get(&group).map(|a| a.step)
     }
 
-    /// Replica additions and removals under way that repair started.
-    pub fn repairing(&self) -> usize {
-        let adds = self.adds.values().filter(|a| a.origin == Origin::Repair);
-        let removes = self.removes.values().filter(|r| r.origin == Origin::Repair);
+    /// Replica additions and removals under way that `origin` started (repair, the
+    /// replica balancer).
+    pub fn changing(&self, origin: Origin) -> usize {
+        let adds = self.adds.values().filter(|a| a.origin == origin);
+        let removes = self.removes.values().filter(|r| r.origin == origin);
         adds.count() + removes.count()
     }
 
@@ -482,7 +483,7 @@ impl Operators {
         self.adds.get(&group).map(|a| a.to)
     }
 
-    /// Transfers under way that the balancer started.
+    /// Transfers under way that the leader balancer started.
     pub fn balancing(&self) -> usize {
         self.transfers
             .values()
@@ -874,6 +875,29 @@ pub(crate) mod tests {
         };
         st.apply(index + 1, &cmd).unwrap();
         st
+    }
+
+    /// The state with `g`'s route replaced by one placing `voters` and `learners`.
+    pub(crate) fn set_route(st: &mut MetaState, g: u64, voters: &[u64], learners: &[u64]) {
+        let old = st.routes()[&g].clone();
+        let all: Vec<u64> = voters.iter().chain(learners).copied().collect();
+        let route = Route {
+            replicas: all
+                .iter()
+                .map(|&id| phoenix_proto::Replica {
+                    protocol: 0,
+                    node_id: id,
+                    addr: format!("h:{id}"),
+                })
+                .collect(),
+            learners: learners.to_vec(),
+            conf_version: old.conf_version + 1,
+            ..old
+        };
+        let cmd = MetaCommand {
+            cmd: Some(meta_command::Cmd::UpdateRoute(route)),
+        };
+        st.apply(st.applied() + 1, &cmd).unwrap();
     }
 
     /// Node `id`'s report of every replica the state places on it, with `leader_of(g)`

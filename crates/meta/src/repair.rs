@@ -29,9 +29,9 @@ use crate::state::MetaState;
 /// its `--snapshot-mb-per-sec`). As PD's default replica schedule limit.
 pub const REPAIR_INFLIGHT_MAX: usize = 64;
 
-/// A step of repair the scheduler starts.
+/// A membership change repair or the replica balancer asks the operators for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RepairMove {
+pub enum ReplicaMove {
     /// Add a replica of `group` on node `to`.
     Add {
         /// Group.
@@ -39,11 +39,11 @@ pub enum RepairMove {
         /// The node to host the new replica.
         to: u64,
     },
-    /// Remove the replica of `group` on the down node `node`.
+    /// Remove the replica of `group` on `node`.
     Remove {
         /// Group.
         group: u64,
-        /// The down node.
+        /// The node whose replica goes.
         node: u64,
     },
 }
@@ -80,7 +80,7 @@ pub fn repair_replicas(
     down: &[u64],
     replication: usize,
     max: usize,
-) -> Vec<RepairMove> {
+) -> Vec<ReplicaMove> {
     if down.is_empty() || max == 0 {
         return Vec::new();
     }
@@ -130,7 +130,7 @@ pub fn repair_replicas(
             .filter(|r| !is_down(r.node_id) && !route.learners.contains(&r.node_id))
             .count();
         if route.learners.contains(&dead) || voters_elsewhere >= replication {
-            moves.push(RepairMove::Remove {
+            moves.push(ReplicaMove::Remove {
                 group: g,
                 node: dead,
             });
@@ -151,7 +151,7 @@ pub fn repair_replicas(
                 .map(|(&n, _)| n)
         });
         if let Some(to) = target {
-            moves.push(RepairMove::Add { group: g, to });
+            moves.push(ReplicaMove::Add { group: g, to });
             if let Some(c) = load.get_mut(&to) {
                 *c += 1;
             }
@@ -163,9 +163,9 @@ pub fn repair_replicas(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::tests::{cluster, report, view};
+    use crate::operator::tests::{cluster, report, set_route, view};
     use crate::operator::Origin;
-    use phoenix_proto::{meta_command, MetaCommand, NodeStats, Route};
+    use phoenix_proto::NodeStats;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -184,29 +184,6 @@ mod tests {
             v.record(now, id, NodeStats::default(), &report(st, id, &leader_of));
         }
         v
-    }
-
-    /// The state with `g`'s route replaced by one placing `voters` and `learners`.
-    fn set_route(st: &mut MetaState, g: u64, voters: &[u64], learners: &[u64]) {
-        let old = st.routes()[&g].clone();
-        let all: Vec<u64> = voters.iter().chain(learners).copied().collect();
-        let route = Route {
-            replicas: all
-                .iter()
-                .map(|&id| phoenix_proto::Replica {
-                    protocol: 0,
-                    node_id: id,
-                    addr: format!("h:{id}"),
-                })
-                .collect(),
-            learners: learners.to_vec(),
-            conf_version: old.conf_version + 1,
-            ..old
-        };
-        let cmd = MetaCommand {
-            cmd: Some(meta_command::Cmd::UpdateRoute(route)),
-        };
-        st.apply(st.applied() + 1, &cmd).unwrap();
     }
 
     #[test]
@@ -245,9 +222,9 @@ mod tests {
         assert_eq!(
             moves,
             vec![
-                RepairMove::Add { group: 1, to: 4 },
-                RepairMove::Add { group: 2, to: 4 },
-                RepairMove::Add { group: 3, to: 5 },
+                ReplicaMove::Add { group: 1, to: 4 },
+                ReplicaMove::Add { group: 2, to: 4 },
+                ReplicaMove::Add { group: 3, to: 5 },
             ]
         );
         assert_eq!(repair_replicas(&st, &v, &ops, now, &down, 3, 2), moves[..2]);
@@ -255,18 +232,18 @@ mod tests {
         set_route(&mut st, 1, &[1, 2, 3, 4], &[]);
         let v = view_with_down(&st, now, &[3], |_| 1);
         let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 1);
-        assert_eq!(moves, vec![RepairMove::Remove { group: 1, node: 3 }]);
+        assert_eq!(moves, vec![ReplicaMove::Remove { group: 1, node: 3 }]);
         // A learner on the down node goes without a replacement.
         set_route(&mut st, 2, &[1, 2, 4], &[3]);
         let v = view_with_down(&st, now, &[3], |_| 1);
         let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 10);
-        assert_eq!(moves[1], RepairMove::Remove { group: 2, node: 3 });
+        assert_eq!(moves[1], ReplicaMove::Remove { group: 2, node: 3 });
         // A live learner left by an addition that gave up is promoted, not passed over
         // for another node.
         set_route(&mut st, 3, &[1, 2, 3], &[5]);
         let v = view_with_down(&st, now, &[3], |_| 1);
         let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 10);
-        assert_eq!(moves[2], RepairMove::Add { group: 3, to: 5 });
+        assert_eq!(moves[2], ReplicaMove::Add { group: 3, to: 5 });
     }
 
     /// Groups under an operator, led by nobody live, or with no node to take a replica
@@ -283,18 +260,18 @@ mod tests {
         assert_eq!(
             moves,
             vec![
-                RepairMove::Add { group: 1, to: 4 },
-                RepairMove::Add { group: 3, to: 1 },
+                ReplicaMove::Add { group: 1, to: 4 },
+                ReplicaMove::Add { group: 3, to: 1 },
             ]
         );
         assert_eq!(
             ops.add_replica(&st, &v, &[], 1, 4, now, Origin::Repair),
             Ok(true)
         );
-        assert_eq!(ops.repairing(), 1);
+        assert_eq!(ops.changing(Origin::Repair), 1);
         assert_eq!(
             repair_replicas(&st, &v, &ops, now, &[3], 3, 10),
-            vec![RepairMove::Add { group: 3, to: 1 }]
+            vec![ReplicaMove::Add { group: 3, to: 1 }]
         );
         // Three nodes, one down: nowhere to put a third replica, and the down one stays.
         let st = cluster(3, 2, |_| vec![1, 2, 3]);
@@ -355,17 +332,17 @@ mod tests {
                 }
                 for m in moves {
                     let route = st.routes()[&match m {
-                        RepairMove::Add { group, .. } | RepairMove::Remove { group, .. } => group,
+                        ReplicaMove::Add { group, .. } | ReplicaMove::Remove { group, .. } => group,
                     }]
                         .clone();
                     let mut voters: Vec<u64> = route.replicas.iter().map(|r| r.node_id).collect();
                     match m {
-                        RepairMove::Add { group, to } => {
+                        ReplicaMove::Add { group, to } => {
                             assert!(!down.contains(&to) && !voters.contains(&to));
                             voters.push(to);
                             set_route(&mut st, group, &voters, &[]);
                         }
-                        RepairMove::Remove { group, node } => {
+                        ReplicaMove::Remove { group, node } => {
                             assert!(down.contains(&node));
                             voters.retain(|&x| x != node);
                             set_route(&mut st, group, &voters, &[]);

@@ -95,6 +95,9 @@ pub struct Config {
     /// As the meta leader, move leaderships so that every node leads about as many
     /// groups (within 10% of the mean, or one, as far as the placement allows).
     pub balance_leaders: bool,
+    /// As the meta leader, move replicas so that every node hosts about as many (within
+    /// 10% of the mean, or one), and trim groups to `replication` voters.
+    pub balance_replicas: bool,
     /// As the meta leader, replace the replicas of a node not heard from for this long
     /// (`phoenix_meta::repair_replicas`); zero: never.
     pub down_after: Duration,
@@ -154,6 +157,7 @@ impl Config {
             reserve_space: Self::DEFAULT_RESERVE_SPACE,
             disk_check_interval: Duration::from_millis(250),
             balance_leaders: true,
+            balance_replicas: true,
             down_after: Self::DEFAULT_DOWN_AFTER,
             metrics_listen: None,
             fault_injection: false,

@@ -923,8 +923,8 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
             let lv = shared.leader_view.lock();
             settle_operators(&mut shared.operators.lock(), &meta, &lv);
         }
-        if !shared.cfg.down_after.is_zero() {
-            repair(&shared);
+        if !shared.cfg.down_after.is_zero() || shared.cfg.balance_replicas {
+            move_replicas(&shared);
         }
         if shared.cfg.balance_leaders {
             balance(&shared);
@@ -983,36 +983,50 @@ fn balance(shared: &Shared) {
 }
 
 /// Starts the replica repairs (`phoenix_meta::repair_replicas`) for the nodes down for
-/// `--down-after`, up to repair's in-flight limit.
-fn repair(shared: &Shared) {
-    use phoenix_meta::RepairMove;
+/// `--down-after`, then the replica balancer's moves (`phoenix_meta::balance_replicas`,
+/// which waits while repair has work), each up to its in-flight limit.
+fn move_replicas(shared: &Shared) {
+    use phoenix_meta::ReplicaMove;
     let now = Instant::now();
     let Some(since) = *shared.meta_leader_since.lock() else {
         return;
     };
-    let members: Vec<u64> = shared.cfg.meta.iter().map(|m| m.id).collect();
+    let cfg = &shared.cfg;
+    let members: Vec<u64> = cfg.meta.iter().map(|m| m.id).collect();
     let meta = shared.meta.read();
     let lv = shared.leader_view.lock();
     let mut ops = shared.operators.lock();
-    let down = phoenix_meta::down_nodes(&meta, &lv, now, since, shared.cfg.down_after);
-    if down.is_empty() {
-        return;
+    let down = if cfg.down_after.is_zero() {
+        Vec::new()
+    } else {
+        phoenix_meta::down_nodes(&meta, &lv, now, since, cfg.down_after)
+    };
+    let mut moves = Vec::new();
+    if !down.is_empty() {
+        let room = phoenix_meta::REPAIR_INFLIGHT_MAX.saturating_sub(ops.changing(Origin::Repair));
+        let repairs =
+            phoenix_meta::repair_replicas(&meta, &lv, &ops, now, &down, cfg.replication, room);
+        moves.extend(repairs.into_iter().map(|m| (m, Origin::Repair)));
     }
-    let room = phoenix_meta::REPAIR_INFLIGHT_MAX.saturating_sub(ops.repairing());
-    let moves =
-        phoenix_meta::repair_replicas(&meta, &lv, &ops, now, &down, shared.cfg.replication, room);
-    for m in moves {
+    if cfg.balance_replicas {
+        let room = phoenix_meta::REPLICA_BALANCE_INFLIGHT_MAX
+            .saturating_sub(ops.changing(Origin::Balance));
+        let balance =
+            phoenix_meta::balance_replicas(&meta, &lv, &ops, now, &down, cfg.replication, room);
+        moves.extend(balance.into_iter().map(|m| (m, Origin::Balance)));
+    }
+    for (m, origin) in moves {
         let started = match m {
-            RepairMove::Add { group, to } => {
-                ops.add_replica(&meta, &lv, &members, group, to, now, Origin::Repair)
+            ReplicaMove::Add { group, to } => {
+                ops.add_replica(&meta, &lv, &members, group, to, now, origin)
             }
-            RepairMove::Remove { group, node } => {
-                ops.remove_replica(&meta, &lv, &members, group, node, now, Origin::Repair)
+            ReplicaMove::Remove { group, node } => {
+                ops.remove_replica(&meta, &lv, &members, group, node, now, origin)
             }
         };
         match started {
-            Ok(_) => tracing::info!(?m, down = ?down, "repair: replacing a down node's replica"),
-            Err(e) => tracing::debug!(?m, "repair: {e}"),
+            Ok(_) => tracing::info!(?m, ?origin, down = ?down, "moving a replica"),
+            Err(e) => tracing::debug!(?m, ?origin, "not moving a replica: {e}"),
         }
     }
 }

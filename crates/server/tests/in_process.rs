@@ -2064,3 +2064,68 @@ async fn the_replicas_of_a_node_down_too_long_are_replaced() {
     }
     assert_eq!(group_left_on_disk(&dead_dir, g), (0, false));
 }
+
+/// Two nodes join a 3-node cluster of 6 groups: the replica balancer moves replicas to
+/// them (each an addition, then a trim from the most loaded node) until every node
+/// hosts 3 or 4 of the 18 replicas; every group keeps 3 voters and serves every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_spread_over_nodes_that_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(5);
+    let meta: Vec<MetaMember> = meta[..3].to_vec();
+    let splits: Vec<Vec<u8>> = ["b", "c", "d", "e", "f"]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+    let cfg = |i: usize| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        c.split_keys = splits.clone();
+        c.balance_replicas = true;
+        c
+    };
+    let mut nodes: Vec<Node> = (0..3).map(|i| start(cfg(i))).collect();
+    let routes = routes_with_leaders(&addrs[0], 6).await;
+    let value = b"v".to_vec();
+    for r in &routes {
+        let k = [r.start_key.to_vec(), b"0".to_vec()].concat();
+        put(&addrs[..3], r, &k, &value).await;
+    }
+    nodes.extend((3..5).map(|i| start(cfg(i))));
+    let t = Instant::now();
+    let deadline = t + Duration::from_secs(60);
+    let spread = loop {
+        let routes = routes_with_leaders(&addrs[0], 6).await;
+        let mut count = [0usize; 5];
+        for r in &routes {
+            for x in &r.replicas {
+                count[x.node_id as usize - 1] += 1;
+            }
+        }
+        let settled = routes
+            .iter()
+            .all(|r| r.replicas.len() == 3 && r.learners.is_empty());
+        if settled && count.iter().all(|&c| (3..=4).contains(&c)) {
+            break routes;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replicas not spread within 60 s: {count:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("replicas spread over 5 nodes in {:?}", t.elapsed());
+    for r in &spread {
+        let k = [r.start_key.to_vec(), b"0".to_vec()].concat();
+        assert_eq!(get(&addrs, r, &k).await, Some(value.clone()));
+        put(
+            &addrs,
+            r,
+            &[r.start_key.to_vec(), b"after".to_vec()].concat(),
+            b"w",
+        )
+        .await;
+    }
+    for n in nodes {
+        n.stop().await;
+    }
+}

@@ -72,6 +72,12 @@ pub struct Args {
     /// as far as the placement allows). Give it to every meta member.
     #[arg(long)]
     pub no_balance_leaders: bool,
+    /// Do not move replicas to balance them (as the meta leader, this node would
+    /// otherwise bring every node's count of replicas within 10% of the mean, or one,
+    /// and trim groups with more voters than --replication, e.g. after `cluster
+    /// add-replica`). Give it to every meta member.
+    #[arg(long)]
+    pub no_balance_replicas: bool,
     /// Replace the replicas of a node not heard from for this long (e.g. 30s, 5m; 0:
     /// never): as the meta leader, this node adds a replica of each of its groups on
     /// the live node hosting the fewest, then removes the down one. Give it to every
@@ -128,6 +134,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.reserve_space = args.reserve_space_mb.saturating_mul(1 << 20);
     cfg.metrics_listen = args.metrics_listen;
     cfg.balance_leaders = !args.no_balance_leaders;
+    cfg.balance_replicas = !args.no_balance_replicas;
     cfg.down_after = args.down_after;
     cfg.fault_injection = args.fault_injection;
     cfg.unsynced_in_memory = args.unsynced_in_memory;

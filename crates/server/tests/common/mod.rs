@@ -73,6 +73,9 @@ pub fn config(id: u64, addr: &str, dir: &Path, meta: &[MetaMember], replication:
     // Leaderships stay where elections put them unless a test moves them (the
     // balancer's test turns it on).
     c.balance_leaders = false;
+    // Replicas stay where they are put (added replicas are not trimmed) unless a test
+    // turns the replica balancer on.
+    c.balance_replicas = false;
     // Nor are replicas replaced when a node is stopped (the repair test turns it on).
     c.down_after = Duration::ZERO;
     c
