@@ -411,7 +411,7 @@ async fn voters(addrs: &[String], g: u64) -> Vec<u64> {
 /// one. Every acknowledged write stays readable throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_move_on_request_and_away_from_a_dead_node() {
-    let mut c = Cluster::with_args(4, &["--down-after", "3s"]);
+    let mut c = Cluster::with_args(4, &["--down-after", "5s"]);
     let r = current_route(&c.addrs).await;
     let g = r.group_id;
     let mut acked = Vec::new();

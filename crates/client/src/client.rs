@@ -172,6 +172,8 @@ pub struct NodeStatus {
     pub disk_free_bytes: Option<u64>,
     /// Whether it refuses client writes because its disk is under its reserve.
     pub disk_full: bool,
+    /// Whether its replicas are being moved off (`phoenix cluster drain`).
+    pub draining: bool,
 }
 
 /// A replica of a group as last reported.
@@ -1595,6 +1597,28 @@ impl Client {
         Ok(r.leader_node_id)
     }
 
+    /// Marks node `node` draining (its replicas are then moved to other nodes, and it
+    /// takes no new ones), or no longer with `cancel`. Returns how many replicas the
+    /// routing table still places on it.
+    pub async fn drain_node(&self, node: NodeId, cancel: bool) -> Result<u64> {
+        let r = self
+            .meta_call(
+                "drain_node",
+                self.timeout * 3 / 4,
+                |mut meta, t| async move {
+                    let req = pb::DrainNodeRequest {
+                        node_id: node,
+                        cancel,
+                        timeout_ms: t,
+                    };
+                    let mut r = meta.drain_node(req).await?.into_inner();
+                    Ok((r.error.take(), r))
+                },
+            )
+            .await?;
+        Ok(r.replicas)
+    }
+
     /// Adds a replica of `group` on node `node` (a learner that catches up, then a
     /// voter) and waits until the routing table lists it as a voter. Returns the
     /// group's voters then.
@@ -1761,6 +1785,7 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
                 log_bytes: stats.log_bytes,
                 disk_free_bytes: stats.available_bytes,
                 disk_full: stats.disk_full,
+                draining: n.draining,
             }
         })
         .collect();

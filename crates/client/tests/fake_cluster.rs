@@ -452,6 +452,7 @@ impl Meta for Node {
                     stopping: false,
                     protocol: 1,
                 }),
+                draining: false,
             })
             .collect();
         nodes.sort_by_key(|n| n.node_id);
@@ -528,6 +529,10 @@ impl Meta for Node {
         &self,
         _req: Request<pb::RemoveReplicaRequest>,
     ) -> R<pb::RemoveReplicaResponse> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn drain_node(&self, _req: Request<pb::DrainNodeRequest>) -> R<pb::DrainNodeResponse> {
         Err(Status::unimplemented("fake"))
     }
 

@@ -85,6 +85,9 @@ pub enum Refusal {
     /// The routes of a `CreateGroups` do not form a valid routing table.
     #[error("invalid routing table: {0}")]
     InvalidRoutes(String),
+    /// A `SetNodeState` for a node not registered.
+    #[error("node {0} is not registered")]
+    UnknownNode(u64),
     /// An `UpdateRoute` for a group not in the table.
     #[error("group {0} is not in the routing table")]
     UnknownGroup(u64),

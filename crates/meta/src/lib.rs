@@ -39,6 +39,6 @@ pub use schedule::{
     route_table, route_updates, routes_view, split_ranges, INITIAL_GROUPS_MAX,
 };
 pub use state::{
-    node_record_key, route_contains, route_record_key, validate_table, Applied, MetaState, Write,
-    META_GROUP, PROTOCOL,
+    node_record_key, route_contains, route_record_key, state_record_key, validate_table, Applied,
+    MetaState, Write, META_GROUP, PROTOCOL, PROTOCOL_NODE_STATE,
 };

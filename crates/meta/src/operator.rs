@@ -64,6 +64,10 @@ pub const ADD_TIMEOUT: Duration = Duration::from_secs(120);
 /// promoted to a voter: a voter far behind would weaken the quorum until it caught up.
 pub const PROMOTE_LAG_MAX: u64 = 100;
 
+/// How long after a user's replica addition or removal ends the replica balancer leaves
+/// the group alone (the next step of a `cluster move` comes within it).
+pub const ASKED_GRACE: Duration = Duration::from_secs(5);
+
 /// Longest a remove-replica operator runs.
 pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -178,6 +182,10 @@ pub struct Operators {
     removes: BTreeMap<u64, Remove>,
     /// (group, target) pairs whose transfer failed lately, with when.
     failed: HashMap<(u64, u64), Instant>,
+    /// Groups whose replica addition or removal asked for by a user ended lately, with
+    /// when: the balancer leaves them alone for [`ASKED_GRACE`], so a `cluster move`
+    /// (an addition, then a removal) is not cut in between.
+    asked: HashMap<u64, Instant>,
 }
 
 impl Operators {
@@ -370,6 +378,8 @@ impl Operators {
             ended.push((g, outcome));
             false
         });
+        let asked = &mut self.asked;
+        asked.retain(|_, at| now.saturating_duration_since(*at) < ASKED_GRACE);
         self.adds.retain(|&g, a| {
             let outcome = if state.routes().get(&g).is_some_and(|r| is_voter(r, a.to)) {
                 Outcome::Done
@@ -384,6 +394,9 @@ impl Operators {
                 }
                 return true;
             };
+            if a.origin == Origin::Request {
+                asked.insert(g, now);
+            }
             ended.push((g, outcome));
             false
         });
@@ -392,20 +405,27 @@ impl Operators {
                 .routes()
                 .get(&g)
                 .is_some_and(|route| route.replicas.iter().any(|x| x.node_id == r.node));
-            let route = state.routes().get(&g);
             let outcome = if !listed {
                 Outcome::Done
             } else if now.saturating_duration_since(r.started) >= REMOVE_TIMEOUT {
                 Outcome::GivenUp
-            } else if let Some(Err(e)) =
-                route.map(|route| quorum_after_removal(route, view, r.node, now))
-            {
-                // Not proposed yet, or not committed: the leader is told nothing more.
-                Outcome::Cancelled(e)
             } else {
                 (r.step, r.command) = remove_step(view, g, r.node, now);
+                let quorum = state
+                    .routes()
+                    .get(&g)
+                    .map(|route| quorum_after_removal(route, view, r.node, now));
+                if matches!(quorum, Some(Err(_))) {
+                    // The leader is asked no more while the rest would lack a live
+                    // quorum (a change it already proposed may still commit: then the
+                    // table follows and the removal is done; else it is given up).
+                    r.command = None;
+                }
                 return true;
             };
+            if r.origin == Origin::Request {
+                asked.insert(g, now);
+            }
             ended.push((g, outcome));
             false
         });
@@ -458,6 +478,14 @@ impl Operators {
         self.transfers.contains_key(&group)
             || self.adds.contains_key(&group)
             || self.removes.contains_key(&group)
+    }
+
+    /// Whether a replica addition or removal a user asked for on `group` ended within
+    /// [`ASKED_GRACE`] before `now`.
+    pub fn asked_lately(&self, group: u64, now: Instant) -> bool {
+        self.asked
+            .get(&group)
+            .is_some_and(|&at| now.saturating_duration_since(at) < ASKED_GRACE)
     }
 
     /// The step of the replica removal under way on `group`, if any.
@@ -715,8 +743,8 @@ fn check_target(
 
 /// The leader balancer's next moves: up to `max` (group, target) transfers that bring
 /// every eligible node's count of led groups within `max(10% of the mean, 1)` of the
-/// mean, as far as the placement allows. Eligible nodes are alive, not full and not
-/// stopping; a group with an operator under way counts for its target and is not moved
+/// mean, as far as the placement allows. Eligible nodes are alive, not full, not
+/// stopping and not draining; a group with an operator under way counts for its target and is not moved
 /// again, nor to a node its transfer failed to lately ([`BALANCE_BACKOFF`]). Each move
 /// goes from the most loaded node that can give a group away to the least loaded one
 /// that hosts a running replica of it no more than [`BALANCE_LAG_MAX`] entries behind,
@@ -733,6 +761,7 @@ pub fn balance_leaders(
     let eligible: Vec<u64> = view
         .alive_nodes(state, now)
         .into_iter()
+        .filter(|&n| !state.draining(n))
         .filter(|&n| {
             view.last_heartbeat(n)
                 .is_some_and(|(_, s)| !s.disk_full && !s.stopping)

@@ -3,18 +3,22 @@
 //! balance-region scheduler).
 //!
 //! Decisions only, stateless like repair ([`crate::repair`]), and only while repair has
-//! nothing to do (no group places a replica on a down node). Each pass:
+//! nothing to do (no group places a replica on a down or draining node). Each pass:
 //! - a group with more voters than `replication`, all on live nodes, loses the one on
-//!   the node hosting the most replicas (ties: a follower, then the highest id); a live
-//!   learner left by an addition that gave up is removed, or promoted if the group
-//!   lacks voters;
-//! - then, while the eligible nodes (alive, not full, not stopping) are not all within
+//!   the node hosting the most replicas (ties: a follower, then the highest id), one
+//!   with fewer gets one on the least loaded node that lacks it; a live learner left by
+//!   an addition that gave up is removed, or promoted if the group lacks voters;
+//! - then, while the eligible nodes (alive, not full, not stopping, not draining) are
+//!   not all within
 //!   `max(10% of the mean, 1)` of the mean, a group on the most loaded node that can
 //!   give one to a node hosting at least two fewer (the least loaded such) gets a
 //!   replica there; the next pass trims the group back to `replication`, from its most
 //!   loaded node. Adding first keeps every group at its number of voters throughout.
 //!
-//! A group under an operator, or whose leader is not known to be live, is left alone.
+//! A group under an operator, whose leader is not known to be live, or whose replica
+//! addition or removal asked for by a user ended within
+//! [`crate::operator::ASKED_GRACE`] (so the removal half of a `cluster move` comes
+//! before any trim) is left alone.
 //! Counts include the additions under way. Ties go to the lowest ids: the same view
 //! gives the same moves.
 
@@ -42,16 +46,18 @@ pub fn balance_replicas(
     max: usize,
 ) -> Vec<ReplicaMove> {
     let routes = state.routes();
+    let draining = state.draining_nodes();
+    let leaving = |n: u64| down.contains(&n) || draining.contains(&n);
     let waiting_for_repair = routes
         .values()
-        .any(|r| r.replicas.iter().any(|x| down.contains(&x.node_id)));
+        .any(|r| r.replicas.iter().any(|x| leaving(x.node_id)));
     if max == 0 || waiting_for_repair {
         return Vec::new();
     }
     let eligible: BTreeSet<u64> = view
         .alive_nodes(state, now)
         .into_iter()
-        .filter(|n| !down.contains(n))
+        .filter(|&n| !leaving(n))
         .filter(|&n| {
             view.last_heartbeat(n)
                 .is_some_and(|(_, s)| !s.disk_full && !s.stopping)
@@ -64,7 +70,12 @@ pub fn balance_replicas(
                 *c += 1;
             }
         }
-        if let Some(c) = ops.add_target(g).and_then(|to| count.get_mut(&to)) {
+        // An addition under way counts for its target, once: the table lists its
+        // learner from the first step on.
+        let pending = ops
+            .add_target(g)
+            .filter(|to| !route.replicas.iter().any(|r| r.node_id == *to));
+        if let Some(c) = pending.and_then(|to| count.get_mut(&to)) {
             *c += 1;
         }
     }
@@ -72,6 +83,7 @@ pub fn balance_replicas(
     let movable = |g: u64| {
         let route = &routes[&g];
         !ops.busy(g)
+            && !ops.asked_lately(g, now)
             && view.leader(g).is_some_and(|l| view.is_alive(l, now))
             && route.replicas.iter().all(|r| view.is_alive(r.node_id, now))
     };
@@ -102,6 +114,21 @@ pub fn balance_replicas(
                     node: learner,
                 }
             }
+        } else if voters.len() < replication {
+            // Short of voters (a replica removed by hand, say): one more on the least
+            // loaded eligible node that lacks one.
+            let Some(to) = count
+                .iter()
+                .filter(|(&n, _)| !route.replicas.iter().any(|r| r.node_id == n))
+                .min_by_key(|(&n, &c)| (c, n))
+                .map(|(&n, _)| n)
+            else {
+                continue;
+            };
+            if let Some(c) = count.get_mut(&to) {
+                *c += 1;
+            }
+            ReplicaMove::Add { group: g, to }
         } else if voters.len() > replication {
             // The most loaded; among those a follower (a leader would hand its
             // leadership over first), then the highest id.
@@ -290,6 +317,59 @@ mod tests {
         assert_eq!(
             balance_replicas(&st, &v, &Operators::default(), now, &[], 3, 10),
             vec![]
+        );
+    }
+
+    /// A user's addition that made a fourth voter is not trimmed while the removal half
+    /// of a `cluster move` may still come, and is after; a group short of a voter gets
+    /// one on the least loaded node; an addition under way counts once for its target.
+    #[test]
+    fn a_users_move_is_not_cut_in_between() {
+        let now = Instant::now();
+        let mut st = cluster(4, 2, |_| vec![1, 2, 3]);
+        let v = view(&st, now, |_| 1);
+        let mut ops = Operators::default();
+        assert_eq!(
+            ops.add_replica(&st, &v, &[], 1, 4, now, Origin::Request),
+            Ok(true)
+        );
+        // Its learner in the table and the addition under way: node 4 counts 1, not 2
+        // (else a 4-node cluster with 6 replicas would look balanced from node 4's side).
+        set_route(&mut st, 1, &[1, 2, 3], &[4]);
+        let v = view(&st, now, |_| 1);
+        let moves = balance_replicas(&st, &v, &ops, now, &[], 3, 10);
+        assert!(
+            moves
+                .iter()
+                .all(|m| !matches!(m, ReplicaMove::Remove { node: 4, .. })),
+            "{moves:?}"
+        );
+        set_route(&mut st, 1, &[1, 2, 3, 4], &[]);
+        let v = view(&st, now, |_| 1);
+        assert_eq!(ops.settle(&st, &v, now).len(), 1);
+        assert!(ops.asked_lately(1, now));
+        let moves = balance_replicas(&st, &v, &ops, now, &[], 3, 10);
+        assert!(
+            moves
+                .iter()
+                .all(|m| !matches!(m, ReplicaMove::Remove { group: 1, .. })),
+            "{moves:?}"
+        );
+        let later = now + crate::operator::ASKED_GRACE;
+        let v = view(&st, later, |_| 1);
+        let moves = balance_replicas(&st, &v, &ops, later, &[], 3, 10);
+        // (From the most loaded of its nodes: node 4 hosts the fewest.)
+        assert!(
+            moves.contains(&ReplicaMove::Remove { group: 1, node: 3 }),
+            "{moves:?}"
+        );
+        // Group 2 loses a voter by hand: it gets one back, on node 4 (the least loaded).
+        set_route(&mut st, 1, &[1, 2, 3], &[]);
+        set_route(&mut st, 2, &[1, 2], &[]);
+        let v = view(&st, later, |_| 1);
+        assert_eq!(
+            balance_replicas(&st, &v, &Operators::default(), later, &[], 3, 10),
+            vec![ReplicaMove::Add { group: 2, to: 4 }]
         );
     }
 

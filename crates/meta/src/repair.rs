@@ -1,5 +1,6 @@
 //! Replica repair: the meta leader replaces the replicas of nodes down longer than
-//! `--down-after`, as seed 000's MetaServer and TiKV's PD do.
+//! `--down-after`, as seed 000's MetaServer and TiKV's PD do, and those of draining
+//! nodes (`phoenix cluster drain`) alike.
 //!
 //! Decisions only; the [`Operators`] carry them out. The rule is stateless, so a new
 //! meta leader picks up where the last one stopped: for each group whose route lists
@@ -70,7 +71,7 @@ pub fn down_nodes(
 }
 
 /// The next repair moves (at most `max`) for the groups with a replica on a node of
-/// `down`, as the module doc says. Ties go to the lowest ids: the same view gives the
+/// `down` or on a draining node, as the module doc says. Ties go to the lowest ids: the same view gives the
 /// same moves.
 pub fn repair_replicas(
     state: &MetaState,
@@ -81,15 +82,19 @@ pub fn repair_replicas(
     replication: usize,
     max: usize,
 ) -> Vec<ReplicaMove> {
-    if down.is_empty() || max == 0 {
+    // Replicas on draining nodes are replaced like those on down nodes (their leaders
+    // may stay where they are: a removal moves the leadership off first).
+    let draining = state.draining_nodes();
+    if (down.is_empty() && draining.is_empty()) || max == 0 {
         return Vec::new();
     }
     let is_down = |n: u64| down.contains(&n);
+    let leaving = |n: u64| is_down(n) || draining.contains(&n);
     // Nodes that may take a replica, with how many they host (or are being given).
     let mut load: BTreeMap<u64, usize> = view
         .alive_nodes(state, now)
         .into_iter()
-        .filter(|&n| !is_down(n))
+        .filter(|&n| !leaving(n))
         .filter(|&n| {
             view.last_heartbeat(n)
                 .is_some_and(|(_, s)| !s.disk_full && !s.stopping)
@@ -102,7 +107,11 @@ pub fn repair_replicas(
                 *c += 1;
             }
         }
-        if let Some(c) = ops.add_target(g).and_then(|to| load.get_mut(&to)) {
+        // (An addition under way counts once: the table lists its learner early.)
+        let pending = ops
+            .add_target(g)
+            .filter(|to| !route.replicas.iter().any(|r| r.node_id == *to));
+        if let Some(c) = pending.and_then(|to| load.get_mut(&to)) {
             *c += 1;
         }
     }
@@ -115,7 +124,7 @@ pub fn repair_replicas(
             .replicas
             .iter()
             .map(|r| r.node_id)
-            .filter(|&n| is_down(n))
+            .filter(|&n| leaving(n))
             // A learner first: it goes without anything to replace.
             .min_by_key(|&n| (!route.learners.contains(&n), n))
         else {
@@ -127,7 +136,7 @@ pub fn repair_replicas(
         let voters_elsewhere = route
             .replicas
             .iter()
-            .filter(|r| !is_down(r.node_id) && !route.learners.contains(&r.node_id))
+            .filter(|r| !leaving(r.node_id) && !route.learners.contains(&r.node_id))
             .count();
         if route.learners.contains(&dead) || voters_elsewhere >= replication {
             moves.push(ReplicaMove::Remove {
@@ -244,6 +253,54 @@ mod tests {
         let v = view_with_down(&st, now, &[3], |_| 1);
         let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 10);
         assert_eq!(moves[2], ReplicaMove::Add { group: 3, to: 5 });
+    }
+
+    /// A draining node's replicas are replaced as a down node's are, though it leads:
+    /// it takes no new replica, and its groups may keep their leader there meanwhile.
+    #[test]
+    fn a_draining_node_is_emptied() {
+        let now = Instant::now();
+        let mut st = cluster(4, 2, |_| vec![1, 2, 3]);
+        let cmd = phoenix_proto::MetaCommand {
+            cmd: Some(phoenix_proto::meta_command::Cmd::SetNodeState(
+                phoenix_proto::NodeState {
+                    node_id: 3,
+                    draining: true,
+                },
+            )),
+        };
+        st.apply(st.applied() + 1, &cmd).unwrap();
+        let v = view_with_down(&st, now, &[], |_| 3);
+        let ops = Operators::default();
+        assert_eq!(
+            repair_replicas(&st, &v, &ops, now, &[], 3, 10),
+            vec![
+                ReplicaMove::Add { group: 1, to: 4 },
+                ReplicaMove::Add { group: 2, to: 4 },
+            ]
+        );
+        set_route(&mut st, 1, &[1, 2, 3, 4], &[]);
+        let v = view_with_down(&st, now, &[], |_| 3);
+        assert_eq!(
+            repair_replicas(&st, &v, &ops, now, &[], 3, 1),
+            vec![ReplicaMove::Remove { group: 1, node: 3 }]
+        );
+        // Node 4, the only other one, drains too: nowhere to go.
+        let cmd = phoenix_proto::MetaCommand {
+            cmd: Some(phoenix_proto::meta_command::Cmd::SetNodeState(
+                phoenix_proto::NodeState {
+                    node_id: 4,
+                    draining: true,
+                },
+            )),
+        };
+        st.apply(st.applied() + 1, &cmd).unwrap();
+        let v = view_with_down(&st, now, &[], |_| 1);
+        let moves = repair_replicas(&st, &v, &ops, now, &[], 3, 10);
+        assert!(
+            moves.iter().all(|m| !matches!(m, ReplicaMove::Add { .. })),
+            "{moves:?}"
+        );
     }
 
     /// Groups under an operator, led by nobody live, or with no node to take a replica

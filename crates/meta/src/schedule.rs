@@ -167,6 +167,7 @@ pub fn cluster_view(
                 }),
                 alive: view.is_alive(n.node_id, now),
                 stats: hb.map(|(_, s)| *s),
+                draining: state.draining(n.node_id),
             }
         })
         .collect();

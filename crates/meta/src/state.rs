@@ -9,9 +9,14 @@
 //! Records (keys relative to the meta key space; the host prefixes them with
 //! `0u64 BE ‖ 'd'`):
 //! ```text
-//! record      := node_record | route_record
+//! record      := node_record | route_record | state_record
 //! node_record := 'n' ‖ node_id: u64 BE   → protobuf Replica (node id, address)
 //! route_record:= 'r' ‖ group_id: u64 BE  → protobuf Route (range, epoch, replicas)
+//! state_record:= 's' ‖ node_id: u64 BE   → protobuf NodeState (draining); protocol 2
+//! ```
+//! A binary that predates a record kind refuses the state by name (`UnknownRecord`)
+//! rather than drop what it cannot read.
+//! ```text
 //! ```
 //!
 //! Invariants (checked by [`MetaState::check`] when rebuilding from records, and after
@@ -28,7 +33,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use phoenix_proto::{meta_command, MetaCommand, Replica, Route};
+use phoenix_proto::{meta_command, MetaCommand, NodeState, Replica, Route};
 use prost::Message;
 
 use crate::error::{Error, Refusal, Result};
@@ -36,14 +41,21 @@ use crate::error::{Error, Refusal, Result};
 /// Group id of the meta group.
 pub const META_GROUP: u64 = 0;
 
-/// The meta commands this binary applies: 1 = `UpdateRoute` (membership changes).
-/// Before, a command kind unknown to a replica was refused there and applied elsewhere.
-pub const PROTOCOL: u32 = 1;
+/// The meta commands this binary applies: 1 = `UpdateRoute` (membership changes), 2 =
+/// `SetNodeState` (draining). Before 1, a command kind unknown to a replica was refused
+/// there and applied elsewhere: a kind is proposed only once every meta member's node
+/// record says it applies it ([`MetaState::member_behind`]).
+pub const PROTOCOL: u32 = 2;
+
+/// The protocol level that brought `SetNodeState`.
+pub const PROTOCOL_NODE_STATE: u32 = 2;
 
 /// Record kind byte of a node record.
 const NODE_RECORD: u8 = b'n';
 /// Record kind byte of a route record.
 const ROUTE_RECORD: u8 = b'r';
+/// Key kind of node state records.
+const STATE_RECORD: u8 = b's';
 
 /// One record to persist (key relative to the meta key space).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +84,8 @@ pub struct MetaState {
     nodes: BTreeMap<u64, Replica>,
     /// Data group routes by group id.
     routes: BTreeMap<u64, Route>,
+    /// States of registered nodes (those ever set), by id.
+    states: BTreeMap<u64, NodeState>,
     /// Last log index applied (0 = none).
     applied: u64,
 }
@@ -86,6 +100,11 @@ fn record_key(kind: u8, id: u64) -> Vec<u8> {
 /// Record key of node `id`.
 pub fn node_record_key(id: u64) -> Vec<u8> {
     record_key(NODE_RECORD, id)
+}
+
+/// Record key of the state of node `id`.
+pub fn state_record_key(id: u64) -> Vec<u8> {
+    record_key(STATE_RECORD, id)
 }
 
 /// Record key of the route of group `id`.
@@ -215,6 +234,16 @@ impl MetaState {
                     }
                     st.routes.insert(id, r);
                 }
+                Some((STATE_RECORD, id)) => {
+                    let n = NodeState::decode(v).map_err(|source| Error::DecodeRecord {
+                        key: k.to_vec(),
+                        source,
+                    })?;
+                    if n.node_id != id {
+                        return Err(mismatch(format!("the state of node {}", n.node_id)));
+                    }
+                    st.states.insert(id, n);
+                }
                 _ => return Err(Error::UnknownRecord(k.to_vec())),
             }
         }
@@ -233,7 +262,12 @@ impl MetaState {
             key: route_record_key(r.group_id),
             value: r.encode_to_vec(),
         });
-        nodes.chain(routes).collect()
+        let states = self.states.values().map(|n| Write {
+            key: state_record_key(n.node_id),
+            value: n.encode_to_vec(),
+        });
+        // (In key order: 'n' < 'r' < 's'.)
+        nodes.chain(routes).chain(states).collect()
     }
 
     /// Decodes and applies the committed entry at log index `index` (≥ 1).
@@ -270,6 +304,7 @@ impl MetaState {
             Some(meta_command::Cmd::RegisterNode(n)) => self.register_node(n),
             Some(meta_command::Cmd::CreateGroups(cg)) => self.create_groups(&cg.routes),
             Some(meta_command::Cmd::UpdateRoute(r)) => self.update_route(r),
+            Some(meta_command::Cmd::SetNodeState(n)) => self.set_node_state(n),
             None => Err(Refusal::EmptyCommand),
         };
         #[cfg(debug_assertions)]
@@ -303,6 +338,24 @@ impl MetaState {
         self.nodes.insert(n.node_id, n.clone());
         Ok(Applied::Changed(vec![Write {
             key: node_record_key(n.node_id),
+            value: n.encode_to_vec(),
+        }]))
+    }
+
+    fn set_node_state(&mut self, n: &NodeState) -> std::result::Result<Applied, Refusal> {
+        if !self.nodes.contains_key(&n.node_id) {
+            return Err(Refusal::UnknownNode(n.node_id));
+        }
+        let was = self.states.get(&n.node_id).copied().unwrap_or(NodeState {
+            node_id: n.node_id,
+            draining: false,
+        });
+        if was == *n {
+            return Ok(Applied::Unchanged);
+        }
+        self.states.insert(n.node_id, *n);
+        Ok(Applied::Changed(vec![Write {
+            key: state_record_key(n.node_id),
             value: n.encode_to_vec(),
         }]))
     }
@@ -385,11 +438,33 @@ impl MetaState {
                 return Err(format!("route record {id} holds group {}", r.group_id));
             }
         }
+        for (id, n) in &self.states {
+            if n.node_id != *id || !self.nodes.contains_key(id) {
+                return Err(format!(
+                    "state record {id} of node {}, not registered",
+                    n.node_id
+                ));
+            }
+        }
         if self.routes.is_empty() {
             return Ok(());
         }
         let table: Vec<Route> = self.routes.values().cloned().collect();
         validate_table(&table)
+    }
+
+    /// Whether node `id` is draining (`phoenix cluster drain`).
+    pub fn draining(&self, id: u64) -> bool {
+        self.states.get(&id).is_some_and(|n| n.draining)
+    }
+
+    /// The draining nodes, by id.
+    pub fn draining_nodes(&self) -> Vec<u64> {
+        self.states
+            .values()
+            .filter(|n| n.draining)
+            .map(|n| n.node_id)
+            .collect()
     }
 
     /// The first of `members` whose node record does not say it applies meta commands
@@ -912,5 +987,52 @@ mod tests {
         assert_eq!(st.nodes(), model.nodes());
         assert_eq!(st.routes(), model.routes());
         assert_eq!(st.applied(), model.applied());
+    }
+
+    /// A node's draining state: refused for an unregistered node, unchanged when set
+    /// again, recorded, and rebuilt from the records (which an older binary refuses by
+    /// name).
+    #[test]
+    fn node_states_are_set_recorded_and_rebuilt() {
+        let mut st = MetaState::default();
+        let reg = MetaCommand {
+            cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                protocol: PROTOCOL,
+                node_id: 1,
+                addr: "h:1".into(),
+            })),
+        };
+        st.apply(1, &reg).unwrap();
+        let set = |node_id, draining| MetaCommand {
+            cmd: Some(meta_command::Cmd::SetNodeState(NodeState {
+                node_id,
+                draining,
+            })),
+        };
+        assert_eq!(st.apply(2, &set(9, true)), Err(Refusal::UnknownNode(9)));
+        assert_eq!(st.apply(3, &set(1, false)), Ok(Applied::Unchanged));
+        assert!(!st.draining(1));
+        match st.apply(4, &set(1, true)) {
+            Ok(Applied::Changed(ws)) => assert_eq!(ws[0].key, state_record_key(1)),
+            other => panic!("{other:?}"),
+        }
+        assert!(st.draining(1));
+        assert_eq!(st.draining_nodes(), vec![1]);
+        let back = MetaState::from_records(
+            st.applied(),
+            st.records().into_iter().map(|w| (w.key, w.value)),
+        )
+        .unwrap();
+        assert_eq!(back, st);
+        st.apply(5, &set(1, false)).unwrap();
+        assert!(st.draining_nodes().is_empty());
+        // A state record of a node not registered breaks an invariant.
+        let orphan = NodeState {
+            node_id: 2,
+            draining: true,
+        };
+        assert!(
+            MetaState::from_records(1, [(state_record_key(2), orphan.encode_to_vec())]).is_err()
+        );
     }
 }

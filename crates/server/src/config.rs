@@ -202,9 +202,15 @@ impl Config {
         if self.value_bytes_max == 0 || self.value_bytes_max > (64 << 20) {
             return bad("value limit must be in 1..=64 MiB");
         }
-        // A node missing one heartbeat (a pause, a slow disk) is not down.
-        if !self.down_after.is_zero() && self.down_after < 3 * self.heartbeat_interval {
-            return bad("--down-after must be 0 (never) or at least three heartbeat intervals");
+        // A node missing a heartbeat or two (a pause, a slow disk, a slow meta leader)
+        // is not down: at least as long as a node counts as alive after its last one,
+        // and three heartbeat intervals.
+        let floor = (3 * self.heartbeat_interval).max(phoenix_meta::ALIVE_WITHIN);
+        if !self.down_after.is_zero() && self.down_after < floor {
+            return Err(Error::Config(format!(
+                "--down-after must be 0 (never) or at least {} ms",
+                floor.as_millis()
+            )));
         }
         Ok(())
     }

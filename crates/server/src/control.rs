@@ -68,7 +68,8 @@ error_reply!(
     HeartbeatResponse,
     TransferLeaderResponse,
     AddReplicaResponse,
-    RemoveReplicaResponse
+    RemoveReplicaResponse,
+    DrainNodeResponse
 );
 
 /// The gRPC answer to a request: its response, or one reporting its error (gRPC
@@ -450,6 +451,60 @@ impl MetaService {
         .await
     }
 
+    /// Marks node `node` draining (or not, with `cancel`) in the meta group's log: repair
+    /// then moves its replicas off ([`phoenix_meta::repair_replicas`]).
+    async fn local_drain_node(
+        &self,
+        node: u64,
+        cancel: bool,
+        timeout: Duration,
+    ) -> Result<proto::DrainNodeResponse, PErr> {
+        if node == 0 {
+            return Err(PErr::invalid_argument("drain needs a node id (not 0)"));
+        }
+        let members: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
+        {
+            let meta = self.shared.meta.read();
+            if !meta.nodes().contains_key(&node) {
+                return Err(PErr::invalid_argument(format!(
+                    "node {node} is not registered"
+                )));
+            }
+            if let Some(m) = meta.member_behind(&members, phoenix_meta::PROTOCOL_NODE_STATE) {
+                return Err(PErr::invalid_argument(format!(
+                    "meta member {m} runs an older binary that cannot record a drain: \
+                     upgrade it first"
+                )));
+            }
+        }
+        let cmd = proto::MetaCommand {
+            cmd: Some(proto::meta_command::Cmd::SetNodeState(proto::NodeState {
+                node_id: node,
+                draining: !cancel,
+            })),
+        };
+        match self.propose(cmd, timeout).await? {
+            ApplyResult::Done => {}
+            ApplyResult::Refused(why) => return Err(PErr::invalid_argument(why)),
+            other => {
+                return Err(PErr::internal(format!(
+                    "unexpected answer to a node state: {other:?}"
+                )))
+            }
+        }
+        tracing::info!(node, draining = !cancel, "node state set");
+        let meta = self.shared.meta.read();
+        let replicas = meta
+            .routes()
+            .values()
+            .filter(|r| r.replicas.iter().any(|x| x.node_id == node))
+            .count() as u64;
+        Ok(proto::DrainNodeResponse {
+            error: None,
+            replicas,
+        })
+    }
+
     /// Moves `group`'s leadership to `to` ([`run_operator`](Self::run_operator)): done
     /// when the view shows `to` leading, as soon as the target's node reports it.
     async fn local_transfer_leader(
@@ -624,6 +679,19 @@ impl proto::meta_server::Meta for MetaService {
             r.timeout_ms,
             |timeout| self.local_remove_replica(r.group_id, r.node_id, timeout),
             |mut c| async move { c.remove_replica(r).await },
+        )
+        .await
+    }
+
+    async fn drain_node(
+        &self,
+        req: Request<proto::DrainNodeRequest>,
+    ) -> Result<Response<proto::DrainNodeResponse>, Status> {
+        let r = req.into_inner();
+        self.serve_operator(
+            r.timeout_ms,
+            |timeout| self.local_drain_node(r.node_id, r.cancel, timeout),
+            |mut c| async move { c.drain_node(r).await },
         )
         .await
     }
@@ -923,9 +991,7 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
             let lv = shared.leader_view.lock();
             settle_operators(&mut shared.operators.lock(), &meta, &lv);
         }
-        if !shared.cfg.down_after.is_zero() || shared.cfg.balance_replicas {
-            move_replicas(&shared);
-        }
+        move_replicas(&shared);
         if shared.cfg.balance_leaders {
             balance(&shared);
         }
@@ -983,7 +1049,7 @@ fn balance(shared: &Shared) {
 }
 
 /// Starts the replica repairs (`phoenix_meta::repair_replicas`) for the nodes down for
-/// `--down-after`, then the replica balancer's moves (`phoenix_meta::balance_replicas`,
+/// `--down-after` and the draining ones, then the replica balancer's moves (`phoenix_meta::balance_replicas`,
 /// which waits while repair has work), each up to its in-flight limit.
 fn move_replicas(shared: &Shared) {
     use phoenix_meta::ReplicaMove;
@@ -1002,7 +1068,7 @@ fn move_replicas(shared: &Shared) {
         phoenix_meta::down_nodes(&meta, &lv, now, since, cfg.down_after)
     };
     let mut moves = Vec::new();
-    if !down.is_empty() {
+    if !down.is_empty() || !meta.draining_nodes().is_empty() {
         let room = phoenix_meta::REPAIR_INFLIGHT_MAX.saturating_sub(ops.changing(Origin::Repair));
         let repairs =
             phoenix_meta::repair_replicas(&meta, &lv, &ops, now, &down, cfg.replication, room);

@@ -2002,7 +2002,7 @@ async fn the_replicas_of_a_node_down_too_long_are_replaced() {
     let meta: Vec<MetaMember> = meta[..3].to_vec();
     let cfg = |i: usize| {
         let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
-        c.down_after = Duration::from_secs(2);
+        c.down_after = phoenix_meta::ALIVE_WITHIN;
         c
     };
     let mut nodes: Vec<Option<Node>> = (0..4).map(|i| Some(start(cfg(i)))).collect();
@@ -2125,6 +2125,99 @@ async fn replicas_spread_over_nodes_that_join() {
         )
         .await;
     }
+    for n in nodes {
+        n.stop().await;
+    }
+}
+
+/// A drained node (here the group's leader) loses its replica: the group gets one on
+/// the spare node, the leadership moves off, the table leaves the drained node out and
+/// it drops the group; the cluster view says it is draining until the drain is
+/// cancelled; every write is there. Unknown nodes are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drained_node_is_emptied() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(4);
+    let meta: Vec<MetaMember> = meta[..3].to_vec();
+    let cfg = |i: usize| config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+    let nodes: Vec<Node> = (0..4).map(|i| start(cfg(i))).collect();
+    let route = wait_route(&addrs).await;
+    let g = route.group_id;
+    let on: Vec<u64> = route.replicas.iter().map(|r| r.node_id).collect();
+    let spare = (1..=4u64).find(|n| !on.contains(n)).unwrap();
+    let drained = route.leader_node_id;
+    for i in 0..20u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v").await;
+    }
+    let drain = |node: u64, cancel: bool| {
+        let addr = addrs[0].clone();
+        async move {
+            meta_client(&addr)
+                .await
+                .drain_node(proto::DrainNodeRequest {
+                    node_id: node,
+                    cancel,
+                    timeout_ms: 5_000,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let r = drain(9, false).await;
+    assert!(r.error.is_some(), "draining an unknown node: {r:?}");
+    let r = drain(drained, false).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(r.replicas, 1);
+    let t = Instant::now();
+    let mut want: Vec<u64> = on.iter().copied().filter(|&n| n != drained).collect();
+    want.push(spare);
+    want.sort_unstable();
+    let after = loop {
+        let r = wait_route(&addrs).await;
+        let mut ids: Vec<u64> = r.replicas.iter().map(|x| x.node_id).collect();
+        ids.sort_unstable();
+        if ids == want && r.learners.is_empty() {
+            break r;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "node {drained} not drained within 30 s: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("node {drained} drained in {:?}", t.elapsed());
+    assert_ne!(after.leader_node_id, drained);
+    wait_dropped(&dir.path().join(format!("node-{drained}")), g).await;
+    let draining = |resp: &proto::GetClusterResponse| {
+        resp.nodes
+            .iter()
+            .find(|n| n.node_id == drained)
+            .is_some_and(|n| n.draining)
+    };
+    let status = meta_client(&addrs[1])
+        .await
+        .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(draining(&status), "{status:?}");
+    for i in [0u32, 19] {
+        assert_eq!(
+            get(&addrs, &after, format!("k{i:04}").as_bytes()).await,
+            Some(b"v".to_vec())
+        );
+    }
+    let r = drain(drained, true).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(r.replicas, 0);
+    let status = meta_client(&addrs[2])
+        .await
+        .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!draining(&status));
     for n in nodes {
         n.stop().await;
     }

@@ -1,6 +1,7 @@
 //! `phoenix cluster status`: nodes, groups, leaders, sizes and operators, as the meta
 //! group sees them; `transfer-leader`: move a group's leadership; `add-replica`,
-//! `remove-replica` and `move`: change where a group's replicas are.
+//! `remove-replica` and `move`: change where a group's replicas are; `drain`: empty a
+//! node.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -30,6 +31,26 @@ pub enum ClusterCmd {
     /// Move the replica of a group from one node to another: add the new one (it
     /// catches up and becomes a voter), then remove the old one.
     Move(MoveArgs),
+    /// Move every replica off a node (each group gets a replica elsewhere, then loses
+    /// the node's; the node takes no new ones), so it can be taken out of the cluster;
+    /// `--cancel` stops draining it. Waits until it hosts none with `--wait-ms`.
+    Drain(DrainArgs),
+}
+
+/// Flags of `phoenix cluster drain`.
+#[derive(Debug, clap::Args)]
+pub struct DrainArgs {
+    /// The node to empty.
+    node: u64,
+    /// Stop draining the node (its replicas stay where they are by then).
+    #[arg(long)]
+    cancel: bool,
+    /// Wait until the node hosts no replica, up to this many milliseconds (0: return
+    /// once the node is marked draining).
+    #[arg(long = "wait-ms", default_value_t = 0)]
+    wait_ms: u64,
+    #[command(flatten)]
+    conn: Conn,
 }
 
 /// Flags of `phoenix cluster remove-replica`.
@@ -106,6 +127,7 @@ pub fn run(cmd: ClusterCmd, format: Format) -> Result<Outcome, CmdError> {
         ClusterCmd::AddReplica(args) => add_replica(args, format),
         ClusterCmd::RemoveReplica(args) => remove_replica(args, format),
         ClusterCmd::Move(args) => move_replica(args, format),
+        ClusterCmd::Drain(args) => drain(args, format),
     }
 }
 
@@ -164,6 +186,52 @@ fn move_replica(args: MoveArgs, format: Format) -> Result<Outcome, CmdError> {
     let (group, from, to) = (args.group, args.from, args.to);
     membership_change(&args.conn, group, args.wait_ms, format, |c| async move {
         c.move_replica(group, from, to).await
+    })
+}
+
+fn drain(args: DrainArgs, format: Format) -> Result<Outcome, CmdError> {
+    runtime()?.block_on(async {
+        let client = Client::new_lazy(args.conn.endpoints.clone(), options(&args.conn))?;
+        let mut left = client
+            .drain_node(args.node, args.cancel)
+            .await
+            .map_err(|e| unreachable_or(&args.conn, e))?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(args.wait_ms);
+        while !args.cancel && left > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            // (A status that fails to come is asked for again until the deadline.)
+            if let Ok(s) = client.cluster_status().await {
+                left = s
+                    .groups
+                    .iter()
+                    .filter(|g| g.replicas.contains(&args.node))
+                    .count() as u64;
+            }
+        }
+        let draining = !args.cancel;
+        match format {
+            Format::Text => {
+                let mut out = Stdout::lock();
+                let what = if draining { "draining" } else { "not draining" };
+                writeln!(out, "node {}: {what}, {left} replicas on it", args.node)?;
+                out.flush()?;
+            }
+            Format::Json => output::print_json(&json!({
+                "node_id": args.node,
+                "draining": draining,
+                "replicas": left,
+            }))?,
+        }
+        if draining && left > 0 && args.wait_ms > 0 {
+            return Err(CmdError::Failed(
+                format!(
+                    "node {} still hosts {left} replicas after {} ms (the drain goes on)",
+                    args.node, args.wait_ms
+                )
+                .into(),
+            ));
+        }
+        Ok(Outcome::Done)
     })
 }
 
@@ -226,6 +294,7 @@ pub fn to_json(s: &ClusterStatus, bytes: Bytes) -> Value {
                 "log_bytes": n.log_bytes,
                 "disk_free_bytes": n.disk_free_bytes,
                 "disk_full": n.disk_full,
+                "draining": n.draining,
             })
         })
         .collect();
@@ -336,7 +405,11 @@ pub fn render(s: &ClusterStatus) -> String {
             "{:>4}  {:<22} {:<6} {:>10} {:>7} {:>8} {:>11} {:>11} {:>16}",
             n.node_id,
             n.addr,
-            if n.alive { "yes" } else { "NO" },
+            match (n.alive, n.draining) {
+                (false, _) => "NO",
+                (true, true) => "drain",
+                (true, false) => "yes",
+            },
             n.last_heartbeat_ms_ago
                 .map_or("never".to_string(), |ms| format!("{ms} ms")),
             n.groups,
@@ -452,6 +525,7 @@ mod tests {
                 log_bytes: 512,
                 disk_free_bytes: Some(100 << 20),
                 disk_full: true,
+                draining: true,
             }],
             groups: vec![GroupStatus {
                 group_id: 1,
