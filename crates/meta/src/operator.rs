@@ -1558,6 +1558,43 @@ pub(crate) mod tests {
         );
     }
 
+    /// A removal under way whose remaining voters lose their live quorum is not
+    /// cancelled (its change may be in the leader's log already): the leader is asked
+    /// no more, and the removal is done if the table follows after all.
+    #[test]
+    fn a_removal_that_would_lose_the_quorum_waits() {
+        let now = Instant::now();
+        let mut st = cluster(3, 1, |_| vec![1, 2, 3]);
+        // Node 1 leads, its report listing the voters.
+        let heard = |st: &MetaState, v: &mut LeaderView, id: u64, at: Instant| {
+            let mut r = report(st, id, &|_| 1);
+            r[0].voters = vec![1, 2, 3];
+            v.record(at, id, NodeStats::default(), &r);
+        };
+        let mut v = view(&st, now, |_| 1);
+        heard(&st, &mut v, 1, now);
+        let mut ops = Operators::default();
+        assert_eq!(
+            ops.remove_replica(&st, &v, &[], 1, 3, now, Origin::Request),
+            Ok(true)
+        );
+        ops.settle(&st, &v, now);
+        assert_eq!(ops.commands_for(&v, 1).len(), 1);
+        // Node 2 falls silent: nodes 1 and 2 would be left, one alive.
+        let later = now + crate::ALIVE_WITHIN;
+        let mut v2 = v.clone();
+        for id in [1, 3] {
+            heard(&st, &mut v2, id, later);
+        }
+        assert_eq!(ops.settle(&st, &v2, later), vec![]);
+        assert!(
+            ops.commands_for(&v2, 1).is_empty(),
+            "the leader is asked no more"
+        );
+        set_route(&mut st, 1, &[1, 2], &[]);
+        assert_eq!(ops.settle(&st, &v2, later), vec![(1, Outcome::Done)]);
+    }
+
     /// A removal goes on while the node is down (that is what repair needs), and is
     /// given up after its timeout.
     #[test]

@@ -373,6 +373,36 @@ mod tests {
         );
     }
 
+    /// Additions under way count once for their target: with three of them on their
+    /// way to an empty node (learners in the table), the node counts 3, not 6, and gets
+    /// more.
+    #[test]
+    fn additions_under_way_count_once() {
+        let now = Instant::now();
+        let mut st = cluster(4, 6, |_| vec![1, 2, 3]);
+        let v = view(&st, now, |_| 1);
+        let mut ops = Operators::default();
+        for g in 1..=3 {
+            assert_eq!(
+                ops.add_replica(&st, &v, &[], g, 4, now, Origin::Balance),
+                Ok(true)
+            );
+            set_route(&mut st, g, &[1, 2, 3], &[4]);
+        }
+        let v = view(&st, now, |_| 1);
+        let moves = balance_replicas(&st, &v, &ops, now, &[], 3, 10);
+        assert!(
+            moves.iter().any(|m| matches!(
+                m,
+                ReplicaMove::Add {
+                    group: 4..=6,
+                    to: 4
+                }
+            )),
+            "{moves:?}"
+        );
+    }
+
     /// Random placements over random node counts, balanced step by step: the moves end,
     /// every group keeps `replication` replicas on distinct nodes, and every node ends
     /// within the band (or the layout allows no better). `PHOENIX_SEED` replays a run.
