@@ -1,7 +1,7 @@
 //! `phoenix cluster status`: nodes, groups, leaders, sizes and operators, as the meta
 //! group sees them; `transfer-leader`: move a group's leadership; `add-replica`,
 //! `remove-replica` and `move`: change where a group's replicas are; `drain`: empty a
-//! node.
+//! node; `operators`: what the meta leader is doing.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -31,6 +31,9 @@ pub enum ClusterCmd {
     /// Move the replica of a group from one node to another: add the new one (it
     /// catches up and becomes a voter), then remove the old one.
     Move(MoveArgs),
+    /// List the changes the meta leader is carrying out (leader transfers, replica
+    /// additions and removals) and who started them: a user, the balancers or repair.
+    Operators(StatusArgs),
     /// Move every replica off a node (each group gets a replica elsewhere, then loses
     /// the node's; the node takes no new ones), so it can be taken out of the cluster;
     /// `--cancel` stops draining it. Waits until it hosts none with `--wait-ms`.
@@ -128,6 +131,7 @@ pub fn run(cmd: ClusterCmd, format: Format) -> Result<Outcome, CmdError> {
         ClusterCmd::RemoveReplica(args) => remove_replica(args, format),
         ClusterCmd::Move(args) => move_replica(args, format),
         ClusterCmd::Drain(args) => drain(args, format),
+        ClusterCmd::Operators(args) => operators(args, format),
     }
 }
 
@@ -186,6 +190,23 @@ fn move_replica(args: MoveArgs, format: Format) -> Result<Outcome, CmdError> {
     let (group, from, to) = (args.group, args.from, args.to);
     membership_change(&args.conn, group, args.wait_ms, format, |c| async move {
         c.move_replica(group, from, to).await
+    })
+}
+
+fn operators(args: StatusArgs, format: Format) -> Result<Outcome, CmdError> {
+    runtime()?.block_on(async {
+        let status = fetch_status(&args.conn).await?;
+        match format {
+            Format::Text => {
+                let mut out = Stdout::lock();
+                out.write_all(render_operators(&status.operators).as_bytes())?;
+                out.flush()?;
+            }
+            Format::Json => {
+                output::print_json(&json!({ "operators": operators_json(&status.operators) }))?
+            }
+        }
+        Ok(Outcome::Done)
     })
 }
 
@@ -256,14 +277,19 @@ fn transfer_leader(args: TransferLeaderArgs, format: Format) -> Result<Outcome, 
     })
 }
 
+/// The cluster status from the nodes `conn` names.
+async fn fetch_status(conn: &Conn) -> Result<ClusterStatus, CmdError> {
+    // Lazy: the status must work even while no data group has routes yet.
+    let client = Client::new_lazy(conn.endpoints.clone(), options(conn))?;
+    client
+        .cluster_status()
+        .await
+        .map_err(|e| unreachable_or(conn, e))
+}
+
 fn status(args: StatusArgs, format: Format) -> Result<Outcome, CmdError> {
     runtime()?.block_on(async {
-        // Lazy: the status must work even while no data group has routes yet.
-        let client = Client::new_lazy(args.conn.endpoints.clone(), options(&args.conn))?;
-        let status = client
-            .cluster_status()
-            .await
-            .map_err(|e| unreachable_or(&args.conn, e))?;
+        let status = fetch_status(&args.conn).await?;
         match format {
             Format::Text => {
                 let mut out = Stdout::lock();
@@ -331,21 +357,7 @@ pub fn to_json(s: &ClusterStatus, bytes: Bytes) -> Value {
             Value::Object(m)
         })
         .collect();
-    let operators: Vec<Value> = s
-        .operators
-        .iter()
-        .map(|o| {
-            json!({
-                "group_id": o.group_id,
-                "kind": o.kind,
-                "origin": o.origin,
-                "step": o.step,
-                "from": o.from,
-                "to": o.to,
-                "age_ms": o.age_ms,
-            })
-        })
-        .collect();
+    let operators = operators_json(&s.operators);
     json!({
         "meta_leader": s.meta_leader,
         "nodes": nodes,
@@ -376,6 +388,55 @@ fn key(k: &[u8], empty: &str) -> String {
     } else {
         format!("{:?}", k.escape_ascii().to_string())
     }
+}
+
+/// The operators as a table (`OPERATORS (n)` and a row each).
+pub fn render_operators(ops: &[phoenix_client::OperatorStatus]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "OPERATORS ({})", ops.len());
+    let _ = writeln!(
+        out,
+        "{:>5}  {:<16} {:<8} {:>5} {:>5} {:>9}  step",
+        "group", "kind", "origin", "from", "to", "age"
+    );
+    let node = |n: u64| {
+        if n == 0 {
+            "-".to_string()
+        } else {
+            n.to_string()
+        }
+    };
+    for o in ops {
+        let _ = writeln!(
+            out,
+            "{:>5}  {:<16} {:<8} {:>5} {:>5} {:>9}  {}",
+            o.group_id,
+            o.kind,
+            o.origin,
+            node(o.from),
+            node(o.to),
+            format!("{} ms", o.age_ms),
+            o.step
+        );
+    }
+    out
+}
+
+/// The operators as JSON objects, by field name.
+fn operators_json(ops: &[phoenix_client::OperatorStatus]) -> Vec<Value> {
+    ops.iter()
+        .map(|o| {
+            json!({
+                "group_id": o.group_id,
+                "kind": o.kind,
+                "origin": o.origin,
+                "step": o.step,
+                "from": o.from,
+                "to": o.to,
+                "age_ms": o.age_ms,
+            })
+        })
+        .collect()
 }
 
 /// The status as two tables.
@@ -479,29 +540,8 @@ pub fn render(s: &ClusterStatus) -> String {
         }
     }
     if !s.operators.is_empty() {
-        let _ = writeln!(out, "\nOPERATORS ({})", s.operators.len());
-        let _ = writeln!(
-            out,
-            "{:>5}  {:<16} {:<8} {:>5} {:>5} {:>9}  step",
-            "group", "kind", "origin", "from", "to", "age"
-        );
-        for o in &s.operators {
-            let _ = writeln!(
-                out,
-                "{:>5}  {:<16} {:<8} {:>5} {:>5} {:>9}  {}",
-                o.group_id,
-                o.kind,
-                o.origin,
-                if o.from == 0 {
-                    "-".to_string()
-                } else {
-                    o.from.to_string()
-                },
-                o.to,
-                format!("{} ms", o.age_ms),
-                o.step
-            );
-        }
+        out.push('\n');
+        out.push_str(&render_operators(&s.operators));
     }
     out
 }
@@ -583,6 +623,9 @@ mod tests {
                 == ["1", "transfer-leader", "balance", "3", "1", "120", "ms"]),
             "{t}"
         );
+        let ops = render_operators(&s.operators);
+        assert!(ops.starts_with("OPERATORS (1)"), "{ops}");
+        assert!(render_operators(&[]).starts_with("OPERATORS (0)"));
         // No operators: no section.
         let mut quiet = s.clone();
         quiet.operators.clear();
