@@ -7,7 +7,7 @@
 # then the SST files counted.
 #
 # Usage: crates/cli/scripts/group-files.sh [OUT_DIR] [KEYS...]   (default KEYS: 500000
-# 1000000 2000000 4000000). Settings: GROUPS (256), VALUE (100), PHOENIX_BIN.
+# 1000000 2000000 4000000). Settings: NGROUPS (256), VALUE (100), PHOENIX_BIN.
 # Needs: a release build (cargo build --release -p phoenix-cli). Nothing else should run.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -17,7 +17,7 @@ sizes=("$@")
 [ ${#sizes[@]} -gt 0 ] || sizes=(500000 1000000 2000000 4000000)
 phoenix=${PHOENIX_BIN:-$PWD/target/release/phoenix}
 [ -x "$phoenix" ] || { echo "build first: cargo build --release -p phoenix-cli" >&2; exit 1; }
-groups=${GROUPS_N:-${NGROUPS:-256}}
+groups=${NGROUPS:-256}
 value=${VALUE:-100}
 mkdir -p "$out"
 printf '%-9s %-4s %7s %10s %12s %12s\n' keys cut files MiB "mean KiB" "fill s"
