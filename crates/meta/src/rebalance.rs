@@ -2,8 +2,10 @@
 //! node added to the cluster takes its share and a lopsided bootstrap evens out (PD's
 //! balance-region scheduler).
 //!
-//! Decisions only, stateless like repair ([`crate::repair`]), and only while repair has
-//! nothing to do (no group places a replica on a down or draining node). Each pass:
+//! Decisions only, stateless like repair ([`crate::repair`]), on the groups repair leaves
+//! alone (none of their replicas on a down or draining node), so a repair that cannot
+//! finish (nowhere to put a replica) does not stop the balancing of the others. Each
+//! pass:
 //! - a group with more voters than `replication`, all on live nodes, loses the one on
 //!   the node hosting the most replicas (ties: a follower, then the highest id), one
 //!   with fewer gets one on the least loaded node that lacks it; a live learner left by
@@ -48,10 +50,7 @@ pub fn balance_replicas(
     let routes = state.routes();
     let draining = state.draining_nodes();
     let leaving = |n: u64| down.contains(&n) || draining.contains(&n);
-    let waiting_for_repair = routes
-        .values()
-        .any(|r| r.replicas.iter().any(|x| leaving(x.node_id)));
-    if max == 0 || waiting_for_repair {
+    if max == 0 {
         return Vec::new();
     }
     let eligible: BTreeSet<u64> = view
@@ -80,12 +79,17 @@ pub fn balance_replicas(
         }
     }
     // Groups the balancer may touch: no operator, a live leader, every member alive.
+    // Groups the balancer may touch: no operator, a live leader, every member alive, and
+    // none on a down or draining node (those are repair's).
     let movable = |g: u64| {
         let route = &routes[&g];
         !ops.busy(g)
             && !ops.asked_lately(g, now)
             && view.leader(g).is_some_and(|l| view.is_alive(l, now))
-            && route.replicas.iter().all(|r| view.is_alive(r.node_id, now))
+            && route
+                .replicas
+                .iter()
+                .all(|r| view.is_alive(r.node_id, now) && !leaving(r.node_id))
     };
     let mut moves = Vec::new();
     let mut touched: BTreeSet<u64> = BTreeSet::new();
@@ -286,6 +290,7 @@ mod tests {
         let mut st = cluster(4, 4, |_| vec![1, 2, 3]);
         let v = view(&st, now, |_| 1);
         let mut ops = Operators::default();
+        // Every group has a replica on node 3, down: all of them are repair's.
         assert_eq!(balance_replicas(&st, &v, &ops, now, &[3], 3, 10), vec![]);
         assert_eq!(
             ops.add_replica(&st, &v, &[], 1, 4, now, Origin::Balance),
@@ -370,6 +375,31 @@ mod tests {
         assert_eq!(
             balance_replicas(&st, &v, &Operators::default(), later, &[], 3, 10),
             vec![ReplicaMove::Add { group: 2, to: 4 }]
+        );
+    }
+
+    /// A group repair cannot mend (its down node's replica has nowhere to go) does not
+    /// stop the balancing of the others; a draining node's groups are left to repair.
+    #[test]
+    fn balancing_goes_on_beside_a_repair_that_cannot_finish() {
+        let now = Instant::now();
+        // Group 1 on 1, 2, 3 with node 3 down; groups 2-7 on 1, 2, 4; node 5 empty.
+        let st = cluster(5, 7, |g| if g == 1 { vec![1, 2, 3] } else { vec![1, 2, 4] });
+        let v = view(&st, now, |_| 1);
+        let moves = balance_replicas(&st, &v, &Operators::default(), now, &[3], 3, 10);
+        assert!(!moves.is_empty(), "nothing balanced while node 3 is down");
+        assert!(
+            moves.iter().all(|m| !matches!(
+                m,
+                ReplicaMove::Add { group: 1, .. } | ReplicaMove::Remove { group: 1, .. }
+            )),
+            "{moves:?}"
+        );
+        assert!(
+            moves
+                .iter()
+                .all(|m| matches!(m, ReplicaMove::Add { to: 5, .. })),
+            "{moves:?}"
         );
     }
 

@@ -234,7 +234,12 @@ fn drain(args: DrainArgs, format: Format) -> Result<Outcome, CmdError> {
             Format::Text => {
                 let mut out = Stdout::lock();
                 let what = if draining { "draining" } else { "not draining" };
-                writeln!(out, "node {}: {what}, {left} replicas on it", args.node)?;
+                let plural = if left == 1 { "" } else { "s" };
+                writeln!(
+                    out,
+                    "node {}: {what}, {left} replica{plural} on it",
+                    args.node
+                )?;
                 out.flush()?;
             }
             Format::Json => output::print_json(&json!({
