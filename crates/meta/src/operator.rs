@@ -741,6 +741,54 @@ fn check_target(
     }
 }
 
+/// Nodes that may take on work at `now`: registered, alive, with disk room, not
+/// stopping, and not `excluded` (draining, or down for repair).
+pub(crate) fn eligible_nodes(
+    state: &MetaState,
+    view: &LeaderView,
+    now: Instant,
+    excluded: impl Fn(u64) -> bool,
+) -> Vec<u64> {
+    view.alive_nodes(state, now)
+        .into_iter()
+        .filter(|&n| !excluded(n))
+        .filter(|&n| {
+            view.last_heartbeat(n)
+                .is_some_and(|(_, s)| !s.disk_full && !s.stopping)
+        })
+        .collect()
+}
+
+/// Whether every count is within `max(10% of the mean, 1)` of the mean (the
+/// balancers' band; empty counts are balanced).
+pub(crate) fn within_band(count: &BTreeMap<u64, usize>) -> bool {
+    let (Some(&most), Some(&fewest)) = (count.values().max(), count.values().min()) else {
+        return true;
+    };
+    let mean = count.values().sum::<usize>() as f64 / count.len() as f64;
+    let slack = (mean / 10.0).max(1.0);
+    most as f64 <= mean + slack && fewest as f64 >= mean - slack
+}
+
+/// The (giver, receiver) pairs a balancer tries, in order: givers from the most loaded,
+/// each with the receivers holding at least two fewer from the least loaded (ties to the
+/// lowest ids). A move along any of them narrows the spread, so a balancing loop ends.
+pub(crate) fn move_pairs(count: &BTreeMap<u64, usize>) -> Vec<(u64, u64)> {
+    let mut receivers: Vec<(usize, u64)> = count.iter().map(|(&n, &c)| (c, n)).collect();
+    receivers.sort_unstable();
+    let mut givers = receivers.clone();
+    givers.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    givers
+        .iter()
+        .flat_map(|&(from_count, from)| {
+            receivers
+                .iter()
+                .filter(move |&&(c, to)| to != from && c + 2 <= from_count)
+                .map(move |&(_, to)| (from, to))
+        })
+        .collect()
+}
+
 /// The leader balancer's next moves: up to `max` (group, target) transfers that bring
 /// every eligible node's count of led groups within `max(10% of the mean, 1)` of the
 /// mean, as far as the placement allows. Eligible nodes are alive, not full, not
@@ -758,15 +806,7 @@ pub fn balance_leaders(
     now: Instant,
     max: usize,
 ) -> Vec<(u64, u64)> {
-    let eligible: Vec<u64> = view
-        .alive_nodes(state, now)
-        .into_iter()
-        .filter(|&n| !state.draining(n))
-        .filter(|&n| {
-            view.last_heartbeat(n)
-                .is_some_and(|(_, s)| !s.disk_full && !s.stopping)
-        })
-        .collect();
+    let eligible = eligible_nodes(state, view, now, |n| state.draining(n));
     if eligible.len() < 2 || max == 0 {
         return Vec::new();
     }
@@ -789,37 +829,14 @@ pub fn balance_leaders(
             }
         }
     }
-    let total: usize = count.values().sum();
-    let mean = total as f64 / eligible.len() as f64;
-    let slack = (mean / 10.0).max(1.0);
     let mut moves = Vec::new();
-    while moves.len() < max {
-        let (Some(&most), Some(&fewest)) = (count.values().max(), count.values().min()) else {
-            break;
-        };
-        if most as f64 <= mean + slack && fewest as f64 >= mean - slack {
-            break;
-        }
-        // The most loaded node that can give a group to a node leading at least two
-        // fewer, that one the least loaded (ties to the lowest ids). Every move narrows
-        // the spread, so the loop ends.
-        let mut receivers: Vec<(usize, u64)> = count.iter().map(|(&n, &c)| (c, n)).collect();
-        receivers.sort_unstable();
-        let mut givers = receivers.clone();
-        givers.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        let found = givers.iter().find_map(|&(from_count, from)| {
+    while moves.len() < max && !within_band(&count) {
+        let found = move_pairs(&count).into_iter().find_map(|(from, to)| {
             let groups = movable.get(&from)?;
-            receivers
+            groups
                 .iter()
-                .filter(|&&(c, to)| to != from && c + 2 <= from_count)
-                .find_map(|&(_, to)| {
-                    groups
-                        .iter()
-                        .position(|&g| {
-                            !ops.failed_lately(g, to) && can_lead(state, view, g, from, to)
-                        })
-                        .map(|i| (from, i, to))
-                })
+                .position(|&g| !ops.failed_lately(g, to) && can_lead(state, view, g, from, to))
+                .map(|i| (from, i, to))
         });
         let Some((from, i, to)) = found else { break };
         let Some(g) = movable.get_mut(&from).map(|v| v.remove(i)) else {

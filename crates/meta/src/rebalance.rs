@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use crate::liveness::LeaderView;
-use crate::operator::Operators;
+use crate::operator::{eligible_nodes, move_pairs, within_band, Operators};
 use crate::repair::ReplicaMove;
 use crate::state::MetaState;
 
@@ -53,14 +53,8 @@ pub fn balance_replicas(
     if max == 0 {
         return Vec::new();
     }
-    let eligible: BTreeSet<u64> = view
-        .alive_nodes(state, now)
+    let eligible: BTreeSet<u64> = eligible_nodes(state, view, now, leaving)
         .into_iter()
-        .filter(|&n| !leaving(n))
-        .filter(|&n| {
-            view.last_heartbeat(n)
-                .is_some_and(|(_, s)| !s.disk_full && !s.stopping)
-        })
         .collect();
     let mut count: BTreeMap<u64, usize> = eligible.iter().map(|&n| (n, 0)).collect();
     for (&g, route) in routes {
@@ -155,39 +149,18 @@ pub fn balance_replicas(
     if count.len() < 2 {
         return moves;
     }
-    let mean = count.values().sum::<usize>() as f64 / count.len() as f64;
-    let slack = (mean / 10.0).max(1.0);
-    while moves.len() < max {
-        let (Some(&most_count), Some(&least_count)) = (count.values().max(), count.values().min())
-        else {
-            break;
-        };
-        if most_count as f64 <= mean + slack && least_count as f64 >= mean - slack {
-            break;
-        }
-        // The most loaded node that can give a group to one hosting at least two fewer,
-        // that one the least loaded (ties to the lowest ids). Every move narrows the
-        // spread, so the loop ends.
-        let mut receivers: Vec<(usize, u64)> = count.iter().map(|(&n, &c)| (c, n)).collect();
-        receivers.sort_unstable();
-        let mut givers = receivers.clone();
-        givers.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        let found = givers.iter().find_map(|&(from_count, from)| {
-            receivers
-                .iter()
-                .filter(|&&(c, to)| to != from && c + 2 <= from_count)
-                .find_map(|&(_, to)| {
-                    routes.iter().find_map(|(&g, route)| {
-                        let on = |n: u64| route.replicas.iter().any(|r| r.node_id == n);
-                        let fit = on(from)
-                            && !on(to)
-                            && route.learners.is_empty()
-                            && route.replicas.len() <= replication
-                            && !touched.contains(&g)
-                            && movable(g);
-                        fit.then_some((g, from, to))
-                    })
-                })
+    while moves.len() < max && !within_band(&count) {
+        let found = move_pairs(&count).into_iter().find_map(|(from, to)| {
+            routes.iter().find_map(|(&g, route)| {
+                let on = |n: u64| route.replicas.iter().any(|r| r.node_id == n);
+                let fit = on(from)
+                    && !on(to)
+                    && route.learners.is_empty()
+                    && route.replicas.len() <= replication
+                    && !touched.contains(&g)
+                    && movable(g);
+                fit.then_some((g, from, to))
+            })
         });
         let Some((group, from, to)) = found else {
             break;

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::liveness::LeaderView;
-use crate::operator::Operators;
+use crate::operator::{eligible_nodes, Operators};
 use crate::state::MetaState;
 
 /// Repair operators under way at most: each catches a replica up (a snapshot, often),
@@ -91,14 +91,8 @@ pub fn repair_replicas(
     let is_down = |n: u64| down.contains(&n);
     let leaving = |n: u64| is_down(n) || draining.contains(&n);
     // Nodes that may take a replica, with how many they host (or are being given).
-    let mut load: BTreeMap<u64, usize> = view
-        .alive_nodes(state, now)
+    let mut load: BTreeMap<u64, usize> = eligible_nodes(state, view, now, leaving)
         .into_iter()
-        .filter(|&n| !leaving(n))
-        .filter(|&n| {
-            view.last_heartbeat(n)
-                .is_some_and(|(_, s)| !s.disk_full && !s.stopping)
-        })
         .map(|n| (n, 0))
         .collect();
     for (&g, route) in state.routes() {
