@@ -39,8 +39,14 @@ impl Dropper {
     /// Queues the drop of `groups`' data; `Event::Dropped` tells how it went.
     pub fn drop_groups(&self, groups: Vec<u64>) {
         if let Some(tx) = &self.tx {
-            // (The thread outlives every sender but this one.)
-            let _ = tx.send(groups);
+            // The thread lives until this sender goes: a failed send means it died (a
+            // panic). The tombstones stay marked dropping, so the next start drops them.
+            if let Err(e) = tx.send(groups) {
+                tracing::error!(
+                    groups = ?e.into_inner(),
+                    "the dropper thread is gone: removed replicas' data stays until restart"
+                );
+            }
         }
     }
 }

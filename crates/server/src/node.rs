@@ -670,7 +670,9 @@ impl Driver {
         };
         if let Err(e) = self.registry.remove(tomb) {
             // The file may say either: the replica stops here (no vote past the term
-            // the tombstone may hold); the meta leader asks again.
+            // the tombstone may hold); the meta leader asks again. (Logged here too:
+            // `fail_group` says nothing of a replica that is not open.)
+            tracing::error!(group = g, "removing the replica from the registry: {e}");
             self.fail_group(g, format!("removing the replica from the registry: {e}"));
             return;
         }
