@@ -1048,7 +1048,14 @@ impl Client {
                             }
                         }
                         Some(Kind::StaleEpoch(se)) => match se.current.as_ref() {
-                            Some(cur) if cur.epoch > route.epoch => self.take_route(cur),
+                            Some(cur) if cur.epoch > route.epoch => {
+                                self.take_route(cur);
+                                // The groups split off it: where the rest of its old
+                                // range went.
+                                for r in &se.related {
+                                    self.take_route(r);
+                                }
+                            }
                             _ => {
                                 let _ = self.refresh_routes(deadline).await;
                                 self.backoff(&mut backoffs, deadline).await;
@@ -1617,6 +1624,42 @@ impl Client {
             )
             .await?;
         Ok(r.replicas)
+    }
+
+    /// Splits `group` at `key` (strictly inside its range): the keys at or above it move
+    /// to a new group with the same replicas. Waits until the routing table holds both
+    /// and returns their ids and ranges: (left, right).
+    pub async fn split_group(&self, group: u64, key: &[u8]) -> Result<(Route, Route)> {
+        if key.len() > limits::KEY_BYTES_MAX {
+            return Err(ClientError::KeyTooLarge {
+                size: key.len(),
+                limit: limits::KEY_BYTES_MAX,
+            });
+        }
+        let key = bytes::Bytes::copy_from_slice(key);
+        let r = self
+            .meta_call("split_group", self.timeout * 3 / 4, |mut meta, t| {
+                let key = key.clone();
+                async move {
+                    let req = pb::SplitGroupRequest {
+                        group_id: group,
+                        split_key: key,
+                        timeout_ms: t,
+                    };
+                    let mut r = meta.split_group(req).await?.into_inner();
+                    Ok((r.error.take(), r))
+                }
+            })
+            .await?;
+        let (Some(left), Some(right)) = (r.left, r.right) else {
+            return Err(ClientError::Protocol {
+                addr: "the meta leader".into(),
+                why: "a split answered without the two routes".into(),
+            });
+        };
+        self.take_route(&left);
+        self.take_route(&right);
+        Ok((route_from_wire(&left), route_from_wire(&right)))
     }
 
     /// Adds a replica of `group` on node `node` (a learner that catches up, then a

@@ -54,6 +54,8 @@ struct State {
     batch: bool,
     /// `Kv.Batch` calls (streams opened, or refused when `batch` is off).
     batch_streams: AtomicU64,
+    /// StaleEpoch answers carry the other groups' routes as related (a split's).
+    related_in_stale: std::sync::atomic::AtomicBool,
     /// The next batch item is served, then its stream fails without answering it (the
     /// connection broke after the write applied).
     break_stream_after_serving: Mutex<bool>,
@@ -120,7 +122,18 @@ impl Node {
             .cloned()
             .ok_or_else(|| pb::Error::group_unavailable(h.group_id, "no such group"))?;
         if h.epoch < route.epoch {
-            return Err(pb::Error::stale_epoch(h.group_id, h.epoch, route));
+            let mut err = pb::Error::stale_epoch(h.group_id, h.epoch, route);
+            if self.st.related_in_stale.load(Ordering::Relaxed) {
+                if let Some(pb::error::Kind::StaleEpoch(se)) = err.kind.as_mut() {
+                    let routes = self.st.routes.lock().unwrap();
+                    se.related = routes
+                        .iter()
+                        .filter(|r| r.group_id != h.group_id)
+                        .cloned()
+                        .collect();
+                }
+            }
+            return Err(err);
         }
         let leader = self
             .st
@@ -536,6 +549,10 @@ impl Meta for Node {
         Err(Status::unimplemented("fake"))
     }
 
+    async fn split_group(&self, _req: Request<pb::SplitGroupRequest>) -> R<pb::SplitGroupResponse> {
+        Err(Status::unimplemented("fake"))
+    }
+
     async fn heartbeat(&self, _req: Request<pb::HeartbeatRequest>) -> R<pb::HeartbeatResponse> {
         Err(Status::unimplemented("fake"))
     }
@@ -609,6 +626,7 @@ impl Cluster {
             silent: Mutex::new(std::collections::HashSet::new()),
             batch,
             batch_streams: AtomicU64::new(0),
+            related_in_stale: std::sync::atomic::AtomicBool::new(false),
             break_stream_after_serving: Mutex::new(false),
         });
         let mut servers = HashMap::new();
@@ -853,6 +871,28 @@ async fn stale_epoch_after_split_reroutes() {
         got,
         vec![Some(b"2".to_vec()), None, Some(b"B".to_vec()), None]
     );
+}
+
+/// A StaleEpoch answer that names the group split off carries the client to it with no
+/// routing table fetch (the meta service may not know the split yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_epoch_with_the_new_route_needs_no_route_fetch() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    c.st.related_in_stale.store(true, Ordering::Relaxed);
+    let client = c.client(Duration::from_secs(5)).await;
+    client.put(b"a", b"1").await.unwrap();
+    {
+        let mut routes = c.st.routes.lock().unwrap();
+        routes[0] = route(1, "", "m", 2, &c.addrs);
+        routes.push(route(2, "m", "", 2, &c.addrs));
+    }
+    c.set_leader(2, 2);
+    let fetches = c.st.get_routes_calls.load(Ordering::Relaxed);
+    client.put(b"x", b"2").await.unwrap();
+    assert_eq!(client.get(b"x").await.unwrap(), Some(b"2".to_vec()));
+    assert_eq!(c.st.get_routes_calls.load(Ordering::Relaxed), fetches);
+    let routes = client.cached_routes();
+    assert_eq!(routes.len(), 2, "{routes:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -105,6 +105,14 @@ pub enum Refusal {
         /// The update's.
         got: u64,
     },
+    /// A split that cannot be planned or finished as asked.
+    #[error("group {group}: {why}")]
+    BadSplit {
+        /// The group split.
+        group: u64,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 /// Why an operator (a change the meta leader drives, e.g. a leader transfer) cannot

@@ -35,10 +35,11 @@ pub use operator::{
 pub use rebalance::{balance_replicas, REPLICA_BALANCE_INFLIGHT_MAX};
 pub use repair::{down_nodes, repair_replicas, ReplicaMove, REPAIR_INFLIGHT_MAX};
 pub use schedule::{
-    bootstrap_plan, cluster_view, even_split_keys, place, placement_commands, registration,
-    route_table, route_updates, routes_view, split_ranges, INITIAL_GROUPS_MAX,
+    bootstrap_plan, cluster_view, even_split_keys, finished_splits, place, placement_commands,
+    registration, route_table, route_updates, routes_view, split_ranges, INITIAL_GROUPS_MAX,
 };
 pub use state::{
     node_record_key, route_contains, route_record_key, state_record_key, validate_table, Applied,
-    MetaState, Write, META_GROUP, PROTOCOL, PROTOCOL_NODE_STATE,
+    MetaState, Write, META_GROUP, PROTOCOL, PROTOCOL_NODE_STATE, PROTOCOL_REPLICA_MOVES,
+    PROTOCOL_SPLIT,
 };

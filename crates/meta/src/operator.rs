@@ -246,7 +246,7 @@ impl Operators {
         now: Instant,
         origin: Origin,
     ) -> Result<bool, OperatorError> {
-        if let Some(m) = state.member_behind(meta_members, crate::PROTOCOL) {
+        if let Some(m) = state.member_behind(meta_members, crate::state::PROTOCOL_REPLICA_MOVES) {
             return Err(OperatorError::OldMetaMember(m));
         }
         let route = state
@@ -300,7 +300,7 @@ impl Operators {
         now: Instant,
         origin: Origin,
     ) -> Result<bool, OperatorError> {
-        if let Some(m) = state.member_behind(meta_members, crate::PROTOCOL) {
+        if let Some(m) = state.member_behind(meta_members, crate::state::PROTOCOL_REPLICA_MOVES) {
             return Err(OperatorError::OldMetaMember(m));
         }
         let route = state

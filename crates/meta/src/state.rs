@@ -13,7 +13,11 @@
 //! node_record := 'n' ‖ node_id: u64 BE   → protobuf Replica (node id, address)
 //! route_record:= 'r' ‖ group_id: u64 BE  → protobuf Route (range, epoch, replicas)
 //! state_record:= 's' ‖ node_id: u64 BE   → protobuf NodeState (draining); protocol 2
+//! plan_record := 'p' ‖ group_id: u64 BE  → protobuf SplitPlan (a split under way); protocol 3
+//! ids_record  := 'i' ‖ 0: u64 BE         → u64 BE: the highest group id ever given out
+//!                                          (ids are never reused); protocol 3
 //! ```
+//! A [`Write`] with an empty value deletes its record.
 //! A binary that predates a record kind refuses the state by name (`UnknownRecord`)
 //! rather than drop what it cannot read.
 //! ```text
@@ -33,7 +37,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use phoenix_proto::{meta_command, MetaCommand, NodeState, Replica, Route};
+use phoenix_proto::{meta_command, MetaCommand, NodeState, Replica, Route, SplitDone, SplitPlan};
 use prost::Message;
 
 use crate::error::{Error, Refusal, Result};
@@ -42,10 +46,18 @@ use crate::error::{Error, Refusal, Result};
 pub const META_GROUP: u64 = 0;
 
 /// The meta commands this binary applies: 1 = `UpdateRoute` (membership changes), 2 =
-/// `SetNodeState` (draining). Before 1, a command kind unknown to a replica was refused
+/// `SetNodeState` (draining), 3 = `PlanSplit` and `FinishSplit` (and data nodes that
+/// apply splits). Before 1, a command kind unknown to a replica was refused
 /// there and applied elsewhere: a kind is proposed only once every meta member's node
 /// record says it applies it ([`MetaState::member_behind`]).
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
+
+/// The protocol level whose route updates replica additions and removals rely on (the
+/// level of the binaries that brought them).
+pub const PROTOCOL_REPLICA_MOVES: u32 = 2;
+
+/// The protocol level that brought splits.
+pub const PROTOCOL_SPLIT: u32 = 3;
 
 /// The protocol level that brought `SetNodeState`.
 pub const PROTOCOL_NODE_STATE: u32 = 2;
@@ -56,6 +68,10 @@ const NODE_RECORD: u8 = b'n';
 const ROUTE_RECORD: u8 = b'r';
 /// Key kind of node state records.
 const STATE_RECORD: u8 = b's';
+/// Key kind of split plan records.
+const PLAN_RECORD: u8 = b'p';
+/// Key kind of the group id high-water record.
+const IDS_RECORD: u8 = b'i';
 
 /// One record to persist (key relative to the meta key space).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +102,10 @@ pub struct MetaState {
     routes: BTreeMap<u64, Route>,
     /// States of registered nodes (those ever set), by id.
     states: BTreeMap<u64, NodeState>,
+    /// Splits planned and not finished, by the group split.
+    splits: BTreeMap<u64, SplitPlan>,
+    /// The highest group id given out by a split (0: none yet).
+    max_group_id: u64,
     /// Last log index applied (0 = none).
     applied: u64,
 }
@@ -244,6 +264,22 @@ impl MetaState {
                     }
                     st.states.insert(id, n);
                 }
+                Some((PLAN_RECORD, id)) => {
+                    let p = SplitPlan::decode(v).map_err(|source| Error::DecodeRecord {
+                        key: k.to_vec(),
+                        source,
+                    })?;
+                    if p.group_id != id {
+                        return Err(mismatch(format!("the split plan of group {}", p.group_id)));
+                    }
+                    st.splits.insert(id, p);
+                }
+                Some((IDS_RECORD, 0)) => {
+                    let b: [u8; 8] = v
+                        .try_into()
+                        .map_err(|_| mismatch(format!("a group id of {} bytes", v.len())))?;
+                    st.max_group_id = u64::from_be_bytes(b);
+                }
                 _ => return Err(Error::UnknownRecord(k.to_vec())),
             }
         }
@@ -266,8 +302,21 @@ impl MetaState {
             key: state_record_key(n.node_id),
             value: n.encode_to_vec(),
         });
-        // (In key order: 'n' < 'r' < 's'.)
-        nodes.chain(routes).chain(states).collect()
+        let plans = self.splits.values().map(|p| Write {
+            key: record_key(PLAN_RECORD, p.group_id),
+            value: p.encode_to_vec(),
+        });
+        let ids = (self.max_group_id != 0).then(|| Write {
+            key: record_key(IDS_RECORD, 0),
+            value: self.max_group_id.to_be_bytes().to_vec(),
+        });
+        // (In key order: 'i' < 'n' < 'p' < 'r' < 's'.)
+        ids.into_iter()
+            .chain(nodes)
+            .chain(plans)
+            .chain(routes)
+            .chain(states)
+            .collect()
     }
 
     /// Decodes and applies the committed entry at log index `index` (≥ 1).
@@ -305,6 +354,8 @@ impl MetaState {
             Some(meta_command::Cmd::CreateGroups(cg)) => self.create_groups(&cg.routes),
             Some(meta_command::Cmd::UpdateRoute(r)) => self.update_route(r),
             Some(meta_command::Cmd::SetNodeState(n)) => self.set_node_state(n),
+            Some(meta_command::Cmd::PlanSplit(p)) => self.plan_split(p),
+            Some(meta_command::Cmd::FinishSplit(d)) => self.finish_split(d),
             None => Err(Refusal::EmptyCommand),
         };
         #[cfg(debug_assertions)]
@@ -420,6 +471,126 @@ impl MetaState {
         };
         self.routes.insert(g, next);
         Ok(Applied::Changed(vec![write]))
+    }
+
+    /// Records a split to ask for: group `p.group_id` at range epoch `p.epoch` splits at
+    /// `p.split_key` (strictly inside its range), the upper part to become group
+    /// `p.new_group_id`, which must be the next id ([`MetaState::next_group_id`]). One
+    /// split per group at a time.
+    fn plan_split(&mut self, p: &SplitPlan) -> std::result::Result<Applied, Refusal> {
+        let g = p.group_id;
+        let bad = |why: String| Refusal::BadSplit { group: g, why };
+        let cur = self.routes.get(&g).ok_or(Refusal::UnknownGroup(g))?;
+        if let Some(other) = self.splits.get(&g) {
+            return Err(bad(format!(
+                "a split into group {} is under way",
+                other.new_group_id
+            )));
+        }
+        if p.epoch != cur.epoch {
+            return Err(bad(format!(
+                "planned at range epoch {}, the route is at {}",
+                p.epoch, cur.epoch
+            )));
+        }
+        if !route_contains(cur, &p.split_key) || p.split_key.as_ref() == cur.start_key.as_ref() {
+            return Err(bad("the split key is not strictly inside the range".into()));
+        }
+        if p.new_group_id != self.next_group_id() {
+            return Err(bad(format!(
+                "new group id {} is not the next one ({})",
+                p.new_group_id,
+                self.next_group_id()
+            )));
+        }
+        self.max_group_id = p.new_group_id;
+        self.splits.insert(g, p.clone());
+        Ok(Applied::Changed(vec![
+            Write {
+                key: record_key(IDS_RECORD, 0),
+                value: self.max_group_id.to_be_bytes().to_vec(),
+            },
+            Write {
+                key: record_key(PLAN_RECORD, g),
+                value: p.encode_to_vec(),
+            },
+        ]))
+    }
+
+    /// Takes a planned split the group applied: the parent's route narrows to
+    /// `[start, split key)` at the new epoch, and the new group's route (as its parent
+    /// made it: same replicas) joins the table.
+    fn finish_split(&mut self, d: &SplitDone) -> std::result::Result<Applied, Refusal> {
+        let (Some(parent), Some(child)) = (&d.parent, &d.child) else {
+            return Err(Refusal::InvalidRoutes("a split needs both routes".into()));
+        };
+        let g = parent.group_id;
+        let bad = |why: String| Refusal::BadSplit { group: g, why };
+        let plan = self
+            .splits
+            .get(&g)
+            .ok_or_else(|| bad("no split of it is planned".into()))?;
+        let cur = self.routes.get(&g).ok_or(Refusal::UnknownGroup(g))?;
+        if child.group_id != plan.new_group_id
+            || parent.start_key != cur.start_key
+            || parent.end_key != plan.split_key
+            || child.start_key != plan.split_key
+            || child.end_key != cur.end_key
+            || parent.epoch != child.epoch
+            || parent.epoch <= cur.epoch
+        {
+            return Err(bad(format!(
+                "the split routes do not match the plan (into group {} at {:02x?})",
+                plan.new_group_id, plan.split_key
+            )));
+        }
+        if self.routes.contains_key(&child.group_id) || child.group_id == META_GROUP {
+            return Err(Refusal::GroupExists(child.group_id));
+        }
+        let mut next_parent = cur.clone();
+        next_parent.end_key = parent.end_key.clone();
+        next_parent.epoch = parent.epoch;
+        next_parent.leader_node_id = 0;
+        next_parent.leader_addr = String::new();
+        let mut next_child = child.clone();
+        next_child.leader_node_id = 0;
+        next_child.leader_addr = String::new();
+        next_child.learners.sort_unstable();
+        validate_table(std::slice::from_ref(&Route {
+            start_key: Default::default(),
+            end_key: Default::default(),
+            ..next_child.clone()
+        }))
+        .map_err(Refusal::InvalidRoutes)?;
+        self.splits.remove(&g);
+        let writes = vec![
+            Write {
+                key: record_key(PLAN_RECORD, g),
+                value: Vec::new(),
+            },
+            Write {
+                key: route_record_key(g),
+                value: next_parent.encode_to_vec(),
+            },
+            Write {
+                key: route_record_key(next_child.group_id),
+                value: next_child.encode_to_vec(),
+            },
+        ];
+        self.routes.insert(g, next_parent);
+        self.routes.insert(next_child.group_id, next_child);
+        Ok(Applied::Changed(writes))
+    }
+
+    /// The id the next split gives its new group: past every id in use or ever given.
+    pub fn next_group_id(&self) -> u64 {
+        let used = self.routes.keys().next_back().copied().unwrap_or(0);
+        used.max(self.max_group_id) + 1
+    }
+
+    /// The splits planned and not finished, by the group split.
+    pub fn splits(&self) -> &BTreeMap<u64, SplitPlan> {
+        &self.splits
     }
 
     /// Checks the invariants of the module doc.
@@ -557,7 +728,11 @@ mod tests {
     fn persist(store: &mut BTreeMap<Vec<u8>, Vec<u8>>, applied: &Applied) {
         if let Applied::Changed(ws) = applied {
             for w in ws {
-                store.insert(w.key.clone(), w.value.clone());
+                if w.value.is_empty() {
+                    store.remove(&w.key);
+                } else {
+                    store.insert(w.key.clone(), w.value.clone());
+                }
             }
         }
     }
@@ -1034,5 +1209,102 @@ mod tests {
         assert!(
             MetaState::from_records(1, [(state_record_key(2), orphan.encode_to_vec())]).is_err()
         );
+    }
+
+    fn plan(group: u64, key: &str, new: u64, epoch: u64) -> MetaCommand {
+        MetaCommand {
+            cmd: Some(meta_command::Cmd::PlanSplit(SplitPlan {
+                group_id: group,
+                split_key: Bytes::from(key.as_bytes().to_vec()),
+                new_group_id: new,
+                epoch,
+            })),
+        }
+    }
+
+    fn finish(parent: Route, child: Route) -> MetaCommand {
+        MetaCommand {
+            cmd: Some(meta_command::Cmd::FinishSplit(SplitDone {
+                parent: Some(parent),
+                child: Some(child),
+            })),
+        }
+    }
+
+    #[test]
+    fn splits_are_planned_then_finished_and_survive_a_rebuild() {
+        let store = std::cell::RefCell::new(BTreeMap::new());
+        let mut st = MetaState::default();
+        let at = std::cell::Cell::new(0);
+        let apply = |st: &mut MetaState, cmd: &MetaCommand| {
+            at.set(at.get() + 1);
+            let r = st.apply(at.get(), cmd);
+            if let Ok(a) = &r {
+                persist(&mut store.borrow_mut(), a);
+            }
+            (r, at.get())
+        };
+        apply(&mut st, &register(1, "a:1")).0.unwrap();
+        apply(
+            &mut st,
+            &create(vec![route(1, "", "m", &[1]), route(2, "m", "", &[1])]),
+        )
+        .0
+        .unwrap();
+        assert_eq!(st.next_group_id(), 3);
+        // Refused: unknown group, stale epoch, key not strictly inside, wrong id.
+        for (cmd, what) in [
+            (plan(9, "c", 3, 1), "unknown group"),
+            (plan(1, "c", 3, 2), "another epoch"),
+            (plan(1, "", 3, 1), "the range's start"),
+            (plan(1, "m", 3, 1), "the range's end"),
+            (plan(1, "z", 3, 1), "outside"),
+            (plan(1, "c", 7, 1), "not the next id"),
+            (plan(1, "c", 2, 1), "an id in use"),
+        ] {
+            let (r, _) = apply(&mut st, &cmd);
+            assert!(r.is_err(), "{what}: {r:?}");
+        }
+        assert!(st.splits().is_empty());
+        apply(&mut st, &plan(1, "c", 3, 1)).0.unwrap();
+        assert_eq!(st.next_group_id(), 4);
+        // One split of a group at a time.
+        assert!(apply(&mut st, &plan(1, "e", 4, 1)).0.is_err());
+        let mut left = route(1, "", "c", &[1]);
+        left.epoch = 2;
+        let mut right = route(3, "c", "m", &[1]);
+        right.epoch = 2;
+        // Refused: routes that do not match the plan.
+        let mut wrong_key = right.clone();
+        wrong_key.start_key = Bytes::from_static(b"d");
+        let mut wrong_id = right.clone();
+        wrong_id.group_id = 4;
+        let mut wrong_end = right.clone();
+        wrong_end.end_key = Bytes::new();
+        let mut old_epoch = right.clone();
+        old_epoch.epoch = 1;
+        for child in [wrong_key, wrong_id, wrong_end, old_epoch] {
+            let (r, _) = apply(&mut st, &finish(left.clone(), child.clone()));
+            assert!(r.is_err(), "{child:?}: {r:?}");
+        }
+        let (r, last) = apply(&mut st, &finish(left.clone(), right.clone()));
+        r.unwrap();
+        assert!(st.splits().is_empty());
+        assert_eq!(st.routes()[&1].end_key.as_ref(), b"c");
+        assert_eq!(st.routes()[&1].epoch, 2);
+        assert_eq!(st.routes()[&3].start_key.as_ref(), b"c");
+        st.check().unwrap();
+        // A finish with no plan (a replay of it, say) is refused.
+        assert!(apply(&mut st, &finish(left, right)).0.is_err());
+        // Ids are never given again, even when the highest is no longer routed.
+        assert_eq!(st.next_group_id(), 4);
+        let rebuilt = MetaState::from_records(last, store.borrow().clone()).unwrap();
+        assert_eq!(rebuilt.routes(), st.routes());
+        assert_eq!(rebuilt.next_group_id(), 4);
+        // A plan under way is rebuilt too.
+        apply(&mut st, &plan(2, "x", 4, 1)).0.unwrap();
+        let rebuilt = MetaState::from_records(last + 1, store.borrow().clone()).unwrap();
+        assert_eq!(rebuilt.splits(), st.splits());
+        assert_eq!(rebuilt.next_group_id(), 5);
     }
 }

@@ -38,6 +38,7 @@ impl Error {
                 group_id,
                 request_epoch,
                 current: Some(current),
+                related: Vec::new(),
             }),
             msg,
         )

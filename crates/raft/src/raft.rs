@@ -158,6 +158,9 @@ pub struct Raft<S> {
     pub(crate) lead_transferee: NodeId,
     /// Timers stopped until the next message (see `hibernate`).
     pub(crate) hibernating: bool,
+    /// Entries at or below it are never sent to a follower: one that needs them gets a
+    /// snapshot (`RawNode::set_append_floor`).
+    pub(crate) append_floor: u64,
     rng: u64,
 }
 
@@ -201,6 +204,7 @@ impl<S: Storage> Raft<S> {
             coalesce_messages: cfg.coalesce_messages,
             max_inflight: cfg.max_inflight_msgs,
             pending_conf_index: 0,
+            append_floor: 0,
             lead_transferee: NONE,
             hibernating: false,
             rng: cfg.seed ^ cfg.id.wrapping_mul(0x2545_F491_4F6C_DD1D),
@@ -493,6 +497,9 @@ impl<S: Storage> Raft<S> {
             return Ok(false);
         }
         let next = pr.next_idx;
+        if next <= self.append_floor {
+            return self.send_snapshot(to);
+        }
         let prev = next - 1;
         let last = self.log.last_index()?;
         let prev_term = self.log.term_opt(prev)?;

@@ -133,6 +133,14 @@ impl<S: Storage> RawNode<S> {
         self.raft.tick()
     }
 
+    /// Entries at or below `index` are no longer sent to followers: a follower that
+    /// needs one gets a snapshot instead. For a log whose older entries describe a state
+    /// a fresh replica cannot replay from scratch (e.g. a range the group no longer
+    /// has); only raised.
+    pub fn set_append_floor(&mut self, index: u64) {
+        self.raft.append_floor = self.raft.append_floor.max(index);
+    }
+
     /// Starts an election now.
     pub fn campaign(&mut self) -> Result<(), Error> {
         self.raft.campaign()

@@ -54,6 +54,14 @@ pub enum ApplyResult {
     },
     /// The state machine refused the command (meta commands).
     Refused(String),
+    /// The command was checked against another range epoch than the group's (a split
+    /// came between), or names a key outside the group's range: not applied.
+    StaleEpoch {
+        /// The epoch the command was checked against (0: none).
+        request_epoch: u64,
+    },
+    /// A split command: applied by the node (`node.rs`), not by the round.
+    Split(proto::SplitCommand),
     /// A resent write whose first result is forgotten: it may or may not have applied.
     SessionExpired {
         /// The client.
@@ -61,6 +69,17 @@ pub enum ApplyResult {
         /// The write's sequence number.
         seq: u64,
     },
+}
+
+/// What a split applied: the new group's range and the range epoch both groups have now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitDone {
+    /// The new group's first key (the split key).
+    pub start: Vec<u8>,
+    /// The new group's exclusive end (empty: unbounded).
+    pub end: Vec<u8>,
+    /// The range epoch of both groups after the split.
+    pub epoch: u64,
 }
 
 /// Results other than `Done` (compare-and-swap, refusals) kept per client session; past
@@ -238,7 +257,11 @@ impl Session {
                     out.extend_from_slice(why.as_bytes());
                 }
                 // Never listed (`Done` is a run; an expiry is not a result).
-                ApplyResult::Done | ApplyResult::SessionExpired { .. } => out.push(0),
+                // (`StaleEpoch` and `Split` are decided before a session is looked at.)
+                ApplyResult::Done
+                | ApplyResult::SessionExpired { .. }
+                | ApplyResult::StaleEpoch { .. }
+                | ApplyResult::Split(_) => out.push(0),
             }
         }
         out
@@ -504,6 +527,9 @@ pub struct Applier<'a> {
     swept_at: Option<u64>,
     /// Session records this round deleted (expired): absent, whatever the engine holds.
     expired: std::collections::HashSet<u64>,
+    /// The group's range and range epoch as of the entries taken (`start`, `end`
+    /// exclusive, empty = unbounded): commands outside them are refused.
+    range: (Vec<u8>, Vec<u8>, u64),
 }
 
 impl<'a> Applier<'a> {
@@ -521,6 +547,42 @@ impl<'a> Applier<'a> {
             last: None,
             swept_at: None,
             expired: std::collections::HashSet::new(),
+            range: (Vec::new(), Vec::new(), 0),
+        }
+    }
+
+    /// Sets the group's range `[start, end)` and range epoch (before any entry, and
+    /// after a split the node applied): commands checked against another epoch, or with
+    /// keys outside the range, are refused with [`ApplyResult::StaleEpoch`].
+    pub fn set_range(&mut self, start: &[u8], end: &[u8], epoch: u64) {
+        self.range = (start.to_vec(), end.to_vec(), epoch);
+    }
+
+    fn in_range(&self, key: &[u8]) -> bool {
+        let (start, end, _) = &self.range;
+        key >= start.as_slice() && (end.is_empty() || key < end.as_slice())
+    }
+
+    /// Whether `cmd` (checked at range epoch `epoch`) fits the group's range now.
+    fn fits(&self, cmd: &Option<proto::kv_command::Cmd>, epoch: u64) -> bool {
+        use proto::kv_command::Cmd;
+        if epoch != 0 && epoch != self.range.2 {
+            return false;
+        }
+        match cmd {
+            Some(Cmd::Batch(b)) => b.mutations.iter().all(|m| self.in_range(&m.key)),
+            Some(Cmd::Cas(c)) => self.in_range(&c.key),
+            // An empty end means "to the group's end" as the proposer saw it: only
+            // unambiguous while the group has no end either.
+            Some(Cmd::DeleteRange(r)) => {
+                self.in_range(&r.start)
+                    && if r.end.is_empty() {
+                        self.range.1.is_empty()
+                    } else {
+                        r.end.as_ref() <= self.range.1.as_slice() || self.range.1.is_empty()
+                    }
+            }
+            Some(Cmd::Split(_)) | None => true,
         }
     }
 
@@ -564,6 +626,16 @@ impl<'a> Applier<'a> {
                 "group {g} entry {index}: undecodable command: {err}"
             ))
         })?;
+        if let Some(proto::kv_command::Cmd::Split(sp)) = cmd.cmd {
+            return Ok(ApplyResult::Split(sp));
+        }
+        if !self.fits(&cmd.cmd, cmd.epoch) {
+            // Not applied, and not recorded in the session: the client sends it again
+            // to the group that holds its keys now.
+            return Ok(ApplyResult::StaleEpoch {
+                request_epoch: cmd.epoch,
+            });
+        }
         match cmd.session {
             Some(s) if s.client_id != 0 => self.kv_in_session(index, cmd.cmd, &s),
             _ => self.apply_cmd(cmd.cmd),
@@ -770,8 +842,138 @@ impl<'a> Applier<'a> {
                     current,
                 }
             }
-            None => ApplyResult::Refused("empty command".into()),
+            // (`kv` hands splits to the node before this.)
+            Some(proto::kv_command::Cmd::Split(_)) | None => {
+                ApplyResult::Refused("empty command".into())
+            }
         })
+    }
+
+    /// Applies split `sp` (entry `index`, taken with [`Applier::entry`]) into the round's
+    /// batch: the keys at or above the split key leave this group, and unless
+    /// `child_exists` (its replica here has a state of its own already, e.g. from a
+    /// snapshot) they become the state of group `sp.new_group_id` — its data, a copy of
+    /// this group's client sessions (a resend of a write applied before the split finds
+    /// its answer there), membership `conf`, range, and an applied index of
+    /// [`keys::SPLIT_INIT_INDEX`]. Both groups' ranges are recorded with the range epoch
+    /// one up. The same batch carries this group's sentinel, so a crash keeps the split
+    /// whole or not at all. Returns the child's route as created, or the refusal when the
+    /// split no longer fits (another epoch, or the key not strictly inside the range).
+    pub fn split(
+        &mut self,
+        index: u64,
+        sp: &proto::SplitCommand,
+        conf: &phoenix_raft::ConfState,
+        child_exists: bool,
+    ) -> crate::Result<Result<SplitDone, String>> {
+        let g = self.g;
+        let c = sp.new_group_id;
+        let (start, end, epoch) = self.range.clone();
+        let key = sp.split_key.as_ref();
+        if sp.epoch != epoch {
+            return Ok(Err(format!(
+                "split of group {g} asked at range epoch {}, the group is at {epoch}",
+                sp.epoch
+            )));
+        }
+        if key <= start.as_slice() || !(end.is_empty() || key < end.as_slice()) {
+            return Ok(Err(format!(
+                "split key {key:02x?} is not strictly inside group {g}'s range"
+            )));
+        }
+        if c == g || c == 0 {
+            return Ok(Err(format!("split of group {g}: bad new group id {c}")));
+        }
+        let moved_start = keys::data_key(g, key);
+        let moved_end = if end.is_empty() {
+            keys::data_end(g)
+        } else {
+            keys::data_key(g, &end)
+        };
+        let new_epoch = epoch + 1;
+        if !child_exists {
+            // The upper keys as of the entries taken: the engine, then this round's
+            // range deletions and writes.
+            let mut moved: BTreeMap<Vec<u8>, Vec<u8>> = self
+                .reader
+                .scan(&moved_start, &moved_end)?
+                .into_iter()
+                .filter(|(k, _)| !self.deleted.iter().any(|(s, e)| s <= k && k < e))
+                .collect();
+            for (k, v) in &self.overlay {
+                if *k >= moved_start && *k < moved_end {
+                    match v {
+                        Some(v) => moved.insert(k.clone(), v.clone()),
+                        None => moved.remove(k),
+                    };
+                }
+            }
+            let prefix = 9; // group id and namespace byte
+            for (k, v) in &moved {
+                self.wb.put(&keys::data_key(c, &k[prefix..]), v);
+            }
+            // Sessions as of the entries taken: this round's records over the engine's.
+            let sess = keys::sessions_prefix(g);
+            let mut sess_end = sess.clone();
+            if let Some(last) = sess_end.last_mut() {
+                *last += 1;
+            }
+            let mut records: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+            for (k, v) in self.reader.scan(&sess, &sess_end)? {
+                let client = keys::session_client(g, &k).ok_or_else(|| {
+                    crate::Error::Corruption(format!("group {g}: malformed session key {k:02x?}"))
+                })?;
+                records.insert(client, v);
+            }
+            for (client, rec) in self.sessions.iter() {
+                records.insert(*client, rec.encode());
+            }
+            for client in &self.expired {
+                records.remove(client);
+            }
+            for (client, v) in &records {
+                self.wb.put(&keys::session_key(c, *client), v);
+            }
+            if let Some(t) = self.swept_at.or(self.cache.swept_at) {
+                self.wb.put(&keys::session_sweep_key(c), &t.to_be_bytes());
+            } else if let Some(v) = self.reader.get(&keys::session_sweep_key(g))? {
+                self.wb.put(&keys::session_sweep_key(c), &v);
+            }
+            self.wb.put(
+                &keys::applied_key(c),
+                &keys::encode_applied(keys::SPLIT_INIT_INDEX, keys::SPLIT_INIT_TERM),
+            );
+            self.wb.put(&keys::conf_key(c), &keys::encode_conf(conf));
+            let child_range = proto::GroupRange {
+                format: keys::RANGE_FORMAT,
+                start_key: key.to_vec().into(),
+                end_key: end.clone().into(),
+                epoch: new_epoch,
+                split_index: 0,
+            };
+            self.wb
+                .put(&keys::range_key(c), &child_range.encode_to_vec());
+        }
+        if moved_start < moved_end {
+            self.wb.delete_range(&moved_start, &moved_end);
+            self.overlay
+                .retain(|k, _| *k < moved_start || *k >= moved_end);
+            self.deleted.push((moved_start, moved_end));
+        }
+        let range = proto::GroupRange {
+            format: keys::RANGE_FORMAT,
+            start_key: start.clone().into(),
+            end_key: key.to_vec().into(),
+            epoch: new_epoch,
+            split_index: index,
+        };
+        self.wb.put(&keys::range_key(g), &range.encode_to_vec());
+        self.range = (start, key.to_vec(), new_epoch);
+        Ok(Ok(SplitDone {
+            start: key.to_vec(),
+            end,
+            epoch: new_epoch,
+        }))
     }
 
     /// Writes the round: ONE batch holding every write of the entries taken and the
@@ -905,6 +1107,7 @@ mod tests {
         proto::KvCommand {
             cmd: Some(cmd),
             session: None,
+            epoch: 0,
         }
         .encode_to_vec()
     }
@@ -1028,6 +1231,7 @@ mod tests {
     /// proposer time `time_ms`.
     fn session_put(client: u64, seq: u64, time_ms: u64, key: &[u8], value: &[u8]) -> Vec<u8> {
         proto::KvCommand {
+            epoch: 0,
             session: Some(proto::ClientSession {
                 client_id: client,
                 seq,
@@ -1122,6 +1326,7 @@ mod tests {
         let g = 3;
         let put = |k: &str, v: &str| {
             proto::KvCommand {
+                epoch: 0,
                 session: None,
                 cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
                     mutations: vec![proto::Mutation {
@@ -1134,6 +1339,7 @@ mod tests {
             .encode_to_vec()
         };
         let del_range = proto::KvCommand {
+            epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
                 start: b"a".to_vec().into(),
@@ -1142,6 +1348,7 @@ mod tests {
         }
         .encode_to_vec();
         let cas = proto::KvCommand {
+            epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::Cas(proto::CasCommand {
                 key: b"k".to_vec().into(),
@@ -1290,6 +1497,7 @@ mod tests {
         for k in [1, n] {
             entries.push(
                 proto::KvCommand {
+                    epoch: 0,
                     session: None,
                     cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
                         mutations: vec![proto::Mutation {
@@ -1416,6 +1624,7 @@ mod tests {
         let g = 9;
         let cas = |seq: u64| {
             proto::KvCommand {
+                epoch: 0,
                 session: Some(proto::ClientSession {
                     client_id: 5,
                     seq,
@@ -1501,5 +1710,217 @@ mod tests {
                 let _ = rec.encode();
             }
         }
+    }
+
+    fn put_cmd(k: &str, v: &str, epoch: u64, session: Option<proto::ClientSession>) -> Vec<u8> {
+        proto::KvCommand {
+            epoch,
+            session,
+            cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
+                mutations: vec![proto::Mutation {
+                    op: proto::MutationOp::Put as i32,
+                    key: k.as_bytes().to_vec().into(),
+                    value: v.as_bytes().to_vec().into(),
+                }],
+            })),
+        }
+        .encode_to_vec()
+    }
+
+    /// A split in the middle of a round moves the upper keys as the round's earlier
+    /// entries left them (writes and range deletions not yet in the engine), copies the
+    /// client sessions, records both ranges at the next epoch, and refuses what follows
+    /// it in the round at the old epoch or outside the narrowed range — all in the
+    /// round's one batch with its sentinel.
+    #[test]
+    fn a_split_moves_the_upper_keys_as_the_round_left_them() {
+        let engine = Recorder::default();
+        let (g, c) = (3, 9);
+        let mut cache = SessionCache::new(Arc::default());
+        {
+            let mut a = Applier::new(g, &engine, &mut cache);
+            a.set_range(b"", b"", 1);
+            for (i, k) in ["a", "m", "n", "q", "x"].iter().enumerate() {
+                a.entry(i as u64 + 1, 1);
+                assert_eq!(
+                    a.kv(i as u64 + 1, &put_cmd(k, "old", 1, None)).unwrap(),
+                    ApplyResult::Done
+                );
+            }
+            a.finish(&engine).unwrap();
+        }
+        let session = |seq| proto::ClientSession {
+            client_id: 77,
+            seq,
+            acked_below: 1,
+            time_ms: 1,
+        };
+        let mut a = Applier::new(g, &engine, &mut cache);
+        a.set_range(b"", b"", 1);
+        let del = proto::KvCommand {
+            epoch: 1,
+            session: None,
+            cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
+                start: b"p".to_vec().into(),
+                end: b"r".to_vec().into(),
+            })),
+        }
+        .encode_to_vec();
+        a.entry(10, 2);
+        a.kv(10, &del).unwrap();
+        a.entry(11, 2);
+        a.kv(11, &put_cmd("y", "new", 1, Some(session(1)))).unwrap();
+        a.entry(12, 2);
+        a.kv(12, &put_cmd("x", "newer", 1, None)).unwrap();
+        let sp = proto::SplitCommand {
+            split_key: b"n".to_vec().into(),
+            new_group_id: c,
+            epoch: 1,
+        };
+        a.entry(13, 2);
+        let conf = phoenix_raft::ConfState::with_voters([1, 2, 3]);
+        // Not at another epoch, nor at a key outside the range.
+        let stale = proto::SplitCommand {
+            epoch: 0,
+            ..sp.clone()
+        };
+        assert!(a.split(13, &stale, &conf, false).unwrap().is_err());
+        let at_start = proto::SplitCommand {
+            split_key: Vec::new().into(),
+            ..sp.clone()
+        };
+        assert!(a.split(13, &at_start, &conf, false).unwrap().is_err());
+        let done = a.split(13, &sp, &conf, false).unwrap().unwrap();
+        assert_eq!(
+            (done.start.as_slice(), done.end.as_slice(), done.epoch),
+            (&b"n"[..], &b""[..], 2)
+        );
+        // After it: the old epoch, or a key now in the new group, is refused; the left
+        // part at the new epoch is applied.
+        a.entry(14, 2);
+        assert_eq!(
+            a.kv(14, &put_cmd("b", "v", 1, None)).unwrap(),
+            ApplyResult::StaleEpoch { request_epoch: 1 }
+        );
+        a.entry(15, 2);
+        assert_eq!(
+            a.kv(15, &put_cmd("z", "v", 0, None)).unwrap(),
+            ApplyResult::StaleEpoch { request_epoch: 0 }
+        );
+        a.entry(16, 2);
+        assert_eq!(
+            a.kv(16, &put_cmd("b", "v", 2, None)).unwrap(),
+            ApplyResult::Done
+        );
+        assert_eq!(a.finish(&engine).unwrap(), Some((16, 2)));
+        assert_eq!(engine.after_batch.borrow().len(), 2, "one batch per round");
+        let get = |group, k: &str| engine.get(&keys::data_key(group, k.as_bytes())).unwrap();
+        let parent: Vec<_> = ["a", "b", "m", "n", "q", "x", "y"]
+            .iter()
+            .map(|k| get(g, k))
+            .collect();
+        assert_eq!(
+            parent,
+            [
+                Some(b"old".to_vec()),
+                Some(b"v".to_vec()),
+                Some(b"old".to_vec()),
+                None,
+                None,
+                None,
+                None
+            ]
+        );
+        let child: Vec<_> = ["a", "m", "n", "q", "x", "y", "z"]
+            .iter()
+            .map(|k| get(c, k))
+            .collect();
+        assert_eq!(
+            child,
+            [
+                None,
+                None,
+                Some(b"old".to_vec()),
+                None,
+                Some(b"newer".to_vec()),
+                Some(b"new".to_vec()),
+                None
+            ]
+        );
+        assert_eq!(
+            engine.get(&keys::applied_key(c)).unwrap(),
+            Some(keys::encode_applied(keys::SPLIT_INIT_INDEX, keys::SPLIT_INIT_TERM).to_vec())
+        );
+        assert_eq!(
+            engine.get(&keys::conf_key(c)).unwrap(),
+            Some(keys::encode_conf(&conf))
+        );
+        // The client's session went with it: its write of sequence 1 is known there.
+        let rec = engine
+            .get(&keys::session_key(c, 77))
+            .unwrap()
+            .expect("session copied");
+        assert!(Session::decode(&rec).unwrap().is_applied(1));
+        let range = |group| {
+            proto::GroupRange::decode(
+                engine
+                    .get(&keys::range_key(group))
+                    .unwrap()
+                    .unwrap()
+                    .as_slice(),
+            )
+            .unwrap()
+        };
+        let (lr, rr) = (range(g), range(c));
+        assert_eq!(
+            (
+                lr.start_key.as_ref(),
+                lr.end_key.as_ref(),
+                lr.epoch,
+                lr.split_index
+            ),
+            (&b""[..], &b"n"[..], 2, 13)
+        );
+        assert_eq!(
+            (
+                rr.start_key.as_ref(),
+                rr.end_key.as_ref(),
+                rr.epoch,
+                rr.split_index
+            ),
+            (&b"n"[..], &b""[..], 2, 0)
+        );
+    }
+
+    /// A split whose new group has a state here already (its replica got a snapshot
+    /// first) only narrows this group: the newer state is not overwritten.
+    #[test]
+    fn a_split_leaves_a_new_group_that_has_a_state_alone() {
+        let engine = Recorder::default();
+        let (g, c) = (3, 9);
+        engine
+            .state
+            .borrow_mut()
+            .insert(keys::data_key(c, b"x"), b"from a snapshot".to_vec());
+        let mut cache = SessionCache::new(Arc::default());
+        let mut a = Applier::new(g, &engine, &mut cache);
+        a.set_range(b"", b"", 4);
+        a.entry(1, 1);
+        a.kv(1, &put_cmd("x", "parent's", 4, None)).unwrap();
+        a.entry(2, 1);
+        let sp = proto::SplitCommand {
+            split_key: b"n".to_vec().into(),
+            new_group_id: c,
+            epoch: 4,
+        };
+        let conf = phoenix_raft::ConfState::with_voters([1]);
+        a.split(2, &sp, &conf, true).unwrap().unwrap();
+        a.finish(&engine).unwrap();
+        assert_eq!(engine.get(&keys::data_key(g, b"x")).unwrap(), None);
+        assert_eq!(
+            engine.get(&keys::data_key(c, b"x")).unwrap(),
+            Some(b"from a snapshot".to_vec())
+        );
+        assert_eq!(engine.get(&keys::applied_key(c)).unwrap(), None);
     }
 }

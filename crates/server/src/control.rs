@@ -69,7 +69,8 @@ error_reply!(
     TransferLeaderResponse,
     AddReplicaResponse,
     RemoveReplicaResponse,
-    DrainNodeResponse
+    DrainNodeResponse,
+    SplitGroupResponse
 );
 
 /// The gRPC answer to a request: its response, or one reporting its error (gRPC
@@ -532,6 +533,118 @@ impl MetaService {
         .await
     }
 
+    /// Splits `group` at `key`: plans it in the meta group's log (reserving the new
+    /// group's id), then waits until the group applied it and the routing table holds
+    /// both routes. The group's leader is asked with its heartbeats.
+    async fn local_split_group(
+        &self,
+        group: u64,
+        key: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<proto::SplitGroupResponse, PErr> {
+        let deadline = tokio::time::Instant::now() + timeout * 4 / 5;
+        if group == META_GROUP {
+            return Err(PErr::invalid_argument("the meta group does not split"));
+        }
+        if key.len() > phoenix_proto::limits::KEY_BYTES_MAX {
+            return Err(PErr::key_too_large(
+                key.len(),
+                phoenix_proto::limits::KEY_BYTES_MAX,
+            ));
+        }
+        self.read_index(timeout).await?;
+        let plan = {
+            let meta = self.shared.meta.read();
+            let route = meta.routes().get(&group).ok_or_else(|| {
+                PErr::invalid_argument(format!("group {group} is not in the routing table"))
+            })?;
+            // The meta replicas record the plan; the group's replicas apply the split.
+            let mut nodes: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
+            nodes.extend(route.replicas.iter().map(|r| r.node_id));
+            if let Some(m) = meta.member_behind(&nodes, phoenix_meta::PROTOCOL_SPLIT) {
+                return Err(PErr::invalid_argument(format!(
+                    "node {m} runs an older binary that cannot split groups: upgrade it first"
+                )));
+            }
+            match meta.splits().get(&group) {
+                Some(p) if p.split_key.as_ref() == key.as_slice() => None,
+                Some(p) => {
+                    return Err(PErr::group_unavailable(
+                        group,
+                        format!(
+                            "a split of it at {:02x?} into group {} is under way",
+                            p.split_key, p.new_group_id
+                        ),
+                    ))
+                }
+                None => Some(proto::SplitPlan {
+                    group_id: group,
+                    split_key: key.clone().into(),
+                    new_group_id: meta.next_group_id(),
+                    epoch: route.epoch,
+                }),
+            }
+        };
+        let new_group = match plan {
+            Some(plan) => {
+                let id = plan.new_group_id;
+                let cmd = proto::MetaCommand {
+                    cmd: Some(proto::meta_command::Cmd::PlanSplit(plan)),
+                };
+                match self.propose(cmd, timeout).await? {
+                    ApplyResult::Done => {}
+                    ApplyResult::Refused(why) => return Err(PErr::invalid_argument(why)),
+                    other => {
+                        return Err(PErr::internal(format!(
+                            "unexpected answer to a split plan: {other:?}"
+                        )))
+                    }
+                }
+                tracing::info!(group, new_group = id, "split planned");
+                self.shared.report_soon.notify_one();
+                id
+            }
+            None => self
+                .shared
+                .meta
+                .read()
+                .splits()
+                .get(&group)
+                .map_or(0, |p| p.new_group_id),
+        };
+        loop {
+            {
+                let meta = self.shared.meta.read();
+                if let (Some(left), Some(right)) =
+                    (meta.routes().get(&group), meta.routes().get(&new_group))
+                {
+                    return Ok(proto::SplitGroupResponse {
+                        error: None,
+                        left: Some(left.clone()),
+                        right: Some(right.clone()),
+                    });
+                }
+            }
+            if !self.is_meta_leader() {
+                return Err(PErr::group_unavailable(
+                    META_GROUP,
+                    "no longer the meta leader (the split goes on; ask again to wait)",
+                ));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(PErr::group_unavailable(
+                    group,
+                    format!(
+                        "split into group {new_group} planned, not applied within {} ms \
+                         (it goes on; ask again to wait)",
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn heartbeat_local(
         &self,
         r: proto::HeartbeatRequest,
@@ -696,6 +809,23 @@ impl proto::meta_server::Meta for MetaService {
         .await
     }
 
+    async fn split_group(
+        &self,
+        req: Request<proto::SplitGroupRequest>,
+    ) -> Result<Response<proto::SplitGroupResponse>, Status> {
+        let r = req.into_inner();
+        let (group, key, timeout_ms) = (r.group_id, r.split_key.to_vec(), r.timeout_ms);
+        self.serve_operator(
+            timeout_ms,
+            |timeout| self.local_split_group(group, key, timeout),
+            move |mut c| {
+                let r = r.clone();
+                async move { c.split_group(r).await }
+            },
+        )
+        .await
+    }
+
     async fn heartbeat(
         &self,
         req: Request<proto::HeartbeatRequest>,
@@ -754,6 +884,9 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
                 .filter(|id| !v.route.learners.contains(id))
                 .collect(),
             learners: v.route.learners.clone(),
+            start_key: v.route.start_key.clone(),
+            end_key: v.route.end_key.clone(),
+            split_child: v.split_child.clone(),
         })
         .collect();
     let es = shared.engine.stats();
@@ -882,6 +1015,12 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
                                 group: d.group_id,
                                 conf_version: d.conf_version,
                             }),
+                            Some(Cmd::SplitGroup(sg)) => Some(Event::Split {
+                                group: sg.group_id,
+                                split_key: sg.split_key.to_vec(),
+                                new_group_id: sg.new_group_id,
+                                epoch: sg.epoch,
+                            }),
                             // A command this node predates.
                             None => None,
                         };
@@ -1007,20 +1146,33 @@ async fn update_routes(svc: &MetaService) {
         let members: Vec<u64> = svc.shared.cfg.meta.iter().map(|m| m.id).collect();
         // Every meta replica must apply the command the same way.
         if meta
-            .member_behind(&members, phoenix_meta::PROTOCOL)
+            .member_behind(&members, phoenix_meta::PROTOCOL_REPLICA_MOVES)
             .is_some()
         {
             return;
         }
-        phoenix_meta::route_updates(&meta, &lv)
+        let mut cmds = phoenix_meta::route_updates(&meta, &lv);
+        if meta
+            .member_behind(&members, phoenix_meta::PROTOCOL_SPLIT)
+            .is_none()
+        {
+            cmds.extend(phoenix_meta::finished_splits(&meta, &lv));
+        }
+        cmds
     };
     for cmd in cmds {
-        let g = match &cmd.cmd {
-            Some(proto::meta_command::Cmd::UpdateRoute(r)) => r.group_id,
-            _ => 0,
+        let (g, what) = match &cmd.cmd {
+            Some(proto::meta_command::Cmd::UpdateRoute(r)) => {
+                (r.group_id, "route membership updated")
+            }
+            Some(proto::meta_command::Cmd::FinishSplit(d)) => (
+                d.parent.as_ref().map_or(0, |r| r.group_id),
+                "split recorded in the routing table",
+            ),
+            _ => (0, "route updated"),
         };
         match svc.propose(cmd, Duration::from_secs(5)).await {
-            Ok(ApplyResult::Done) => tracing::info!(group = g, "route membership updated"),
+            Ok(ApplyResult::Done) => tracing::info!(group = g, "{what}"),
             // (Another update of the same membership got there first.)
             Ok(other) => tracing::debug!(group = g, "route update refused: {other:?}"),
             Err(e) => tracing::warn!(group = g, "route update failed: {e}"),

@@ -35,6 +35,14 @@ pub mod names {
     /// After a removed replica's log stream is gone, before the registry records the
     /// drop done.
     pub const DROP_BEFORE_DONE: &str = "drop_before_done";
+    /// After a split's new group is in the registry, before the round that applies the
+    /// split is written.
+    pub const SPLIT_AFTER_REGISTRY: &str = "split_after_registry";
+    /// After a split's new range epoch is published, before its round is written.
+    pub const SPLIT_BEFORE_WRITE: &str = "split_before_write";
+    /// After the round that applied a split is written, before the new group's replica
+    /// is opened.
+    pub const SPLIT_BEFORE_OPEN: &str = "split_before_open";
 }
 
 /// Fails with an injected error if failpoint `name` is on for node `node`.

@@ -9,6 +9,10 @@
 //!                              applied, written with "conf"; absent: none yet)
 //!                 "sess/" ‖ client_id: u64 BE → a client session (apply.rs, `Session`)
 //!                 "sweep"    → log time of the last session expiry sweep (apply.rs)
+//!                 "range"    → protobuf GroupRange: the range and range epoch the group
+//!                              applied (absent: its route's, as created; written by
+//!                              the first split)
+//!                 "splitchild" → protobuf Route of the group the last split made
 //! ```
 //!
 //! The "applied" sentinel is written in the same engine batch as the entries it
@@ -67,6 +71,28 @@ pub fn conf_version_key(g: u64) -> Vec<u8> {
 pub fn decode_conf_version(v: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(v.try_into().ok()?))
 }
+
+/// The group's applied range key (protobuf `GroupRange`).
+pub fn range_key(g: u64) -> Vec<u8> {
+    sys_key(g, b"range")
+}
+
+/// The route of the group the last split of `g` made (protobuf `Route`).
+pub fn split_child_key(g: u64) -> Vec<u8> {
+    sys_key(g, b"splitchild")
+}
+
+/// Format of the `GroupRange` record written.
+pub const RANGE_FORMAT: u32 = 1;
+
+/// The log index and term a group made by a split starts at: its state (the parent's
+/// upper keys) stands for entries up to it, so its log begins after it and a new
+/// replica of it always needs a snapshot — an empty replica of it cannot be mistaken
+/// for one that applied its first entries (as a fresh replica of a group made at index
+/// 0 could).
+pub const SPLIT_INIT_INDEX: u64 = 5;
+/// See [`SPLIT_INIT_INDEX`].
+pub const SPLIT_INIT_TERM: u64 = 5;
 
 /// System key prefix of the client sessions of group `g` (apply.rs).
 pub fn sessions_prefix(g: u64) -> Vec<u8> {

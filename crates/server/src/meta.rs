@@ -70,7 +70,11 @@ pub fn apply_entry(
     Ok(match state.apply_entry(index, data)? {
         Ok(phoenix_meta::Applied::Changed(writes)) => {
             for w in writes {
-                wb.put(&keys::data_key(META_GROUP, &w.key), &w.value);
+                if w.value.is_empty() {
+                    wb.delete(&keys::data_key(META_GROUP, &w.key));
+                } else {
+                    wb.put(&keys::data_key(META_GROUP, &w.key), &w.value);
+                }
             }
             ApplyResult::Done
         }

@@ -135,6 +135,18 @@ pub enum Event {
         /// The table's membership version.
         conf_version: u64,
     },
+    /// The meta leader asks to split `group` (if led here and still at range epoch
+    /// `epoch`) at `split_key`, the upper part becoming group `new_group_id`.
+    Split {
+        /// Group.
+        group: u64,
+        /// First key of the new group.
+        split_key: Vec<u8>,
+        /// The new group's id (reserved by the meta group).
+        new_group_id: u64,
+        /// The range epoch the split was planned at.
+        epoch: u64,
+    },
     /// The dropper finished dropping the data of `groups` (or failed).
     Dropped {
         /// Groups.
@@ -215,6 +227,16 @@ pub struct Peer {
     dirty: bool,
     /// In the driver's `awake` set (ticked).
     ticked: bool,
+    /// Created empty for a group whose route says it began past index 0 (made by a
+    /// split, or split since): it has no state to replay from and must get one (a
+    /// snapshot, or the split applied by its parent here) before it may campaign, so it
+    /// is not ticked until then. Two such replicas electing each other would lead an
+    /// empty group.
+    uninitialized: bool,
+    /// The route of the group the last split of this one made (reported to meta).
+    split_child: Option<proto::Route>,
+    /// Groups split off in the last apply round, to open once the round is written.
+    new_children: Vec<proto::Route>,
 }
 
 /// The part of a replica's published view that requests depend on: published at once
@@ -461,7 +483,19 @@ impl Driver {
             },
         };
         let conf_version = conf_version(db, g)?.unwrap_or(route.conf_version);
-        let route = route_with_conf(&self.shared, route, &conf, conf_version);
+        let mut route = route_with_conf(&self.shared, route, &conf, conf_version);
+        // The range the group applied (a split's) wins over the one it was created with.
+        let split_index = match group_range(db, g)? {
+            Some(r) => {
+                route.start_key = r.start_key;
+                route.end_key = r.end_key;
+                route.epoch = r.epoch;
+                r.split_index
+            }
+            None => 0,
+        };
+        let split_child = split_child(db, g)?;
+        let uninitialized = applied == (0, 0) && route.epoch > 1;
         if let Some(t) = self.registry.tombstone(g) {
             // Hosted here before: this replica starts from the old one's term and vote,
             // durably, or it could vote a second time in a term the old one voted in.
@@ -479,10 +513,18 @@ impl Driver {
             }
         }
         let storage = GroupStorage::open(Arc::clone(&self.shared.log), g, applied, conf)?;
-        let raw = RawNode::new(&raft_config(&self.shared, applied.0), storage)?;
+        let mut raw = RawNode::new(&raft_config(&self.shared, applied.0), storage)?;
+        // Entries up to the last split describe the group's wider range: a replica that
+        // needs them gets a snapshot instead.
+        raw.set_append_floor(split_index);
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
-        tracing::info!(group = g, applied = applied.0, "opened replica");
+        tracing::info!(
+            group = g,
+            applied = applied.0,
+            uninitialized,
+            "opened replica"
+        );
         self.shared.learn_addrs(&route);
         self.shared.groups.write().insert(
             g,
@@ -512,6 +554,9 @@ impl Driver {
                 stats_stale: true,
                 dirty: false,
                 ticked: false,
+                uninitialized,
+                split_child,
+                new_children: Vec::new(),
             }),
         );
         self.touch(g);
@@ -1012,6 +1057,45 @@ impl Driver {
         self.touch(g);
     }
 
+    /// Proposes the split the meta leader asked for, if this node leads the group and
+    /// its range is still at `epoch` (a split already applied has moved it on; the apply
+    /// refuses a second one proposed meanwhile, as it checks the epoch again).
+    fn propose_split(&mut self, g: u64, split_key: Vec<u8>, new_group_id: u64, epoch: u64) {
+        let Some(p) = self.peers.get_mut(&g) else {
+            return;
+        };
+        if g == META_GROUP
+            || p.failed.is_some()
+            || p.raw.raft().role() != StateRole::Leader
+            || p.route.epoch != epoch
+        {
+            return;
+        }
+        let cmd = proto::KvCommand {
+            cmd: Some(proto::kv_command::Cmd::Split(proto::SplitCommand {
+                split_key: split_key.into(),
+                new_group_id,
+                epoch,
+            })),
+            session: None,
+            epoch,
+        };
+        let data = Bytes::from(prost::Message::encode_to_vec(&cmd));
+        match p.raw.propose(data) {
+            Ok(index) => tracing::info!(
+                group = g,
+                index,
+                new_group_id,
+                "proposed a split (meta's request)"
+            ),
+            Err(e) if is_storage(&e) => {
+                return self.fail_group(g, format!("proposing a split: {e}"));
+            }
+            Err(e) => tracing::debug!(group = g, "split not proposed: {e}"),
+        }
+        self.touch(g);
+    }
+
     /// One tick of the awake groups. A leader idle for `hibernate_ticks` puts its group
     /// to sleep (raft sends the followers a `Hibernate`); asleep, a group costs nothing
     /// until a message, a request or a suspicion about its leader wakes it.
@@ -1112,7 +1196,7 @@ impl Driver {
             return;
         };
         mark_dirty(&mut self.dirty, p);
-        let awake = p.failed.is_none() && !p.raw.raft().is_hibernating();
+        let awake = p.failed.is_none() && !p.raw.raft().is_hibernating() && !p.uninitialized;
         let changed = awake != p.ticked;
         if changed {
             p.ticked = awake;
@@ -1387,6 +1471,12 @@ impl Driver {
                 conf_version,
             } => self.destroy_replica(group, conf_version),
             Event::Dropped { groups, result } => self.dropped(groups, result),
+            Event::Split {
+                group,
+                split_key,
+                new_group_id,
+                epoch,
+            } => self.propose_split(group, split_key, new_group_id, epoch),
             Event::HandOff(done) => {
                 self.stopping = true;
                 let groups = self.hand_off_leaders();
@@ -1411,7 +1501,10 @@ impl Driver {
             did = true;
             match self.handle_ready(g) {
                 // Handling a ready may leave more (e.g. entries an ack committed).
-                Ok(()) => self.touch(g),
+                Ok(()) => {
+                    self.open_children(g);
+                    self.touch(g);
+                }
                 Err(e) => self.fail_group(g, e.to_string()),
             }
         }
@@ -1478,7 +1571,7 @@ impl Driver {
         });
         let committed = std::mem::take(&mut rd.committed_entries);
         if let Some(last) = committed.last().map(|e| e.index) {
-            apply_entries(&shared, p, committed)?;
+            apply_entries(&shared, p, committed, &mut self.registry)?;
             p.raw.advance_apply_to(last)?;
         }
         for rs in std::mem::take(&mut rd.read_states) {
@@ -1499,6 +1592,63 @@ impl Driver {
         });
         // A ready with nothing to persist is acknowledged now (after older ones).
         self.acknowledge_persisted(g)
+    }
+
+    /// Opens the replicas of the groups `g` split off in its last apply round (their
+    /// state is written). An empty replica of one, created before from the routing
+    /// table or a route, is replaced: it keeps its log stream (term and vote), and
+    /// starts from the state the split wrote. If `g` is led here, the new group
+    /// campaigns at once rather than wait an election timeout.
+    fn open_children(&mut self, g: u64) {
+        let Some(p) = self.peers.get_mut(&g) else {
+            return;
+        };
+        let children = std::mem::take(&mut p.new_children);
+        if children.is_empty() {
+            return;
+        }
+        let leads = p.raw.raft().role() == StateRole::Leader;
+        if let Err(e) = crate::failpoint::check(
+            crate::failpoint::names::SPLIT_BEFORE_OPEN,
+            self.shared.cfg.node_id,
+        ) {
+            // As a crash here: the registry lists them; the next start opens them.
+            for c in children {
+                self.mark_unopened(c, format!("opening the group split off {g}: {e}"));
+            }
+            return;
+        }
+        for child in children {
+            let c = child.group_id;
+            match self.peers.get(&c) {
+                Some(old) if !old.uninitialized => continue,
+                Some(_) => {
+                    if let Some(mut old) = self.peers.remove(&c) {
+                        old.fail_all("replaced by the replica its parent's split made");
+                        for d in std::mem::take(&mut old.pending_snapshots).into_values() {
+                            crate::snapshot::remove_dir(&d);
+                        }
+                    }
+                    self.awake.remove(&c);
+                    self.reads_queued.remove(&c);
+                }
+                None => {}
+            }
+            self.unopened.remove(&c);
+            self.create_failed.remove(&c);
+            if let Err(e) = self.open_peer(child.clone()) {
+                self.mark_unopened(child, format!("opening the group split off {g}: {e}"));
+                continue;
+            }
+            if leads {
+                if let Some(p) = self.peers.get_mut(&c) {
+                    if let Err(e) = p.raw.campaign() {
+                        tracing::debug!(group = c, "campaign after the split: {e}");
+                    }
+                }
+                self.touch(c);
+            }
+        }
     }
 
     /// Stops replica `g` after a failure in its work: it takes no more input, its
@@ -1668,6 +1818,7 @@ fn publish_view(shared: &Shared, p: &mut Peer) {
         || v.route.learners != p.route.learners
     {
         v.route.clone_from(&p.route);
+        v.split_child.clone_from(&p.split_child);
         changed = true;
     }
     v.leader = r.leader();
@@ -1818,6 +1969,15 @@ fn install_files(
     let version = conf_version(&shared.engine, g)?.unwrap_or(p.route.conf_version);
     let route = std::mem::take(&mut p.route);
     p.route = route_with_conf(shared, route, &meta.conf, version);
+    // So is the range, if the group split before it (the files carry its record).
+    if let Some(r) = group_range(&shared.engine, g)? {
+        p.route.start_key = r.start_key;
+        p.route.end_key = r.end_key;
+        p.route.epoch = r.epoch;
+        p.raw.set_append_floor(r.split_index);
+    }
+    p.split_child = split_child(&shared.engine, g)?;
+    p.uninitialized = false;
     Ok(())
 }
 
@@ -1829,6 +1989,37 @@ fn conf_version(db: &phoenix_engine::Db, g: u64) -> crate::Result<Option<u64>> {
             crate::Error::Corruption(format!("group {g}: malformed membership version {v:?}"))
         }),
     }
+}
+
+/// The range group `g` applied (None: it never split; its route's stands).
+fn group_range(db: &phoenix_engine::Db, g: u64) -> crate::Result<Option<proto::GroupRange>> {
+    use prost::Message as _;
+    let Some(v) = db.get(&ReadOptions::default(), &keys::range_key(g))? else {
+        return Ok(None);
+    };
+    let r = proto::GroupRange::decode(v.as_slice()).map_err(|e| {
+        crate::Error::Corruption(format!("group {g}: undecodable range record: {e}"))
+    })?;
+    if r.format > keys::RANGE_FORMAT {
+        return Err(crate::Error::Corruption(format!(
+            "group {g}: range record format {} is newer than this binary's {}; \
+             upgrade the binary",
+            r.format,
+            keys::RANGE_FORMAT
+        )));
+    }
+    Ok(Some(r))
+}
+
+/// The route of the group the last split of `g` made, if any.
+fn split_child(db: &phoenix_engine::Db, g: u64) -> crate::Result<Option<proto::Route>> {
+    use prost::Message as _;
+    let Some(v) = db.get(&ReadOptions::default(), &keys::split_child_key(g))? else {
+        return Ok(None);
+    };
+    proto::Route::decode(v.as_slice())
+        .map(Some)
+        .map_err(|e| crate::Error::Corruption(format!("group {g}: undecodable split record: {e}")))
 }
 
 /// `route` with the membership `conf` at `version`: voters then learners, each with the
@@ -1864,12 +2055,91 @@ fn route_with_conf(
     route
 }
 
+/// Applies split `sp` (entry `index`) of the group routed by `route` into round `a`:
+/// decides whether the new group's state is written here, records its replica in the
+/// registry first (durably: a crash after the round's batch finds it listed, and one
+/// before finds it listed without a state and waiting, while the parent replays the
+/// split), and narrows `route`. Returns the new group's route when its replica is to be
+/// opened here (None: it has one already, or was removed from this node), or the
+/// refusal. The registry write failing stops the group (the entry is applied again
+/// after a restart).
+fn apply_split(
+    shared: &Shared,
+    registry: &mut crate::registry::Registry,
+    a: &mut crate::apply::Applier<'_>,
+    route: &mut proto::Route,
+    index: u64,
+    sp: &proto::SplitCommand,
+) -> crate::Result<Result<Option<proto::Route>, String>> {
+    let g = route.group_id;
+    let c = sp.new_group_id;
+    if g == META_GROUP {
+        return Ok(Err("the meta group does not split".into()));
+    }
+    // A replica of the new group with a state of its own (a snapshot came first), or
+    // one removed from this node since, is left as it is.
+    let tombstoned = registry.tombstone(c).is_some();
+    let has_state = shared
+        .engine
+        .get(&ReadOptions::default(), &keys::applied_key(c))?
+        .is_some();
+    let conf = phoenix_raft::ConfState {
+        voters: route
+            .replicas
+            .iter()
+            .map(|r| r.node_id)
+            .filter(|id| !route.learners.contains(id))
+            .collect(),
+        learners: route.learners.clone(),
+    };
+    let done = match a.split(index, sp, &conf, tombstoned || has_state)? {
+        Ok(d) => d,
+        Err(why) => return Ok(Err(why)),
+    };
+    let child = proto::Route {
+        group_id: c,
+        start_key: done.start.clone().into(),
+        end_key: done.end.clone().into(),
+        epoch: done.epoch,
+        replicas: route.replicas.clone(),
+        leader_node_id: 0,
+        leader_addr: String::new(),
+        conf_version: 0,
+        learners: route.learners.clone(),
+    };
+    a.batch_mut().put(
+        &keys::split_child_key(g),
+        &prost::Message::encode_to_vec(&child),
+    );
+    route.end_key = done.start.into();
+    route.epoch = done.epoch;
+    tracing::info!(
+        group = g,
+        new_group = c,
+        index,
+        epoch = done.epoch,
+        "split applied"
+    );
+    if tombstoned {
+        return Ok(Ok(None));
+    }
+    if !registry.contains(c) {
+        registry.add(std::slice::from_ref(&child))?;
+    }
+    crate::failpoint::check(
+        crate::failpoint::names::SPLIT_AFTER_REGISTRY,
+        shared.cfg.node_id,
+    )?;
+    Ok(Ok(Some(child)))
+}
+
 /// Applies committed entries of one group as ONE engine batch carrying the group's
 /// applied-index sentinel (apply.rs), then answers their proposers.
 fn apply_entries(
     shared: &Shared,
     p: &mut Peer,
     entries: Vec<phoenix_raft::Entry>,
+    registry: &mut crate::registry::Registry,
 ) -> crate::Result<()> {
     let g = p.group;
     let engine = crate::apply::EngineState {
@@ -1877,7 +2147,7 @@ fn apply_entries(
         wal: shared.cfg.engine_wal,
     };
     let mut replies: Vec<(ProposeReply, Result<ApplyResult, proto::Error>)> = Vec::new();
-    let applied = apply_round(shared, p, &engine, entries, &mut replies);
+    let applied = apply_round(shared, p, &engine, entries, &mut replies, registry);
     if let Err(e) = &applied {
         // These entries are committed: the other replicas apply them. Their proposers
         // must not take this failure for "not applied" (and retry a CAS).
@@ -1903,10 +2173,13 @@ fn apply_round(
     engine: &crate::apply::EngineState<'_>,
     entries: Vec<phoenix_raft::Entry>,
     replies: &mut Vec<(ProposeReply, Result<ApplyResult, proto::Error>)>,
+    registry: &mut crate::registry::Registry,
 ) -> crate::Result<()> {
     let g = p.group;
     let mut a = crate::apply::Applier::new(g, engine, &mut p.sessions);
+    a.set_range(&p.route.start_key, &p.route.end_key, p.route.epoch);
     let mut conf = None;
+    let mut split = false;
     for e in entries {
         a.entry(e.index, e.term);
         let result = match e.kind {
@@ -1942,7 +2215,24 @@ fn apply_round(
             EntryKind::Normal if g == META_GROUP => {
                 crate::meta::apply_entry(&mut shared.meta.write(), e.index, &e.data, a.batch_mut())?
             }
-            EntryKind::Normal => a.kv(e.index, &e.data)?,
+            EntryKind::Normal => match a.kv(e.index, &e.data)? {
+                ApplyResult::Split(sp) => {
+                    let r = apply_split(shared, registry, &mut a, &mut p.route, e.index, &sp)?;
+                    if let Some(child) = r.as_ref().ok().cloned().flatten() {
+                        p.new_children.push(child.clone());
+                        p.split_child = Some(child);
+                    }
+                    if r.is_ok() {
+                        p.raw.set_append_floor(e.index);
+                        split = true;
+                    }
+                    match r {
+                        Ok(_) => ApplyResult::Done,
+                        Err(why) => ApplyResult::Refused(why),
+                    }
+                }
+                r => r,
+            },
         };
         if let Some(pp) = p.proposals.remove(&e.index) {
             if pp.term == e.term {
@@ -1961,12 +2251,31 @@ fn apply_round(
             }
         }
     }
+    if split {
+        // The new range epoch is published before the batch that moves the keys is
+        // written: a read that took its engine snapshot and then still sees the old
+        // epoch (service.rs) read from before the move.
+        {
+            let mut groups = shared.groups.write();
+            let v = groups.entry(g).or_default();
+            v.route.clone_from(&p.route);
+            v.split_child.clone_from(&p.split_child);
+        }
+        crate::failpoint::check(
+            crate::failpoint::names::SPLIT_BEFORE_WRITE,
+            shared.cfg.node_id,
+        )?;
+    }
     crate::failpoint::check(
         crate::failpoint::names::APPLY_BEFORE_WRITE,
         shared.cfg.node_id,
     )?;
     if let Some((index, term)) = a.finish(engine)? {
         p.raw.store_mut().set_applied(index, term);
+        p.uninitialized = false;
+    }
+    if split {
+        publish_view(shared, p);
     }
     if let Some((cs, version)) = conf {
         let route = std::mem::take(&mut p.route);

@@ -204,6 +204,8 @@ impl Services {
                     .map_or(0, |d| d.as_millis() as u64),
             });
         }
+        // Checked again when it applies: a split in between refuses it there.
+        cmd.epoch = c.route.epoch;
         let (tx, rx) = oneshot::channel();
         self.shared
             .events
@@ -217,6 +219,7 @@ impl Services {
             ApplyResult::SessionExpired { client_id, seq } => {
                 Err(PErr::session_expired(c.group, client_id, seq))
             }
+            ApplyResult::StaleEpoch { request_epoch } => Err(self.stale(c, request_epoch)),
             r => Ok(r),
         }
     }
@@ -233,6 +236,45 @@ impl Services {
         self.wait(c, rx).await
     }
 
+    /// The refusal of a request of `c` checked at range epoch `request_epoch` that the
+    /// group has moved past (a split): the group's route now, and the route of the
+    /// group split off it, so the client goes on without asking the meta service.
+    fn stale(&self, c: &Ctx, request_epoch: u64) -> PErr {
+        let groups = self.shared.groups.read();
+        let Some(v) = groups.get(&c.group) else {
+            return PErr::group_unavailable(c.group, "not hosted on this node");
+        };
+        let mut err = PErr::stale_epoch(c.group, request_epoch, v.route.clone());
+        if let (Some(proto::error::Kind::StaleEpoch(se)), Some(child)) =
+            (err.kind.as_mut(), v.split_child.as_ref())
+        {
+            se.related.push(child.clone());
+        }
+        err
+    }
+
+    /// An engine snapshot to serve a read of `c` from, once its read index is applied:
+    /// taken first, then the group's range epoch is checked to be still the request's.
+    /// A split publishes its epoch before it moves the keys (node.rs), so a snapshot
+    /// taken while the old epoch shows holds the keys where the request's route says.
+    fn read_snapshot(&self, c: &Ctx) -> Result<phoenix_engine::Snapshot, PErr> {
+        let snap = self.shared.engine.snapshot();
+        let epoch = self
+            .shared
+            .groups
+            .read()
+            .get(&c.group)
+            .map(|v| v.route.epoch);
+        match epoch {
+            Some(e) if e == c.route.epoch => Ok(snap),
+            Some(_) => Err(self.stale(c, c.route.epoch)),
+            None => Err(PErr::group_unavailable(
+                c.group,
+                "the replica left this node",
+            )),
+        }
+    }
+
     fn engine_err(e: phoenix_engine::Error) -> PErr {
         PErr::internal(format!("engine: {e}"))
     }
@@ -240,6 +282,7 @@ impl Services {
 
 fn batch(mutations: Vec<proto::Mutation>) -> proto::KvCommand {
     proto::KvCommand {
+        epoch: 0,
         session: None,
         cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
             mutations,
@@ -409,11 +452,16 @@ impl Services {
         let c = here_or_forward!(self, r, GetResponse, get, false, _permit);
         try_err!(GetResponse, self.check_key(&c, &r.key));
         try_err!(GetResponse, self.read_index(&c).await);
+        let snap = try_err!(GetResponse, self.read_snapshot(&c));
+        let ro = ReadOptions {
+            snapshot: Some(&snap),
+            ..ReadOptions::default()
+        };
         let v = try_err!(
             GetResponse,
             self.shared
                 .engine
-                .get(&ReadOptions::default(), &keys::data_key(c.group, &r.key))
+                .get(&ro, &keys::data_key(c.group, &r.key))
                 .map_err(Self::engine_err)
         );
         Ok(Response::new(proto::GetResponse {
@@ -479,13 +527,18 @@ impl Services {
             try_err!(BatchGetResponse, self.check_key(&c, k));
         }
         try_err!(BatchGetResponse, self.read_index(&c).await);
+        let snap = try_err!(BatchGetResponse, self.read_snapshot(&c));
+        let ro = ReadOptions {
+            snapshot: Some(&snap),
+            ..ReadOptions::default()
+        };
         let ekeys: Vec<Vec<u8>> = r.keys.iter().map(|k| keys::data_key(c.group, k)).collect();
         let refs: Vec<&[u8]> = ekeys.iter().map(|k| k.as_slice()).collect();
         let vals = try_err!(
             BatchGetResponse,
             self.shared
                 .engine
-                .multi_get(&ReadOptions::default(), &refs)
+                .multi_get(&ro, &refs)
                 .map_err(Self::engine_err)
         );
         let results = r
@@ -607,12 +660,14 @@ impl Services {
             );
         }
         try_err!(ScanResponse, self.read_index(&c).await);
+        let snap = try_err!(ScanResponse, self.read_snapshot(&c));
         let shared = Arc::clone(&self.shared);
         let g = c.group;
         let keys_only = r.keys_only;
         let res = tokio::task::spawn_blocking(
             move || -> Result<(Vec<proto::KvPair>, Option<Bytes>), PErr> {
                 let ro = ReadOptions {
+                    snapshot: Some(&snap),
                     lower_bound: Some(keys::data_key(g, &start)),
                     upper_bound: Some(if end.is_empty() {
                         keys::data_end(g)
@@ -690,6 +745,7 @@ impl Services {
             r.end
         };
         let cmd = proto::KvCommand {
+            epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
                 start: r.start,
@@ -710,6 +766,7 @@ impl Services {
         try_err!(CasResponse, self.check_key(&c, &r.key));
         try_err!(CasResponse, self.check_value(&r.new_value));
         let cmd = proto::KvCommand {
+            epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::Cas(proto::CasCommand {
                 key: r.key,

@@ -36,6 +36,9 @@ pub struct GroupView {
     pub failed: Option<String>,
     /// Whether the group sleeps (no ticks, no heartbeats) on this node.
     pub hibernating: bool,
+    /// The route of the group the last split of this one made (StaleEpoch answers and
+    /// heartbeats carry it).
+    pub split_child: Option<proto::Route>,
 }
 
 /// The node's shared state.

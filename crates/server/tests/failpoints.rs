@@ -710,3 +710,133 @@ async fn a_failed_drop_is_tried_again_without_a_restart() {
     check_dropped(c, gone, &kept, want).await;
     scenario.teardown();
 }
+
+/// Splits the data group at `key` through the meta service of some live node; returns
+/// the two routes (left, right).
+async fn split_at(c: &Cluster, group: u64, key: &[u8]) -> (proto::Route, proto::Route) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "split of group {group} did not finish: {last}"
+        );
+        for a in c.live() {
+            let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
+            else {
+                continue;
+            };
+            let r = m
+                .split_group(proto::SplitGroupRequest {
+                    group_id: group,
+                    split_key: key.to_vec().into(),
+                    timeout_ms: 10_000,
+                })
+                .await;
+            match r.map(|r| r.into_inner()) {
+                Ok(proto::SplitGroupResponse {
+                    error: None,
+                    left: Some(l),
+                    right: Some(r),
+                }) => return (l, r),
+                Ok(other) => last = format!("{a}: {other:?}"),
+                Err(s) => last = format!("{a}: {s}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// No key of `absent` is in group `group` of node `i`'s engine (the cluster is stopped).
+fn check_engine_absent(dir: &Path, i: usize, group: u64, absent: &[(Vec<u8>, Vec<u8>)]) {
+    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    let db_dir = dir.join(format!("node-{}", i + 1)).join("db");
+    let opts = phoenix_engine::Options {
+        wal: phoenix_engine::WalMode::None,
+        ..Default::default()
+    };
+    let db = phoenix_engine::Db::open(fs, &db_dir, opts).unwrap();
+    let ro = phoenix_engine::ReadOptions::default();
+    for (k, _) in absent {
+        assert_eq!(
+            db.get(&ro, &keys::data_key(group, k)).unwrap(),
+            None,
+            "node {} kept key {} in group {group} after the split moved it",
+            i + 1,
+            String::from_utf8_lossy(k)
+        );
+    }
+    db.close().unwrap();
+}
+
+/// A split that fails on one follower at each of its steps — the new group recorded in
+/// the registry, the new range epoch published, the round written but the new replica
+/// not opened — stops that replica (or leaves the new one unopened) visibly while the
+/// others split; after the node restarts, its parent replays the split (or its new
+/// replica opens), and both groups hold exactly their keys, every acknowledged write
+/// included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_split_cut_short_at_any_step_is_whole_after_a_restart() {
+    let _turn = TURN.lock().await;
+    for step in [
+        names::SPLIT_AFTER_REGISTRY,
+        names::SPLIT_BEFORE_WRITE,
+        names::SPLIT_BEFORE_OPEN,
+    ] {
+        eprintln!("split failing at {step}");
+        let scenario = fail::FailScenario::setup();
+        let mut c = Cluster::start();
+        let route = wait_route(&c.addrs).await;
+        let g = route.group_id;
+        let follower = (route.leader_node_id as usize) % 3;
+        let fnode = follower as u64 + 1;
+        let value = vec![5u8; 512];
+        let mut left = Vec::new();
+        let mut right = Vec::new();
+        for i in 0..30u32 {
+            let k = format!("k{i:05}").into_bytes();
+            put(&c.live(), &route, &k, &value).await;
+            if i < 15 {
+                left.push((k, value.clone()));
+            } else {
+                right.push((k, value.clone()));
+            }
+        }
+        fail::cfg(step, &format!("return({fnode})")).unwrap();
+        let (l, r) = split_at(&c, g, b"k00015").await;
+        assert_eq!((l.group_id, l.end_key.as_ref()), (g, &b"k00015"[..]));
+        assert_eq!(r.start_key.as_ref(), b"k00015");
+        assert!(r.end_key.is_empty() && l.epoch == r.epoch && l.epoch == route.epoch + 1);
+        let child = r.group_id;
+        let (stopped_group, cause) = if step == names::SPLIT_BEFORE_OPEN {
+            (child, step)
+        } else {
+            (g, step)
+        };
+        c.wait_stopped(stopped_group, fnode, cause).await;
+        // Both groups go on without it.
+        let routes = c.routes(2).await;
+        let (lr, rr) = (routes[0].clone(), routes[1].clone());
+        assert_eq!((lr.group_id, rr.group_id), (g, child));
+        for i in 0..10u32 {
+            let k = format!("a{i:05}").into_bytes();
+            put(&c.live(), &lr, &k, &value).await;
+            left.push((k, value.clone()));
+            let k = format!("z{i:05}").into_bytes();
+            put(&c.live(), &rr, &k, &value).await;
+            right.push((k, value.clone()));
+        }
+        fail::remove(step);
+        c.stop(follower).await;
+        c.restart(follower);
+        c.wait_caught_up(g, fnode).await;
+        c.wait_caught_up(child, fnode).await;
+        let dir = c.dir.path().to_path_buf();
+        c.stop_all().await;
+        check_engine(&dir, follower, g, &left);
+        check_engine(&dir, follower, child, &right);
+        check_engine_absent(&dir, follower, g, &right);
+        check_engine_absent(&dir, follower, child, &left);
+        scenario.teardown();
+    }
+}

@@ -36,7 +36,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    fn decode(&self, what: &str, s: &str) -> Result<Vec<u8>, CmdError> {
+    pub(crate) fn decode(&self, what: &str, s: &str) -> Result<Vec<u8>, CmdError> {
         if !self.hex {
             return Ok(s.as_bytes().to_vec());
         }
@@ -55,7 +55,7 @@ impl Conn {
             .collect()
     }
 
-    fn show(&self, b: &[u8]) -> String {
+    pub(crate) fn show(&self, b: &[u8]) -> String {
         if self.hex {
             output::hex(b)
         } else {

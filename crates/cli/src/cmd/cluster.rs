@@ -1,7 +1,7 @@
 //! `phoenix cluster status`: nodes, groups, leaders, sizes and operators, as the meta
 //! group sees them; `transfer-leader`: move a group's leadership; `add-replica`,
 //! `remove-replica` and `move`: change where a group's replicas are; `drain`: empty a
-//! node; `operators`: what the meta leader is doing.
+//! node; `split`: split a group at a key; `operators`: what the meta leader is doing.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -38,6 +38,25 @@ pub enum ClusterCmd {
     /// the node's; the node takes no new ones), so it can be taken out of the cluster;
     /// `--cancel` stops draining it. Waits until it hosts none with `--wait-ms`.
     Drain(DrainArgs),
+    /// Split a group at a key: the keys at or above it move to a new group with the
+    /// same replicas. Waits until the routing table holds both groups.
+    Split(SplitArgs),
+}
+
+/// Flags of `phoenix cluster split`.
+#[derive(Debug, clap::Args)]
+pub struct SplitArgs {
+    /// The group (an id from `phoenix cluster status`).
+    group: u64,
+    /// The first key of the new group (strictly inside the group's range; hex with
+    /// `--hex`).
+    key: String,
+    /// How long to wait for the split, in milliseconds. If the time is up the split
+    /// goes on; asking again waits for it.
+    #[arg(long = "wait-ms", default_value_t = 30_000)]
+    wait_ms: u64,
+    #[command(flatten)]
+    conn: Conn,
 }
 
 /// Flags of `phoenix cluster drain`.
@@ -132,7 +151,59 @@ pub fn run(cmd: ClusterCmd, format: Format) -> Result<Outcome, CmdError> {
         ClusterCmd::Move(args) => move_replica(args, format),
         ClusterCmd::Drain(args) => drain(args, format),
         ClusterCmd::Operators(args) => operators(args, format),
+        ClusterCmd::Split(args) => split(args, format),
     }
+}
+
+fn split(args: SplitArgs, format: Format) -> Result<Outcome, CmdError> {
+    let key = args.conn.decode("key", &args.key)?;
+    runtime()?.block_on(async {
+        let opts = phoenix_client::ClientOptions {
+            timeout: std::time::Duration::from_millis(args.wait_ms.max(1)),
+            ..options(&args.conn)
+        };
+        let client = Client::new_lazy(args.conn.endpoints.clone(), opts)?;
+        let (left, right) = client
+            .split_group(args.group, &key)
+            .await
+            .map_err(|e| unreachable_or(&args.conn, e))?;
+        let show = |b: &[u8]| {
+            if b.is_empty() {
+                "∞".to_string()
+            } else {
+                args.conn.show(b)
+            }
+        };
+        match format {
+            Format::Text => {
+                let mut out = Stdout::lock();
+                for r in [&left, &right] {
+                    writeln!(
+                        out,
+                        "group {}: [{}, {}) epoch {}",
+                        r.group_id,
+                        args.conn.show(&r.start),
+                        show(&r.end),
+                        r.epoch
+                    )?;
+                }
+                out.flush()?;
+            }
+            Format::Json => {
+                let b = args.conn.bytes();
+                let one = |r: &phoenix_client::routing::Route| {
+                    let mut m = Map::new();
+                    m.insert("group_id".into(), json!(r.group_id));
+                    b.put(&mut m, "start", &r.start);
+                    b.put(&mut m, "end", &r.end);
+                    m.insert("epoch".into(), json!(r.epoch));
+                    Value::Object(m)
+                };
+                output::print_json(&json!({ "left": one(&left), "right": one(&right) }))?
+            }
+        }
+        Ok(Outcome::Done)
+    })
 }
 
 /// The change of `args` (`group`, nodes) made by `change` with a client that waits

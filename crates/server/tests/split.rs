@@ -1,0 +1,282 @@
+//! Splitting a group while clients write and read through `phoenix-client`: every
+//! acknowledged write is found afterwards in the group that owns its key, the client
+//! follows the new routes by itself (StaleEpoch answers carry them), scans cross the
+//! boundary, and a restart of every node (memtables lost: the split replays from the
+//! log) keeps it all.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use phoenix_client::{Client, ClientOptions};
+use phoenix_proto as proto;
+
+const KEYS: u32 = 200;
+const WRITERS: u32 = 4;
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key{i:05}").into_bytes()
+}
+
+fn value(i: u32, round: u32) -> Vec<u8> {
+    format!("{i}:{round}:{}", "x".repeat(100)).into_bytes()
+}
+
+async fn client(addrs: &[String]) -> Client {
+    let opts = ClientOptions {
+        timeout: Duration::from_secs(20),
+        ..ClientOptions::default()
+    };
+    Client::connect(addrs.to_vec(), opts).await.unwrap()
+}
+
+/// Every key holds the value of its last acknowledged write, by point reads and by one
+/// scan over both groups.
+async fn check_all(c: &Client, acked: &BTreeMap<u32, u32>) {
+    for (&i, &round) in acked {
+        assert_eq!(
+            c.get(&key(i)).await.unwrap(),
+            Some(value(i, round)),
+            "key {i} lost its acknowledged write of round {round}"
+        );
+    }
+    let all = c.scan(b"", b"", 0).await.unwrap();
+    let want: Vec<(Vec<u8>, Vec<u8>)> = acked
+        .iter()
+        .map(|(&i, &round)| (key(i), value(i, round)))
+        .collect();
+    assert_eq!(all.len(), want.len(), "scan over both groups");
+    assert!(all == want, "scan over both groups differs from the writes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_split_under_load_loses_no_write_and_serves_both_halves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let cfg = |i: usize| config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+    let nodes: Vec<Node> = (0..3).map(|i| start(cfg(i))).collect();
+    let route = wait_route(&addrs).await;
+    let g = route.group_id;
+    let c = client(&addrs).await;
+    let mut acked = BTreeMap::new();
+    for i in 0..KEYS {
+        c.put(&key(i), &value(i, 0)).await.unwrap();
+        acked.insert(i, 0u32);
+    }
+    // Writers (each owns the keys ≡ w mod WRITERS, so its last acknowledged write is
+    // each key's value) and a reader keep going through the split.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let c = client(&addrs).await;
+        let stop = Arc::clone(&stop);
+        writers.push(tokio::spawn(async move {
+            let mut last = BTreeMap::new();
+            let mut round = 1;
+            while !stop.load(Ordering::Relaxed) {
+                for i in (w..KEYS).step_by(WRITERS as usize) {
+                    c.put(&key(i), &value(i, round))
+                        .await
+                        .unwrap_or_else(|e| panic!("put of key {i} round {round}: {e}"));
+                    last.insert(i, round);
+                }
+                round += 1;
+            }
+            last
+        }));
+    }
+    let reader = {
+        let c = client(&addrs).await;
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move {
+            let mut reads = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let i = reads * 7 % KEYS;
+                let v = c
+                    .get(&key(i))
+                    .await
+                    .unwrap_or_else(|e| panic!("get {i}: {e}"));
+                let v = v.unwrap_or_else(|| panic!("key {i} missing during the split"));
+                assert!(v.starts_with(format!("{i}:").as_bytes()));
+                reads += 1;
+            }
+            reads
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (left, right) = c.split_group(g, &key(100)).await.unwrap();
+    assert_eq!(left.group_id, g);
+    assert_ne!(right.group_id, g);
+    assert_eq!(
+        (left.start.as_slice(), left.end.clone()),
+        (&b""[..], key(100))
+    );
+    assert_eq!(
+        (right.start.clone(), right.end.as_slice()),
+        (key(100), &b""[..])
+    );
+    assert_eq!(
+        (left.epoch, right.epoch),
+        (route.epoch + 1, route.epoch + 1)
+    );
+    // A second split of the same range at the same key is refused (not inside it).
+    assert!(c.split_group(g, &key(100)).await.is_err());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        acked.extend(w.await.unwrap());
+    }
+    let reads = reader.await.unwrap();
+    eprintln!("split under load: {reads} reads, last rounds {acked:?}");
+    check_all(&c, &acked).await;
+    // Both groups have leaders and take writes; a batch across them is refused.
+    let routes = routes_with_leaders(&addrs, 2).await;
+    assert_eq!(routes.len(), 2);
+    let cross = c
+        .batch_write(&[
+            phoenix_client::WriteOp::Put(key(1), b"a".to_vec()),
+            phoenix_client::WriteOp::Put(key(150), b"b".to_vec()),
+        ])
+        .await;
+    assert!(cross.is_err(), "a batch across the two groups: {cross:?}");
+    // A fresh client learns both routes from the meta service.
+    check_all(&client(&addrs).await, &acked).await;
+    // Every node restarts: what the engine had in memory is lost, the split replays.
+    for n in nodes {
+        n.stop().await;
+    }
+    let nodes: Vec<Node> = (0..3).map(|i| start(cfg(i))).collect();
+    routes_with_leaders(&addrs, 2).await;
+    check_all(&client(&addrs).await, &acked).await;
+    for n in nodes {
+        n.stop().await;
+    }
+}
+
+/// The routes once `want` groups each have a leader.
+async fn routes_with_leaders(addrs: &[String], want: usize) -> Vec<proto::Route> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        for a in addrs {
+            let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
+            else {
+                continue;
+            };
+            if let Ok(r) = m
+                .get_routes(proto::GetRoutesRequest { timeout_ms: 1000 })
+                .await
+            {
+                let routes = r.into_inner().routes;
+                if routes.len() == want && routes.iter().all(|r| r.leader_node_id != 0) {
+                    return routes;
+                }
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{want} groups with leaders not seen within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A replica down while its group splits comes back behind the split: it gets its
+/// parent's state by snapshot (the log before a split is not sent), its replica of the
+/// new group is created empty from the routing table and filled by a snapshot of the
+/// new group. Then it leads both groups and serves every acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_down_during_the_split_catches_up_on_both_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let cfg = |i: usize| config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+    let mut nodes: Vec<Option<Node>> = (0..3).map(|i| Some(start(cfg(i)))).collect();
+    let route = wait_route(&addrs).await;
+    let g = route.group_id;
+    // Any follower: the meta group keeps a quorum without it.
+    let down = (route.leader_node_id as usize) % 3;
+    let c = client(&addrs).await;
+    let mut acked = BTreeMap::new();
+    for i in 0..KEYS {
+        c.put(&key(i), &value(i, 0)).await.unwrap();
+        acked.insert(i, 0u32);
+    }
+    nodes[down].take().unwrap().stop().await;
+    let (_, right) = c.split_group(g, &key(120)).await.unwrap();
+    for i in (0..KEYS).step_by(3) {
+        c.put(&key(i), &value(i, 1)).await.unwrap();
+        acked.insert(i, 1);
+    }
+    nodes[down] = Some(start(cfg(down)));
+    let node = down as u64 + 1;
+    // Leadership of both groups moves to the node once it has caught up (a transfer
+    // goes to an up-to-date replica only: retried until it is).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    for group in [g, right.group_id] {
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {node} did not catch up on group {group} within 60 s"
+            );
+            if c.transfer_leader(group, node).await.ok() == Some(node) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    check_all(&c, &acked).await;
+    let routes = routes_with_leaders(&addrs, 2).await;
+    assert!(
+        routes.iter().all(|r| r.leader_node_id == node),
+        "{routes:?}"
+    );
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}
+
+/// A replica added to a group after it split starts empty with the group's new range:
+/// it must not replay the log from before the split (its commands were checked against
+/// the wider range and older epoch), so it gets a snapshot — then holds every key of
+/// its range, written before the split or after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_added_after_a_split_gets_the_narrowed_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(4);
+    let meta: Vec<phoenix_server::MetaMember> = meta[..3].to_vec();
+    let cfg = |i: usize| config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+    let nodes: Vec<Node> = (0..4).map(|i| start(cfg(i))).collect();
+    let route = wait_route(&addrs).await;
+    let g = route.group_id;
+    let on: Vec<u64> = route.replicas.iter().map(|r| r.node_id).collect();
+    let spare = (1..=4u64).find(|n| !on.contains(n)).unwrap();
+    let c = client(&addrs).await;
+    let mut acked = BTreeMap::new();
+    for i in 0..KEYS {
+        c.put(&key(i), &value(i, 0)).await.unwrap();
+        acked.insert(i, 0u32);
+    }
+    c.split_group(g, &key(100)).await.unwrap();
+    for i in (0..KEYS).step_by(5) {
+        c.put(&key(i), &value(i, 1)).await.unwrap();
+        acked.insert(i, 1);
+    }
+    let voters = c.add_replica(g, spare).await.unwrap();
+    assert!(voters.contains(&spare), "{voters:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while c.transfer_leader(g, spare).await.ok() != Some(spare) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node {spare} did not catch up on group {g} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    check_all(&c, &acked).await;
+    for n in nodes {
+        n.stop().await;
+    }
+}
