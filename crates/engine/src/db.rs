@@ -170,6 +170,18 @@ pub struct LevelStats {
     pub mixed_group_files: usize,
 }
 
+/// A group's share of the tables ([`Db::group_sizes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupSize {
+    /// Approximate bytes.
+    pub bytes: u64,
+    /// Approximate entries (point entries and range tombstones, all versions).
+    pub entries: u64,
+}
+
+/// A table spanning more group ids than this is left out of [`Db::group_sizes`].
+pub const GROUP_SIZE_SPAN_MAX: u64 = 4096;
+
 /// Engine figures.
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
@@ -583,6 +595,33 @@ impl Db {
     /// afterwards; snapshots taken before do not keep the old keys.
     pub fn replace_group(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
         self.inner.replace_group(g, paths)
+    }
+
+    /// Approximate bytes and entries of every group's data in the tables (memtables are
+    /// not counted): a table holding one group counts for it whole; one holding several
+    /// (L0, or small groups sharing a file) is shared out evenly over the group ids it
+    /// spans, or left out if it spans more than [`GROUP_SIZE_SPAN_MAX`] ids. Cheap: file
+    /// metadata only.
+    pub fn group_sizes(&self) -> Result<BTreeMap<u64, GroupSize>> {
+        let view = self.inner.view()?;
+        let v = &view.version;
+        let mut out: BTreeMap<u64, GroupSize> = BTreeMap::new();
+        for level in 0..v.num_levels() {
+            for f in v.files(level) {
+                let Some(span) = f.max_group.checked_sub(f.min_group).map(|d| d + 1) else {
+                    continue;
+                };
+                if span > GROUP_SIZE_SPAN_MAX {
+                    continue;
+                }
+                for g in f.min_group..=f.max_group {
+                    let e = out.entry(g).or_default();
+                    e.bytes += f.size / span;
+                    e.entries += f.num_entries / span;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Engine figures.

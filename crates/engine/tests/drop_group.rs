@@ -221,3 +221,30 @@ fn drop_group_with_data_in_l0_and_memtable() {
     assert_eq!(db.get(&ro, &key(2, 6)).unwrap(), neighbour);
     db.close().unwrap();
 }
+
+/// `group_sizes` shares the tables out by group: after a full compaction each group's
+/// share is within 15% of its part of the bytes written, and the unequal groups rank as
+/// they were written.
+#[test]
+fn group_sizes_follow_the_bytes_written() {
+    let fs: SharedFs = Arc::new(MemFs::new());
+    let db = Db::open(Arc::clone(&fs), Path::new("/db"), opts()).unwrap();
+    let total = fill(&db);
+    db.compact_range(None, None).unwrap();
+    let sizes = db.group_sizes().unwrap();
+    let all: u64 = sizes.values().map(|s| s.bytes).sum();
+    let entries: u64 = sizes.values().map(|s| s.entries).sum();
+    assert_eq!(entries, total, "every entry counted once");
+    for g in 0..GROUPS {
+        let got = sizes[&g].bytes as f64 / all as f64;
+        let want = keys_in(g) as f64 / total as f64;
+        assert!(
+            (got - want).abs() <= 0.15 * want,
+            "group {g}: {got:.3} of the bytes, wrote {want:.3}"
+        );
+        if g > 0 {
+            assert!(sizes[&g].bytes > sizes[&(g - 1)].bytes);
+        }
+    }
+    db.close().unwrap();
+}

@@ -13,6 +13,8 @@
 //!   and removals) and the leader balancer that starts transfers;
 //! - [`repair`]: which replicas of down nodes to replace, and with what;
 //! - [`rebalance`]: which replicas to move so every node hosts about as many;
+//! - [`split`]: splits — which planned ones a group applied, which groups to split by
+//!   size;
 //! - [`schedule`]: decisions — bootstrap placement (one group, or one per range between
 //!   split keys), placement commands for heartbeats, node registration, and the route
 //!   and cluster views served to clients;
@@ -25,6 +27,7 @@ pub mod operator;
 pub mod rebalance;
 pub mod repair;
 pub mod schedule;
+pub mod split;
 pub mod state;
 
 pub use error::{Error, OperatorError, Refusal, Result};
@@ -35,9 +38,10 @@ pub use operator::{
 pub use rebalance::{balance_replicas, REPLICA_BALANCE_INFLIGHT_MAX};
 pub use repair::{down_nodes, repair_replicas, ReplicaMove, REPAIR_INFLIGHT_MAX};
 pub use schedule::{
-    bootstrap_plan, cluster_view, even_split_keys, finished_splits, place, placement_commands,
-    registration, route_table, route_updates, routes_view, split_ranges, INITIAL_GROUPS_MAX,
+    bootstrap_plan, cluster_view, even_split_keys, place, placement_commands, registration,
+    route_table, route_updates, routes_view, split_ranges, INITIAL_GROUPS_MAX,
 };
+pub use split::{finished_splits, size_splits, SPLIT_INFLIGHT_MAX};
 pub use state::{
     node_record_key, route_contains, route_record_key, state_record_key, validate_table, Applied,
     MetaState, Write, META_GROUP, PROTOCOL, PROTOCOL_NODE_STATE, PROTOCOL_REPLICA_MOVES,

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use phoenix_proto::{
     meta_command, placement_command, CreateGroups, CreateReplica, DestroyReplica,
     GetClusterResponse, GroupInfo, HeartbeatRequest, MetaCommand, NodeInfo, PlacementCommand,
-    Replica, Route, SplitDone, SplitGroup,
+    Replica, Route, SplitGroup,
 };
 
 use crate::error::{Error, Result};
@@ -305,42 +305,6 @@ pub fn placement_commands(
         })
     });
     create.chain(destroy).chain(split).collect()
-}
-
-/// The `FinishSplit` commands for the planned splits some replica reports applied: its
-/// range epoch past the plan's, and the group the split made named in its report.
-pub fn finished_splits(state: &MetaState, view: &LeaderView) -> Vec<MetaCommand> {
-    let mut out = Vec::new();
-    for plan in state.splits().values() {
-        let g = plan.group_id;
-        let Some(route) = state.routes().get(&g) else {
-            continue;
-        };
-        let done = route.replicas.iter().find_map(|r| {
-            let rep = view.replica(r.node_id, g)?;
-            let child = rep.split_child.as_ref()?;
-            (rep.epoch > plan.epoch
-                && child.group_id == plan.new_group_id
-                && child.epoch == plan.epoch + 1)
-                .then_some((rep, child))
-        });
-        let Some((_, child)) = done else {
-            continue;
-        };
-        let parent = Route {
-            start_key: route.start_key.clone(),
-            end_key: plan.split_key.clone(),
-            epoch: child.epoch,
-            ..route.clone()
-        };
-        out.push(MetaCommand {
-            cmd: Some(meta_command::Cmd::FinishSplit(SplitDone {
-                parent: Some(parent),
-                child: Some(child.clone()),
-            })),
-        });
-    }
-    out
 }
 
 #[cfg(test)]

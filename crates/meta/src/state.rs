@@ -1218,6 +1218,7 @@ mod tests {
                 split_key: Bytes::from(key.as_bytes().to_vec()),
                 new_group_id: new,
                 epoch,
+                origin: 0,
             })),
         }
     }

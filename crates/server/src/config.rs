@@ -101,6 +101,14 @@ pub struct Config {
     /// As the meta leader, replace the replicas of a node not heard from for this long
     /// (`phoenix_meta::repair_replicas`); zero: never.
     pub down_after: Duration,
+    /// A group this node leads whose data passes this many bytes (approximately, from
+    /// the engine's tables) is split at its middle key (0: not by size).
+    pub group_split_bytes: u64,
+    /// A group this node leads whose data passes this many entries is split at its
+    /// middle key (0: not by key count).
+    pub group_split_keys: u64,
+    /// How often the node measures its groups for splitting.
+    pub split_check_interval: Duration,
     /// Address of the metrics endpoint (`GET /metrics`, Prometheus text), if any.
     pub metrics_listen: Option<String>,
     /// Serve the `Faults` service (cut links on request), for fault runs only.
@@ -127,6 +135,12 @@ impl Config {
     /// or a short outage is waited out (TiKV waits 30 min, for a whole store's worth of
     /// snapshots; a metadata group here is small, and each replaced replica is one).
     pub const DEFAULT_DOWN_AFTER: Duration = Duration::from_secs(30);
+
+    /// Size past which a group splits by default (TiKV's region split size).
+    pub const DEFAULT_GROUP_SPLIT_BYTES: u64 = 96 << 20;
+
+    /// Entries past which a group splits by default (TiKV's region split keys, about).
+    pub const DEFAULT_GROUP_SPLIT_KEYS: u64 = 1_000_000;
 
     /// Defaults for a node; `listen` is also the advertised address.
     pub fn new(node_id: u64, listen: &str, data_dir: PathBuf, meta: Vec<MetaMember>) -> Config {
@@ -159,6 +173,9 @@ impl Config {
             balance_leaders: true,
             balance_replicas: true,
             down_after: Self::DEFAULT_DOWN_AFTER,
+            group_split_bytes: Self::DEFAULT_GROUP_SPLIT_BYTES,
+            group_split_keys: Self::DEFAULT_GROUP_SPLIT_KEYS,
+            split_check_interval: Duration::from_secs(10),
             metrics_listen: None,
             fault_injection: false,
             unsynced_in_memory: false,

@@ -302,6 +302,21 @@ impl MetaService {
         let lv = self.shared.leader_view.lock();
         let mut view = phoenix_meta::cluster_view(&meta, &lv, now, self.shared.cfg.node_id);
         view.operators = self.shared.operators.lock().list(now);
+        // Splits planned and not recorded yet (their plans are in the replicated state).
+        view.operators
+            .extend(meta.splits().values().map(|p| proto::Operator {
+                group_id: p.group_id,
+                kind: proto::OperatorKind::Split as i32,
+                origin: p.origin,
+                from_node: 0,
+                to_node: 0,
+                age_ms: 0,
+                step: format!(
+                    "into group {} at {}",
+                    p.new_group_id,
+                    p.split_key.escape_ascii()
+                ),
+            }));
         Ok(view)
     }
 
@@ -582,6 +597,7 @@ impl MetaService {
                     split_key: key.clone().into(),
                     new_group_id: meta.next_group_id(),
                     epoch: route.epoch,
+                    origin: proto::OperatorOrigin::Request as i32,
                 }),
             }
         };
@@ -871,7 +887,17 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
             commit_index: v.commit,
             applied_index: v.applied,
             log_first_index: v.log_first,
-            approximate_bytes: 0,
+            approximate_bytes: shared.split.size(*g).bytes,
+            approximate_keys: shared.split.size(*g).entries,
+            split_key_hint: if v.is_leader {
+                shared
+                    .split
+                    .hint(*g, v.route.epoch)
+                    .map(Into::into)
+                    .unwrap_or_default()
+            } else {
+                Default::default()
+            },
             epoch: v.route.epoch,
             stopped: v.failed.clone().unwrap_or_default(),
             hibernating: v.hibernating,
@@ -1125,6 +1151,7 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
         }
         bootstrap(&svc).await;
         update_routes(&svc).await;
+        plan_size_splits(&svc).await;
         {
             let meta = shared.meta.read();
             let lv = shared.leader_view.lock();
@@ -1133,6 +1160,56 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
         move_replicas(&shared);
         if shared.cfg.balance_leaders {
             balance(&shared);
+        }
+    }
+}
+
+/// Plans the splits of groups their leaders report over their split size
+/// (`phoenix_meta::size_splits`), once every meta member and every replica of the
+/// group applies splits.
+async fn plan_size_splits(svc: &MetaService) {
+    let plans = {
+        let meta = svc.shared.meta.read();
+        let lv = svc.shared.leader_view.lock();
+        let members: Vec<u64> = svc.shared.cfg.meta.iter().map(|m| m.id).collect();
+        if meta
+            .member_behind(&members, phoenix_meta::PROTOCOL_SPLIT)
+            .is_some()
+        {
+            return;
+        }
+        let mut plans = phoenix_meta::size_splits(&meta, &lv);
+        plans.retain(|p| {
+            meta.routes().get(&p.group_id).is_some_and(|r| {
+                let nodes: Vec<u64> = r.replicas.iter().map(|x| x.node_id).collect();
+                meta.member_behind(&nodes, phoenix_meta::PROTOCOL_SPLIT)
+                    .is_none()
+            })
+        });
+        plans
+    };
+    for plan in plans {
+        let (g, new_group) = (plan.group_id, plan.new_group_id);
+        let key = plan.split_key.clone();
+        let cmd = proto::MetaCommand {
+            cmd: Some(proto::meta_command::Cmd::PlanSplit(plan)),
+        };
+        match svc.propose(cmd, Duration::from_secs(5)).await {
+            Ok(ApplyResult::Done) => tracing::info!(
+                group = g,
+                new_group,
+                key = %key.escape_ascii(),
+                "split planned: the group is over its split size"
+            ),
+            // (A plan proposed meanwhile took the id or the group: asked again later.)
+            Ok(other) => {
+                tracing::debug!(group = g, "split plan refused: {other:?}");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(group = g, "split plan failed: {e}");
+                break;
+            }
         }
     }
 }

@@ -41,6 +41,7 @@ pub mod registry;
 pub mod service;
 pub mod shared;
 pub mod snapshot;
+pub mod split_check;
 pub mod storage;
 pub mod transport;
 
@@ -169,6 +170,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         started: Instant::now(),
         runtime,
         report_soon: tokio::sync::Notify::new(),
+        split: split_check::SplitCheck::default(),
     });
     // A node that starts on a full disk refuses writes from its first request on.
     match shared.fs.available_space(&data) {
@@ -192,6 +194,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     let hb = tokio::spawn(control::heartbeat_loop(Arc::clone(&shared)));
     let disk_watch = tokio::spawn(disk::watch(Arc::clone(&shared)));
     let sched = tokio::spawn(control::scheduler_loop(Arc::clone(&shared)));
+    let split_check = tokio::spawn(split_check::split_check_loop(Arc::clone(&shared)));
     // On shutdown the groups this node leads are handed to their followers first (so
     // clients see a leader transfer, not an election timeout), then the driver stops (so
     // this node stops acting as a replica), then the outgoing streams close and the
@@ -283,6 +286,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         let _ = t.await;
     }
     sched.abort();
+    split_check.abort();
     let _ = tx.send(node::Event::Stop);
     let joined = tokio::task::spawn_blocking(move || driver_thread.join()).await;
     if !matches!(joined, Ok(Ok(()))) {

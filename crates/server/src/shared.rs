@@ -80,6 +80,8 @@ pub struct Shared {
     pub disk: crate::disk::DiskSpace,
     /// What the node counts as it happens (metrics.rs).
     pub metrics: crate::metrics::NodeMetrics,
+    /// What the split check last measured (split_check.rs).
+    pub split: crate::split_check::SplitCheck,
     /// When the node started.
     pub started: Instant,
     /// Tokio runtime handle for background tasks started from the driver thread.

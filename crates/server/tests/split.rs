@@ -280,3 +280,91 @@ async fn a_replica_added_after_a_split_gets_the_narrowed_group() {
         n.stop().await;
     }
 }
+
+/// With a small split size, a group that grows splits by itself, again and again (its
+/// leader's node measures it, the meta leader plans the split at the reported middle
+/// key); the groups tile the key space and keep every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_growing_group_splits_by_size_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let cfg = |i: usize| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        c.group_split_bytes = 256 << 10;
+        c.split_check_interval = Duration::from_millis(200);
+        c.memtable_bytes = 64 << 10;
+        c
+    };
+    let nodes: Vec<Node> = (0..3).map(|i| start(cfg(i))).collect();
+    wait_route(&addrs).await;
+    let c = client(&addrs).await;
+    let mut acked = BTreeMap::new();
+    // About 2 MiB in all: room for several groups of 256 KiB.
+    for round in 0..10u32 {
+        for i in (0..KEYS).map(|i| i * 10 + round) {
+            let v = format!(
+                "{}{}",
+                String::from_utf8(value(i, 0)).unwrap(),
+                "y".repeat(900)
+            );
+            c.put(&key(i), v.as_bytes()).await.unwrap();
+            acked.insert(i, v.into_bytes());
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let routes = loop {
+        let routes = routes_with_leaders_at_least(&addrs, 1).await;
+        if routes.len() >= 4 {
+            break routes;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} groups after 60 s",
+            routes.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let mut sorted = routes.clone();
+    sorted.sort_by(|a, b| a.start_key.cmp(&b.start_key));
+    assert!(sorted[0].start_key.is_empty() && sorted.last().unwrap().end_key.is_empty());
+    for w in sorted.windows(2) {
+        assert_eq!(w[0].end_key, w[1].start_key, "{sorted:?}");
+    }
+    eprintln!("split by size into {} groups", routes.len());
+    let c = client(&addrs).await;
+    for (i, v) in &acked {
+        assert_eq!(c.get(&key(*i)).await.unwrap().as_ref(), Some(v), "key {i}");
+    }
+    let all = c.scan(b"", b"", 0).await.unwrap();
+    assert_eq!(all.len(), acked.len());
+    for n in nodes {
+        n.stop().await;
+    }
+}
+
+/// The routes once there are at least `want`, each with a leader.
+async fn routes_with_leaders_at_least(addrs: &[String], want: usize) -> Vec<proto::Route> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        for a in addrs {
+            let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
+            else {
+                continue;
+            };
+            if let Ok(r) = m
+                .get_routes(proto::GetRoutesRequest { timeout_ms: 1000 })
+                .await
+            {
+                let routes = r.into_inner().routes;
+                if routes.len() >= want && routes.iter().all(|r| r.leader_node_id != 0) {
+                    return routes;
+                }
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{want} groups with leaders not seen within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -84,6 +84,17 @@ pub struct Args {
     /// meta member.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub down_after: Duration,
+    /// Split a group this node leads once its data passes this many MiB (about: from
+    /// the engine's tables), at its middle key (0: never by size).
+    #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_GROUP_SPLIT_BYTES >> 20)]
+    pub split_size_mb: u64,
+    /// Split a group this node leads once it holds this many entries (0: never by
+    /// count).
+    #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_GROUP_SPLIT_KEYS)]
+    pub split_size_keys: u64,
+    /// How often to measure the groups this node leads for splitting (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub split_check_interval: Duration,
     /// Serve the fault-injection service (cut links to chosen peers on request), for
     /// fault runs (`bench cluster --nemesis partition`). Never in production.
     #[arg(long)]
@@ -136,6 +147,9 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.balance_leaders = !args.no_balance_leaders;
     cfg.balance_replicas = !args.no_balance_replicas;
     cfg.down_after = args.down_after;
+    cfg.group_split_bytes = args.split_size_mb.saturating_mul(1 << 20);
+    cfg.group_split_keys = args.split_size_keys;
+    cfg.split_check_interval = args.split_check_interval.max(Duration::from_millis(100));
     cfg.fault_injection = args.fault_injection;
     cfg.unsynced_in_memory = args.unsynced_in_memory;
     let rt = tokio::runtime::Builder::new_multi_thread()
