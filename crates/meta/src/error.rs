@@ -175,6 +175,14 @@ pub enum OperatorError {
     /// The node is not registered.
     #[error("node {0} is not registered")]
     UnknownNode(u64),
+    /// The node runs a binary that cannot host a group that split (upgrade it first).
+    #[error("node {node} runs an older version that cannot host group {group}, which has split")]
+    OldNode {
+        /// The node.
+        node: u64,
+        /// The group.
+        group: u64,
+    },
     /// Removing the replica would leave the group without a voter.
     #[error("the replica of group {group} on node {node} is its last voter")]
     LastVoter {

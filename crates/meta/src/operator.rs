@@ -256,6 +256,9 @@ impl Operators {
         if !state.nodes().contains_key(&to) {
             return Err(OperatorError::UnknownNode(to));
         }
+        if route.epoch > 1 && !hosts_splits(state, to) {
+            return Err(OperatorError::OldNode { node: to, group });
+        }
         if let Some(a) = self.adds.get(&group) {
             return if a.to == to {
                 Ok(true)
@@ -741,17 +744,29 @@ fn check_target(
     }
 }
 
+/// Whether node `n`'s binary applies splits (a replica of a group that split must not
+/// go to one that would apply its commands without their range epochs).
+pub(crate) fn hosts_splits(state: &MetaState, n: u64) -> bool {
+    state
+        .nodes()
+        .get(&n)
+        .is_some_and(|r| r.protocol >= crate::state::PROTOCOL_SPLIT)
+}
+
 /// Nodes that may take on work at `now`: registered, alive, with disk room, not
-/// stopping, and not `excluded` (draining, or down for repair).
+/// stopping, and not `excluded` (draining, or down for repair). Once any group has
+/// split, only nodes whose binary applies splits.
 pub(crate) fn eligible_nodes(
     state: &MetaState,
     view: &LeaderView,
     now: Instant,
     excluded: impl Fn(u64) -> bool,
 ) -> Vec<u64> {
+    let split = state.routes().values().any(|r| r.epoch > 1);
     view.alive_nodes(state, now)
         .into_iter()
         .filter(|&n| !excluded(n))
+        .filter(|&n| !split || hosts_splits(state, n))
         .filter(|&n| {
             view.last_heartbeat(n)
                 .is_some_and(|(_, s)| !s.disk_full && !s.stopping)
@@ -1386,6 +1401,73 @@ pub(crate) mod tests {
         );
         assert_eq!(
             ops.add_replica(&st, &v, &[1, 2], 1, 4, now, Origin::Request),
+            Ok(true)
+        );
+    }
+
+    /// Re-registers `ids` as running this binary (as their heartbeats would).
+    fn upgrade(st: &mut MetaState, ids: &[u64]) {
+        for &id in ids {
+            let hb = phoenix_proto::HeartbeatRequest {
+                node_id: id,
+                addr: format!("h:{id}"),
+                stats: Some(NodeStats {
+                    protocol: crate::PROTOCOL,
+                    ..NodeStats::default()
+                }),
+                ..Default::default()
+            };
+            if let Some(cmd) = crate::registration(st, &hb).unwrap() {
+                st.apply(st.applied() + 1, &cmd).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn a_group_that_split_gets_no_replica_on_an_old_binary() {
+        let now = Instant::now();
+        let mut st = cluster(4, 1, |_| vec![1, 2, 3]);
+        upgrade(&mut st, &[1, 2, 3]);
+        let plan = phoenix_proto::SplitPlan {
+            group_id: 1,
+            split_key: vec![0x80].into(),
+            new_group_id: 2,
+            epoch: 1,
+            origin: 0,
+        };
+        let cmd = MetaCommand {
+            cmd: Some(meta_command::Cmd::PlanSplit(plan)),
+        };
+        st.apply(st.applied() + 1, &cmd).unwrap();
+        let parent = Route {
+            end_key: vec![0x80].into(),
+            epoch: 2,
+            ..st.routes()[&1].clone()
+        };
+        let child = Route {
+            group_id: 2,
+            start_key: vec![0x80].into(),
+            end_key: Vec::new().into(),
+            ..parent.clone()
+        };
+        let cmd = MetaCommand {
+            cmd: Some(meta_command::Cmd::FinishSplit(phoenix_proto::SplitDone {
+                parent: Some(parent),
+                child: Some(child),
+            })),
+        };
+        st.apply(st.applied() + 1, &cmd).unwrap();
+        let v = view(&st, now, |_| 1);
+        let mut ops = Operators::default();
+        assert_eq!(
+            ops.add_replica(&st, &v, &[1, 2, 3], 2, 4, now, Origin::Request),
+            Err(OperatorError::OldNode { node: 4, group: 2 })
+        );
+        assert!(!eligible_nodes(&st, &v, now, |_| false).contains(&4));
+        upgrade(&mut st, &[4]);
+        assert!(eligible_nodes(&st, &v, now, |_| false).contains(&4));
+        assert_eq!(
+            ops.add_replica(&st, &v, &[1, 2, 3], 2, 4, now, Origin::Request),
             Ok(true)
         );
     }

@@ -944,6 +944,12 @@ impl<'a> Applier<'a> {
                 &keys::encode_applied(keys::SPLIT_INIT_INDEX, keys::SPLIT_INIT_TERM),
             );
             self.wb.put(&keys::conf_key(c), &keys::encode_conf(conf));
+            // Its membership version: its log starts past it, so no change is skipped;
+            // a replica of it created earlier from a newer route takes this one.
+            self.wb.put(
+                &keys::conf_version_key(c),
+                &keys::SPLIT_INIT_INDEX.to_be_bytes(),
+            );
             let child_range = proto::GroupRange {
                 format: keys::RANGE_FORMAT,
                 start_key: key.to_vec().into(),
@@ -1854,6 +1860,12 @@ mod tests {
         assert_eq!(
             engine.get(&keys::conf_key(c)).unwrap(),
             Some(keys::encode_conf(&conf))
+        );
+        // Its membership version is recorded: a replica of it created earlier from a newer
+        // route must not skip the changes it has not applied.
+        assert_eq!(
+            engine.get(&keys::conf_version_key(c)).unwrap(),
+            Some(keys::SPLIT_INIT_INDEX.to_be_bytes().to_vec())
         );
         // The client's session went with it: its write of sequence 1 is known there.
         let rec = engine

@@ -573,6 +573,20 @@ impl MetaService {
             let route = meta.routes().get(&group).ok_or_else(|| {
                 PErr::invalid_argument(format!("group {group} is not in the routing table"))
             })?;
+            // Asked again after it was done (an answer lost on the way): done.
+            if route.end_key.as_ref() == key.as_slice() {
+                if let Some(right) = meta
+                    .routes()
+                    .values()
+                    .find(|r| r.start_key.as_ref() == key.as_slice())
+                {
+                    return Ok(proto::SplitGroupResponse {
+                        error: None,
+                        left: Some(route.clone()),
+                        right: Some(right.clone()),
+                    });
+                }
+            }
             // The meta replicas record the plan; the group's replicas apply the split.
             let mut nodes: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
             nodes.extend(route.replicas.iter().map(|r| r.node_id));

@@ -147,6 +147,16 @@ pub enum Event {
         /// The range epoch the split was planned at.
         epoch: u64,
     },
+    /// The engine flush after `group`'s split is done (or failed): the replicas of the
+    /// groups it split off may open.
+    SplitDurable {
+        /// The group split.
+        group: u64,
+        /// The routes of the groups split off it.
+        children: Vec<proto::Route>,
+        /// Outcome of the flush.
+        result: Result<(), String>,
+    },
     /// The dropper finished dropping the data of `groups` (or failed).
     Dropped {
         /// Groups.
@@ -342,6 +352,9 @@ pub struct Driver {
     /// Removed replicas whose drop failed, tried again every heartbeat interval.
     drop_failed: BTreeSet<u64>,
     last_drop_retry: Instant,
+    /// Groups split off here whose first state is being flushed: no replica of them is
+    /// created meanwhile (`make_children_durable`).
+    pending_children: HashSet<u64>,
 }
 
 /// A stop's hand-off under way: group → the followers tried, until when to wait, and
@@ -406,6 +419,7 @@ impl Driver {
             next_incarnation: 1,
             drop_failed: BTreeSet::new(),
             last_drop_retry: Instant::now(),
+            pending_children: HashSet::new(),
         };
         // Drops a crash (or an error) cut short are finished first.
         let dropping = d.registry.dropping();
@@ -779,7 +793,9 @@ impl Driver {
             self.dropper.drop_groups(groups);
         }
         let mut routes = std::mem::take(&mut self.to_create);
-        routes.retain(|r| self.creatable(r, r.conf_version));
+        routes.retain(|r| {
+            !self.pending_children.contains(&r.group_id) && self.creatable(r, r.conf_version)
+        });
         if routes.is_empty() {
             return;
         }
@@ -1232,6 +1248,17 @@ impl Driver {
                 if p.failed.is_some() {
                     return;
                 }
+                // An empty replica of a split group takes no entries from index 1: they
+                // would come from a leader that has not applied the split yet (and could
+                // not be replayed against the narrowed range). It waits for a snapshot.
+                if p.uninitialized && msg.kind == MessageType::Append && msg.index == 0 {
+                    tracing::debug!(
+                        group,
+                        from = msg.from,
+                        "append from the log's start dropped"
+                    );
+                    return;
+                }
                 // A stopping node takes no leadership: a transfer to it (the balancer's,
                 // decided before it heard of the stop) would leave the group leaderless
                 // when it goes. The sender gives the transfer up after a timeout.
@@ -1348,7 +1375,8 @@ impl Driver {
                 // (The route's membership version is unknown until the files are read:
                 // the snapshot's index stands for the state it carries.)
                 let version = msg.snapshot.as_ref().map_or(0, |s| s.meta.index);
-                if !self.peers.contains_key(&group) && !self.creatable(&route, version) {
+                let pending = self.pending_children.contains(&group);
+                if pending || !self.peers.contains_key(&group) && !self.creatable(&route, version) {
                     crate::snapshot::remove_dir(&dir);
                     return;
                 }
@@ -1367,6 +1395,24 @@ impl Driver {
                 if p.failed.is_some() {
                     crate::snapshot::remove_dir(&dir);
                     return;
+                }
+                if p.uninitialized {
+                    // An empty replica of a split group takes only a state from after its
+                    // group's last split: an older one (from a leader that has not applied
+                    // the split yet) would be replayed against the narrowed range.
+                    match snapshot_epoch(&dir, group) {
+                        Ok(e) if e >= p.route.epoch => {}
+                        got => {
+                            tracing::info!(
+                                group,
+                                epoch = p.route.epoch,
+                                snapshot = ?got,
+                                "snapshot older than the group's range epoch refused"
+                            );
+                            crate::snapshot::remove_dir(&dir);
+                            return;
+                        }
+                    }
                 }
                 self.shared.metrics.snapshot("received", true);
                 let index = msg.snapshot.as_ref().map_or(0, |s| s.meta.index);
@@ -1477,6 +1523,11 @@ impl Driver {
                 new_group_id,
                 epoch,
             } => self.propose_split(group, split_key, new_group_id, epoch),
+            Event::SplitDurable {
+                group,
+                children,
+                result,
+            } => self.open_children(group, children, result),
             Event::HandOff(done) => {
                 self.stopping = true;
                 let groups = self.hand_off_leaders();
@@ -1502,7 +1553,7 @@ impl Driver {
             match self.handle_ready(g) {
                 // Handling a ready may leave more (e.g. entries an ack committed).
                 Ok(()) => {
-                    self.open_children(g);
+                    self.make_children_durable(g);
                     self.touch(g);
                 }
                 Err(e) => self.fail_group(g, e.to_string()),
@@ -1594,12 +1645,14 @@ impl Driver {
         self.acknowledge_persisted(g)
     }
 
-    /// Opens the replicas of the groups `g` split off in its last apply round (their
-    /// state is written). An empty replica of one, created before from the routing
-    /// table or a route, is replaced: it keeps its log stream (term and vote), and
-    /// starts from the state the split wrote. If `g` is led here, the new group
-    /// campaigns at once rather than wait an election timeout.
-    fn open_children(&mut self, g: u64) {
+    /// Flushes the engine off this thread once `g`'s last apply round split groups off
+    /// it, then opens their replicas (`Event::SplitDurable`). The new groups' first
+    /// state lives only in that round's batch, and the engine's WAL is off: were a new
+    /// replica to take entries of its own before that state is on disk, a crash that also
+    /// took the parent's replica from this node (removed meanwhile: it never replays the
+    /// split) would leave it a log it cannot apply. Until then the new group has no
+    /// replica here (its messages are dropped, as before the split).
+    fn make_children_durable(&mut self, g: u64) {
         let Some(p) = self.peers.get_mut(&g) else {
             return;
         };
@@ -1607,13 +1660,55 @@ impl Driver {
         if children.is_empty() {
             return;
         }
-        let leads = p.raw.raft().role() == StateRole::Leader;
-        if let Err(e) = crate::failpoint::check(
-            crate::failpoint::names::SPLIT_BEFORE_OPEN,
-            self.shared.cfg.node_id,
-        ) {
+        self.pending_children
+            .extend(children.iter().map(|c| c.group_id));
+        let shared = Arc::clone(&self.shared);
+        let spawned = std::thread::Builder::new()
+            .name("phoenix-split".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let result = shared.engine.flush().map_err(|e| e.to_string());
+                tracing::debug!(group = g, took = ?started.elapsed(), "split state flushed");
+                let _ = shared.events.send(Event::SplitDurable {
+                    group: g,
+                    children,
+                    result,
+                });
+            });
+        if let Err(e) = spawned {
+            // The registry names them: the next start opens them.
+            tracing::error!(group = g, "starting the split's flush: {e}");
+        }
+    }
+
+    /// Opens the replicas of the groups `g` split off (their state is durable, or
+    /// `result` says why not). An empty replica of one, created before from the routing
+    /// table or a route, is replaced: it keeps its log stream (term and vote), and
+    /// starts from the state the split wrote. If `g` is led here, the new group
+    /// campaigns at once rather than wait an election timeout.
+    fn open_children(&mut self, g: u64, children: Vec<proto::Route>, result: Result<(), String>) {
+        for c in &children {
+            self.pending_children.remove(&c.group_id);
+        }
+        let leads = self
+            .peers
+            .get(&g)
+            .is_some_and(|p| p.raw.raft().role() == StateRole::Leader);
+        let checked = result
+            .map_err(|e| format!("flushing the split's state: {e}"))
+            .and_then(|()| {
+                crate::failpoint::check(
+                    crate::failpoint::names::SPLIT_BEFORE_OPEN,
+                    self.shared.cfg.node_id,
+                )
+                .map_err(|e| e.to_string())
+            });
+        if let Err(e) = checked {
             // As a crash here: the registry lists them; the next start opens them.
             for c in children {
+                if self.peers.contains_key(&c.group_id) {
+                    continue;
+                }
                 self.mark_unopened(c, format!("opening the group split off {g}: {e}"));
             }
             return;
@@ -1636,6 +1731,17 @@ impl Driver {
             }
             self.unopened.remove(&c);
             self.create_failed.remove(&c);
+            // The invariant the flush is for: the state it opens from is on disk.
+            match self.shared.engine.get_persisted(&keys::applied_key(c)) {
+                Ok(Some(_)) => {}
+                other => {
+                    let why = format!(
+                        "opening the group split off {g}: its state is not on disk ({other:?})"
+                    );
+                    self.mark_unopened(child, why);
+                    continue;
+                }
+            }
             if let Err(e) = self.open_peer(child.clone()) {
                 self.mark_unopened(child, format!("opening the group split off {g}: {e}"));
                 continue;
@@ -1991,6 +2097,22 @@ fn conf_version(db: &phoenix_engine::Db, g: u64) -> crate::Result<Option<u64>> {
     }
 }
 
+/// The range epoch of group `g` in the snapshot files of `dir` (1: they hold no range
+/// record, the group never split).
+fn snapshot_epoch(dir: &std::path::Path, g: u64) -> crate::Result<u64> {
+    use prost::Message as _;
+    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    for f in crate::snapshot::files_in(dir)? {
+        if let Some(v) = phoenix_engine::sst_get(&fs, &f, &keys::range_key(g))? {
+            let r = proto::GroupRange::decode(v.as_slice()).map_err(|e| {
+                crate::Error::Corruption(format!("group {g}: undecodable range record: {e}"))
+            })?;
+            return Ok(r.epoch);
+        }
+    }
+    Ok(1)
+}
+
 /// The range group `g` applied (None: it never split; its route's stands).
 fn group_range(db: &phoenix_engine::Db, g: u64) -> crate::Result<Option<proto::GroupRange>> {
     use prost::Message as _;
@@ -2059,18 +2181,19 @@ fn route_with_conf(
 /// decides whether the new group's state is written here, records its replica in the
 /// registry first (durably: a crash after the round's batch finds it listed, and one
 /// before finds it listed without a state and waiting, while the parent replays the
-/// split), and narrows `route`. Returns the new group's route when its replica is to be
-/// opened here (None: it has one already, or was removed from this node), or the
-/// refusal. The registry write failing stops the group (the entry is applied again
+/// split), and narrows `route`. Returns the new group's route and whether its replica
+/// is to be opened here (not if it has one with a state already, or was removed from
+/// this node), or the refusal. The registry write failing stops the group (the entry is applied again
 /// after a restart).
 fn apply_split(
     shared: &Shared,
     registry: &mut crate::registry::Registry,
     a: &mut crate::apply::Applier<'_>,
     route: &mut proto::Route,
+    conf: &phoenix_raft::ConfState,
     index: u64,
     sp: &proto::SplitCommand,
-) -> crate::Result<Result<Option<proto::Route>, String>> {
+) -> crate::Result<Result<(proto::Route, bool), String>> {
     let g = route.group_id;
     let c = sp.new_group_id;
     if g == META_GROUP {
@@ -2083,30 +2206,23 @@ fn apply_split(
         .engine
         .get(&ReadOptions::default(), &keys::applied_key(c))?
         .is_some();
-    let conf = phoenix_raft::ConfState {
-        voters: route
-            .replicas
-            .iter()
-            .map(|r| r.node_id)
-            .filter(|id| !route.learners.contains(id))
-            .collect(),
-        learners: route.learners.clone(),
-    };
-    let done = match a.split(index, sp, &conf, tombstoned || has_state)? {
+    let done = match a.split(index, sp, conf, tombstoned || has_state)? {
         Ok(d) => d,
         Err(why) => return Ok(Err(why)),
     };
-    let child = proto::Route {
-        group_id: c,
-        start_key: done.start.clone().into(),
-        end_key: done.end.clone().into(),
-        epoch: done.epoch,
-        replicas: route.replicas.clone(),
-        leader_node_id: 0,
-        leader_addr: String::new(),
-        conf_version: 0,
-        learners: route.learners.clone(),
-    };
+    let child = route_with_conf(
+        shared,
+        proto::Route {
+            group_id: c,
+            start_key: done.start.clone().into(),
+            end_key: done.end.clone().into(),
+            epoch: done.epoch,
+            replicas: route.replicas.clone(),
+            ..proto::Route::default()
+        },
+        conf,
+        keys::SPLIT_INIT_INDEX,
+    );
     a.batch_mut().put(
         &keys::split_child_key(g),
         &prost::Message::encode_to_vec(&child),
@@ -2120,17 +2236,18 @@ fn apply_split(
         epoch = done.epoch,
         "split applied"
     );
-    if tombstoned {
-        return Ok(Ok(None));
+    if tombstoned || has_state {
+        return Ok(Ok((child, false)));
     }
-    if !registry.contains(c) {
-        registry.add(std::slice::from_ref(&child))?;
-    }
+    // (Replaces the route of an empty replica created from the routing table: its
+    // membership version there may name changes the new group made since, which this
+    // state has not applied.)
+    registry.add(std::slice::from_ref(&child))?;
     crate::failpoint::check(
         crate::failpoint::names::SPLIT_AFTER_REGISTRY,
         shared.cfg.node_id,
     )?;
-    Ok(Ok(Some(child)))
+    Ok(Ok((child, true)))
 }
 
 /// Applies committed entries of one group as ONE engine batch carrying the group's
@@ -2217,10 +2334,16 @@ fn apply_round(
             }
             EntryKind::Normal => match a.kv(e.index, &e.data)? {
                 ApplyResult::Split(sp) => {
-                    let r = apply_split(shared, registry, &mut a, &mut p.route, e.index, &sp)?;
-                    if let Some(child) = r.as_ref().ok().cloned().flatten() {
-                        p.new_children.push(child.clone());
-                        p.split_child = Some(child);
+                    // The membership as of this entry: raft took every change before it
+                    // (the route follows at the end of the round).
+                    let conf = p.raw.raft().conf_state().clone();
+                    let r =
+                        apply_split(shared, registry, &mut a, &mut p.route, &conf, e.index, &sp)?;
+                    if let Ok((child, open)) = &r {
+                        if *open {
+                            p.new_children.push(child.clone());
+                        }
+                        p.split_child = Some(child.clone());
                     }
                     if r.is_ok() {
                         p.raw.set_append_floor(e.index);
