@@ -18,8 +18,8 @@ fn env_u64(name: &str, default: u64) -> u64 {
 }
 
 /// Runs `phoenix check --rounds <rounds>` (plus `extra`) and asserts its verdict and
-/// that the run had something to bite on.
-fn check(name: &str, rounds: &str, extra: &[&str]) {
+/// that the run had something to bite on; returns its JSON report.
+fn check(name: &str, rounds: &str, extra: &[&str]) -> serde_json::Value {
     let seed = env_u64("PHOENIX_SEED", 0x5EED_11AE);
     let secs = env_u64("PHOENIX_LIN_SECS", 27);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_phoenix"));
@@ -66,6 +66,7 @@ fn check(name: &str, rounds: &str, extra: &[&str]) {
     );
     assert_eq!(n("foreign_values"), 0, "read values no client wrote");
     assert_eq!(doc["planted_stale_read_rejected"], true);
+    doc
 }
 
 #[test]
@@ -74,6 +75,28 @@ fn operations_are_linearizable_under_kill_9() {
         "kill",
         "kill-leader,pause-leader,kill-random,kill-leader",
         &[],
+    );
+}
+
+/// The key space splits twice while leaders are killed, the whole cluster loses power
+/// and a leader is paused: the clients' operations cross both splits (each key ends in
+/// a group of its own) and stay linearizable.
+#[test]
+fn operations_are_linearizable_across_splits_under_kill_9_and_power_loss() {
+    let doc = check(
+        "splits",
+        "kill-leader,kill-all,pause-leader,kill-random",
+        &["--splits", "2", "--power-loss"],
+    );
+    let splits = doc["nemesis"].as_array().map_or(0, |e| {
+        e.iter()
+            .filter(|e| e.as_str().is_some_and(|s| s.contains(": split group")))
+            .count()
+    });
+    assert_eq!(
+        splits, 2,
+        "the key space did not split twice: {}",
+        doc["nemesis"]
     );
 }
 

@@ -256,9 +256,6 @@ impl Operators {
         if !state.nodes().contains_key(&to) {
             return Err(OperatorError::UnknownNode(to));
         }
-        if route.epoch > 1 && !hosts_splits(state, to) {
-            return Err(OperatorError::OldNode { node: to, group });
-        }
         if let Some(a) = self.adds.get(&group) {
             return if a.to == to {
                 Ok(true)
@@ -274,6 +271,11 @@ impl Operators {
         }
         if is_voter(route, to) {
             return Ok(false);
+        }
+        // (A group with a split planned counts: the new replica would apply it.)
+        let split = route.epoch > 1 || state.splits().contains_key(&group);
+        if split && !hosts_splits(state, to) {
+            return Err(OperatorError::OldNode { node: to, group });
         }
         check_node(view, to, now)?;
         view.leader(group).ok_or(OperatorError::NoLeader(group))?;
@@ -755,14 +757,14 @@ pub(crate) fn hosts_splits(state: &MetaState, n: u64) -> bool {
 
 /// Nodes that may take on work at `now`: registered, alive, with disk room, not
 /// stopping, and not `excluded` (draining, or down for repair). Once any group has
-/// split, only nodes whose binary applies splits.
+/// split or has a split planned, only nodes whose binary applies splits.
 pub(crate) fn eligible_nodes(
     state: &MetaState,
     view: &LeaderView,
     now: Instant,
     excluded: impl Fn(u64) -> bool,
 ) -> Vec<u64> {
-    let split = state.routes().values().any(|r| r.epoch > 1);
+    let split = !state.splits().is_empty() || state.routes().values().any(|r| r.epoch > 1);
     view.alive_nodes(state, now)
         .into_iter()
         .filter(|&n| !excluded(n))
@@ -1439,6 +1441,13 @@ pub(crate) mod tests {
             cmd: Some(meta_command::Cmd::PlanSplit(plan)),
         };
         st.apply(st.applied() + 1, &cmd).unwrap();
+        // Planned and not finished counts already: a replica added now would apply it.
+        let v = view(&st, now, |_| 1);
+        assert_eq!(
+            Operators::default().add_replica(&st, &v, &[1, 2, 3], 1, 4, now, Origin::Request),
+            Err(OperatorError::OldNode { node: 4, group: 1 })
+        );
+        assert!(!eligible_nodes(&st, &v, now, |_| false).contains(&4));
         let parent = Route {
             end_key: vec![0x80].into(),
             epoch: 2,

@@ -573,12 +573,13 @@ impl MetaService {
             let route = meta.routes().get(&group).ok_or_else(|| {
                 PErr::invalid_argument(format!("group {group} is not in the routing table"))
             })?;
-            // Asked again after it was done (an answer lost on the way): done.
-            if route.end_key.as_ref() == key.as_slice() {
+            // Asked again after it was done (an answer lost on the way): done. (The
+            // right group starts at the key and came from the same split: same epoch.)
+            if route.epoch > 1 && !key.is_empty() && route.end_key.as_ref() == key.as_slice() {
                 if let Some(right) = meta
                     .routes()
                     .values()
-                    .find(|r| r.start_key.as_ref() == key.as_slice())
+                    .find(|r| r.start_key.as_ref() == key.as_slice() && r.epoch == route.epoch)
                 {
                     return Ok(proto::SplitGroupResponse {
                         error: None,
@@ -590,6 +591,8 @@ impl MetaService {
             // The meta replicas record the plan; the group's replicas apply the split.
             let mut nodes: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
             nodes.extend(route.replicas.iter().map(|r| r.node_id));
+            // (So do replicas being added: a learner not yet in the route.)
+            nodes.extend(self.shared.operators.lock().add_target(group));
             if let Some(m) = meta.member_behind(&nodes, phoenix_meta::PROTOCOL_SPLIT) {
                 return Err(PErr::invalid_argument(format!(
                     "node {m} runs an older binary that cannot split groups: upgrade it first"

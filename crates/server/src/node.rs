@@ -1556,7 +1556,13 @@ impl Driver {
                     self.make_children_durable(g);
                     self.touch(g);
                 }
-                Err(e) => self.fail_group(g, e.to_string()),
+                Err(e) => {
+                    self.fail_group(g, e.to_string());
+                    // A split applied before the failure still gets its flush, and its
+                    // new replicas open if their state is on disk (else they are shown
+                    // unopened; the parent replays the split at the next start).
+                    self.make_children_durable(g);
+                }
             }
         }
         did
@@ -1662,6 +1668,7 @@ impl Driver {
         }
         self.pending_children
             .extend(children.iter().map(|c| c.group_id));
+        let children_of_failed_spawn = children.clone();
         let shared = Arc::clone(&self.shared);
         let spawned = std::thread::Builder::new()
             .name("phoenix-split".into())
@@ -1678,6 +1685,10 @@ impl Driver {
         if let Err(e) = spawned {
             // The registry names them: the next start opens them.
             tracing::error!(group = g, "starting the split's flush: {e}");
+            for c in children_of_failed_spawn {
+                self.pending_children.remove(&c.group_id);
+                self.mark_unopened(c, format!("starting the split's flush: {e}"));
+            }
         }
     }
 
@@ -1690,10 +1701,19 @@ impl Driver {
         for c in &children {
             self.pending_children.remove(&c.group_id);
         }
-        let leads = self
-            .peers
-            .get(&g)
-            .is_some_and(|p| p.raw.raft().role() == StateRole::Leader);
+        // A new replica removed from this node meanwhile (its tombstone written, its drop
+        // under way) is not opened.
+        let children: Vec<proto::Route> = children
+            .into_iter()
+            .filter(|c| {
+                self.registry.contains(c.group_id) && self.registry.tombstone(c.group_id).is_none()
+            })
+            .collect();
+        let leads = !self.stopping
+            && self
+                .peers
+                .get(&g)
+                .is_some_and(|p| p.failed.is_none() && p.raw.raft().role() == StateRole::Leader);
         let checked = result
             .map_err(|e| format!("flushing the split's state: {e}"))
             .and_then(|()| {

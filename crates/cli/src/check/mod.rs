@@ -12,6 +12,11 @@
 //! its state or never recovered completes nothing there, and a history with nothing
 //! after the fault would hide the loss.
 //!
+//! With `--splits N` the key space is also split N times during the faults, at keys
+//! between the workload's keys (`phoenix cluster split`'s path: planned by the meta
+//! leader, applied by every replica, followed by the clients), so reads and writes cross
+//! splits that kills, pauses and partitions cut into.
+//!
 //! The seed decides the workload (operations, keys, values) and the nemesis' choice of
 //! nodes; a failing run is replayed with its `--seed` (timings differ, so a replay
 //! explores the same schedule, not the same interleaving).
@@ -116,6 +121,10 @@ pub struct Args {
     /// Extra argument for every server (repeatable).
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
+    /// Split the key space this many times while the faults play (at most `--keys`
+    /// minus one: the splits are at the workload's keys 1, 2, …).
+    #[arg(long, default_value_t = 0)]
+    pub splits: u64,
 }
 
 /// Completed operations the cluster must serve after the last fault ended.
@@ -207,13 +216,31 @@ async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
         })
         .collect();
 
+    if args.splits >= args.keys.max(1) {
+        return Err(format!(
+            "--splits {} needs more keys: at most --keys minus one ({})",
+            args.splits,
+            args.keys - 1
+        )
+        .into());
+    }
+    let splitter = tokio::spawn(play_splits(
+        endpoints.clone(),
+        args.splits as usize,
+        start,
+        stop,
+    ));
     let played = play_nemesis(&mut cluster, &endpoints, &args.rounds, seed, start, stop).await;
+    let split_events = splitter
+        .await
+        .map_err(|e| format!("the split task failed: {e}"))?;
     for t in tasks {
         t.await
             .map_err(|e| format!("a client task failed: {e}"))?
             .map_err(|e| format!("a client failed: {e}"))?;
     }
-    let (events, last_back) = played?;
+    let (mut events, last_back) = played?;
+    events.extend(split_events);
     cluster.stop();
     let history = std::mem::take(
         &mut *history
@@ -598,6 +625,86 @@ async fn play_nemesis(
     Ok((events, last_back))
 }
 
+/// Splits the key space `n` times, evenly over the time the faults play (from 4 s on,
+/// until 10 s before `stop`), at the workload's keys 1..=n (so key k-1 and key k end in
+/// different groups): the group holding each key is split there. A split
+/// that fails (its group's leader killed meanwhile, the meta leader changing) is asked
+/// again until it is done or its time is up. Returns the events, as the nemesis does.
+async fn play_splits(
+    endpoints: Vec<String>,
+    n: usize,
+    start: Instant,
+    stop: Instant,
+) -> Vec<String> {
+    let mut events = Vec::new();
+    if n == 0 {
+        return events;
+    }
+    let opts = ClientOptions {
+        timeout: Duration::from_secs(8),
+        ..ClientOptions::default()
+    };
+    let client = match Client::connect(endpoints, opts).await {
+        Ok(c) => c,
+        Err(e) => {
+            events.push(format!("split: no client ({e})"));
+            return events;
+        }
+    };
+    let first = start + Duration::from_secs(4);
+    let last = stop.checked_sub(Duration::from_secs(10)).unwrap_or(first);
+    let every = last.saturating_duration_since(first) / n as u32;
+    for i in 0..n {
+        tokio::time::sleep_until((first + every * i as u32).into()).await;
+        let key = key_name(i + 1);
+        loop {
+            let t = start.elapsed();
+            let group = match client.cluster_status().await {
+                Ok(s) => s
+                    .groups
+                    .iter()
+                    .find(|g| {
+                        g.start.as_slice() <= key.as_slice()
+                            && (g.end.is_empty() || key.as_slice() < g.end.as_slice())
+                    })
+                    .map(|g| g.group_id),
+                Err(_) => None,
+            };
+            let outcome = match group {
+                Some(g) => client.split_group(g, &key).await.map(|(l, r)| (g, l, r)),
+                None => Err(phoenix_client::ClientError::InvalidArgument(
+                    "no group holds the key yet".into(),
+                )),
+            };
+            match outcome {
+                Ok((g, _, r)) => {
+                    events.push(format!(
+                        "{:.3} s: split group {g} at {} into group {} (epoch {})",
+                        t.as_secs_f64(),
+                        key.escape_ascii(),
+                        r.group_id,
+                        r.epoch
+                    ));
+                    break;
+                }
+                Err(e) if Instant::now() + Duration::from_secs(10) < stop => {
+                    tracing::debug!("split at {}: {e}; asked again", key.escape_ascii());
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => {
+                    events.push(format!(
+                        "{:.3} s: split at {} not done: {e}",
+                        t.as_secs_f64(),
+                        key.escape_ascii()
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+    events
+}
+
 /// A fault-injection call, retried for up to 10 s (a node may still be starting).
 async fn retried<F, Fut>(call: F) -> Result<(), BoxError>
 where
@@ -641,7 +748,11 @@ async fn current_leader(cluster: &mut LocalCluster, endpoints: &[String]) -> Opt
         else {
             continue;
         };
-        if let Some(route) = r.into_inner().routes.first() {
+        // The group holding the probe key (the key space may have split).
+        let probe: &[u8] = b"check/probe";
+        if let Some(route) = r.into_inner().routes.iter().find(|r| {
+            r.start_key.as_ref() <= probe && (r.end_key.is_empty() || probe < r.end_key.as_ref())
+        }) {
             group = Some(route.group_id);
             break;
         }
