@@ -107,6 +107,10 @@ pub struct Config {
     /// A group this node leads whose data passes this many entries is split at its
     /// middle key (0: not by key count).
     pub group_split_keys: u64,
+    /// A group this node leads that serves more requests a second than this over a
+    /// split check interval is split at the median of its requests' keys (0: not by
+    /// load).
+    pub group_split_qps: u64,
     /// How often the node measures its groups for splitting.
     pub split_check_interval: Duration,
     /// Address of the metrics endpoint (`GET /metrics`, Prometheus text), if any.
@@ -142,6 +146,10 @@ impl Config {
     /// Entries past which a group splits by default (TiKV's region split keys, about).
     pub const DEFAULT_GROUP_SPLIT_KEYS: u64 = 1_000_000;
 
+    /// Requests a second past which a group splits by load by default (TiKV's
+    /// load-based split threshold).
+    pub const DEFAULT_GROUP_SPLIT_QPS: u64 = 3000;
+
     /// Defaults for a node; `listen` is also the advertised address.
     pub fn new(node_id: u64, listen: &str, data_dir: PathBuf, meta: Vec<MetaMember>) -> Config {
         Config {
@@ -175,6 +183,7 @@ impl Config {
             down_after: Self::DEFAULT_DOWN_AFTER,
             group_split_bytes: Self::DEFAULT_GROUP_SPLIT_BYTES,
             group_split_keys: Self::DEFAULT_GROUP_SPLIT_KEYS,
+            group_split_qps: Self::DEFAULT_GROUP_SPLIT_QPS,
             split_check_interval: Duration::from_secs(10),
             metrics_listen: None,
             fault_injection: false,

@@ -140,6 +140,8 @@ impl Services {
         if !in_range(&c.route, key) {
             return Err(PErr::key_not_in_group(key, c.group, Some(c.route.clone())));
         }
+        // The load split's sample (split_check.rs).
+        self.shared.split.record(c.group, key);
         Ok(())
     }
 
@@ -659,6 +661,7 @@ impl Services {
                 ))
             );
         }
+        self.shared.split.record(c.group, &start);
         try_err!(ScanResponse, self.read_index(&c).await);
         let snap = try_err!(ScanResponse, self.read_snapshot(&c));
         let shared = Arc::clone(&self.shared);

@@ -371,3 +371,72 @@ async fn routes_with_leaders_at_least(addrs: &[String], want: usize) -> Vec<prot
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A small group that serves many requests splits by load, at the median of its
+/// requests' keys, and keeps every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hot_group_splits_by_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let cfg = |i: usize| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        c.group_split_qps = 200;
+        c.split_check_interval = Duration::from_secs(1);
+        c
+    };
+    let nodes: Vec<Node> = (0..3).map(|i| start(cfg(i))).collect();
+    wait_route(&addrs).await;
+    let mut acked = BTreeMap::new();
+    let c = client(&addrs).await;
+    for i in 0..KEYS {
+        c.put(&key(i), &value(i, 0)).await.unwrap();
+        acked.insert(i, 0u32);
+    }
+    // Readers over every key until the group has split (a few hundred reads a second
+    // at least, well over the threshold).
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for r in 0..4u32 {
+        let c = client(&addrs).await;
+        let stop = Arc::clone(&stop);
+        readers.push(tokio::spawn(async move {
+            let mut i = r;
+            while !stop.load(Ordering::Relaxed) {
+                c.get(&key(i % KEYS)).await.unwrap();
+                i += 7;
+            }
+        }));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let routes = loop {
+        let routes = routes_with_leaders_at_least(&addrs, 1).await;
+        if routes.len() >= 2 {
+            break routes;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hot group did not split within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.await.unwrap();
+    }
+    // Split near the middle of the keys read (the median of a sample).
+    let boundary = routes
+        .iter()
+        .find(|r| !r.start_key.is_empty())
+        .map(|r| r.start_key.to_vec())
+        .unwrap();
+    assert!(
+        boundary.as_slice() > key(KEYS / 5).as_slice()
+            && boundary.as_slice() < key(KEYS * 4 / 5).as_slice(),
+        "split at {} is far from the middle",
+        String::from_utf8_lossy(&boundary)
+    );
+    check_all(&client(&addrs).await, &acked).await;
+    for n in nodes {
+        n.stop().await;
+    }
+}

@@ -92,6 +92,11 @@ pub struct Args {
     /// count).
     #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_GROUP_SPLIT_KEYS)]
     pub split_size_keys: u64,
+    /// Split a group this node leads once it serves more than this many requests a
+    /// second over a split check interval, at the median of its requests' keys (0:
+    /// never by load).
+    #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_GROUP_SPLIT_QPS)]
+    pub split_qps: u64,
     /// How often to measure the groups this node leads for splitting (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub split_check_interval: Duration,
@@ -149,6 +154,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.down_after = args.down_after;
     cfg.group_split_bytes = args.split_size_mb.saturating_mul(1 << 20);
     cfg.group_split_keys = args.split_size_keys;
+    cfg.group_split_qps = args.split_qps;
     cfg.split_check_interval = args.split_check_interval.max(Duration::from_millis(100));
     cfg.fault_injection = args.fault_injection;
     cfg.unsynced_in_memory = args.unsynced_in_memory;

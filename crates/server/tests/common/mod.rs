@@ -81,6 +81,7 @@ pub fn config(id: u64, addr: &str, dir: &Path, meta: &[MetaMember], replication:
     // Nor are groups split by size (the split test turns it on).
     c.group_split_bytes = 0;
     c.group_split_keys = 0;
+    c.group_split_qps = 0;
     c
 }
 
