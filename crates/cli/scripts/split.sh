@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Cost of a split (issue "Groups that move, split, merge and repair themselves"): a
-# 3-node loopback cluster with one group (no split by size), filled with KEYS keys of
+# 3-node loopback cluster with one group (no split by size or load), filled with KEYS keys of
 # VALUE bytes (hashed layout: the first key byte is uniform), then a write load with
 # --verify runs while the group is split at key byte 0x80 (about half of it moves).
 # Prints the split's time (the `cluster split` call: plan, apply on every replica,
@@ -33,7 +33,7 @@ stop_all() { for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
 trap stop_all EXIT
 for i in 1 2 3; do
   "$phoenix" server --id "$i" --listen "${addrs[$((i - 1))]}" --data-dir "$out/node-$i" \
-    --meta "$meta" --split-size-mb 0 --split-size-keys 0 ${SERVER_ARGS:-} \
+    --meta "$meta" --split-size-mb 0 --split-size-keys 0 --split-qps 0 ${SERVER_ARGS:-} \
     2>"$out/node-$i.log" &
   pids+=($!)
 done

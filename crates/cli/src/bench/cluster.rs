@@ -58,7 +58,8 @@ pub struct Args {
     /// and stop it after its runs.
     #[arg(long)]
     pub spawn: Option<PathBuf>,
-    /// Extra argument for every spawned `phoenix server` (repeatable).
+    /// Extra argument for every spawned `phoenix server` (repeatable). Spawned servers
+    /// split no group (`--split-qps 0 --split-size-mb 0`) unless these name the flags.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
     /// Concurrent clients (requests in flight); a comma list runs each in turn.
@@ -810,6 +811,9 @@ async fn spawn_target(
             if kind == TargetKind::PhoenixWal {
                 spec.server_args.push(ENGINE_WAL_FLAG.to_string());
             }
+            // The groups measured stay the groups spawned (a comparison with etcd's one
+            // range must not split it half way).
+            no_splits_unless_asked(&mut spec.server_args);
             let endpoints = spec.endpoints();
             let mut cluster = LocalCluster::start(spec)?;
             cluster.wait_ready(Duration::from_secs(60)).await?;
@@ -1709,6 +1713,17 @@ fn summary_table(results: &[RunResult]) -> String {
         );
     }
     out
+}
+
+/// Adds `--split-qps 0 --split-size-mb 0` to spawned servers' `args` unless they name
+/// those flags: a measurement or a check drives the groups it spawned (splits come only
+/// where it asks for them).
+pub(crate) fn no_splits_unless_asked(args: &mut Vec<String>) {
+    for flag in ["--split-qps", "--split-size-mb"] {
+        if !args.iter().any(|a| a.starts_with(flag)) {
+            args.extend([flag.to_string(), "0".to_string()]);
+        }
+    }
 }
 
 #[cfg(test)]

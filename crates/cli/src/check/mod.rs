@@ -191,6 +191,8 @@ async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
     let mut spec = ClusterSpec::ephemeral(&dir)?;
     spec.server_args = args.server_args.clone();
     spec.server_args.push("--fault-injection".into());
+    // The key space splits only where `--splits` asks.
+    crate::bench::cluster::no_splits_unless_asked(&mut spec.server_args);
     if args.power_loss {
         spec.server_args.push("--unsynced-in-memory".into());
     }
