@@ -71,6 +71,10 @@ pub const ASKED_GRACE: Duration = Duration::from_secs(5);
 /// Longest a remove-replica operator runs.
 pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long after a balancer's move made its new voter the operators remember which
+/// node the group's extra voter is to be trimmed from ([`Operators::trim_hint`]).
+pub const TRIM_HINT_FOR: Duration = Duration::from_secs(60);
+
 /// Where a remove-replica operator stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RemoveStep {
@@ -132,6 +136,8 @@ struct Add {
     started: Instant,
     step: AddStep,
     origin: Origin,
+    /// A move's node to trim once `to` is a voter.
+    trim: Option<u64>,
 }
 
 /// Who started an operator.
@@ -186,6 +192,9 @@ pub struct Operators {
     /// when: the balancer leaves them alone for [`ASKED_GRACE`], so a `cluster move`
     /// (an addition, then a removal) is not cut in between.
     asked: HashMap<u64, Instant>,
+    /// Groups whose move made its new voter lately: the node the extra voter is to be
+    /// trimmed from, and when (kept [`TRIM_HINT_FOR`]).
+    trims: HashMap<u64, (u64, Instant)>,
 }
 
 impl Operators {
@@ -286,9 +295,45 @@ impl Operators {
                 started: now,
                 step: AddStep::AddLearner,
                 origin,
+                trim: None,
             },
         );
         Ok(true)
+    }
+
+    /// Starts moving `group`'s replica on `from` to `to`: an addition on `to` as
+    /// [`add_replica`](Operators::add_replica), after which [`trim_hint`] names `from`
+    /// for [`TRIM_HINT_FOR`], so the pass that trims the group's extra voter removes the
+    /// one the move meant (not whichever node then looks most loaded, which could be
+    /// `to` and undo the move).
+    ///
+    /// [`trim_hint`]: Operators::trim_hint
+    #[allow(clippy::too_many_arguments)] // what, where, when and why: all needed
+    pub fn move_replica(
+        &mut self,
+        state: &MetaState,
+        view: &LeaderView,
+        meta_members: &[u64],
+        group: u64,
+        from: u64,
+        to: u64,
+        now: Instant,
+        origin: Origin,
+    ) -> Result<bool, OperatorError> {
+        let started = self.add_replica(state, view, meta_members, group, to, now, origin)?;
+        if let Some(a) = self.adds.get_mut(&group).filter(|a| a.to == to) {
+            a.trim = Some(from);
+        }
+        Ok(started)
+    }
+
+    /// The node a move of `group` that ended lately (within [`TRIM_HINT_FOR`] before
+    /// `now`) meant its extra voter to be trimmed from.
+    pub fn trim_hint(&self, group: u64, now: Instant) -> Option<u64> {
+        self.trims
+            .get(&group)
+            .filter(|(_, at)| now.saturating_duration_since(*at) < TRIM_HINT_FOR)
+            .map(|&(node, _)| node)
     }
 
     /// Starts removing the replica of `group` on `node` (voter or learner). Returns
@@ -339,6 +384,8 @@ impl Operators {
         quorum_after_removal(route, view, node, now)?;
         view.leader(group).ok_or(OperatorError::NoLeader(group))?;
         let (step, command) = remove_step(view, group, node, now);
+        // The trim is under way (or another removal took its place).
+        self.trims.remove(&group);
         self.removes.insert(
             group,
             Remove {
@@ -385,6 +432,8 @@ impl Operators {
         });
         let asked = &mut self.asked;
         asked.retain(|_, at| now.saturating_duration_since(*at) < ASKED_GRACE);
+        let trims = &mut self.trims;
+        trims.retain(|_, (_, at)| now.saturating_duration_since(*at) < TRIM_HINT_FOR);
         self.adds.retain(|&g, a| {
             let outcome = if state.routes().get(&g).is_some_and(|r| is_voter(r, a.to)) {
                 Outcome::Done
@@ -401,6 +450,9 @@ impl Operators {
             };
             if a.origin == Origin::Request {
                 asked.insert(g, now);
+            }
+            if let (Outcome::Done, Some(from)) = (&outcome, a.trim) {
+                trims.insert(g, (from, now));
             }
             ended.push((g, outcome));
             false
@@ -551,7 +603,7 @@ impl Operators {
                     group_id: g,
                     kind: OperatorKind::AddReplica as i32,
                     origin: a.origin.wire() as i32,
-                    from_node: 0,
+                    from_node: a.trim.unwrap_or(0),
                     to_node: a.to,
                     age_ms: now.saturating_duration_since(a.started).as_millis() as u64,
                     step: a.step.name().to_string(),

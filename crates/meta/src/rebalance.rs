@@ -1,6 +1,6 @@
-//! Replica balancing: the meta leader spreads replicas over the nodes by count, so a
-//! node added to the cluster takes its share and a lopsided bootstrap evens out (PD's
-//! balance-region scheduler).
+//! Replica balancing: the meta leader spreads replicas over the nodes by count and by
+//! bytes, so a node added to the cluster takes its share and a lopsided bootstrap or a
+//! few large groups on the same nodes even out (PD's balance-region scheduler).
 //!
 //! Decisions only, stateless like repair ([`crate::repair`]), on the groups repair leaves
 //! alone (none of their replicas on a down or draining node), so a repair that cannot
@@ -13,9 +13,21 @@
 //! - then, while the eligible nodes (alive, not full, not stopping, not draining) are
 //!   not all within
 //!   `max(10% of the mean, 1)` of the mean, a group on the most loaded node that can
-//!   give one to a node hosting at least two fewer (the least loaded such) gets a
-//!   replica there; the next pass trims the group back to `replication`, from its most
-//!   loaded node. Adding first keeps every group at its number of voters throughout.
+//!   give one to a node hosting at least two fewer (the least loaded such) moves its
+//!   replica there (of the groups that can, the one leaving the two nodes' bytes
+//!   closest);
+//! - then, while the eligible nodes' bytes (the sum of the sizes of the groups they
+//!   host, a group's size being the largest its replicas report) are not all within
+//!   `max(10% of the mean, BYTES_BAND_MIN)` of the mean, a replica moves from a heavier
+//!   node to a lighter one, at least one of them out of the band, choosing the group
+//!   whose size is nearest half their difference (and under it: every move narrows the
+//!   spread, so balancing ends; groups under `BYTES_MOVE_MIN` stay). A move by bytes keeps both nodes' counts within the
+//!   count band; counts come first.
+//!
+//! A move is an addition on the new node; once it votes, the next pass trims the group
+//! back to `replication` from the node the move meant ([`Operators::trim_hint`]), or,
+//! without that hint (a meta leader change), from its most loaded node. Adding first
+//! keeps every group at its number of voters throughout.
 //!
 //! A group under an operator, whose leader is not known to be live, or whose replica
 //! addition or removal asked for by a user ended within
@@ -34,6 +46,14 @@ use crate::state::MetaState;
 
 /// Replica balancing operators under way at most (each may stream a snapshot).
 pub const REPLICA_BALANCE_INFLIGHT_MAX: usize = 32;
+
+/// Nodes whose bytes are within this of the mean are balanced by bytes whatever 10% of
+/// the mean is: a move costs a snapshot, not worth a few MiB.
+pub const BYTES_BAND_MIN: u64 = 16 << 20;
+
+/// Groups smaller than this are not moved for bytes (an operator for a few MiB is not
+/// worth it; many small groups on a node are the count balancing's).
+pub const BYTES_MOVE_MIN: u64 = 4 << 20;
 
 /// The replica balancer's next moves (at most `max`), as the module doc says. `down`
 /// are the nodes down for `--down-after` (none of them may host a replica for the
@@ -56,20 +76,23 @@ pub fn balance_replicas(
     let eligible: BTreeSet<u64> = eligible_nodes(state, view, now, leaving)
         .into_iter()
         .collect();
-    let mut count: BTreeMap<u64, usize> = eligible.iter().map(|&n| (n, 0)).collect();
+    let size = view.group_bytes();
+    let size = |g: u64| size.get(&g).copied().unwrap_or(0);
+    let mut load = Load {
+        count: eligible.iter().map(|&n| (n, 0)).collect(),
+        bytes: eligible.iter().map(|&n| (n, 0)).collect(),
+    };
     for (&g, route) in routes {
         for r in &route.replicas {
-            if let Some(c) = count.get_mut(&r.node_id) {
-                *c += 1;
-            }
+            load.add(r.node_id, size(g));
         }
         // An addition under way counts for its target, once: the table lists its
         // learner from the first step on.
         let pending = ops
             .add_target(g)
             .filter(|to| !route.replicas.iter().any(|r| r.node_id == *to));
-        if let Some(c) = pending.and_then(|to| count.get_mut(&to)) {
-            *c += 1;
+        if let Some(to) = pending {
+            load.add(to, size(g));
         }
     }
     // Groups the balancer may touch: no operator, a live leader, every member alive.
@@ -115,30 +138,31 @@ pub fn balance_replicas(
         } else if voters.len() < replication {
             // Short of voters (a replica removed by hand, say): one more on the least
             // loaded eligible node that lacks one.
-            let Some(to) = count
+            let Some(to) = load
+                .count
                 .iter()
                 .filter(|(&n, _)| !route.replicas.iter().any(|r| r.node_id == n))
-                .min_by_key(|(&n, &c)| (c, n))
+                .min_by_key(|(&n, &c)| (c, load.bytes[&n], n))
                 .map(|(&n, _)| n)
             else {
                 continue;
             };
-            if let Some(c) = count.get_mut(&to) {
-                *c += 1;
-            }
+            load.add(to, size(g));
             ReplicaMove::Add { group: g, to }
         } else if voters.len() > replication {
-            // The most loaded; among those a follower (a leader would hand its
-            // leadership over first), then the highest id.
+            // The node a move meant; else the most loaded, among those a follower (a
+            // leader would hand its leadership over first), then the highest id.
             let leader = view.leader(g);
-            let node = voters
-                .iter()
-                .copied()
-                .max_by_key(|&n| (count.get(&n).copied().unwrap_or(0), leader != Some(n), n))
+            let hinted = ops.trim_hint(g, now).filter(|n| voters.contains(n));
+            let node = hinted
+                .or_else(|| {
+                    voters.iter().copied().max_by_key(|&n| {
+                        let c = load.count.get(&n).copied().unwrap_or(0);
+                        (c, leader != Some(n), n)
+                    })
+                })
                 .unwrap_or(0);
-            if let Some(c) = count.get_mut(&node) {
-                *c -= 1;
-            }
+            load.remove(node, size(g));
             ReplicaMove::Remove { group: g, node }
         } else {
             continue;
@@ -146,43 +170,126 @@ pub fn balance_replicas(
         touched.insert(g);
         moves.push(m);
     }
-    if count.len() < 2 {
+    if load.count.len() < 2 {
         return moves;
     }
-    while moves.len() < max && !within_band(&count) {
-        let found = move_pairs(&count).into_iter().find_map(|(from, to)| {
-            routes.iter().find_map(|(&g, route)| {
-                let on = |n: u64| route.replicas.iter().any(|r| r.node_id == n);
-                let fit = on(from)
-                    && !on(to)
-                    && route.learners.is_empty()
-                    && route.replicas.len() <= replication
-                    && !touched.contains(&g)
-                    && movable(g);
-                fit.then_some((g, from, to))
+    let fits = |g: u64, from: u64, to: u64, touched: &BTreeSet<u64>| {
+        let route = &routes[&g];
+        let on = |n: u64| route.replicas.iter().any(|r| r.node_id == n);
+        on(from)
+            && !on(to)
+            && route.learners.is_empty()
+            && route.replicas.len() <= replication
+            && !touched.contains(&g)
+            && movable(g)
+    };
+    while moves.len() < max && !within_band(&load.count) {
+        let found = move_pairs(&load.count).into_iter().find_map(|(from, to)| {
+            // Of the groups that fit, the one leaving the two nodes' bytes closest.
+            let (bf, bt) = (load.bytes[&from] as i128, load.bytes[&to] as i128);
+            routes
+                .keys()
+                .filter(|&&g| fits(g, from, to, &touched))
+                .min_by_key(|&&g| ((bf - bt - 2 * size(g) as i128).abs(), g))
+                .map(|&g| (g, from, to))
+        });
+        let Some((group, from, to)) = found else {
+            break;
+        };
+        touched.insert(group);
+        moves.push(ReplicaMove::Move { group, from, to });
+        load.remove(from, size(group));
+        load.add(to, size(group));
+    }
+    while moves.len() < max && !load.bytes_within_band() {
+        let (lo, hi) = band(&load.bytes, BYTES_BAND_MIN as f64);
+        let (count_lo, count_hi) = band(&load.count, 1.0);
+        let mut heavy: Vec<(u64, u64)> = load.bytes.iter().map(|(&n, &b)| (b, n)).collect();
+        heavy.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut light = heavy.clone();
+        light.sort_unstable();
+        let found = heavy.iter().find_map(|&(from_bytes, from)| {
+            light.iter().find_map(|&(to_bytes, to)| {
+                let out_of_band = from_bytes as f64 > hi || (to_bytes as f64) < lo;
+                let counts_stay = load.count[&to] as f64 + 1.0 <= count_hi
+                    && load.count[&from] as f64 - 1.0 >= count_lo;
+                if to_bytes >= from_bytes || !out_of_band || !counts_stay {
+                    return None;
+                }
+                // Under the difference, so the spread narrows; nearest half of it.
+                let gap = from_bytes - to_bytes;
+                routes
+                    .keys()
+                    .filter(|&&g| {
+                        (BYTES_MOVE_MIN..gap).contains(&size(g)) && fits(g, from, to, &touched)
+                    })
+                    .min_by_key(|&&g| ((2 * size(g)).abs_diff(gap), g))
+                    .map(|&g| (g, from, to))
             })
         });
         let Some((group, from, to)) = found else {
             break;
         };
         touched.insert(group);
-        moves.push(ReplicaMove::Add { group, to });
-        // The next pass trims the group from the most loaded of its nodes.
-        if let Some(c) = count.get_mut(&to) {
-            *c += 1;
-        }
-        if let Some(c) = count.get_mut(&from) {
-            *c -= 1;
-        }
+        moves.push(ReplicaMove::Move { group, from, to });
+        load.remove(from, size(group));
+        load.add(to, size(group));
     }
     moves
+}
+
+/// The eligible nodes' replica counts and bytes, as the moves decided so far leave them.
+struct Load {
+    count: BTreeMap<u64, usize>,
+    bytes: BTreeMap<u64, u64>,
+}
+
+impl Load {
+    /// A replica of a group of `bytes` on `node` (nothing if it is not eligible).
+    fn add(&mut self, node: u64, bytes: u64) {
+        if let (Some(c), Some(b)) = (self.count.get_mut(&node), self.bytes.get_mut(&node)) {
+            *c += 1;
+            *b += bytes;
+        }
+    }
+
+    /// One fewer on `node`.
+    fn remove(&mut self, node: u64, bytes: u64) {
+        if let (Some(c), Some(b)) = (self.count.get_mut(&node), self.bytes.get_mut(&node)) {
+            *c = c.saturating_sub(1);
+            *b = b.saturating_sub(bytes);
+        }
+    }
+
+    /// Whether every node's bytes are within `max(10% of the mean, BYTES_BAND_MIN)` of
+    /// the mean.
+    fn bytes_within_band(&self) -> bool {
+        let (lo, hi) = band(&self.bytes, BYTES_BAND_MIN as f64);
+        self.bytes
+            .values()
+            .all(|&b| (lo..=hi).contains(&(b as f64)))
+    }
+}
+
+/// The band `mean ± max(10% of the mean, min_slack)` of the nodes' `values`.
+fn band<V: Copy + TryInto<u64>>(values: &BTreeMap<u64, V>, min_slack: f64) -> (f64, f64) {
+    if values.is_empty() {
+        return (0.0, 0.0);
+    }
+    let sum: f64 = values
+        .values()
+        .map(|&v| v.try_into().unwrap_or(u64::MAX) as f64)
+        .sum();
+    let mean = sum / values.len() as f64;
+    let slack = (mean / 10.0).max(min_slack);
+    (mean - slack, mean + slack)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::tests::{cluster, set_route, view};
-    use crate::operator::Origin;
+    use crate::operator::tests::{cluster, report, set_route, view};
+    use crate::operator::{Origin, Outcome};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -196,14 +303,11 @@ mod tests {
         c
     }
 
-    /// Applies moves to the table as the operators would carry them out.
+    /// Applies moves to the table as the operators would carry them out (a move's trim
+    /// at once).
     fn apply(st: &mut MetaState, moves: &[ReplicaMove]) {
         for m in moves {
-            let (g, route) = match m {
-                ReplicaMove::Add { group, .. } | ReplicaMove::Remove { group, .. } => {
-                    (*group, st.routes()[group].clone())
-                }
-            };
+            let (g, route) = (m.group(), st.routes()[&m.group()].clone());
             let mut voters: Vec<u64> = route
                 .replicas
                 .iter()
@@ -220,9 +324,148 @@ mod tests {
                     voters.retain(|&n| n != node);
                     learners.retain(|&n| n != node);
                 }
+                ReplicaMove::Move { from, to, .. } => {
+                    assert!(voters.contains(&from) && !voters.contains(&to), "{m:?}");
+                    voters.retain(|&n| n != from);
+                    voters.push(to);
+                }
             }
             set_route(st, g, &voters, &learners);
         }
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    /// A view as `view`'s, with group `g`'s replicas reporting `size(g)` bytes.
+    fn sized_view(
+        st: &MetaState,
+        now: Instant,
+        leader_of: impl Fn(u64) -> u64,
+        size: impl Fn(u64) -> u64,
+    ) -> LeaderView {
+        let mut v = LeaderView::default();
+        for &id in st.nodes().keys() {
+            let mut reps = report(st, id, &leader_of);
+            for r in &mut reps {
+                r.approximate_bytes = size(r.group_id);
+            }
+            v.record(now, id, phoenix_proto::NodeStats::default(), &reps);
+        }
+        v
+    }
+
+    /// Each eligible node's bytes as the table places the groups.
+    fn bytes(st: &MetaState, size: impl Fn(u64) -> u64) -> BTreeMap<u64, u64> {
+        let mut b: BTreeMap<u64, u64> = st.nodes().keys().map(|&n| (n, 0)).collect();
+        for (&g, r) in st.routes() {
+            for x in &r.replicas {
+                *b.entry(x.node_id).or_default() += size(g);
+            }
+        }
+        b
+    }
+
+    /// Counts balanced, bytes not: two 100 MiB groups on nodes 1-3 and six 1 MiB ones
+    /// with node 4 in each. The big group moves to node 4 (its size nearest half the
+    /// gap), the counts stay in their band, and balancing stops where no placement does
+    /// better (six 100 MiB replicas over four nodes cannot be within 10%).
+    #[test]
+    fn bytes_even_out_while_counts_stay_in_band() {
+        let now = Instant::now();
+        let place = |g: u64| match g {
+            1 | 2 => vec![1, 2, 3],
+            3 | 4 => vec![1, 2, 4],
+            5 | 6 => vec![1, 3, 4],
+            _ => vec![2, 3, 4],
+        };
+        let size = |g: u64| if g <= 2 { 100 * MIB } else { MIB };
+        let mut st = cluster(4, 8, place);
+        assert_eq!(
+            counts(&st).into_values().collect::<Vec<_>>(),
+            vec![6, 6, 6, 6]
+        );
+        let v = sized_view(&st, now, |_| 1, size);
+        let moves = balance_replicas(&st, &v, &Operators::default(), now, &[], 3, 1);
+        assert_eq!(
+            moves,
+            vec![ReplicaMove::Move {
+                group: 1,
+                from: 1,
+                to: 4
+            }]
+        );
+        // Without sizes nothing moves: the counts are balanced.
+        let flat = view(&st, now, |_| 1);
+        assert_eq!(
+            balance_replicas(&st, &flat, &Operators::default(), now, &[], 3, 10),
+            vec![]
+        );
+        for step in 0..20 {
+            let v = sized_view(&st, now, |g| st.routes()[&g].replicas[0].node_id, size);
+            let moves = balance_replicas(&st, &v, &Operators::default(), now, &[], 3, 10);
+            if moves.is_empty() {
+                break;
+            }
+            assert!(step < 19, "balancing by bytes does not end");
+            apply(&mut st, &moves);
+        }
+        let c = counts(&st);
+        assert!(within_band(&c), "{c:?}");
+        // The 100 MiB replicas are two, two, one, one (in MiB: 202-ish twice, 10x twice).
+        let mut b: Vec<u64> = bytes(&st, size).into_values().map(|b| b / MIB).collect();
+        b.sort_unstable();
+        assert!(b[1] < 200 && b[2] >= 200, "{b:?}");
+    }
+
+    /// A move's trim removes the replica the move meant: with the counts balanced, the
+    /// node that took the group counts the most after the addition and would be trimmed
+    /// (undoing the move) were the operators not to name the node it left.
+    #[test]
+    fn a_move_is_trimmed_from_the_node_it_left() {
+        let now = Instant::now();
+        let place = |g: u64| match g {
+            1 | 2 => vec![1, 2, 3],
+            3 | 4 => vec![1, 2, 4],
+            5 | 6 => vec![1, 3, 4],
+            _ => vec![2, 3, 4],
+        };
+        let size = |g: u64| if g <= 2 { 100 * MIB } else { MIB };
+        let mut st = cluster(4, 8, place);
+        let members: [u64; 0] = [];
+        let v = sized_view(&st, now, |_| 2, size);
+        let mut ops = Operators::default();
+        let moves = balance_replicas(&st, &v, &ops, now, &[], 3, 1);
+        let [ReplicaMove::Move { group, from, to }] = moves[..] else {
+            panic!("{moves:?}");
+        };
+        assert_eq!((group, from, to), (1, 1, 4));
+        assert_eq!(
+            ops.move_replica(&st, &v, &members, group, from, to, now, Origin::Balance),
+            Ok(true)
+        );
+        let listed = ops.list(now);
+        assert_eq!((listed[0].from_node, listed[0].to_node), (1, 4));
+        // The new replica votes: four voters, node 4 now hosting 7.
+        set_route(&mut st, 1, &[1, 2, 3, 4], &[]);
+        let v = sized_view(&st, now, |_| 2, size);
+        assert_eq!(ops.settle(&st, &v, now), vec![(1, Outcome::Done)]);
+        let moves = balance_replicas(&st, &v, &ops, now, &[], 3, 1);
+        assert_eq!(moves, vec![ReplicaMove::Remove { group: 1, node: 1 }]);
+        // Without the hint (a new meta leader) the most loaded goes: node 4.
+        let fresh = Operators::default();
+        assert_eq!(
+            balance_replicas(&st, &v, &fresh, now, &[], 3, 1),
+            vec![ReplicaMove::Remove { group: 1, node: 4 }]
+        );
+        // The hint is gone once the trim starts, and after TRIM_HINT_FOR.
+        assert_eq!(ops.trim_hint(1, now), Some(1));
+        let later = now + crate::operator::TRIM_HINT_FOR;
+        assert_eq!(ops.trim_hint(1, later), None);
+        assert_eq!(
+            ops.remove_replica(&st, &v, &members, 1, 1, now, Origin::Balance),
+            Ok(true)
+        );
+        assert_eq!(ops.trim_hint(1, now), None);
     }
 
     /// Two empty nodes join three that host 10 groups: replicas move to them, each by an
@@ -238,7 +481,7 @@ mod tests {
         assert!(
             moves
                 .iter()
-                .all(|m| matches!(m, ReplicaMove::Add { to: 4 | 5, .. })),
+                .all(|m| matches!(m, ReplicaMove::Move { to: 4 | 5, .. })),
             "{moves:?}"
         );
         assert_eq!(balance_replicas(&st, &v, &ops, now, &[], 3, 3), moves[..3]);
@@ -361,17 +604,11 @@ mod tests {
         let v = view(&st, now, |_| 1);
         let moves = balance_replicas(&st, &v, &Operators::default(), now, &[3], 3, 10);
         assert!(!moves.is_empty(), "nothing balanced while node 3 is down");
-        assert!(
-            moves.iter().all(|m| !matches!(
-                m,
-                ReplicaMove::Add { group: 1, .. } | ReplicaMove::Remove { group: 1, .. }
-            )),
-            "{moves:?}"
-        );
+        assert!(moves.iter().all(|m| m.group() != 1), "{moves:?}");
         assert!(
             moves
                 .iter()
-                .all(|m| matches!(m, ReplicaMove::Add { to: 5, .. })),
+                .all(|m| matches!(m, ReplicaMove::Move { to: 5, .. })),
             "{moves:?}"
         );
     }
@@ -397,9 +634,10 @@ mod tests {
         assert!(
             moves.iter().any(|m| matches!(
                 m,
-                ReplicaMove::Add {
+                ReplicaMove::Move {
                     group: 4..=6,
-                    to: 4
+                    to: 4,
+                    ..
                 }
             )),
             "{moves:?}"
@@ -437,12 +675,21 @@ mod tests {
                 })
                 .collect();
             let mut st = cluster(n, groups, |g| placements[g as usize - 1].clone());
+            // Sizes: empty, small, or up to 200 MiB.
+            let sizes: Vec<u64> = (0..groups)
+                .map(|_| match rng.gen_range(0..3) {
+                    0 => 0,
+                    1 => rng.gen_range(0..8 * MIB),
+                    _ => rng.gen_range(0..200 * MIB),
+                })
+                .collect();
+            let size = |g: u64| sizes[g as usize - 1];
             for step in 0.. {
                 assert!(
                     step < 500,
                     "seed {seed} round {round}: balancing does not end"
                 );
-                let v = view(&st, now, |g| st.routes()[&g].replicas[0].node_id);
+                let v = sized_view(&st, now, |g| st.routes()[&g].replicas[0].node_id, size);
                 let moves =
                     balance_replicas(&st, &v, &Operators::default(), now, &[], 3, 1 + step % 5);
                 if moves.is_empty() {
@@ -473,6 +720,31 @@ mod tests {
                 })
             });
             assert!(within || stuck, "seed {seed} round {round}: counts {c:?}");
+            // By bytes: within the band, or no group of at least BYTES_MOVE_MIN can go
+            // from a heavier node to a lighter one (one of them out of the band) under
+            // their difference with both counts staying in their band.
+            let b = bytes(&st, size);
+            let (lo, hi) = band(&b, BYTES_BAND_MIN as f64);
+            let (clo, chi) = band(&c, 1.0);
+            let bytes_stuck = b.iter().all(|(&x, &bx)| {
+                b.iter().all(|(&y, &by)| {
+                    let gap = bx.saturating_sub(by);
+                    let pair = by < bx
+                        && (bx as f64 > hi || (by as f64) < lo)
+                        && c[&y] as f64 + 1.0 <= chi
+                        && c[&x] as f64 - 1.0 >= clo;
+                    !pair
+                        || st.routes().iter().all(|(&g, r)| {
+                            let on = |n: u64| r.replicas.iter().any(|z| z.node_id == n);
+                            !on(x) || on(y) || !(BYTES_MOVE_MIN..gap).contains(&size(g))
+                        })
+                })
+            });
+            let bytes_within = b.values().all(|&v| (lo..=hi).contains(&(v as f64)));
+            assert!(
+                bytes_within || bytes_stuck,
+                "seed {seed} round {round}: bytes {b:?}"
+            );
         }
     }
 }

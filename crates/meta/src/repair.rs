@@ -47,6 +47,28 @@ pub enum ReplicaMove {
         /// The node whose replica goes.
         node: u64,
     },
+    /// Move the replica of `group` on `from` to `to`: an addition on `to`, after which
+    /// the group's extra voter is trimmed from `from` (the balancers' moves; the trim
+    /// comes from a later pass, which the operators remind of `from`).
+    Move {
+        /// Group.
+        group: u64,
+        /// The node whose replica goes once the new one is a voter.
+        from: u64,
+        /// The node to host the new replica.
+        to: u64,
+    },
+}
+
+impl ReplicaMove {
+    /// The group moved.
+    pub fn group(&self) -> u64 {
+        match *self {
+            ReplicaMove::Add { group, .. }
+            | ReplicaMove::Remove { group, .. }
+            | ReplicaMove::Move { group, .. } => group,
+        }
+    }
 }
 
 /// The registered nodes down at `now`: not heard from for `down_after` or longer.
@@ -382,10 +404,7 @@ mod tests {
                     break;
                 }
                 for m in moves {
-                    let route = st.routes()[&match m {
-                        ReplicaMove::Add { group, .. } | ReplicaMove::Remove { group, .. } => group,
-                    }]
-                        .clone();
+                    let route = st.routes()[&m.group()].clone();
                     let mut voters: Vec<u64> = route.replicas.iter().map(|r| r.node_id).collect();
                     match m {
                         ReplicaMove::Add { group, to } => {
@@ -398,6 +417,7 @@ mod tests {
                             voters.retain(|&x| x != node);
                             set_route(&mut st, group, &voters, &[]);
                         }
+                        ReplicaMove::Move { .. } => panic!("repair moved a replica: {m:?}"),
                     }
                 }
             }

@@ -896,7 +896,8 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
     let replicas: Vec<proto::ReplicaStats> = groups
         .iter()
         .filter(|(g, _)| **g != META_GROUP)
-        .map(|(g, v)| proto::ReplicaStats {
+        .map(|(g, v)| (g, v, shared.split.size(*g)))
+        .map(|(g, v, size)| proto::ReplicaStats {
             group_id: *g,
             node_id: shared.cfg.node_id,
             is_leader: v.is_leader,
@@ -904,8 +905,8 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
             commit_index: v.commit,
             applied_index: v.applied,
             log_first_index: v.log_first,
-            approximate_bytes: shared.split.size(*g).bytes,
-            approximate_keys: shared.split.size(*g).entries,
+            approximate_bytes: size.bytes,
+            approximate_keys: size.entries,
             split_key_hint: if v.is_leader {
                 shared
                     .split
@@ -1334,6 +1335,9 @@ fn move_replicas(shared: &Shared) {
             }
             ReplicaMove::Remove { group, node } => {
                 ops.remove_replica(&meta, &lv, &members, group, node, now, origin)
+            }
+            ReplicaMove::Move { group, from, to } => {
+                ops.move_replica(&meta, &lv, &members, group, from, to, now, origin)
             }
         };
         match started {

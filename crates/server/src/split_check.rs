@@ -122,7 +122,7 @@ pub async fn split_check_loop(shared: Arc<Shared>) {
 /// One check (see the module doc).
 pub fn check(shared: &Shared) -> crate::Result<()> {
     let sizes = shared.engine.group_sizes()?;
-    *shared.split.sizes.lock() = sizes.clone().into_iter().collect();
+    *shared.split.sizes.lock() = sizes.iter().map(|(&g, &s)| (g, s)).collect();
     let (max_bytes, max_keys) = (shared.cfg.group_split_bytes, shared.cfg.group_split_keys);
     let led: Vec<(u64, phoenix_proto::Route)> = shared
         .groups
