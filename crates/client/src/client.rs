@@ -231,6 +231,55 @@ pub struct ClusterStatus {
     pub groups: Vec<GroupStatus>,
     /// Changes the meta leader drives now, oldest first.
     pub operators: Vec<OperatorStatus>,
+    /// Groups whose replicas computed different checksums at the same scrub point.
+    pub scrub_mismatches: Vec<ScrubMismatch>,
+}
+
+/// A replica's checksum of its group's data at a scrub point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScrubReplica {
+    /// Hosting node.
+    pub node_id: NodeId,
+    /// The scrub point's log index.
+    pub index: u64,
+    /// crc32c over the group's keys and values.
+    pub crc: u32,
+    /// Keys counted.
+    pub keys: u64,
+    /// Their key and value bytes.
+    pub bytes: u64,
+}
+
+/// A group scrubbed: its replicas' checksums at one scrub point.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrubOutcome {
+    /// The scrub point's log index.
+    pub index: u64,
+    /// The replicas that reported it, by node id.
+    pub replicas: Vec<ScrubReplica>,
+    /// Every voter reported it, all alike.
+    pub consistent: bool,
+}
+
+/// Replicas of a group that disagree at a scrub point.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrubMismatch {
+    /// Group id.
+    pub group_id: u64,
+    /// The scrub point's log index.
+    pub index: u64,
+    /// What each replica there computed.
+    pub replicas: Vec<ScrubReplica>,
+}
+
+fn scrub_from_wire(r: &pb::ScrubReport) -> ScrubReplica {
+    ScrubReplica {
+        node_id: r.node_id,
+        index: r.index,
+        crc: r.crc,
+        keys: r.keys,
+        bytes: r.bytes,
+    }
 }
 
 /// A change the meta leader drives (today: a leader transfer).
@@ -1662,6 +1711,31 @@ impl Client {
         Ok((route_from_wire(&left), route_from_wire(&right)))
     }
 
+    /// Scrubs `group`: its leader proposes a scrub point, every replica checksums the
+    /// group's data there, and the meta leader compares them. Waits until every voter
+    /// reported it. A mismatch is an answer (`consistent` false), not an error.
+    pub async fn scrub_group(&self, group: u64) -> Result<ScrubOutcome> {
+        let r = self
+            .meta_call(
+                "scrub_group",
+                self.timeout * 3 / 4,
+                |mut meta, t| async move {
+                    let req = pb::ScrubGroupRequest {
+                        group_id: group,
+                        timeout_ms: t,
+                    };
+                    let mut r = meta.scrub_group(req).await?.into_inner();
+                    Ok((r.error.take(), r))
+                },
+            )
+            .await?;
+        Ok(ScrubOutcome {
+            index: r.index,
+            replicas: r.replicas.iter().map(scrub_from_wire).collect(),
+            consistent: r.consistent,
+        })
+    }
+
     /// Adds a replica of `group` on node `node` (a learner that catches up, then a
     /// voter) and waits until the routing table lists it as a voter. Returns the
     /// group's voters then.
@@ -1894,6 +1968,15 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
         nodes,
         groups,
         operators,
+        scrub_mismatches: r
+            .scrub_mismatches
+            .iter()
+            .map(|m| ScrubMismatch {
+                group_id: m.group_id,
+                index: m.index,
+                replicas: m.replicas.iter().map(scrub_from_wire).collect(),
+            })
+            .collect(),
     }
 }
 

@@ -25,6 +25,7 @@ pub mod routing;
 
 pub use crate::client::{
     prefix_end, CasOutcome, Client, ClientOptions, ClientStats, ClusterStatus, GroupStatus,
-    NodeStatus, OperatorStatus, ReplicaStatus, ScanPage, WriteOp, DISK_FULL_PATIENCE,
+    NodeStatus, OperatorStatus, ReplicaStatus, ScanPage, ScrubMismatch, ScrubOutcome, ScrubReplica,
+    WriteOp, DISK_FULL_PATIENCE,
 };
 pub use crate::error::{ClientError, Result};

@@ -498,6 +498,7 @@ impl Meta for Node {
             nodes,
             groups,
             meta_leader_node_id: 1,
+            scrub_mismatches: Vec::new(),
             operators: vec![pb::Operator {
                 group_id: 2,
                 kind: pb::OperatorKind::TransferLeader as i32,
@@ -550,6 +551,10 @@ impl Meta for Node {
     }
 
     async fn split_group(&self, _req: Request<pb::SplitGroupRequest>) -> R<pb::SplitGroupResponse> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn scrub_group(&self, _req: Request<pb::ScrubGroupRequest>) -> R<pb::ScrubGroupResponse> {
         Err(Status::unimplemented("fake"))
     }
 

@@ -27,6 +27,7 @@ pub mod operator;
 pub mod rebalance;
 pub mod repair;
 pub mod schedule;
+pub mod scrub;
 pub mod split;
 pub mod state;
 
@@ -41,6 +42,7 @@ pub use schedule::{
     bootstrap_plan, cluster_view, even_split_keys, place, placement_commands, registration,
     route_table, route_updates, routes_view, split_ranges, INITIAL_GROUPS_MAX,
 };
+pub use scrub::{scrub_mismatches, scrub_report, Scrubs, SCRUB_INFLIGHT_MAX};
 pub use split::{finished_splits, size_splits, SPLIT_INFLIGHT_MAX};
 pub use state::{
     node_record_key, route_contains, route_record_key, state_record_key, validate_table, Applied,

@@ -153,6 +153,11 @@ impl LeaderView {
             .flat_map(|m| m.values())
     }
 
+    /// Every reported replica's latest stats.
+    pub fn all_replicas(&self) -> impl Iterator<Item = &ReplicaStats> {
+        self.replicas.values().flat_map(|m| m.values())
+    }
+
     /// Each reported group's size in bytes: the largest any of its replicas reported
     /// (a new replica reports little until its snapshot is in).
     pub fn group_bytes(&self) -> HashMap<u64, u64> {

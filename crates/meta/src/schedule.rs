@@ -185,6 +185,7 @@ pub fn cluster_view(
         meta_leader_node_id: meta_leader,
         // (The host adds its operators: they are not the meta state's.)
         operators: Vec::new(),
+        scrub_mismatches: crate::scrub::scrub_mismatches(view),
     }
 }
 

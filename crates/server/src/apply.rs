@@ -62,6 +62,9 @@ pub enum ApplyResult {
     },
     /// A split command: applied by the node (`node.rs`), not by the round.
     Split(proto::SplitCommand),
+    /// A scrub point: the node writes the round up to it and checksums the group's
+    /// data there (`node.rs`, scrub.rs); the state does not change.
+    Scrub,
     /// A resent write whose first result is forgotten: it may or may not have applied.
     SessionExpired {
         /// The client.
@@ -257,11 +260,13 @@ impl Session {
                     out.extend_from_slice(why.as_bytes());
                 }
                 // Never listed (`Done` is a run; an expiry is not a result).
-                // (`StaleEpoch` and `Split` are decided before a session is looked at.)
+                // (`StaleEpoch`, `Split` and `Scrub` are decided before a session is
+                // looked at.)
                 ApplyResult::Done
                 | ApplyResult::SessionExpired { .. }
                 | ApplyResult::StaleEpoch { .. }
-                | ApplyResult::Split(_) => out.push(0),
+                | ApplyResult::Split(_)
+                | ApplyResult::Scrub => out.push(0),
             }
         }
         out
@@ -582,7 +587,7 @@ impl<'a> Applier<'a> {
                         r.end.as_ref() <= self.range.1.as_slice() || self.range.1.is_empty()
                     }
             }
-            Some(Cmd::Split(_)) | None => true,
+            Some(Cmd::Split(_)) | Some(Cmd::Scrub(_)) | None => true,
         }
     }
 
@@ -626,8 +631,10 @@ impl<'a> Applier<'a> {
                 "group {g} entry {index}: undecodable command: {err}"
             ))
         })?;
-        if let Some(proto::kv_command::Cmd::Split(sp)) = cmd.cmd {
-            return Ok(ApplyResult::Split(sp));
+        match cmd.cmd {
+            Some(proto::kv_command::Cmd::Split(sp)) => return Ok(ApplyResult::Split(sp)),
+            Some(proto::kv_command::Cmd::Scrub(_)) => return Ok(ApplyResult::Scrub),
+            _ => {}
         }
         if !self.fits(&cmd.cmd, cmd.epoch) {
             // Not applied, and not recorded in the session: the client sends it again
@@ -842,10 +849,10 @@ impl<'a> Applier<'a> {
                     current,
                 }
             }
-            // (`kv` hands splits to the node before this.)
-            Some(proto::kv_command::Cmd::Split(_)) | None => {
-                ApplyResult::Refused("empty command".into())
-            }
+            // (`kv` hands splits and scrubs to the node before this.)
+            Some(proto::kv_command::Cmd::Split(_))
+            | Some(proto::kv_command::Cmd::Scrub(_))
+            | None => ApplyResult::Refused("empty command".into()),
         })
     }
 

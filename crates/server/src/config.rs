@@ -113,6 +113,9 @@ pub struct Config {
     pub group_split_qps: u64,
     /// How often the node measures its groups for splitting.
     pub split_check_interval: Duration,
+    /// As the meta leader, scrub every group once per this long (its replicas checksum
+    /// their data at a scrub point and the meta leader compares them); zero: never.
+    pub scrub_interval: Duration,
     /// Address of the metrics endpoint (`GET /metrics`, Prometheus text), if any.
     pub metrics_listen: Option<String>,
     /// Serve the `Faults` service (cut links on request), for fault runs only.
@@ -185,6 +188,7 @@ impl Config {
             group_split_keys: Self::DEFAULT_GROUP_SPLIT_KEYS,
             group_split_qps: Self::DEFAULT_GROUP_SPLIT_QPS,
             split_check_interval: Duration::from_secs(10),
+            scrub_interval: Duration::from_secs(24 * 3600),
             metrics_listen: None,
             fault_injection: false,
             unsynced_in_memory: false,

@@ -70,7 +70,8 @@ error_reply!(
     AddReplicaResponse,
     RemoveReplicaResponse,
     DrainNodeResponse,
-    SplitGroupResponse
+    SplitGroupResponse,
+    ScrubGroupResponse
 );
 
 /// The gRPC answer to a request: its response, or one reporting its error (gRPC
@@ -678,6 +679,63 @@ impl MetaService {
         }
     }
 
+    /// Scrubs `group` (the meta leader's half: `phoenix_meta::Scrubs`): asks its leader
+    /// for a scrub point and waits until every voter reported the same one.
+    async fn local_scrub_group(
+        &self,
+        group: u64,
+        timeout: Duration,
+    ) -> Result<proto::ScrubGroupResponse, PErr> {
+        let deadline = tokio::time::Instant::now() + timeout * 4 / 5;
+        if group == META_GROUP {
+            return Err(PErr::invalid_argument(
+                "the meta group is not scrubbed (its replicas hold no user data)",
+            ));
+        }
+        self.read_index(timeout).await?;
+        let before = {
+            let meta = self.shared.meta.read();
+            if !meta.routes().contains_key(&group) {
+                return Err(PErr::invalid_argument(format!(
+                    "group {group} is not in the routing table"
+                )));
+            }
+            let lv = self.shared.leader_view.lock();
+            let mut s = self.shared.scrub_schedule.lock();
+            s.ask(&lv, group, Instant::now())
+        };
+        tracing::info!(group, "scrub asked for");
+        loop {
+            {
+                let meta = self.shared.meta.read();
+                let lv = self.shared.leader_view.lock();
+                let route = meta.routes().get(&group).ok_or_else(|| {
+                    PErr::group_unavailable(group, "the group left the routing table")
+                })?;
+                if let Some(r) = scrub_outcome(route, &lv.replicas_of(group), before) {
+                    return Ok(r);
+                }
+            }
+            if !self.is_meta_leader() {
+                return Err(PErr::group_unavailable(
+                    META_GROUP,
+                    "no longer the meta leader (ask again)",
+                ));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(PErr::group_unavailable(
+                    group,
+                    format!(
+                        "scrub asked for, not reported by every voter within {} ms \
+                         (a replica behind, or one that took a snapshot past the point)",
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn heartbeat_local(
         &self,
         r: proto::HeartbeatRequest,
@@ -719,6 +777,8 @@ impl MetaService {
             let mut ops = self.shared.operators.lock();
             settle_operators(&mut ops, &meta, &lv);
             commands.extend(ops.commands_for(&lv, r.node_id));
+            let mut scrubs = self.shared.scrub_schedule.lock();
+            commands.extend(scrubs.take_commands(&lv, r.node_id, Instant::now()));
             let nodes: Vec<proto::Replica> = meta.nodes().values().cloned().collect();
             (held, commands, lv.disk_full_nodes(), nodes)
         };
@@ -842,6 +902,20 @@ impl proto::meta_server::Meta for MetaService {
         .await
     }
 
+    async fn scrub_group(
+        &self,
+        req: Request<proto::ScrubGroupRequest>,
+    ) -> Result<Response<proto::ScrubGroupResponse>, Status> {
+        let r = req.into_inner();
+        let (group, timeout_ms) = (r.group_id, r.timeout_ms);
+        self.serve_operator(
+            timeout_ms,
+            |timeout| self.local_scrub_group(group, timeout),
+            move |mut c| async move { c.scrub_group(r).await },
+        )
+        .await
+    }
+
     async fn split_group(
         &self,
         req: Request<proto::SplitGroupRequest>,
@@ -890,14 +964,54 @@ impl proto::meta_server::Meta for MetaService {
     }
 }
 
+/// The answer to a scrub of `route`'s group once every voter reported the same scrub
+/// point past `before` (None: not yet), from its replicas' reports `reps`.
+fn scrub_outcome(
+    route: &proto::Route,
+    reps: &[proto::ReplicaStats],
+    before: u64,
+) -> Option<proto::ScrubGroupResponse> {
+    let voters: Vec<u64> = route
+        .replicas
+        .iter()
+        .map(|r| r.node_id)
+        .filter(|n| !route.learners.contains(n))
+        .collect();
+    let points: Vec<u64> = voters
+        .iter()
+        .map(|&n| {
+            reps.iter()
+                .find(|r| r.node_id == n)
+                .map_or(0, |r| r.scrub_index)
+        })
+        .collect();
+    let index = *points.first()?;
+    if index <= before || points.iter().any(|&p| p != index) {
+        return None;
+    }
+    let replicas: Vec<proto::ScrubReport> = reps
+        .iter()
+        .filter(|r| r.scrub_index == index)
+        .map(phoenix_meta::scrub_report)
+        .collect();
+    let first = (replicas[0].crc, replicas[0].keys, replicas[0].bytes);
+    let consistent = replicas.iter().all(|r| (r.crc, r.keys, r.bytes) == first);
+    Some(proto::ScrubGroupResponse {
+        error: None,
+        index,
+        replicas,
+        consistent,
+    })
+}
+
 /// This node's stats for a heartbeat.
 fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
     let groups = shared.groups.read();
     let replicas: Vec<proto::ReplicaStats> = groups
         .iter()
         .filter(|(g, _)| **g != META_GROUP)
-        .map(|(g, v)| (g, v, shared.split.size(*g)))
-        .map(|(g, v, size)| proto::ReplicaStats {
+        .map(|(g, v)| (g, v, shared.split.size(*g), shared.scrubs.latest(*g)))
+        .map(|(g, v, size, scrub)| proto::ReplicaStats {
             group_id: *g,
             node_id: shared.cfg.node_id,
             is_leader: v.is_leader,
@@ -931,6 +1045,10 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
             start_key: v.route.start_key.clone(),
             end_key: v.route.end_key.clone(),
             split_child: v.split_child.clone(),
+            scrub_index: scrub.map_or(0, |s| s.index),
+            scrub_crc: scrub.map_or(0, |s| s.crc),
+            scrub_keys: scrub.map_or(0, |s| s.keys),
+            scrub_bytes: scrub.map_or(0, |s| s.bytes),
         })
         .collect();
     let es = shared.engine.stats();
@@ -1065,6 +1183,7 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
                                 new_group_id: sg.new_group_id,
                                 epoch: sg.epoch,
                             }),
+                            Some(Cmd::ScrubGroup(s)) => Some(Event::Scrub { group: s.group_id }),
                             // A command this node predates.
                             None => None,
                         };
@@ -1153,6 +1272,7 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
         if !svc.is_meta_leader() {
             // Operators are the meta leader's: a deposed one drops them.
             *shared.operators.lock() = phoenix_meta::Operators::default();
+            *shared.scrub_schedule.lock() = phoenix_meta::Scrubs::default();
             *shared.meta_leader_since.lock() = None;
             continue;
         }
@@ -1179,6 +1299,43 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
         if shared.cfg.balance_leaders {
             balance(&shared);
         }
+        scrub(&shared);
+    }
+}
+
+/// Ends the scrubs that are done, starts the scheduled ones, and reports every new
+/// mismatch (phoenix_meta::Scrubs).
+fn scrub(shared: &Shared) {
+    let now = Instant::now();
+    let meta = shared.meta.read();
+    let lv = shared.leader_view.lock();
+    let mut s = shared.scrub_schedule.lock();
+    for (group, done) in s.settle(&meta, &lv, now) {
+        if !done {
+            tracing::warn!(group, "scrub not reported by every replica in time");
+        }
+    }
+    let started = s.schedule(&meta, &lv, now, shared.cfg.scrub_interval);
+    if !started.is_empty() {
+        tracing::info!(groups = ?started, "scrubbing");
+    }
+    for m in s.new_mismatches(&lv) {
+        let replicas: Vec<String> = m
+            .replicas
+            .iter()
+            .map(|r| {
+                format!(
+                    "node {}: crc {:08x}, {} keys, {} bytes",
+                    r.node_id, r.crc, r.keys, r.bytes
+                )
+            })
+            .collect();
+        tracing::error!(
+            group = m.group_id,
+            index = m.index,
+            ?replicas,
+            "scrub mismatch: the group's replicas hold different data"
+        );
     }
 }
 

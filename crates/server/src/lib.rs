@@ -38,6 +38,7 @@ pub mod meta;
 pub mod metrics;
 pub mod node;
 pub mod registry;
+pub mod scrub;
 pub mod service;
 pub mod shared;
 pub mod snapshot;
@@ -158,6 +159,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         meta: RwLock::new(meta_state),
         leader_view: Mutex::new(LeaderView::default()),
         operators: Mutex::default(),
+        scrub_schedule: Mutex::default(),
         meta_leader_since: Mutex::new(None),
         stopping: std::sync::atomic::AtomicBool::new(false),
         events: tx.clone(),
@@ -171,6 +173,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         runtime,
         report_soon: tokio::sync::Notify::new(),
         split: split_check::SplitCheck::default(),
+        scrubs: Arc::default(),
     });
     // A node that starts on a full disk refuses writes from its first request on.
     match shared.fs.available_space(&data) {

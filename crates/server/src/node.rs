@@ -147,6 +147,11 @@ pub enum Event {
         /// The range epoch the split was planned at.
         epoch: u64,
     },
+    /// The meta leader asks for a scrub point in `group` (if led here).
+    Scrub {
+        /// Group.
+        group: u64,
+    },
     /// The engine flush after `group`'s split is done (or failed): the replicas of the
     /// groups it split off may open.
     SplitDurable {
@@ -746,6 +751,7 @@ impl Driver {
         self.unopened.remove(&g);
         self.create_failed.remove(&g);
         self.shared.groups.write().remove(&g);
+        self.shared.scrubs.forget(g);
         self.shared.report_soon.notify_one();
         tracing::info!(
             group = g,
@@ -1108,6 +1114,30 @@ impl Driver {
                 return self.fail_group(g, format!("proposing a split: {e}"));
             }
             Err(e) => tracing::debug!(group = g, "split not proposed: {e}"),
+        }
+        self.touch(g);
+    }
+
+    /// Proposes a scrub point in group `g` if this node leads it (scrub.rs).
+    fn propose_scrub(&mut self, g: u64) {
+        let Some(p) = self.peers.get_mut(&g) else {
+            return;
+        };
+        if g == META_GROUP || p.failed.is_some() || p.raw.raft().role() != StateRole::Leader {
+            return;
+        }
+        let cmd = proto::KvCommand {
+            cmd: Some(proto::kv_command::Cmd::Scrub(proto::ScrubCommand {})),
+            session: None,
+            epoch: 0,
+        };
+        let data = Bytes::from(prost::Message::encode_to_vec(&cmd));
+        match p.raw.propose(data) {
+            Ok(index) => tracing::info!(group = g, index, "proposed a scrub point"),
+            Err(e) if is_storage(&e) => {
+                return self.fail_group(g, format!("proposing a scrub point: {e}"));
+            }
+            Err(e) => tracing::debug!(group = g, "scrub point not proposed: {e}"),
         }
         self.touch(g);
     }
@@ -1523,6 +1553,7 @@ impl Driver {
                 new_group_id,
                 epoch,
             } => self.propose_split(group, split_key, new_group_id, epoch),
+            Event::Scrub { group } => self.propose_scrub(group),
             Event::SplitDurable {
                 group,
                 children,
@@ -2270,6 +2301,45 @@ fn apply_split(
     Ok(Ok((child, true)))
 }
 
+/// Before an apply round's batch is written: a split in it publishes its new range epoch
+/// first (a read that took its engine snapshot and then still sees the old epoch,
+/// service.rs, read from before the move).
+fn before_write(
+    shared: &Shared,
+    g: u64,
+    route: &proto::Route,
+    split_child: &Option<proto::Route>,
+    split: bool,
+) -> crate::Result<()> {
+    if split {
+        {
+            let mut groups = shared.groups.write();
+            let v = groups.entry(g).or_default();
+            v.route.clone_from(route);
+            v.split_child.clone_from(split_child);
+        }
+        crate::failpoint::check(
+            crate::failpoint::names::SPLIT_BEFORE_WRITE,
+            shared.cfg.node_id,
+        )?;
+    }
+    crate::failpoint::check(
+        crate::failpoint::names::APPLY_BEFORE_WRITE,
+        shared.cfg.node_id,
+    )
+}
+
+/// After an apply round's batch is written (`applied`: the last entry it covers).
+fn after_write(shared: &Shared, p: &mut Peer, applied: Option<(u64, u64)>, split: bool) {
+    if let Some((index, term)) = applied {
+        p.raw.store_mut().set_applied(index, term);
+        p.uninitialized = false;
+    }
+    if split {
+        publish_view(shared, p);
+    }
+}
+
 /// Applies committed entries of one group as ONE engine batch carrying the group's
 /// applied-index sentinel (apply.rs), then answers their proposers.
 fn apply_entries(
@@ -2319,6 +2389,7 @@ fn apply_round(
     let mut split = false;
     for e in entries {
         a.entry(e.index, e.term);
+        let mut scrub = false;
         let result = match e.kind {
             // A change at or below the membership version is in the membership already:
             // a replica created with a route's membership (version V) that is fed the
@@ -2374,6 +2445,10 @@ fn apply_round(
                         Err(why) => ApplyResult::Refused(why),
                     }
                 }
+                ApplyResult::Scrub => {
+                    scrub = true;
+                    ApplyResult::Done
+                }
                 r => r,
             },
         };
@@ -2393,33 +2468,23 @@ fn apply_round(
                 let _ = pp.reply.send(Err(proto::Error::not_leader(g, None)));
             }
         }
-    }
-    if split {
-        // The new range epoch is published before the batch that moves the keys is
-        // written: a read that took its engine snapshot and then still sees the old
-        // epoch (service.rs) read from before the move.
-        {
-            let mut groups = shared.groups.write();
-            let v = groups.entry(g).or_default();
-            v.route.clone_from(&p.route);
-            v.split_child.clone_from(&p.split_child);
+        if scrub {
+            // The engine must hold the state as of this entry exactly: the round so far
+            // is written, the snapshot taken, and the rest of the round goes on in a
+            // batch of its own.
+            before_write(shared, g, &p.route, &p.split_child, split)?;
+            let applied = a.finish(engine)?;
+            after_write(shared, p, applied, split);
+            split = false;
+            let snap = shared.engine.snapshot();
+            shared.scrubs.start(&shared.engine, g, e.index, snap);
+            a = crate::apply::Applier::new(g, engine, &mut p.sessions);
+            a.set_range(&p.route.start_key, &p.route.end_key, p.route.epoch);
         }
-        crate::failpoint::check(
-            crate::failpoint::names::SPLIT_BEFORE_WRITE,
-            shared.cfg.node_id,
-        )?;
     }
-    crate::failpoint::check(
-        crate::failpoint::names::APPLY_BEFORE_WRITE,
-        shared.cfg.node_id,
-    )?;
-    if let Some((index, term)) = a.finish(engine)? {
-        p.raw.store_mut().set_applied(index, term);
-        p.uninitialized = false;
-    }
-    if split {
-        publish_view(shared, p);
-    }
+    before_write(shared, g, &p.route, &p.split_child, split)?;
+    let applied = a.finish(engine)?;
+    after_write(shared, p, applied, split);
     if let Some((cs, version)) = conf {
         let route = std::mem::take(&mut p.route);
         p.route = route_with_conf(shared, route, &cs, version);

@@ -60,6 +60,9 @@ pub struct Shared {
     /// The meta leader's operators under way (leader transfers). Lock order:
     /// `meta`, then `leader_view`, then `operators`.
     pub operators: Mutex<phoenix_meta::Operators>,
+    /// The meta leader's scrub schedule (phoenix_meta::Scrubs). Lock it after
+    /// `operators`.
+    pub scrub_schedule: Mutex<phoenix_meta::Scrubs>,
     /// Since when this node leads the meta group, as its scheduler last saw (None: it
     /// does not). Lock it before `leader_view` and `operators`.
     pub meta_leader_since: Mutex<Option<Instant>>,
@@ -82,6 +85,8 @@ pub struct Shared {
     pub metrics: crate::metrics::NodeMetrics,
     /// What the split check last measured (split_check.rs).
     pub split: crate::split_check::SplitCheck,
+    /// The latest scrub of each hosted group (scrub.rs).
+    pub scrubs: Arc<crate::scrub::Scrubs>,
     /// When the node started.
     pub started: Instant,
     /// Tokio runtime handle for background tasks started from the driver thread.

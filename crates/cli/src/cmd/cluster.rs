@@ -1,7 +1,8 @@
 //! `phoenix cluster status`: nodes, groups, leaders, sizes and operators, as the meta
 //! group sees them; `transfer-leader`: move a group's leadership; `add-replica`,
 //! `remove-replica` and `move`: change where a group's replicas are; `drain`: empty a
-//! node; `split`: split a group at a key; `operators`: what the meta leader is doing.
+//! node; `split`: split a group at a key; `scrub`: compare a group's replicas'
+//! checksums; `operators`: what the meta leader is doing.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -41,6 +42,23 @@ pub enum ClusterCmd {
     /// Split a group at a key: the keys at or above it move to a new group with the
     /// same replicas. Waits until the routing table holds both groups.
     Split(SplitArgs),
+    /// Scrub a group: its replicas checksum the group's data at the same log index and
+    /// the answers are compared. Exits 0 if every voter's checksum agrees, 1 if they
+    /// differ (the replicas hold different data), 2 or more if it could not be done.
+    Scrub(ScrubArgs),
+}
+
+/// Flags of `phoenix cluster scrub`.
+#[derive(Debug, clap::Args)]
+pub struct ScrubArgs {
+    /// The group (an id from `phoenix cluster status`).
+    group: u64,
+    /// How long to wait for every voter's checksum, in milliseconds (each replica reads
+    /// the whole group).
+    #[arg(long = "wait-ms", default_value_t = 60_000)]
+    wait_ms: u64,
+    #[command(flatten)]
+    conn: Conn,
 }
 
 /// Flags of `phoenix cluster split`.
@@ -152,7 +170,74 @@ pub fn run(cmd: ClusterCmd, format: Format) -> Result<Outcome, CmdError> {
         ClusterCmd::Drain(args) => drain(args, format),
         ClusterCmd::Operators(args) => operators(args, format),
         ClusterCmd::Split(args) => split(args, format),
+        ClusterCmd::Scrub(args) => scrub(args, format),
     }
+}
+
+fn scrub(args: ScrubArgs, format: Format) -> Result<Outcome, CmdError> {
+    runtime()?.block_on(async {
+        let opts = phoenix_client::ClientOptions {
+            timeout: std::time::Duration::from_millis(args.wait_ms.max(1)),
+            ..options(&args.conn)
+        };
+        let client = Client::new_lazy(args.conn.endpoints.clone(), opts)?;
+        let r = client
+            .scrub_group(args.group)
+            .await
+            .map_err(|e| unreachable_or(&args.conn, e))?;
+        match format {
+            Format::Text => {
+                let mut out = Stdout::lock();
+                writeln!(
+                    out,
+                    "group {} at index {}: {}",
+                    args.group,
+                    r.index,
+                    if r.consistent {
+                        "consistent"
+                    } else {
+                        "MISMATCH"
+                    }
+                )?;
+                for x in &r.replicas {
+                    writeln!(
+                        out,
+                        "  node {}: crc {:08x}, {} keys, {}",
+                        x.node_id,
+                        x.crc,
+                        x.keys,
+                        size(x.bytes)
+                    )?;
+                }
+                out.flush()?;
+            }
+            Format::Json => output::print_json(&json!({
+                "group_id": args.group,
+                "index": r.index,
+                "consistent": r.consistent,
+                "replicas": scrubs_json(&r.replicas),
+            }))?,
+        }
+        Ok(if r.consistent {
+            Outcome::Done
+        } else {
+            Outcome::Miss
+        })
+    })
+}
+
+fn scrubs_json(reps: &[phoenix_client::ScrubReplica]) -> Vec<Value> {
+    reps.iter()
+        .map(|x| {
+            json!({
+                "node_id": x.node_id,
+                "index": x.index,
+                "crc": x.crc,
+                "keys": x.keys,
+                "bytes": x.bytes,
+            })
+        })
+        .collect()
 }
 
 fn split(args: SplitArgs, format: Format) -> Result<Outcome, CmdError> {
@@ -434,11 +519,17 @@ pub fn to_json(s: &ClusterStatus, bytes: Bytes) -> Value {
         })
         .collect();
     let operators = operators_json(&s.operators);
+    let mismatches: Vec<Value> = s
+        .scrub_mismatches
+        .iter()
+        .map(|m| json!({ "group_id": m.group_id, "index": m.index, "replicas": scrubs_json(&m.replicas) }))
+        .collect();
     json!({
         "meta_leader": s.meta_leader,
         "nodes": nodes,
         "groups": groups,
         "operators": operators,
+        "scrub_mismatches": mismatches,
     })
 }
 
@@ -619,6 +710,20 @@ pub fn render(s: &ClusterStatus) -> String {
         out.push('\n');
         out.push_str(&render_operators(&s.operators));
     }
+    for m in &s.scrub_mismatches {
+        let reps: Vec<String> = m
+            .replicas
+            .iter()
+            .map(|r| format!("node {} crc {:08x} keys {}", r.node_id, r.crc, r.keys))
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nSCRUB MISMATCH: group {} at index {}: {}",
+            m.group_id,
+            m.index,
+            reps.join("; ")
+        );
+    }
     out
 }
 
@@ -672,6 +777,26 @@ mod tests {
                 age_ms: 120,
                 step: String::new(),
             }],
+            scrub_mismatches: vec![phoenix_client::ScrubMismatch {
+                group_id: 1,
+                index: 40,
+                replicas: vec![
+                    phoenix_client::ScrubReplica {
+                        node_id: 1,
+                        index: 40,
+                        crc: 0xabcd,
+                        keys: 3,
+                        bytes: 30,
+                    },
+                    phoenix_client::ScrubReplica {
+                        node_id: 3,
+                        index: 40,
+                        crc: 0x1234,
+                        keys: 2,
+                        bytes: 20,
+                    },
+                ],
+            }],
         }
     }
 
@@ -702,10 +827,16 @@ mod tests {
         let ops = render_operators(&s.operators);
         assert!(ops.starts_with("OPERATORS (1)"), "{ops}");
         assert!(render_operators(&[]).starts_with("OPERATORS (0)"));
-        // No operators: no section.
+        assert!(
+            t.contains("SCRUB MISMATCH: group 1 at index 40: node 1 crc 0000abcd keys 3; node 3 crc 00001234 keys 2"),
+            "{t}"
+        );
+        // No operators, no mismatch: no section.
         let mut quiet = s.clone();
         quiet.operators.clear();
+        quiet.scrub_mismatches.clear();
         assert!(!render(&quiet).contains("OPERATORS"));
+        assert!(!render(&quiet).contains("SCRUB"));
     }
 
     #[test]
@@ -729,6 +860,8 @@ mod tests {
         assert_eq!(v["operators"][0]["origin"], "balance");
         assert_eq!(v["operators"][0]["from"], 3);
         assert_eq!(v["operators"][0]["to"], 1);
+        assert_eq!(v["scrub_mismatches"][0]["group_id"], 1);
+        assert_eq!(v["scrub_mismatches"][0]["replicas"][1]["crc"], 0x1234);
         let h = to_json(&sample(), Bytes::Hex);
         assert_eq!(h["groups"][0]["end_hex"], "6d");
     }

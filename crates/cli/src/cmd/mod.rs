@@ -32,7 +32,7 @@ pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  success (key found, write or compare-and-swap done, history linearizable)
   1  key not found (get), compare failed (cas), history not linearizable or the cluster
-     stopped serving (check)
+     stopped serving (check), replicas' checksums differ (cluster scrub)
   2  usage error (bad flag or argument, malformed hex, bad endpoint, key too large)
   3  cluster unavailable: unreachable, deadline exceeded, or a write's outcome unknown
   4  any other error (refused by the server, local I/O failure, a server or benchmark failing)

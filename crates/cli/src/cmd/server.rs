@@ -100,6 +100,10 @@ pub struct Args {
     /// How often to measure the groups this node leads for splitting (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub split_check_interval: Duration,
+    /// As the meta leader, scrub every group once per this long: its replicas checksum
+    /// their data at the same log index and the meta leader compares them (0s: never).
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub scrub_interval: Duration,
     /// Serve the fault-injection service (cut links to chosen peers on request), for
     /// fault runs (`bench cluster --nemesis partition`). Never in production.
     #[arg(long)]
@@ -152,6 +156,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.balance_leaders = !args.no_balance_leaders;
     cfg.balance_replicas = !args.no_balance_replicas;
     cfg.down_after = args.down_after;
+    cfg.scrub_interval = args.scrub_interval;
     cfg.group_split_bytes = args.split_size_mb.saturating_mul(1 << 20);
     cfg.group_split_keys = args.split_size_keys;
     cfg.group_split_qps = args.split_qps;

@@ -78,6 +78,7 @@ pub fn config(id: u64, addr: &str, dir: &Path, meta: &[MetaMember], replication:
     c.balance_replicas = false;
     // Nor are replicas replaced when a node is stopped (the repair test turns it on).
     c.down_after = Duration::ZERO;
+    c.scrub_interval = Duration::ZERO;
     // Nor are groups split by size (the split test turns it on).
     c.group_split_bytes = 0;
     c.group_split_keys = 0;

@@ -1,0 +1,349 @@
+//! Replica scrubbing, the meta leader's half: when to ask a group's leader for a scrub
+//! point, and what the replicas' checksums say (PolarCtrl's scrubbing, TiKV's
+//! consistency check). The nodes' half (the scrub point in the log, the checksum at it)
+//! is the server's `scrub.rs`.
+//!
+//! Soft state, as the operators: a new meta leader starts empty and spreads the first
+//! scrubs of the groups it sees over one interval (by group id), so a leader change
+//! does not scrub everything at once. At most [`SCRUB_INFLIGHT_MAX`] scrubs are under
+//! way (each reads a whole group on every replica); a scrub is under way from the
+//! request until every replica of the group reported a scrub past the one it reported
+//! before, or [`SCRUB_TIMEOUT`]. The request goes to the group's leader once, and again
+//! after [`SCRUB_RESEND`] without a result (a lost answer, a new leader); a duplicate
+//! scrub point costs a second scan, nothing else.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use phoenix_proto::{
+    placement_command, PlacementCommand, ReplicaStats, ScrubGroup, ScrubMismatch, ScrubReport,
+};
+
+use crate::liveness::LeaderView;
+use crate::state::MetaState;
+
+/// Scrubs under way at most, over the cluster.
+pub const SCRUB_INFLIGHT_MAX: usize = 2;
+
+/// A scrub not done within this is given up (counted as done for its interval).
+pub const SCRUB_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A scrub request without a result is sent again after this.
+pub const SCRUB_RESEND: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Clone)]
+struct Asked {
+    at: Instant,
+    /// When the request last went to a leader (None: not yet).
+    sent: Option<Instant>,
+    /// The highest scrub index any replica of the group reported when asked.
+    before: u64,
+}
+
+/// The meta leader's scrub schedule.
+#[derive(Debug, Default)]
+pub struct Scrubs {
+    /// Scrubs under way, by group.
+    asked: BTreeMap<u64, Asked>,
+    /// When each group seen was last scrubbed (asked), or its first scrub's origin.
+    last: HashMap<u64, Instant>,
+    /// Mismatches already returned by `new_mismatches`: (group, index).
+    logged: BTreeSet<(u64, u64)>,
+}
+
+impl Scrubs {
+    /// Asks for a scrub of `group` now (a user's request, or the schedule's). Returns
+    /// the highest scrub index its replicas reported before: the scrub asked for is done
+    /// when every replica reports one past it. Asking again while one is under way
+    /// joins it; once it is done (even if not settled yet), asks for another.
+    pub fn ask(&mut self, view: &LeaderView, group: u64, now: Instant) -> u64 {
+        let reps = view.replicas_of(group);
+        if let Some(a) = self.asked.get(&group) {
+            let done = !reps.is_empty() && reps.iter().all(|r| r.scrub_index > a.before);
+            if !done {
+                return a.before;
+            }
+        }
+        let before = latest_scrub(&reps);
+        self.asked.insert(
+            group,
+            Asked {
+                at: now,
+                sent: None,
+                before,
+            },
+        );
+        before
+    }
+
+    /// Starts the scheduled scrubs due at `now`: every group of the table is scrubbed
+    /// once per `interval` (zero: never), at most [`SCRUB_INFLIGHT_MAX`] under way. A
+    /// group first seen is due at a point of the interval set by its id. Returns the
+    /// groups asked.
+    pub fn schedule(
+        &mut self,
+        state: &MetaState,
+        view: &LeaderView,
+        now: Instant,
+        interval: Duration,
+    ) -> Vec<u64> {
+        if interval.is_zero() {
+            return Vec::new();
+        }
+        let mut started = Vec::new();
+        for &g in state.routes().keys() {
+            let last = *self.last.entry(g).or_insert_with(|| {
+                // Spread over the interval: due after (g * golden ratio mod 1) of it.
+                let frac =
+                    (g.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) as f64 / (1u64 << 53) as f64;
+                now.checked_sub(interval.mul_f64(1.0 - frac)).unwrap_or(now)
+            });
+            if self.asked.len() >= SCRUB_INFLIGHT_MAX {
+                continue;
+            }
+            let due = now.saturating_duration_since(last) >= interval;
+            if due && !self.asked.contains_key(&g) && view.leader(g).is_some() {
+                self.ask(view, g, now);
+                self.last.insert(g, now);
+                started.push(g);
+            }
+        }
+        self.last.retain(|g, _| state.routes().contains_key(g));
+        started
+    }
+
+    /// Ends the scrubs that are done (every replica of the group reported a scrub past
+    /// the one asked after) or out of time; returns the groups ended, with whether done.
+    pub fn settle(
+        &mut self,
+        state: &MetaState,
+        view: &LeaderView,
+        now: Instant,
+    ) -> Vec<(u64, bool)> {
+        let mut ended = Vec::new();
+        self.asked.retain(|&g, a| {
+            let reps = view.replicas_of(g);
+            let listed = state.routes().get(&g).map_or(0, |r| r.replicas.len());
+            let done =
+                listed > 0 && reps.len() >= listed && reps.iter().all(|r| r.scrub_index > a.before);
+            if done || now.saturating_duration_since(a.at) >= SCRUB_TIMEOUT {
+                ended.push((g, done));
+                return false;
+            }
+            true
+        });
+        ended
+    }
+
+    /// The mismatches ([`scrub_mismatches`]) not returned before: the host logs each
+    /// once.
+    pub fn new_mismatches(&mut self, view: &LeaderView) -> Vec<ScrubMismatch> {
+        let mut out = scrub_mismatches(view);
+        out.retain(|m| self.logged.insert((m.group_id, m.index)));
+        out
+    }
+
+    /// The scrub requests for `node`'s heartbeat answer: the scrubs under way of the
+    /// groups the view says it leads, not sent lately. Marks them sent.
+    pub fn take_commands(
+        &mut self,
+        view: &LeaderView,
+        node: u64,
+        now: Instant,
+    ) -> Vec<PlacementCommand> {
+        let mut out = Vec::new();
+        for (&g, a) in self.asked.iter_mut() {
+            let due = a
+                .sent
+                .is_none_or(|s| now.saturating_duration_since(s) >= SCRUB_RESEND);
+            if due && view.leader(g) == Some(node) {
+                a.sent = Some(now);
+                out.push(PlacementCommand {
+                    cmd: Some(placement_command::Cmd::ScrubGroup(ScrubGroup {
+                        group_id: g,
+                    })),
+                });
+            }
+        }
+        out
+    }
+
+    /// Whether a scrub of `group` is under way.
+    pub fn under_way(&self, group: u64) -> bool {
+        self.asked.contains_key(&group)
+    }
+}
+
+/// The highest scrub index among `reps` (0: none).
+fn latest_scrub(reps: &[ReplicaStats]) -> u64 {
+    reps.iter().map(|r| r.scrub_index).max().unwrap_or(0)
+}
+
+/// A replica's scrub as reported.
+pub fn scrub_report(r: &ReplicaStats) -> ScrubReport {
+    ScrubReport {
+        node_id: r.node_id,
+        index: r.scrub_index,
+        crc: r.scrub_crc,
+        keys: r.scrub_keys,
+        bytes: r.scrub_bytes,
+    }
+}
+
+/// The groups whose replicas reported different checksums at the same scrub point
+/// (each replica reports its latest scrub only: replicas at different points are not
+/// compared), by group id.
+pub fn scrub_mismatches(view: &LeaderView) -> Vec<ScrubMismatch> {
+    let mut by_group: BTreeMap<u64, BTreeMap<u64, Vec<ScrubReport>>> = BTreeMap::new();
+    for r in view.all_replicas() {
+        if r.scrub_index > 0 {
+            by_group
+                .entry(r.group_id)
+                .or_default()
+                .entry(r.scrub_index)
+                .or_default()
+                .push(scrub_report(r));
+        }
+    }
+    let mut out = Vec::new();
+    for (g, points) in by_group {
+        for (index, mut reps) in points {
+            let first = (reps[0].crc, reps[0].keys, reps[0].bytes);
+            if reps.iter().any(|r| (r.crc, r.keys, r.bytes) != first) {
+                reps.sort_by_key(|r| r.node_id);
+                out.push(ScrubMismatch {
+                    group_id: g,
+                    index,
+                    replicas: reps,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::tests::{cluster, report};
+    use phoenix_proto::NodeStats;
+
+    /// A view where node `id`'s replica of group `g` reports scrub `scrub(id, g)`:
+    /// (index, crc).
+    fn scrub_view(
+        st: &MetaState,
+        now: Instant,
+        scrub: impl Fn(u64, u64) -> (u64, u32),
+    ) -> LeaderView {
+        let mut v = LeaderView::default();
+        for &id in st.nodes().keys() {
+            let mut reps = report(st, id, &|_| 1);
+            for r in &mut reps {
+                (r.scrub_index, r.scrub_crc) = scrub(id, r.group_id);
+                r.scrub_keys = 10;
+            }
+            v.record(now, id, NodeStats::default(), &reps);
+        }
+        v
+    }
+
+    /// Replicas at the same point with different checksums are a mismatch; replicas at
+    /// different points are not compared; agreeing ones are not reported.
+    #[test]
+    fn mismatches_compare_replicas_at_the_same_point() {
+        let now = Instant::now();
+        let st = cluster(3, 3, |_| vec![1, 2, 3]);
+        let v = scrub_view(&st, now, |node, g| match (g, node) {
+            // Group 1: all agree at 7.
+            (1, _) => (7, 0xaa),
+            // Group 2: node 3 differs at 9.
+            (2, 3) => (9, 0xbb),
+            (2, _) => (9, 0xaa),
+            // Group 3: node 3 is at an older point with another checksum: not compared.
+            (3, 3) => (5, 0xcc),
+            _ => (8, 0xaa),
+        });
+        let m = scrub_mismatches(&v);
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert_eq!((m[0].group_id, m[0].index), (2, 9));
+        assert_eq!(
+            m[0].replicas
+                .iter()
+                .map(|r| (r.node_id, r.crc))
+                .collect::<Vec<_>>(),
+            vec![(1, 0xaa), (2, 0xaa), (3, 0xbb)]
+        );
+        // Said once.
+        let mut s = Scrubs::default();
+        assert_eq!(s.new_mismatches(&v), m);
+        assert_eq!(s.new_mismatches(&v), vec![]);
+    }
+
+    /// A scrub asked for goes to the group's leader once, again after SCRUB_RESEND,
+    /// and is done when every replica reports a scrub past the one before.
+    #[test]
+    fn a_scrub_is_sent_to_the_leader_and_done_when_all_report() {
+        let now = Instant::now();
+        let st = cluster(3, 2, |_| vec![1, 2, 3]);
+        let v = scrub_view(&st, now, |_, _| (4, 1));
+        let mut s = Scrubs::default();
+        assert_eq!(s.ask(&v, 1, now), 4);
+        assert!(
+            s.take_commands(&v, 2, now).is_empty(),
+            "node 2 leads nothing"
+        );
+        assert_eq!(s.take_commands(&v, 1, now).len(), 1);
+        assert!(s.take_commands(&v, 1, now).is_empty(), "sent once");
+        assert_eq!(s.take_commands(&v, 1, now + SCRUB_RESEND).len(), 1);
+        // Two of three replicas past 4: not done.
+        let v = scrub_view(&st, now, |n, _| if n == 3 { (4, 1) } else { (12, 1) });
+        assert_eq!(s.settle(&st, &v, now), vec![]);
+        assert!(s.under_way(1));
+        let v = scrub_view(&st, now, |_, _| (12, 1));
+        // Asked again before the schedule settled it: a new scrub, after this one.
+        assert_eq!(s.ask(&v, 1, now), 12);
+        assert_eq!(s.take_commands(&v, 1, now).len(), 1);
+        let v = scrub_view(&st, now, |_, _| (15, 1));
+        assert_eq!(s.settle(&st, &v, now), vec![(1, true)]);
+        assert!(!s.under_way(1));
+        // One that never completes is given up.
+        s.ask(&v, 2, now);
+        assert_eq!(s.settle(&st, &v, now + SCRUB_TIMEOUT), vec![(2, false)]);
+    }
+
+    /// The schedule scrubs every group once per interval, spread over it, never more
+    /// than SCRUB_INFLIGHT_MAX at once; zero turns it off.
+    #[test]
+    fn the_schedule_spreads_scrubs_and_caps_them() {
+        let start = Instant::now();
+        let st = cluster(3, 20, |_| vec![1, 2, 3]);
+        let v = scrub_view(&st, start, |_, _| (0, 0));
+        let mut s = Scrubs::default();
+        let interval = Duration::from_secs(100);
+        assert!(s.schedule(&st, &v, start, Duration::ZERO).is_empty());
+        let mut asked: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for sec in 0..=200u64 {
+            let now = start + Duration::from_secs(sec);
+            for g in s.schedule(&st, &v, now, interval) {
+                asked.entry(g).or_default().push(sec);
+            }
+            assert!(s.asked.len() <= SCRUB_INFLIGHT_MAX);
+            // Each scrub ends at once (every replica reports a later point).
+            let ended: Vec<u64> = s.asked.keys().copied().collect();
+            for g in ended {
+                s.asked.remove(&g);
+            }
+        }
+        // Every group twice or three times in 200 s at one per 100 s, not all at first.
+        assert_eq!(asked.len(), 20, "{asked:?}");
+        assert!(
+            asked.values().all(|t| (2..=3).contains(&t.len())),
+            "{asked:?}"
+        );
+        let first: BTreeSet<u64> = asked.values().map(|t| t[0]).collect();
+        assert!(first.len() > 10, "first scrubs bunched: {first:?}");
+        for t in asked.values() {
+            assert!(t.windows(2).all(|w| w[1] - w[0] >= 100), "{t:?}");
+        }
+    }
+}
