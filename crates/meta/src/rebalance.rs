@@ -365,6 +365,26 @@ mod tests {
         b
     }
 
+    /// Eight groups over four nodes, six replicas each: groups 1 and 2 on nodes 1-3,
+    /// the others with node 4 in each.
+    fn two_big_on_three(g: u64) -> Vec<u64> {
+        match g {
+            1 | 2 => vec![1, 2, 3],
+            3 | 4 => vec![1, 2, 4],
+            5 | 6 => vec![1, 3, 4],
+            _ => vec![2, 3, 4],
+        }
+    }
+
+    /// Groups 1 and 2 are 100 MiB, the others 1 MiB.
+    fn two_big_size(g: u64) -> u64 {
+        if g <= 2 {
+            100 * MIB
+        } else {
+            MIB
+        }
+    }
+
     /// Counts balanced, bytes not: two 100 MiB groups on nodes 1-3 and six 1 MiB ones
     /// with node 4 in each. The big group moves to node 4 (its size nearest half the
     /// gap), the counts stay in their band, and balancing stops where no placement does
@@ -372,13 +392,7 @@ mod tests {
     #[test]
     fn bytes_even_out_while_counts_stay_in_band() {
         let now = Instant::now();
-        let place = |g: u64| match g {
-            1 | 2 => vec![1, 2, 3],
-            3 | 4 => vec![1, 2, 4],
-            5 | 6 => vec![1, 3, 4],
-            _ => vec![2, 3, 4],
-        };
-        let size = |g: u64| if g <= 2 { 100 * MIB } else { MIB };
+        let (place, size) = (two_big_on_three, two_big_size);
         let mut st = cluster(4, 8, place);
         assert_eq!(
             counts(&st).into_values().collect::<Vec<_>>(),
@@ -423,13 +437,7 @@ mod tests {
     #[test]
     fn a_move_is_trimmed_from_the_node_it_left() {
         let now = Instant::now();
-        let place = |g: u64| match g {
-            1 | 2 => vec![1, 2, 3],
-            3 | 4 => vec![1, 2, 4],
-            5 | 6 => vec![1, 3, 4],
-            _ => vec![2, 3, 4],
-        };
-        let size = |g: u64| if g <= 2 { 100 * MIB } else { MIB };
+        let (place, size) = (two_big_on_three, two_big_size);
         let mut st = cluster(4, 8, place);
         let members: [u64; 0] = [];
         let v = sized_view(&st, now, |_| 2, size);

@@ -186,24 +186,7 @@ impl Cluster {
 
 /// Every key of `want` is in node `i`'s engine with its value (the cluster is stopped).
 fn check_engine(dir: &Path, i: usize, group: u64, want: &[(Vec<u8>, Vec<u8>)]) {
-    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
-    let db_dir = dir.join(format!("node-{}", i + 1)).join("db");
-    let opts = phoenix_engine::Options {
-        wal: phoenix_engine::WalMode::None,
-        ..Default::default()
-    };
-    // The stopped node's last tasks may hold the engine a moment longer.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let db = loop {
-        match phoenix_engine::Db::open(Arc::clone(&fs), &db_dir, opts.clone()) {
-            Ok(db) => break db,
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("opening {}: {e}; retrying", db_dir.display());
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => panic!("opening {}: {e}", db_dir.display()),
-        }
-    };
+    let db = open_stopped_engine(dir, i);
     let ro = phoenix_engine::ReadOptions::default();
     for (k, v) in want {
         let got = db.get(&ro, &keys::data_key(group, k)).unwrap();

@@ -28,24 +28,7 @@ async fn client(addrs: &[String]) -> Client {
 /// Writes `value` under group `g`'s user key `k` straight into node `i`'s engine (the
 /// node is stopped): a change no raft entry made, as a bit flip or a bug would.
 fn tamper(dir: &std::path::Path, i: usize, g: u64, k: &[u8], value: &[u8]) {
-    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
-    let db_dir = dir.join(format!("node-{}", i + 1)).join("db");
-    let opts = phoenix_engine::Options {
-        wal: phoenix_engine::WalMode::None,
-        ..Default::default()
-    };
-    // The stopped node's last tasks may hold the engine a moment longer.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let db = loop {
-        match phoenix_engine::Db::open(Arc::clone(&fs), &db_dir, opts.clone()) {
-            Ok(db) => break db,
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("opening {}: {e}; retrying", db_dir.display());
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => panic!("opening {}: {e}", db_dir.display()),
-        }
-    };
+    let db = open_stopped_engine(dir, i);
     let wo = phoenix_engine::WriteOptions::default();
     db.put(&wo, &keys::data_key(g, k), value).unwrap();
     db.flush().unwrap();

@@ -285,3 +285,27 @@ pub async fn wait_dropped(node_dir: &std::path::Path, g: u64) -> proto::ReplicaT
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Node `i`'s engine (in `dir/node-<i+1>/db`) opened directly; the node is stopped (its
+/// last tasks may hold the engine a moment longer: retried for 10 s).
+pub fn open_stopped_engine(dir: &Path, i: usize) -> std::sync::Arc<phoenix_engine::Db> {
+    let fs: phoenix_storage::SharedFs = std::sync::Arc::new(phoenix_storage::LocalFs::new());
+    let db_dir = dir.join(format!("node-{}", i + 1)).join("db");
+    let opts = phoenix_engine::Options {
+        wal: phoenix_engine::WalMode::None,
+        ..Default::default()
+    };
+    // The stopped node's last tasks may hold the engine a moment longer.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let db = loop {
+        match phoenix_engine::Db::open(std::sync::Arc::clone(&fs), &db_dir, opts.clone()) {
+            Ok(db) => break db,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("opening {}: {e}; retrying", db_dir.display());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("opening {}: {e}", db_dir.display()),
+        }
+    };
+    db
+}
