@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Fault runs on random seeds (issue "The node, rebuilt around the replica", bar 2):
-# `phoenix check` with the nemesis rounds of the three linearizability tests of
-# crates/cli/tests/linearizable.rs in turn (kill -9 and SIGSTOP; partitions and disk
-# errors; power loss, whole-cluster included), each on a fresh 3-node cluster with a new
-# random seed, until RUNS runs are done or SECS seconds have passed. One line per run:
-# which, seed, verdict. A failing run keeps its data, logs and history under OUT_DIR;
-# replay it with `phoenix check --seed <seed>` and the same rounds.
+# Fault runs on random seeds (issue "The node, rebuilt around the replica", bar 2; issue
+# "Groups that move…", bar 1): `phoenix check` with the nemesis rounds of the
+# linearizability tests of crates/cli/tests/linearizable.rs in turn (kill -9 and SIGSTOP;
+# partitions and disk errors; power loss, whole-cluster included, each 27 s on a fresh
+# 3-node cluster; chaos: 90 s on 5 nodes while groups split by load and replicas are
+# repaired and balanced), each with a new random seed, until RUNS runs are done or SECS
+# seconds have passed. One line per run: which, seed, verdict. A failing run keeps its
+# data, logs and history under OUT_DIR; replay it with `phoenix check --seed <seed>` and
+# the same flags.
 #
 # Usage: crates/cli/scripts/fault-runs.sh [OUT_DIR] [RUNS] [SECS]
+# FAMILIES (environment) picks the mixes, e.g. FAMILIES=chaos (default: kill partition
+# powerloss).
 # Needs: cargo (phoenix is built in release mode first), or PHOENIX_BIN naming a built
 # `phoenix` (a copy, so that builds meanwhile do not change what runs). Nothing else
 # should run.
@@ -17,10 +21,17 @@ out=${1:-/tmp/phoenix-fault-runs}
 runs=${2:-200}
 secs=${3:-999999}
 mkdir -p "$out"
-names=(kill partition powerloss)
-flags=("--rounds kill-leader,pause-leader,kill-random,kill-leader"
-       "--rounds partition-leader,diskerror-leader,partition-random,diskerror-random"
-       "--rounds kill-leader,kill-all,kill-random,kill-all --power-loss")
+read -r -a names <<<"${FAMILIES:-kill partition powerloss}"
+flags_of() {
+  case $1 in
+    kill) echo "--secs 27 --rounds kill-leader,pause-leader,kill-random,kill-leader" ;;
+    partition) echo "--secs 27 --rounds partition-leader,diskerror-leader,partition-random,diskerror-random" ;;
+    powerloss) echo "--secs 27 --rounds kill-leader,kill-all,kill-random,kill-all --power-loss" ;;
+    chaos) echo "--secs 90 --nodes 5 --keys 8 --rounds kill-random-long,kill-leader,pause-random,partition-leader,kill-random,kill-random-long --server-arg=--down-after=5s --server-arg=--split-qps=150 --server-arg=--split-check-interval=2s" ;;
+    *) echo "unknown family $1" >&2; exit 2 ;;
+  esac
+}
+for n in "${names[@]}"; do flags_of "$n" >/dev/null || exit 2; done
 bin=${PHOENIX_BIN:-}
 if [ -z "$bin" ]; then
   cargo build --release -p phoenix-cli >"$out/build.txt" 2>&1 ||
@@ -35,7 +46,7 @@ for i in $(seq 1 "$runs"); do
   seed=$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')
   dir="$out/run-$i"
   # shellcheck disable=SC2086 # the flags are words
-  if "$bin" check --seed "$seed" --secs 27 --dir "$dir" ${flags[$k]} >"$out/run-$i.txt" 2>&1; then
+  if "$bin" check --seed "$seed" --dir "$dir" $(flags_of "${names[$k]}") >"$out/run-$i.txt" 2>&1; then
     pass=$((pass + 1)); echo "run $i ${names[$k]} seed $seed ok"
     rm -rf "$dir" "$out/run-$i.txt"
   else

@@ -1,7 +1,7 @@
 //! `phoenix check`: linearizability of a spawned cluster under faults, with a verdict.
 //!
-//! Starts three `phoenix server` processes on loopback (this same binary, with the
-//! fault-injection service on), runs several clients doing random get / put /
+//! Starts three `phoenix server` processes (or `--nodes`; the first three form the meta
+//! group) on loopback (this same binary, with the fault-injection service on), runs several clients doing random get / put /
 //! compare-and-swap on a few keys with unique values, and meanwhile a nemesis plays the
 //! chosen rounds in turn, one every 4.5 s: each kills (-9), pauses (SIGSTOP), cuts off
 //! from its peers, or fails the disk of the group's leader, a random node, or (kill)
@@ -10,7 +10,11 @@
 //! operation's invocation and completion time is recorded and the history is checked
 //! ([`model`]). The run must also serve again after its last fault: a cluster that lost
 //! its state or never recovered completes nothing there, and a history with nothing
-//! after the fault would hide the loss.
+//! after the fault would hide the loss. And it must heal: within 60 s of the last
+//! fault, every group has 3 voters, all on live nodes, running, no learner left, and a
+//! leader (`kill-random-long` keeps a node down past a `--down-after` of 5 s, so the meta
+//! leader's repair moves its replicas while the clients go on; the balancers then move
+//! replicas and leaders back onto it).
 //!
 //! With `--splits N` the key space is also split N times during the faults, at keys
 //! between the workload's keys (`phoenix cluster split`'s path: planned by the meta
@@ -46,6 +50,9 @@ pub enum Round {
     KillLeader,
     /// kill -9 a random node, restart it 2 s later.
     KillRandom,
+    /// kill -9 a random node, restart it 8 s later (past a `--down-after` of 5 s: its
+    /// replicas are repaired elsewhere meanwhile).
+    KillRandomLong,
     /// kill -9 every node at once, restart them 2 s later (with `--power-loss`: the
     /// whole cluster loses power).
     KillAll,
@@ -76,9 +83,19 @@ impl Round {
         )
     }
 
+    /// How long the fault lasts.
+    fn lasts(self) -> Duration {
+        match self {
+            Round::KillRandomLong => Duration::from_secs(8),
+            _ => Duration::from_secs(2),
+        }
+    }
+
     fn what(self) -> &'static str {
         match self {
-            Round::KillLeader | Round::KillRandom | Round::KillAll => "kill -9",
+            Round::KillLeader | Round::KillRandom | Round::KillRandomLong | Round::KillAll => {
+                "kill -9"
+            }
             Round::PauseLeader | Round::PauseRandom => "pause (SIGSTOP)",
             Round::PartitionLeader | Round::PartitionRandom => "partition",
             Round::DiskErrorLeader | Round::DiskErrorRandom => "disk error",
@@ -125,7 +142,14 @@ pub struct Args {
     /// minus one: the splits are at the workload's keys 1, 2, …).
     #[arg(long, default_value_t = 0)]
     pub splits: u64,
+    /// Nodes to start (the first three form the meta group; groups keep 3 replicas).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(3..=9))]
+    pub nodes: u64,
 }
+
+/// After the last fault, the time every group has to be whole again (3 running voters
+/// on live nodes, no learner, a leader).
+const HEAL_WITHIN: Duration = Duration::from_secs(60);
 
 /// Completed operations the cluster must serve after the last fault ended.
 const MIN_AFTER_LAST_FAULT: usize = 100;
@@ -139,6 +163,8 @@ enum Verdict {
     Undecided,
     /// Too few operations completed after the last fault.
     NoServiceAfterFaults,
+    /// Some group was not whole again within [`HEAL_WITHIN`] of the last fault.
+    NotHealed,
 }
 
 impl Verdict {
@@ -148,6 +174,7 @@ impl Verdict {
             Verdict::NotLinearizable => "not linearizable",
             Verdict::Undecided => "undecided",
             Verdict::NoServiceAfterFaults => "no service after the last fault",
+            Verdict::NotHealed => "not healed after the last fault",
         }
     }
 }
@@ -181,14 +208,15 @@ async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
         Format::Json => output::note(format_args!("{line}")),
     };
     progress(format!(
-        "phoenix check: seed {seed}, {} s, rounds {:?}{}, data and logs in {}",
+        "phoenix check: seed {seed}, {} nodes, {} s, rounds {:?}{}, data and logs in {}",
+        args.nodes,
         args.secs,
         args.rounds,
         if args.power_loss { ", power loss" } else { "" },
         dir.display()
     ));
 
-    let mut spec = ClusterSpec::ephemeral(&dir)?;
+    let mut spec = ClusterSpec::ephemeral_nodes(&dir, args.nodes as usize)?;
     spec.server_args = args.server_args.clone();
     spec.server_args.push("--fault-injection".into());
     // The key space splits only where `--splits` asks.
@@ -243,6 +271,19 @@ async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
     }
     let (mut events, last_back) = played?;
     events.extend(split_events);
+    let healed = wait_healed(&endpoints, start + last_back).await;
+    let healed_after = healed.as_ref().ok().map(|(t, _)| *t);
+    // Where the groups ended: how many, and each node's replicas.
+    let layout = healed.as_ref().ok().map(|(_, s)| {
+        let mut per_node: std::collections::BTreeMap<u64, usize> =
+            s.nodes.iter().map(|n| (n.node_id, 0)).collect();
+        for g in &s.groups {
+            for n in &g.replicas {
+                *per_node.entry(*n).or_default() += 1;
+            }
+        }
+        (s.groups.len(), per_node)
+    });
     cluster.stop();
     let history = std::mem::take(
         &mut *history
@@ -251,7 +292,14 @@ async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
     );
 
     let t = Instant::now();
-    let (verdict, account, after) = judge(&history, keys, last_back);
+    let (mut verdict, mut account, after) = judge(&history, keys, last_back);
+    if let (Verdict::Linearizable, Err(why)) = (verdict, &healed) {
+        verdict = Verdict::NotHealed;
+        account = format!(
+            "not every group was whole again within {} s of the last fault: {why}",
+            HEAL_WITHIN.as_secs()
+        );
+    }
     let check_time = t.elapsed();
     // The checker must reject this very history with one stale read planted in it: a
     // check that cannot fail proves nothing.
@@ -297,6 +345,12 @@ async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
                 },
                 "completed_per_second": stats.per_sec,
                 "check_ms": check_time.as_millis() as u64,
+                "nodes": args.nodes,
+                "healed_ms_after_last_fault": healed_after.map(|d| d.as_millis() as u64),
+                "groups_at_end": layout.as_ref().map(|(g, _)| *g),
+                "replicas_per_node_at_end": layout.as_ref().map(|(_, p)| {
+                    p.iter().map(|(n, c)| (n.to_string(), json!(c))).collect::<serde_json::Map<_, _>>()
+                }),
                 "planted_stale_read_rejected": planted,
                 "account": account,
                 "history_file": history_file.as_ref().map(|p| p.display().to_string()),
@@ -320,6 +374,13 @@ async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
                 stats.cas_failed,
                 stats.unknown
             ));
+            if let (Some(h), Some((groups, per_node))) = (healed_after, &layout) {
+                out.push_str(&format!(
+                    "every group whole again by {:.1} s after the last fault (checked once the \
+                     workload ended): {groups} groups, replicas per node {per_node:?}\n",
+                    h.as_secs_f64()
+                ));
+            }
             out.push_str(&format!(
                 "completed ops per second: {:?}\nchecked in {check_time:?}; planted stale read \
                  {}\n",
@@ -579,7 +640,9 @@ async fn play_nemesis(
             Round::DiskErrorLeader | Round::DiskErrorRandom => {
                 retried(|| nemesis::set_disk(&endpoints[victim], true, None)).await?
             }
-            Round::KillLeader | Round::KillRandom => cluster.nodes[victim].kill(),
+            Round::KillLeader | Round::KillRandom | Round::KillRandomLong => {
+                cluster.nodes[victim].kill()
+            }
             Round::KillAll => cluster.nodes.iter_mut().for_each(|p| p.kill()),
         }
         let who = match r {
@@ -592,7 +655,7 @@ async fn play_nemesis(
             t.as_secs_f64(),
             r.what()
         ));
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(r.lasts()).await;
         let back = match r {
             Round::PauseLeader | Round::PauseRandom => {
                 cluster.nodes[victim].signal(libc::SIGCONT);
@@ -602,7 +665,7 @@ async fn play_nemesis(
                 retried(|| nemesis::partition(endpoints, None)).await?;
                 "heal"
             }
-            Round::KillLeader | Round::KillRandom => {
+            Round::KillLeader | Round::KillRandom | Round::KillRandomLong => {
                 cluster.nodes[victim].restart()?;
                 "restart"
             }
@@ -727,6 +790,78 @@ where
 
 /// The live node that serves reads of the data group as its leader right now (the meta
 /// group's report lags by a heartbeat, so each node is asked directly), if any.
+/// Waits until every group of the cluster is whole (3 voters on live nodes, each
+/// replica reported running, no learner, a leader), up to [`HEAL_WITHIN`] after
+/// `since` (the last fault's end). Returns how long after `since` it was first seen
+/// whole (the workload runs 10 s past the last fault: so that long at least) and the
+/// cluster then, or what was last missing.
+async fn wait_healed(
+    endpoints: &[String],
+    since: Instant,
+) -> Result<(Duration, phoenix_client::ClusterStatus), String> {
+    let deadline = since + HEAL_WITHIN;
+    let opts = ClientOptions {
+        timeout: Duration::from_secs(3),
+        ..ClientOptions::default()
+    };
+    let mut last = String::from("no answer");
+    while Instant::now() < deadline {
+        match Client::connect(endpoints.to_vec(), opts.clone()).await {
+            Ok(c) => match c.cluster_status().await {
+                Ok(s) => match unhealed(&s) {
+                    None => return Ok((since.elapsed(), s)),
+                    Some(why) => last = why,
+                },
+                Err(e) => last = e.to_string(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(last)
+}
+
+/// What keeps the cluster `s` from being whole (None: nothing).
+fn unhealed(s: &phoenix_client::ClusterStatus) -> Option<String> {
+    let alive: std::collections::HashSet<u64> = s
+        .nodes
+        .iter()
+        .filter(|n| n.alive)
+        .map(|n| n.node_id)
+        .collect();
+    if s.groups.is_empty() {
+        return Some("no group in the routing table".into());
+    }
+    for g in &s.groups {
+        let id = g.group_id;
+        if g.leader.is_none() {
+            return Some(format!("group {id} has no leader"));
+        }
+        if !g.learners.is_empty() {
+            return Some(format!("group {id} has learners {:?}", g.learners));
+        }
+        if g.replicas.len() != 3 {
+            return Some(format!("group {id} has replicas {:?}", g.replicas));
+        }
+        for &n in &g.replicas {
+            if !alive.contains(&n) {
+                return Some(format!("group {id} has a replica on node {n}, not alive"));
+            }
+            match g.replica_status.iter().find(|r| r.node_id == n) {
+                None => return Some(format!("group {id}: node {n} reports no replica")),
+                Some(r) if !r.stopped.is_empty() => {
+                    return Some(format!(
+                        "group {id}: replica on node {n} stopped: {}",
+                        r.stopped
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    None
+}
+
 async fn current_leader(cluster: &mut LocalCluster, endpoints: &[String]) -> Option<usize> {
     let live: Vec<bool> = cluster.nodes.iter_mut().map(|p| p.is_running()).collect();
     let mut group = None;
@@ -858,8 +993,78 @@ mod tests {
             ("diskerror-random", Round::DiskErrorRandom),
             ("partition-leader", Round::PartitionLeader),
             ("pause-random", Round::PauseRandom),
+            ("kill-random-long", Round::KillRandomLong),
         ] {
             assert_eq!(Round::from_str(name, false), Ok(r));
         }
+        assert_eq!(Round::KillRandomLong.lasts(), Duration::from_secs(8));
+        assert_eq!(Round::KillRandom.lasts(), Duration::from_secs(2));
+    }
+
+    /// A cluster is whole only with 3 running voters on live nodes, no learner and a
+    /// leader in every group.
+    #[test]
+    fn unhealed_names_what_is_missing() {
+        use phoenix_client::{ClusterStatus, GroupStatus, NodeStatus, ReplicaStatus};
+        let node = |id: u64, alive: bool| NodeStatus {
+            node_id: id,
+            addr: String::new(),
+            alive,
+            last_heartbeat_ms_ago: Some(1),
+            groups: 1,
+            leaders: 0,
+            engine_bytes: 0,
+            log_bytes: 0,
+            disk_free_bytes: None,
+            disk_full: false,
+            draining: false,
+        };
+        let rep = |id: u64| ReplicaStatus {
+            node_id: id,
+            is_leader: id == 1,
+            term: 1,
+            commit_index: 1,
+            applied_index: 1,
+            log_first_index: 1,
+            approximate_bytes: 0,
+            stopped: String::new(),
+            hibernating: false,
+        };
+        let whole = ClusterStatus {
+            meta_leader: Some(1),
+            nodes: (1..=4).map(|i| node(i, true)).collect(),
+            groups: vec![GroupStatus {
+                group_id: 7,
+                start: vec![],
+                end: vec![],
+                epoch: 1,
+                leader: Some(1),
+                replicas: vec![1, 2, 3],
+                learners: vec![],
+                replica_status: (1..=3).map(rep).collect(),
+            }],
+            operators: vec![],
+            scrub_mismatches: vec![],
+        };
+        assert_eq!(unhealed(&whole), None);
+        let mut s = whole.clone();
+        s.nodes[2].alive = false;
+        assert!(unhealed(&s).is_some_and(|w| w.contains("node 3, not alive")));
+        let mut s = whole.clone();
+        s.groups[0].leader = None;
+        assert!(unhealed(&s).is_some_and(|w| w.contains("no leader")));
+        let mut s = whole.clone();
+        s.groups[0].replicas.push(4);
+        s.groups[0].learners.push(4);
+        assert!(unhealed(&s).is_some_and(|w| w.contains("learners")));
+        let mut s = whole.clone();
+        s.groups[0].replica_status[1].stopped = "disk".into();
+        assert!(unhealed(&s).is_some_and(|w| w.contains("stopped")));
+        let mut s = whole.clone();
+        s.groups[0].replica_status.pop();
+        assert!(unhealed(&s).is_some_and(|w| w.contains("reports no replica")));
+        let mut s = whole;
+        s.groups[0].replicas.pop();
+        assert!(unhealed(&s).is_some_and(|w| w.contains("replicas [1, 2]")));
     }
 }

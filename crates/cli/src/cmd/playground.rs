@@ -44,6 +44,9 @@ pub struct Args {
 /// Number of nodes of a local cluster: the meta group needs three.
 pub const LOCAL_NODES: u64 = 3;
 
+/// Nodes of a spawned cluster in its meta group: the first ones.
+pub const META_MEMBERS: usize = 3;
+
 /// Name of the file that records a local cluster's node addresses.
 const CONF_FILE: &str = "playground.conf";
 
@@ -96,17 +99,24 @@ impl ClusterSpec {
 
     /// A spec on free ephemeral loopback ports (for benchmarks and tests; not recorded).
     pub fn ephemeral(dir: &Path) -> Result<Self, BoxError> {
+        Self::ephemeral_nodes(dir, LOCAL_NODES as usize)
+    }
+
+    /// As [`ClusterSpec::ephemeral`], with `n` nodes.
+    pub fn ephemeral_nodes(dir: &Path, n: usize) -> Result<Self, BoxError> {
         Ok(ClusterSpec {
             dir: dir.to_path_buf(),
-            addrs: free_ports(LOCAL_NODES as usize)?,
+            addrs: free_ports(n)?,
             server_args: Vec::new(),
         })
     }
 
-    /// The `--meta` value naming every node: `1@addr1,2@addr2,3@addr3`.
+    /// The `--meta` value naming the first [`META_MEMBERS`] nodes:
+    /// `1@addr1,2@addr2,3@addr3`.
     pub fn meta_arg(&self) -> String {
         self.addrs
             .iter()
+            .take(META_MEMBERS)
             .enumerate()
             .map(|(i, a)| format!("{}@{a}", i + 1))
             .collect::<Vec<_>>()
