@@ -158,17 +158,6 @@ impl LeaderView {
         self.replicas.values().flat_map(|m| m.values())
     }
 
-    /// Each reported group's size in bytes: the largest any of its replicas reported
-    /// (a new replica reports little until its snapshot is in).
-    pub fn group_bytes(&self) -> HashMap<u64, u64> {
-        let mut out: HashMap<u64, u64> = HashMap::new();
-        for r in self.replicas.values().flat_map(|m| m.values()) {
-            let b = out.entry(r.group_id).or_default();
-            *b = (*b).max(r.approximate_bytes);
-        }
-        out
-    }
-
     /// The latest stats of every reported replica of `group`, by node id.
     pub fn replicas_of(&self, group: u64) -> Vec<ReplicaStats> {
         let mut out: Vec<ReplicaStats> = self

@@ -384,8 +384,6 @@ impl Operators {
         quorum_after_removal(route, view, node, now)?;
         view.leader(group).ok_or(OperatorError::NoLeader(group))?;
         let (step, command) = remove_step(view, group, node, now);
-        // The trim is under way (or another removal took its place).
-        self.trims.remove(&group);
         self.removes.insert(
             group,
             Remove {
@@ -458,11 +456,13 @@ impl Operators {
             false
         });
         self.removes.retain(|&g, r| {
+            // (A trim hint lasts until a removal is done: one given up leaves it.)
             let listed = state
                 .routes()
                 .get(&g)
                 .is_some_and(|route| route.replicas.iter().any(|x| x.node_id == r.node));
             let outcome = if !listed {
+                trims.remove(&g);
                 Outcome::Done
             } else if now.saturating_duration_since(r.started) >= REMOVE_TIMEOUT {
                 Outcome::GivenUp
@@ -561,6 +561,11 @@ impl Operators {
         let adds = self.adds.values().filter(|a| a.origin == origin);
         let removes = self.removes.values().filter(|r| r.origin == origin);
         adds.count() + removes.count()
+    }
+
+    /// The node a move under way on `group` leaves (its addition's trim), if any.
+    pub fn move_source(&self, group: u64) -> Option<u64> {
+        self.adds.get(&group).and_then(|a| a.trim)
     }
 
     /// The node a replica addition under way on `group` adds, if any.

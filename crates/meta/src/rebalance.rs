@@ -76,8 +76,22 @@ pub fn balance_replicas(
     let eligible: BTreeSet<u64> = eligible_nodes(state, view, now, leaving)
         .into_iter()
         .collect();
-    let size = view.group_bytes();
-    let size = |g: u64| size.get(&g).copied().unwrap_or(0);
+    // A group's size: the largest its listed replicas report (a node that left keeps
+    // its last report in the view).
+    let sizes: BTreeMap<u64, u64> = routes
+        .iter()
+        .map(|(&g, route)| {
+            let b = route
+                .replicas
+                .iter()
+                .filter_map(|r| view.replica(r.node_id, g))
+                .map(|r| r.approximate_bytes)
+                .max()
+                .unwrap_or(0);
+            (g, b)
+        })
+        .collect();
+    let size = |g: u64| sizes.get(&g).copied().unwrap_or(0);
     let mut load = Load {
         count: eligible.iter().map(|&n| (n, 0)).collect(),
         bytes: eligible.iter().map(|&n| (n, 0)).collect(),
@@ -93,6 +107,11 @@ pub fn balance_replicas(
             .filter(|to| !route.replicas.iter().any(|r| r.node_id == *to));
         if let Some(to) = pending {
             load.add(to, size(g));
+            // A move under way no longer counts for the node it leaves (else later
+            // passes would move another group off it, and overshoot).
+            if let Some(from) = ops.move_source(g) {
+                load.remove(from, size(g));
+            }
         }
     }
     // Groups the balancer may touch: no operator, a live leader, every member alive.
@@ -190,7 +209,7 @@ pub fn balance_replicas(
             routes
                 .keys()
                 .filter(|&&g| fits(g, from, to, &touched))
-                .min_by_key(|&&g| ((bf - bt - 2 * size(g) as i128).abs(), g))
+                .min_by_key(|&&g| ((bf - bt - 2 * i128::from(size(g))).abs(), g))
                 .map(|&g| (g, from, to))
         });
         let Some((group, from, to)) = found else {
@@ -200,6 +219,23 @@ pub fn balance_replicas(
         moves.push(ReplicaMove::Move { group, from, to });
         load.remove(from, size(group));
         load.add(to, size(group));
+    }
+    // The groups each node could give by bytes, largest first (those that fit any move:
+    // big enough, no learner, not over `replication`, movable).
+    let mut giving: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+    if !load.bytes_within_band() {
+        for (&g, route) in routes {
+            let s = size(g);
+            let fit = s >= BYTES_MOVE_MIN
+                && route.learners.is_empty()
+                && route.replicas.len() <= replication
+                && movable(g);
+            if fit {
+                for r in &route.replicas {
+                    giving.entry(r.node_id).or_default().push((s, g));
+                }
+            }
+        }
     }
     while moves.len() < max && !load.bytes_within_band() {
         let (lo, hi) = band(&load.bytes, BYTES_BAND_MIN as f64);
@@ -218,13 +254,12 @@ pub fn balance_replicas(
                 }
                 // Under the difference, so the spread narrows; nearest half of it.
                 let gap = from_bytes - to_bytes;
-                routes
-                    .keys()
-                    .filter(|&&g| {
-                        (BYTES_MOVE_MIN..gap).contains(&size(g)) && fits(g, from, to, &touched)
-                    })
-                    .min_by_key(|&&g| ((2 * size(g)).abs_diff(gap), g))
-                    .map(|&g| (g, from, to))
+                giving
+                    .get(&from)?
+                    .iter()
+                    .filter(|&&(s, g)| s < gap && fits(g, from, to, &touched))
+                    .min_by_key(|&&(s, g)| (s.saturating_mul(2).abs_diff(gap), g))
+                    .map(|&(_, g)| (g, from, to))
             })
         });
         let Some((group, from, to)) = found else {
@@ -249,7 +284,7 @@ impl Load {
     fn add(&mut self, node: u64, bytes: u64) {
         if let (Some(c), Some(b)) = (self.count.get_mut(&node), self.bytes.get_mut(&node)) {
             *c += 1;
-            *b += bytes;
+            *b = b.saturating_add(bytes);
         }
     }
 
@@ -465,7 +500,8 @@ mod tests {
             balance_replicas(&st, &v, &fresh, now, &[], 3, 1),
             vec![ReplicaMove::Remove { group: 1, node: 4 }]
         );
-        // The hint is gone once the trim starts, and after TRIM_HINT_FOR.
+        // The hint lasts until the trim is done (one given up leaves it), or
+        // TRIM_HINT_FOR.
         assert_eq!(ops.trim_hint(1, now), Some(1));
         let later = now + crate::operator::TRIM_HINT_FOR;
         assert_eq!(ops.trim_hint(1, later), None);
@@ -473,6 +509,10 @@ mod tests {
             ops.remove_replica(&st, &v, &members, 1, 1, now, Origin::Balance),
             Ok(true)
         );
+        assert_eq!(ops.trim_hint(1, now), Some(1));
+        set_route(&mut st, 1, &[2, 3, 4], &[]);
+        let v = sized_view(&st, now, |_| 2, size);
+        assert_eq!(ops.settle(&st, &v, now), vec![(1, Outcome::Done)]);
         assert_eq!(ops.trim_hint(1, now), None);
     }
 

@@ -3,20 +3,29 @@
 //! consistency check). The nodes' half (the scrub point in the log, the checksum at it)
 //! is the server's `scrub.rs`.
 //!
-//! Soft state, as the operators: a new meta leader starts empty and spreads the first
-//! scrubs of the groups it sees over one interval (by group id), so a leader change
-//! does not scrub everything at once. At most [`SCRUB_INFLIGHT_MAX`] scrubs are under
-//! way (each reads a whole group on every replica); a scrub is under way from the
-//! request until every replica of the group reported a scrub past the one it reported
-//! before, or [`SCRUB_TIMEOUT`]. The request goes to the group's leader once, and again
-//! after [`SCRUB_RESEND`] without a result (a lost answer, a new leader); a duplicate
-//! scrub point costs a second scan, nothing else.
+//! Soft state, as the operators: a new meta leader starts empty. A group whose replicas
+//! report the age of their last scrub is next due one interval after it; one never
+//! scrubbed (or whose nodes restarted since) is due at a point of the first interval
+//! set by its id, so a leader change does not scrub everything at once. At most
+//! [`SCRUB_INFLIGHT_MAX`] scheduled scrubs are under way (each reads a whole group on
+//! every replica).
+//!
+//! A scrub is asked for only once every replica the routing table lists on a live node
+//! has reported, and is *past* the highest applied index or scrub index any replica
+//! reported then (`before`): an older result (yesterday's scrub, reported to a meta
+//! leader new in office) is never taken for the new one. It is done when every replica
+//! it waits for — listed in the table, on a live node, reported running — reports a
+//! scrub past `before` (a dead or stopped replica cannot apply the scrub point), or
+//! given up after [`SCRUB_TIMEOUT`]. The request goes to the group's leader until its
+//! leader reports a scrub past `before`: once, and again after [`SCRUB_RESEND`] (a lost
+//! answer, a new leader); a duplicate scrub point costs a second scan, nothing else.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use phoenix_proto::{
-    placement_command, PlacementCommand, ReplicaStats, ScrubGroup, ScrubMismatch, ScrubReport,
+    placement_command, PlacementCommand, ReplicaStats, ScrubGroup, ScrubGroupResponse,
+    ScrubMismatch, ScrubReport,
 };
 
 use crate::liveness::LeaderView;
@@ -40,6 +49,34 @@ struct Asked {
     before: u64,
 }
 
+/// The replicas of `group` a scrub waits for: those the routing table lists (voters
+/// and learners), on nodes alive at `now`, reported and running. None when the group is
+/// not in the table, or a replica listed on a live node has not reported it yet.
+fn waited(
+    state: &MetaState,
+    view: &LeaderView,
+    group: u64,
+    now: Instant,
+) -> Option<Vec<ReplicaStats>> {
+    let route = state.routes().get(&group)?;
+    let mut out = Vec::new();
+    for r in &route.replicas {
+        if !view.is_alive(r.node_id, now) {
+            continue;
+        }
+        let rep = view.replica(r.node_id, group)?;
+        if rep.stopped.is_empty() {
+            out.push(rep.clone());
+        }
+    }
+    Some(out)
+}
+
+/// Whether every replica `waited` reports a scrub past `before` (and there is one).
+fn done(waited: &[ReplicaStats], before: u64) -> bool {
+    !waited.is_empty() && waited.iter().all(|r| r.scrub_index > before)
+}
+
 /// The meta leader's scrub schedule.
 #[derive(Debug, Default)]
 pub struct Scrubs {
@@ -53,18 +90,30 @@ pub struct Scrubs {
 
 impl Scrubs {
     /// Asks for a scrub of `group` now (a user's request, or the schedule's). Returns
-    /// the highest scrub index its replicas reported before: the scrub asked for is done
-    /// when every replica reports one past it. Asking again while one is under way
-    /// joins it; once it is done (even if not settled yet), asks for another.
-    pub fn ask(&mut self, view: &LeaderView, group: u64, now: Instant) -> u64 {
-        let reps = view.replicas_of(group);
+    /// `before`: the scrub asked for is the first every waited replica reports past it
+    /// (see the module doc). None (nothing asked) while a replica listed on a live node
+    /// has not reported the group: ask again after the next heartbeats. Asking again
+    /// while one is under way joins it; once it is done (even if not settled yet), asks
+    /// for another.
+    pub fn ask(
+        &mut self,
+        state: &MetaState,
+        view: &LeaderView,
+        group: u64,
+        now: Instant,
+    ) -> Option<u64> {
+        let waited = waited(state, view, group, now)?;
         if let Some(a) = self.asked.get(&group) {
-            let done = !reps.is_empty() && reps.iter().all(|r| r.scrub_index > a.before);
-            if !done {
-                return a.before;
+            if !done(&waited, a.before) {
+                return Some(a.before);
             }
         }
-        let before = latest_scrub(&reps);
+        let before = view
+            .replicas_of(group)
+            .iter()
+            .map(|r| r.applied_index.max(r.scrub_index))
+            .max()
+            .unwrap_or(0);
         self.asked.insert(
             group,
             Asked {
@@ -73,13 +122,46 @@ impl Scrubs {
                 before,
             },
         );
-        before
+        Some(before)
+    }
+
+    /// The outcome of the scrub of `group` asked past `before`, once every waited
+    /// replica reported the same scrub point past it (None: not yet).
+    pub fn outcome(
+        state: &MetaState,
+        view: &LeaderView,
+        group: u64,
+        before: u64,
+        now: Instant,
+    ) -> Option<ScrubGroupResponse> {
+        let waited = waited(state, view, group, now)?;
+        let index = waited.first()?.scrub_index;
+        if index <= before || waited.iter().any(|r| r.scrub_index != index) {
+            return None;
+        }
+        let route = state.routes().get(&group)?;
+        let replicas: Vec<ScrubReport> = waited.iter().map(scrub_report).collect();
+        let first = (replicas[0].crc, replicas[0].keys, replicas[0].bytes);
+        // Consistent: every voter of the table reported it, all alike.
+        let voters_all = route
+            .replicas
+            .iter()
+            .filter(|r| !route.learners.contains(&r.node_id))
+            .all(|r| replicas.iter().any(|x| x.node_id == r.node_id));
+        let alike = replicas.iter().all(|r| (r.crc, r.keys, r.bytes) == first);
+        Some(ScrubGroupResponse {
+            error: None,
+            index,
+            replicas,
+            consistent: voters_all && alike,
+        })
     }
 
     /// Starts the scheduled scrubs due at `now`: every group of the table is scrubbed
     /// once per `interval` (zero: never), at most [`SCRUB_INFLIGHT_MAX`] under way. A
-    /// group first seen is due at a point of the interval set by its id. Returns the
-    /// groups asked.
+    /// group first seen is due one interval after its last scrub as its replicas report
+    /// its age, else at a point of the interval set by its id. Returns the groups
+    /// asked.
     pub fn schedule(
         &mut self,
         state: &MetaState,
@@ -93,17 +175,34 @@ impl Scrubs {
         let mut started = Vec::new();
         for &g in state.routes().keys() {
             let last = *self.last.entry(g).or_insert_with(|| {
-                // Spread over the interval: due after (g * golden ratio mod 1) of it.
-                let frac =
-                    (g.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) as f64 / (1u64 << 53) as f64;
-                now.checked_sub(interval.mul_f64(1.0 - frac)).unwrap_or(now)
+                // The youngest scrub its replicas report (the age counts from when they
+                // computed it)...
+                let reported = view
+                    .replicas_of(g)
+                    .iter()
+                    .filter(|r| r.scrub_index > 0)
+                    .map(|r| Duration::from_millis(r.scrub_age_ms))
+                    .min();
+                match reported {
+                    Some(age) => now.checked_sub(age).unwrap_or(now),
+                    // ...else spread over the interval: due after (g * golden ratio mod
+                    // 1) of it.
+                    None => {
+                        let frac = (g.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) as f64
+                            / (1u64 << 53) as f64;
+                        now.checked_sub(interval.mul_f64(1.0 - frac)).unwrap_or(now)
+                    }
+                }
             });
             if self.asked.len() >= SCRUB_INFLIGHT_MAX {
                 continue;
             }
             let due = now.saturating_duration_since(last) >= interval;
-            if due && !self.asked.contains_key(&g) && view.leader(g).is_some() {
-                self.ask(view, g, now);
+            if due
+                && !self.asked.contains_key(&g)
+                && view.leader(g).is_some()
+                && self.ask(state, view, g, now).is_some()
+            {
                 self.last.insert(g, now);
                 started.push(g);
             }
@@ -112,8 +211,8 @@ impl Scrubs {
         started
     }
 
-    /// Ends the scrubs that are done (every replica of the group reported a scrub past
-    /// the one asked after) or out of time; returns the groups ended, with whether done.
+    /// Ends the scrubs that are done (every waited replica of the group reported a scrub
+    /// past `before`) or out of time; returns the groups ended, with whether done.
     pub fn settle(
         &mut self,
         state: &MetaState,
@@ -122,12 +221,9 @@ impl Scrubs {
     ) -> Vec<(u64, bool)> {
         let mut ended = Vec::new();
         self.asked.retain(|&g, a| {
-            let reps = view.replicas_of(g);
-            let listed = state.routes().get(&g).map_or(0, |r| r.replicas.len());
-            let done =
-                listed > 0 && reps.len() >= listed && reps.iter().all(|r| r.scrub_index > a.before);
-            if done || now.saturating_duration_since(a.at) >= SCRUB_TIMEOUT {
-                ended.push((g, done));
+            let finished = waited(state, view, g, now).is_some_and(|w| done(&w, a.before));
+            if finished || now.saturating_duration_since(a.at) >= SCRUB_TIMEOUT {
+                ended.push((g, finished));
                 return false;
             }
             true
@@ -139,12 +235,16 @@ impl Scrubs {
     /// once.
     pub fn new_mismatches(&mut self, view: &LeaderView) -> Vec<ScrubMismatch> {
         let mut out = scrub_mismatches(view);
+        let current: BTreeSet<(u64, u64)> = out.iter().map(|m| (m.group_id, m.index)).collect();
         out.retain(|m| self.logged.insert((m.group_id, m.index)));
+        // (Those no longer reported are forgotten: the set stays small.)
+        self.logged.retain(|k| current.contains(k));
         out
     }
 
     /// The scrub requests for `node`'s heartbeat answer: the scrubs under way of the
-    /// groups the view says it leads, not sent lately. Marks them sent.
+    /// groups the view says it leads, not sent lately, whose leader has not reported the
+    /// scrub yet. Marks them sent.
     pub fn take_commands(
         &mut self,
         view: &LeaderView,
@@ -156,7 +256,10 @@ impl Scrubs {
             let due = a
                 .sent
                 .is_none_or(|s| now.saturating_duration_since(s) >= SCRUB_RESEND);
-            if due && view.leader(g) == Some(node) {
+            let reported = view
+                .replica(node, g)
+                .is_some_and(|r| r.scrub_index > a.before);
+            if due && !reported && view.leader(g) == Some(node) {
                 a.sent = Some(now);
                 out.push(PlacementCommand {
                     cmd: Some(placement_command::Cmd::ScrubGroup(ScrubGroup {
@@ -172,11 +275,6 @@ impl Scrubs {
     pub fn under_way(&self, group: u64) -> bool {
         self.asked.contains_key(&group)
     }
-}
-
-/// The highest scrub index among `reps` (0: none).
-fn latest_scrub(reps: &[ReplicaStats]) -> u64 {
-    reps.iter().map(|r| r.scrub_index).max().unwrap_or(0)
 }
 
 /// A replica's scrub as reported.
@@ -279,15 +377,17 @@ mod tests {
         assert_eq!(s.new_mismatches(&v), vec![]);
     }
 
-    /// A scrub asked for goes to the group's leader once, again after SCRUB_RESEND,
-    /// and is done when every replica reports a scrub past the one before.
+    /// A scrub asked for goes to the group's leader once, again after SCRUB_RESEND
+    /// while the leader has not reported it, and is done when every replica reports a
+    /// scrub past `before` (the highest applied or scrub index reported when asked).
     #[test]
     fn a_scrub_is_sent_to_the_leader_and_done_when_all_report() {
         let now = Instant::now();
         let st = cluster(3, 2, |_| vec![1, 2, 3]);
+        // Replicas applied up to 10 (report's default); an old scrub at 4.
         let v = scrub_view(&st, now, |_, _| (4, 1));
         let mut s = Scrubs::default();
-        assert_eq!(s.ask(&v, 1, now), 4);
+        assert_eq!(s.ask(&st, &v, 1, now), Some(10));
         assert!(
             s.take_commands(&v, 2, now).is_empty(),
             "node 2 leads nothing"
@@ -295,20 +395,106 @@ mod tests {
         assert_eq!(s.take_commands(&v, 1, now).len(), 1);
         assert!(s.take_commands(&v, 1, now).is_empty(), "sent once");
         assert_eq!(s.take_commands(&v, 1, now + SCRUB_RESEND).len(), 1);
-        // Two of three replicas past 4: not done.
+        // The leader and node 2 past 10, node 3 not: not done, and not sent again.
         let v = scrub_view(&st, now, |n, _| if n == 3 { (4, 1) } else { (12, 1) });
         assert_eq!(s.settle(&st, &v, now), vec![]);
         assert!(s.under_way(1));
+        assert!(s.take_commands(&v, 1, now + SCRUB_RESEND * 2).is_empty());
+        assert_eq!(Scrubs::outcome(&st, &v, 1, 10, now), None);
         let v = scrub_view(&st, now, |_, _| (12, 1));
+        let out = Scrubs::outcome(&st, &v, 1, 10, now).unwrap();
+        assert!(out.consistent && out.index == 12 && out.replicas.len() == 3);
         // Asked again before the schedule settled it: a new scrub, after this one.
-        assert_eq!(s.ask(&v, 1, now), 12);
+        assert_eq!(s.ask(&st, &v, 1, now), Some(12));
         assert_eq!(s.take_commands(&v, 1, now).len(), 1);
         let v = scrub_view(&st, now, |_, _| (15, 1));
         assert_eq!(s.settle(&st, &v, now), vec![(1, true)]);
         assert!(!s.under_way(1));
         // One that never completes is given up.
-        s.ask(&v, 2, now);
+        s.ask(&st, &v, 2, now);
         assert_eq!(s.settle(&st, &v, now + SCRUB_TIMEOUT), vec![(2, false)]);
+    }
+
+    /// A scrub waits for no dead or stopped replica, and is not asked while a listed
+    /// replica on a live node has not reported (a meta leader new in office: an older
+    /// scrub reported later must not pass for the new one).
+    #[test]
+    fn a_scrub_waits_for_live_running_replicas_only() {
+        let now = Instant::now();
+        let st = cluster(3, 1, |_| vec![1, 2, 3]);
+        // Node 3 not heard from: only nodes 1 and 2 are alive.
+        let mut v = LeaderView::default();
+        for id in [1, 2] {
+            v.record(now, id, NodeStats::default(), &report(&st, id, &|_| 1));
+        }
+        let mut s = Scrubs::default();
+        assert_eq!(s.ask(&st, &v, 1, now), Some(10));
+        let past = |stopped: &str| {
+            let mut v = LeaderView::default();
+            for id in [1, 2, 3] {
+                let mut reps = report(&st, id, &|_| 1);
+                for r in &mut reps {
+                    r.scrub_index = if id == 3 { 0 } else { 11 };
+                    if id == 3 {
+                        r.stopped = stopped.to_string();
+                    }
+                }
+                // Node 3's heartbeat is old: it counts as dead unless `stopped`.
+                let at = if id == 3 && stopped.is_empty() {
+                    now - crate::liveness::ALIVE_WITHIN
+                } else {
+                    now
+                };
+                v.record(at, id, NodeStats::default(), &reps);
+            }
+            v
+        };
+        // Dead node 3: done without it.
+        let dead = past("");
+        assert_eq!(
+            Scrubs::outcome(&st, &dead, 1, 10, now).map(|o| o.index),
+            Some(11)
+        );
+        assert!(!Scrubs::outcome(&st, &dead, 1, 10, now).unwrap().consistent);
+        assert_eq!(s.settle(&st, &dead, now), vec![(1, true)]);
+        // Alive but stopped: done without it too.
+        s.ask(&st, &dead, 1, now);
+        let stopped = past("disk failed");
+        assert_eq!(
+            Scrubs::outcome(&st, &stopped, 1, 10, now).map(|o| o.index),
+            Some(11)
+        );
+        // A view that lacks a live replica's report asks nothing.
+        let mut partial = LeaderView::default();
+        partial.record(now, 1, NodeStats::default(), &report(&st, 1, &|_| 1));
+        partial.record(now, 2, NodeStats::default(), &[]);
+        let mut fresh = Scrubs::default();
+        assert_eq!(fresh.ask(&st, &partial, 1, now), None);
+        assert!(!fresh.under_way(1));
+    }
+
+    /// A group whose replicas report a scrub is next due one interval after it.
+    #[test]
+    fn the_schedule_counts_from_the_reported_scrub() {
+        let now = Instant::now();
+        let st = cluster(3, 1, |_| vec![1, 2, 3]);
+        let interval = Duration::from_secs(100);
+        let mut v = LeaderView::default();
+        for id in 1..=3 {
+            let mut reps = report(&st, id, &|_| 1);
+            reps[0].scrub_index = 5;
+            reps[0].scrub_age_ms = 90_000;
+            v.record(now, id, NodeStats::default(), &reps);
+        }
+        let mut s = Scrubs::default();
+        assert!(s.schedule(&st, &v, now, interval).is_empty());
+        assert!(s
+            .schedule(&st, &v, now + Duration::from_secs(9), interval)
+            .is_empty());
+        assert_eq!(
+            s.schedule(&st, &v, now + Duration::from_secs(10), interval),
+            vec![1]
+        );
     }
 
     /// The schedule scrubs every group once per interval, spread over it, never more

@@ -693,27 +693,34 @@ impl MetaService {
             ));
         }
         self.read_index(timeout).await?;
-        let before = {
-            let meta = self.shared.meta.read();
-            if !meta.routes().contains_key(&group) {
-                return Err(PErr::invalid_argument(format!(
-                    "group {group} is not in the routing table"
-                )));
-            }
-            let lv = self.shared.leader_view.lock();
-            let mut s = self.shared.scrub_schedule.lock();
-            s.ask(&lv, group, Instant::now())
-        };
-        tracing::info!(group, "scrub asked for");
+        let mut before = None;
         loop {
             {
                 let meta = self.shared.meta.read();
+                if !meta.routes().contains_key(&group) {
+                    return Err(PErr::invalid_argument(format!(
+                        "group {group} is not in the routing table"
+                    )));
+                }
                 let lv = self.shared.leader_view.lock();
-                let route = meta.routes().get(&group).ok_or_else(|| {
-                    PErr::group_unavailable(group, "the group left the routing table")
-                })?;
-                if let Some(r) = scrub_outcome(route, &lv.replicas_of(group), before) {
-                    return Ok(r);
+                let now = Instant::now();
+                match before {
+                    // (Asked once every replica on a live node has reported the group.)
+                    None => {
+                        before = self
+                            .shared
+                            .scrub_schedule
+                            .lock()
+                            .ask(&meta, &lv, group, now);
+                        if before.is_some() {
+                            tracing::info!(group, "scrub asked for");
+                        }
+                    }
+                    Some(b) => {
+                        if let Some(r) = phoenix_meta::Scrubs::outcome(&meta, &lv, group, b, now) {
+                            return Ok(r);
+                        }
+                    }
                 }
             }
             if !self.is_meta_leader() {
@@ -725,11 +732,18 @@ impl MetaService {
             if tokio::time::Instant::now() >= deadline {
                 return Err(PErr::group_unavailable(
                     group,
-                    format!(
-                        "scrub asked for, not reported by every voter within {} ms \
-                         (a replica behind, or one that took a snapshot past the point)",
-                        timeout.as_millis()
-                    ),
+                    match before {
+                        None => format!(
+                            "scrub not asked within {} ms: a replica on a live node has not \
+                             reported the group yet",
+                            timeout.as_millis()
+                        ),
+                        Some(_) => format!(
+                            "scrub asked for, not reported by every replica within {} ms (a \
+                             replica behind, or one that took a snapshot past the point)",
+                            timeout.as_millis()
+                        ),
+                    },
                 ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -964,46 +978,6 @@ impl proto::meta_server::Meta for MetaService {
     }
 }
 
-/// The answer to a scrub of `route`'s group once every voter reported the same scrub
-/// point past `before` (None: not yet), from its replicas' reports `reps`.
-fn scrub_outcome(
-    route: &proto::Route,
-    reps: &[proto::ReplicaStats],
-    before: u64,
-) -> Option<proto::ScrubGroupResponse> {
-    let voters: Vec<u64> = route
-        .replicas
-        .iter()
-        .map(|r| r.node_id)
-        .filter(|n| !route.learners.contains(n))
-        .collect();
-    let points: Vec<u64> = voters
-        .iter()
-        .map(|&n| {
-            reps.iter()
-                .find(|r| r.node_id == n)
-                .map_or(0, |r| r.scrub_index)
-        })
-        .collect();
-    let index = *points.first()?;
-    if index <= before || points.iter().any(|&p| p != index) {
-        return None;
-    }
-    let replicas: Vec<proto::ScrubReport> = reps
-        .iter()
-        .filter(|r| r.scrub_index == index)
-        .map(phoenix_meta::scrub_report)
-        .collect();
-    let first = (replicas[0].crc, replicas[0].keys, replicas[0].bytes);
-    let consistent = replicas.iter().all(|r| (r.crc, r.keys, r.bytes) == first);
-    Some(proto::ScrubGroupResponse {
-        error: None,
-        index,
-        replicas,
-        consistent,
-    })
-}
-
 /// This node's stats for a heartbeat.
 fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
     let groups = shared.groups.read();
@@ -1049,6 +1023,7 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
             scrub_crc: scrub.map_or(0, |s| s.crc),
             scrub_keys: scrub.map_or(0, |s| s.keys),
             scrub_bytes: scrub.map_or(0, |s| s.bytes),
+            scrub_age_ms: scrub.map_or(0, |s| s.at.elapsed().as_millis() as u64),
         })
         .collect();
     let es = shared.engine.stats();

@@ -16,14 +16,15 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
-use phoenix_engine::{Db, ReadOptions, Snapshot};
+use phoenix_engine::{Db, DbIterator, ReadOptions, Snapshot};
 
 use crate::keys;
 
 /// One scrub's outcome on this replica.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScrubResult {
     /// The scrub point's log index.
     pub index: u64,
@@ -33,36 +34,61 @@ pub struct ScrubResult {
     pub keys: u64,
     /// Their key and value bytes.
     pub bytes: u64,
+    /// When it was computed.
+    pub at: Instant,
 }
 
 /// The latest scrub of each group hosted here, as computed.
 #[derive(Debug, Default)]
 pub struct Scrubs {
-    results: Mutex<HashMap<u64, ScrubResult>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    results: HashMap<u64, ScrubResult>,
+    /// Per group, how many times its replica left this node: a checksum started before
+    /// the last time is not recorded (the group may be back with another state).
+    generation: HashMap<u64, u64>,
 }
 
 impl Scrubs {
     /// Group `g`'s latest scrub on this node, if any since it started.
     pub fn latest(&self, g: u64) -> Option<ScrubResult> {
-        self.results.lock().get(&g).copied()
+        self.inner.lock().results.get(&g).copied()
     }
 
-    /// Forgets group `g` (its replica left the node).
+    /// Forgets group `g` (its replica left the node), and any checksum of it still
+    /// being computed.
     pub fn forget(&self, g: u64) {
-        self.results.lock().remove(&g);
+        let mut i = self.inner.lock();
+        i.results.remove(&g);
+        *i.generation.entry(g).or_default() += 1;
     }
 
-    /// Computes group `g`'s checksum from `snap` (taken right after the entry at `index`
-    /// was written) on a thread of its own, and records it. A failure is logged: the
-    /// scrub then has no result here, which the meta leader's comparison shows as a
-    /// missing report, never as agreement.
-    pub fn start(self: &Arc<Self>, engine: &Arc<Db>, g: u64, index: u64, snap: Snapshot) {
-        let (scrubs, engine) = (Arc::clone(self), Arc::clone(engine));
+    /// Computes group `g`'s checksum as of `snap` (taken right after the entry at
+    /// `index` was written) and records it. The iterator is made here, on the caller's
+    /// thread, so it pins the engine's files of that moment (a snapshot install or a
+    /// drop of the group right after cannot change what it reads); the scan runs on a
+    /// thread of its own. A failure is logged: the scrub then has no result here, which
+    /// the meta leader's comparison shows as a missing report, never as agreement.
+    pub fn start(self: &Arc<Self>, engine: &Db, g: u64, index: u64, snap: Snapshot) {
+        let generation = self.inner.lock().generation.get(&g).copied().unwrap_or(0);
+        let it = match data_iter(engine, g, &snap) {
+            Ok(it) => it,
+            Err(e) => {
+                tracing::error!(group = g, index, "scrubbing the group: {e}");
+                return;
+            }
+        };
+        let scrubs = Arc::clone(self);
         let spawned = std::thread::Builder::new()
             .name(format!("phoenix-scrub-{g}"))
             .spawn(move || {
-                let started = std::time::Instant::now();
-                match checksum(&engine, g, &snap) {
+                let started = Instant::now();
+                let sum = checksum(it, keys::data_key(g, b"").len());
+                drop(snap);
+                match sum {
                     Ok((crc, keys, bytes)) => {
                         tracing::info!(
                             group = g,
@@ -73,15 +99,14 @@ impl Scrubs {
                             ms = started.elapsed().as_millis() as u64,
                             "group scrubbed"
                         );
-                        scrubs.record(
-                            g,
-                            ScrubResult {
-                                index,
-                                crc,
-                                keys,
-                                bytes,
-                            },
-                        );
+                        let r = ScrubResult {
+                            index,
+                            crc,
+                            keys,
+                            bytes,
+                            at: Instant::now(),
+                        };
+                        scrubs.record(g, generation, r);
                     }
                     Err(e) => tracing::error!(group = g, index, "scrubbing the group: {e}"),
                 }
@@ -92,19 +117,23 @@ impl Scrubs {
     }
 
     /// Keeps `r` unless a later scrub of `g` is recorded already (threads may finish out
-    /// of order).
-    fn record(&self, g: u64, r: ScrubResult) {
-        let mut results = self.results.lock();
-        let e = results.entry(g).or_default();
-        if r.index >= e.index {
-            *e = r;
+    /// of order) or the replica left the node since the scrub started (`generation`).
+    fn record(&self, g: u64, generation: u64, r: ScrubResult) {
+        let mut i = self.inner.lock();
+        if i.generation.get(&g).copied().unwrap_or(0) != generation {
+            return;
+        }
+        match i.results.get(&g) {
+            Some(old) if old.index > r.index => {}
+            _ => {
+                i.results.insert(g, r);
+            }
         }
     }
 }
 
-/// The checksum of group `g`'s user data as of `snap`: (crc32c, keys, bytes), over each
-/// key and value in key order as `len: u32 BE ‖ user key ‖ len: u32 BE ‖ value`.
-pub fn checksum(engine: &Db, g: u64, snap: &Snapshot) -> crate::Result<(u32, u64, u64)> {
+/// An iterator over group `g`'s user data as of `snap` (no block cache fill).
+fn data_iter(engine: &Db, g: u64, snap: &Snapshot) -> crate::Result<DbIterator> {
     let ro = ReadOptions {
         snapshot: Some(snap),
         lower_bound: Some(keys::data_key(g, b"")),
@@ -113,12 +142,17 @@ pub fn checksum(engine: &Db, g: u64, snap: &Snapshot) -> crate::Result<(u32, u64
         fill_cache: false,
         ..ReadOptions::default()
     };
-    let prefix = keys::data_key(g, b"").len();
-    let mut it = engine.iter(&ro)?;
+    Ok(engine.iter(&ro)?)
+}
+
+/// The checksum of what `it` reads: (crc32c, keys, bytes), over each key (less its
+/// first `prefix` bytes: the group's engine prefix) and value in order as
+/// `len: u32 BE ‖ key ‖ len: u32 BE ‖ value`.
+fn checksum(mut it: DbIterator, prefix: usize) -> crate::Result<(u32, u64, u64)> {
     it.seek_to_first();
     let (mut crc, mut n, mut bytes) = (0u32, 0u64, 0u64);
     while it.valid() {
-        let (k, v) = (&it.key()[prefix..], it.value());
+        let (k, v) = (it.key().get(prefix..).unwrap_or_default(), it.value());
         for part in [k, v] {
             crc = crc32c::crc32c_append(crc, &(part.len() as u32).to_be_bytes());
             crc = crc32c::crc32c_append(crc, part);
@@ -129,4 +163,35 @@ pub fn checksum(engine: &Db, g: u64, snap: &Snapshot) -> crate::Result<(u32, u64
     }
     it.status()?;
     Ok((crc, n, bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(index: u64) -> ScrubResult {
+        ScrubResult {
+            index,
+            crc: index as u32,
+            keys: 1,
+            bytes: 1,
+            at: Instant::now(),
+        }
+    }
+
+    /// A later scrub is not replaced by an earlier one finishing late, and a checksum
+    /// started before the replica left the node is not recorded.
+    #[test]
+    fn late_and_stale_results_are_not_recorded() {
+        let s = Scrubs::default();
+        s.record(1, 0, result(9));
+        s.record(1, 0, result(7));
+        assert_eq!(s.latest(1).map(|r| r.index), Some(9));
+        s.forget(1);
+        assert_eq!(s.latest(1), None);
+        s.record(1, 0, result(12));
+        assert_eq!(s.latest(1), None, "started before the replica left");
+        s.record(1, 1, result(12));
+        assert_eq!(s.latest(1).map(|r| r.index), Some(12));
+    }
 }
