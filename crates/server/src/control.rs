@@ -569,82 +569,99 @@ impl MetaService {
             ));
         }
         self.read_index(timeout).await?;
-        let plan = {
-            let meta = self.shared.meta.read();
-            let route = meta.routes().get(&group).ok_or_else(|| {
-                PErr::invalid_argument(format!("group {group} is not in the routing table"))
-            })?;
-            // Asked again after it was done (an answer lost on the way): done. (The
-            // right group starts at the key and came from the same split: same epoch.)
-            if route.epoch > 1 && !key.is_empty() && route.end_key.as_ref() == key.as_slice() {
-                if let Some(right) = meta
-                    .routes()
-                    .values()
-                    .find(|r| r.start_key.as_ref() == key.as_slice() && r.epoch == route.epoch)
-                {
-                    return Ok(proto::SplitGroupResponse {
-                        error: None,
-                        left: Some(route.clone()),
-                        right: Some(right.clone()),
-                    });
-                }
-            }
-            // The meta replicas record the plan; the group's replicas apply the split.
-            let mut nodes: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
-            nodes.extend(route.replicas.iter().map(|r| r.node_id));
-            // (So do replicas being added: a learner not yet in the route.)
-            nodes.extend(self.shared.operators.lock().add_target(group));
-            if let Some(m) = meta.member_behind(&nodes, phoenix_meta::PROTOCOL_SPLIT) {
-                return Err(PErr::invalid_argument(format!(
-                    "node {m} runs an older binary that cannot split groups: upgrade it first"
-                )));
-            }
-            match meta.splits().get(&group) {
-                Some(p) if p.split_key.as_ref() == key.as_slice() => None,
-                Some(p) => {
-                    return Err(PErr::group_unavailable(
-                        group,
-                        format!(
-                            "a split of it at {:02x?} into group {} is under way",
-                            p.split_key, p.new_group_id
-                        ),
-                    ))
-                }
-                None => Some(proto::SplitPlan {
-                    group_id: group,
-                    split_key: key.clone().into(),
-                    new_group_id: meta.next_group_id(),
-                    epoch: route.epoch,
-                    origin: proto::OperatorOrigin::Request as i32,
-                }),
-            }
-        };
-        let new_group = match plan {
-            Some(plan) => {
-                let id = plan.new_group_id;
-                let cmd = proto::MetaCommand {
-                    cmd: Some(proto::meta_command::Cmd::PlanSplit(plan)),
-                };
-                match self.propose(cmd, timeout).await? {
-                    ApplyResult::Done => {}
-                    ApplyResult::Refused(why) => return Err(PErr::invalid_argument(why)),
-                    other => {
-                        return Err(PErr::internal(format!(
-                            "unexpected answer to a split plan: {other:?}"
-                        )))
+        // Another split planned meanwhile (a user's, the split check's) may take the new
+        // group id this plan names: then it is planned again with the next one.
+        let mut attempts = 0;
+        let new_group = loop {
+            let plan = {
+                let meta = self.shared.meta.read();
+                let route = meta.routes().get(&group).ok_or_else(|| {
+                    PErr::invalid_argument(format!("group {group} is not in the routing table"))
+                })?;
+                // Asked again after it was done (an answer lost on the way): done. (The
+                // right group starts at the key and came from the same split: same epoch.)
+                if route.epoch > 1 && !key.is_empty() && route.end_key.as_ref() == key.as_slice() {
+                    if let Some(right) = meta
+                        .routes()
+                        .values()
+                        .find(|r| r.start_key.as_ref() == key.as_slice() && r.epoch == route.epoch)
+                    {
+                        return Ok(proto::SplitGroupResponse {
+                            error: None,
+                            left: Some(route.clone()),
+                            right: Some(right.clone()),
+                        });
                     }
                 }
-                tracing::info!(group, new_group = id, "split planned");
-                self.shared.report_soon.notify_one();
-                id
-            }
-            None => self
-                .shared
-                .meta
-                .read()
-                .splits()
-                .get(&group)
-                .map_or(0, |p| p.new_group_id),
+                // The meta replicas record the plan; the group's replicas apply the split.
+                let mut nodes: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
+                nodes.extend(route.replicas.iter().map(|r| r.node_id));
+                // (So do replicas being added: a learner not yet in the route.)
+                nodes.extend(self.shared.operators.lock().add_target(group));
+                if let Some(m) = meta.member_behind(&nodes, phoenix_meta::PROTOCOL_SPLIT) {
+                    return Err(PErr::invalid_argument(format!(
+                        "node {m} runs an older binary that cannot split groups: upgrade it first"
+                    )));
+                }
+                match meta.splits().get(&group) {
+                    Some(p) if p.split_key.as_ref() == key.as_slice() => None,
+                    Some(p) => {
+                        return Err(PErr::group_unavailable(
+                            group,
+                            format!(
+                                "a split of it at {:02x?} into group {} is under way",
+                                p.split_key, p.new_group_id
+                            ),
+                        ))
+                    }
+                    None => Some(proto::SplitPlan {
+                        group_id: group,
+                        split_key: key.clone().into(),
+                        new_group_id: meta.next_group_id(),
+                        epoch: route.epoch,
+                        origin: proto::OperatorOrigin::Request as i32,
+                    }),
+                }
+            };
+            break match plan {
+                Some(plan) => {
+                    let id = plan.new_group_id;
+                    let cmd = proto::MetaCommand {
+                        cmd: Some(proto::meta_command::Cmd::PlanSplit(plan)),
+                    };
+                    match self.propose(cmd, timeout).await? {
+                        ApplyResult::Done => {}
+                        ApplyResult::Refused(why) => {
+                            attempts += 1;
+                            let taken = self.shared.meta.read().next_group_id() > id;
+                            if taken && attempts < 8 {
+                                tracing::debug!(
+                                    group,
+                                    id,
+                                    "split plan's new group id taken; again"
+                                );
+                                continue;
+                            }
+                            return Err(PErr::invalid_argument(why));
+                        }
+                        other => {
+                            return Err(PErr::internal(format!(
+                                "unexpected answer to a split plan: {other:?}"
+                            )))
+                        }
+                    }
+                    tracing::info!(group, new_group = id, "split planned");
+                    self.shared.report_soon.notify_one();
+                    id
+                }
+                None => self
+                    .shared
+                    .meta
+                    .read()
+                    .splits()
+                    .get(&group)
+                    .map_or(0, |p| p.new_group_id),
+            };
         };
         loop {
             {

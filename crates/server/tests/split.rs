@@ -258,6 +258,59 @@ async fn a_replica_added_after_a_split_gets_the_narrowed_group() {
     }
 }
 
+/// Splits asked for at once in two groups both happen: each plan names the next group
+/// id when it is made, and the one applied second finds its id taken (the plan is then
+/// made again with the next one, instead of being refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn splits_asked_at_once_in_two_groups_both_happen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let cfg = |i: usize| config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+    let nodes: Vec<Node> = (0..3).map(|i| start(cfg(i))).collect();
+    let route = wait_route(&addrs).await;
+    let g = route.group_id;
+    let c = client(&addrs).await;
+    let mut acked = BTreeMap::new();
+    for i in 0..KEYS {
+        c.put(&key(i), &value(i, 0)).await.unwrap();
+        acked.insert(i, 0u32);
+    }
+    let (_, right) = c.split_group(g, &key(100)).await.unwrap();
+    for round in 0..3u32 {
+        let groups = c.cluster_status().await.unwrap().groups;
+        // Each group split at the middle of its keys, all at once.
+        let asks: Vec<_> = groups
+            .iter()
+            .map(|gs| {
+                let lo = gs.start.get(3..).and_then(|k| std::str::from_utf8(k).ok());
+                let lo: u32 = lo.and_then(|k| k.parse().ok()).unwrap_or(0);
+                let hi: u32 = gs
+                    .end
+                    .get(3..)
+                    .and_then(|k| std::str::from_utf8(k).ok())
+                    .and_then(|k| k.parse().ok())
+                    .unwrap_or(KEYS);
+                let (c, id, mid) = (c.clone(), gs.group_id, (lo + hi) / 2);
+                tokio::spawn(async move { (id, c.split_group(id, &key(mid)).await) })
+            })
+            .collect();
+        let mut new_ids = std::collections::BTreeSet::new();
+        for a in asks {
+            let (id, r) = a.await.unwrap();
+            let (_, r) = r.unwrap_or_else(|e| panic!("round {round}: split of group {id}: {e}"));
+            assert!(new_ids.insert(r.group_id), "group id {} twice", r.group_id);
+        }
+        assert_eq!(new_ids.len(), groups.len());
+    }
+    let groups = c.cluster_status().await.unwrap().groups;
+    assert_eq!(groups.len(), 16, "two groups, split three times each");
+    assert!(groups.iter().any(|x| x.group_id == right.group_id));
+    check_all(&c, &acked).await;
+    for n in nodes {
+        n.stop().await;
+    }
+}
+
 /// With a small split size, a group that grows splits by itself, again and again (its
 /// leader's node measures it, the meta leader plans the split at the reported middle
 /// key); the groups tile the key space and keep every write.
