@@ -43,6 +43,7 @@ pub mod service;
 pub mod shared;
 pub mod snapshot;
 pub mod split_check;
+pub mod status_page;
 pub mod storage;
 pub mod transport;
 

@@ -392,20 +392,23 @@ impl Collector for NodeCollector {
 
 const LEVEL_NAMES: [&str; 8] = ["L0", "L1", "L2", "L3", "L4", "L5", "L6", "L7"];
 
-/// Serves `GET /metrics` on `listener` until `stop` turns true.
+/// Serves `GET /metrics` and the status page (`GET /`, `GET /status.json`:
+/// status_page.rs) on `listener` until `stop` turns true.
 pub async fn serve(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let registry = Arc::new(registry(&shared));
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let registry = Arc::clone(&registry);
-            async move { scrape(&registry) }
-        }),
-    );
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let registry = Arc::clone(&registry);
+                async move { scrape(&registry) }
+            }),
+        )
+        .merge(crate::status_page::routes(Arc::clone(&shared)));
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = stop.wait_for(|s| *s).await;

@@ -1451,6 +1451,135 @@ async fn the_metrics_endpoint_counts_requests_and_reports_the_node() {
     node.stop().await;
 }
 
+/// Node 1 of a 3-node cluster serving its metrics port, with a few writes done: the
+/// address of its status page, the node addresses, and the cluster's first route.
+async fn status_page_cluster(dir: &Path) -> (Vec<Node>, String, Vec<String>, proto::Route) {
+    let (addrs, meta) = loopback_members(3);
+    let maddr = format!("127.0.0.1:{}", free_port());
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let mut c = config(i as u64 + 1, &addrs[i], dir, &meta, 3);
+            if i == 0 {
+                c.metrics_listen = Some(maddr.clone());
+            }
+            start(c)
+        })
+        .collect();
+    let route = wait_route(&addrs).await;
+    for i in 0..10u32 {
+        put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v").await;
+    }
+    (nodes, maddr, addrs, route)
+}
+
+/// The status page (`/` on the metrics port) is a page with its script, and
+/// `/status.json` holds the cluster as the meta group sees it: every node with its
+/// address, every group with its leader and replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_status_page_serves_the_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes, maddr, addrs, route) = status_page_cluster(dir.path()).await;
+    let (code, page) = http_get(&maddr, "/").await;
+    assert_eq!(code, 200);
+    assert!(
+        page.contains("<canvas") && page.contains("/status.json"),
+        "{page}"
+    );
+    // Until every node has heartbeated, the table may lack some: wait for all three.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let s = loop {
+        let (code, body) = http_get(&maddr, "/status.json").await;
+        assert_eq!(code, 200, "{body}");
+        let s: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let alive = s["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["alive"] == true)
+            .count();
+        if alive == 3 || Instant::now() > deadline {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(s["node_id"], 1);
+    let listed: Vec<&str> = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["addr"].as_str().unwrap())
+        .collect();
+    for a in &addrs {
+        assert!(listed.contains(&a.as_str()), "{a} missing: {s}");
+    }
+    let g = &s["groups"][0];
+    assert_eq!(g["group_id"], route.group_id);
+    assert_eq!(g["replicas"].as_array().unwrap().len(), 3, "{s}");
+    assert!(g["leader"].as_u64().is_some(), "{s}");
+    assert!(s["meta_leader"].as_u64().is_some(), "{s}");
+    for n in nodes {
+        n.stop().await;
+    }
+}
+
+/// The status page as a browser shows it: headless Chromium loads it, its script
+/// fetches the status and the metrics, and the rendered tables list every node and
+/// the group, and the chart's caption shows a request rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs chromium"]
+async fn the_status_page_renders_in_a_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes, maddr, addrs, route) = status_page_cluster(dir.path()).await;
+    // (The chart needs two scrapes: the page polls every 2 s.)
+    let url = format!("http://{maddr}/");
+    let profile = dir.path().join("chromium");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--virtual-time-budget=5000",
+                "--dump-dom",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(&url)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("run chromium");
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "chromium: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        dom.contains("served by node 1"),
+        "summary not rendered:\n{dom}"
+    );
+    for a in &addrs {
+        assert!(
+            dom.contains(&format!("<td class=\"l\">{a}</td>")),
+            "node {a} not listed:\n{dom}"
+        );
+    }
+    assert!(
+        dom.contains(&format!("<td>{}</td>", route.group_id)) && dom.contains("[-inf, +inf)"),
+        "group not listed:\n{dom}"
+    );
+    assert!(
+        dom.contains("requests/s, mean"),
+        "no rate under the chart:\n{dom}"
+    );
+    for n in nodes {
+        n.stop().await;
+    }
+}
+
 /// A leader's node that stops cleanly hands its groups to a follower first: with
 /// election timeouts of 3–6 s, a new leader takes writes well within the shortest one,
 /// which only the hand-off explains.

@@ -320,20 +320,42 @@ pub struct LocalCluster {
     pub spec: ClusterSpec,
     /// Node N is `nodes[N-1]`.
     pub nodes: Vec<Proc>,
+    /// Node N's metrics port, which serves its status page at `/` (None when the server
+    /// arguments name their own `--metrics-listen`).
+    pub metrics: Vec<Option<SocketAddr>>,
 }
 
 impl LocalCluster {
     /// Starts every node of `spec` (each in `<dir>/node-N`).
     pub fn start(spec: ClusterSpec) -> Result<Self, BoxError> {
+        let mut held = Vec::new();
         for addr in &spec.addrs {
-            if let Err(e) = TcpListener::bind(addr) {
-                return Err(format!(
-                    "{addr} is not free ({e}): is another cluster running on it? (stop it, or use \
-                     another --data-dir / --base-port)"
-                )
-                .into());
+            match TcpListener::bind(addr) {
+                Ok(l) => held.push(l),
+                Err(e) => {
+                    return Err(format!(
+                        "{addr} is not free ({e}): is another cluster running on it? (stop it, \
+                         or use another --data-dir / --base-port)"
+                    )
+                    .into())
+                }
             }
         }
+        // Each node's metrics port (and status page), picked while the nodes' own ports
+        // are held so that none is picked twice.
+        let metrics: Vec<Option<SocketAddr>> = if spec
+            .server_args
+            .iter()
+            .any(|a| a.starts_with("--metrics-listen"))
+        {
+            vec![None; spec.addrs.len()]
+        } else {
+            free_ports(spec.addrs.len())?
+                .into_iter()
+                .map(Some)
+                .collect()
+        };
+        drop(held);
         let exe = std::env::current_exe().map_err(|e| format!("locate the phoenix binary: {e}"))?;
         let meta = spec.meta_arg();
         let mut nodes = Vec::new();
@@ -352,13 +374,20 @@ impl LocalCluster {
                 .arg("--meta")
                 .arg(&meta)
                 .args(&spec.server_args);
+            if let Some(m) = metrics[i] {
+                cmd.arg("--metrics-listen").arg(m.to_string());
+            }
             nodes.push(Proc::spawn(
                 format!("node {id}"),
                 cmd,
                 dir.join("server.log"),
             )?);
         }
-        Ok(LocalCluster { spec, nodes })
+        Ok(LocalCluster {
+            spec,
+            nodes,
+            metrics,
+        })
     }
 
     /// Waits until the cluster serves requests: routes known and every data group has
@@ -507,6 +536,12 @@ fn ready_text(cluster: &LocalCluster, routes: &[Route]) -> String {
             cluster.nodes[i].log.display()
         );
     }
+    if let Some(Some(m)) = cluster.metrics.first() {
+        let _ = writeln!(
+            out,
+            "  status page: http://{m}/  (metrics: http://{m}/metrics)"
+        );
+    }
     for r in routes {
         let leader = r
             .leader
@@ -544,6 +579,7 @@ fn ready_json(cluster: &LocalCluster, routes: &[Route], reused: bool) -> serde_j
                 "addr": a.to_string(),
                 "data_dir": cluster.spec.dir.join(format!("node-{}", i + 1)).display().to_string(),
                 "log": p.log.display().to_string(),
+                "status_page": cluster.metrics.get(i).copied().flatten().map(|m| format!("http://{m}/")),
             })
         })
         .collect();
