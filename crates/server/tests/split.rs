@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use common::*;
 use phoenix_client::{Client, ClientOptions};
-use phoenix_proto as proto;
 
 const KEYS: u32 = 200;
 const WRITERS: u32 = 4;
@@ -369,33 +368,6 @@ async fn a_growing_group_splits_by_size_on_its_own() {
     assert_eq!(all.len(), acked.len());
     for n in nodes {
         n.stop().await;
-    }
-}
-
-/// The routes once there are at least `want`, each with a leader.
-async fn routes_with_leaders_at_least(addrs: &[String], want: usize) -> Vec<proto::Route> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        for a in addrs {
-            let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
-            else {
-                continue;
-            };
-            if let Ok(r) = m
-                .get_routes(proto::GetRoutesRequest { timeout_ms: 1000 })
-                .await
-            {
-                let routes = r.into_inner().routes;
-                if routes.len() >= want && routes.iter().all(|r| r.leader_node_id != 0) {
-                    return routes;
-                }
-            }
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{want} groups with leaders not seen within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -94,12 +94,31 @@ pub async fn kv(addr: &str) -> proto::kv_client::KvClient<tonic::transport::Chan
 
 /// Waits until some node reports a route and returns (route, leader addr).
 pub async fn wait_route(addrs: &[String]) -> proto::Route {
+    let routes = wait_routes(addrs, "a route with a leader", |rs| {
+        rs.first().is_some_and(|r| r.leader_node_id != 0)
+    })
+    .await;
+    routes[0].clone()
+}
+
+/// At least `want` routes, every one with a leader.
+pub async fn routes_with_leaders_at_least(addrs: &[String], want: usize) -> Vec<proto::Route> {
+    wait_routes(addrs, &format!("{want} groups with leaders"), |rs| {
+        rs.len() >= want && rs.iter().all(|r| r.leader_node_id != 0)
+    })
+    .await
+}
+
+/// The routing table as the first node that answers gives it, once `ok` says so; within
+/// 30 s, else the test fails naming `what`.
+pub async fn wait_routes(
+    addrs: &[String],
+    what: &str,
+    ok: impl Fn(&[proto::Route]) -> bool,
+) -> Vec<proto::Route> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        assert!(
-            Instant::now() < deadline,
-            "no route with a leader within 30 s"
-        );
+        assert!(Instant::now() < deadline, "{what} not seen within 30 s");
         for a in addrs {
             let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
             else {
@@ -109,11 +128,9 @@ pub async fn wait_route(addrs: &[String]) -> proto::Route {
                 .get_routes(proto::GetRoutesRequest { timeout_ms: 1000 })
                 .await
             {
-                let r = r.into_inner();
-                if let Some(route) = r.routes.first() {
-                    if route.leader_node_id != 0 {
-                        return route.clone();
-                    }
+                let routes = r.into_inner().routes;
+                if ok(&routes) {
+                    return routes;
                 }
             }
         }
