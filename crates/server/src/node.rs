@@ -342,6 +342,11 @@ pub struct Driver {
     last_create_retry: Instant,
     /// When leaderships were last handed off a full disk (`shed_leaders`).
     last_shed: Instant,
+    /// Splits proposed lately, by group: the range epoch and when. The meta leader
+    /// asks again with every heartbeat until the split is applied (a large group's copy
+    /// takes a while): the same split is not proposed again within
+    /// [`SPLIT_REPROPOSE_AFTER`].
+    splits_proposed: HashMap<u64, (u64, Instant)>,
     /// A stop under way: the groups handed off, until when to wait for them, and whom
     /// to tell (`Event::HandOff`).
     handing_off: Option<HandOff>,
@@ -376,6 +381,10 @@ pub const HAND_OFF_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 /// How often a node whose disk is full hands its leaderships away (a transfer takes an
 /// append round and an election; one under way is not restarted).
 const SHED_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A split proposed here is proposed again (the meta leader still asking) only after
+/// this: its entry may have been lost to a leader change and this node lead again.
+const SPLIT_REPROPOSE_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Memory the node gives to decoded client session records, over all its groups (a
 /// record of a client that acknowledges its answers is about 150 bytes: every client of
@@ -417,6 +426,7 @@ impl Driver {
             create_failed: BTreeMap::new(),
             last_create_retry: Instant::now(),
             last_shed: Instant::now(),
+            splits_proposed: HashMap::new(),
             handing_off: None,
             stopping: false,
             session_records: Arc::default(),
@@ -1093,6 +1103,16 @@ impl Driver {
         {
             return;
         }
+        let now = Instant::now();
+        self.splits_proposed
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < SPLIT_REPROPOSE_AFTER);
+        if self
+            .splits_proposed
+            .get(&g)
+            .is_some_and(|(e, _)| *e == epoch)
+        {
+            return;
+        }
         let cmd = proto::KvCommand {
             cmd: Some(proto::kv_command::Cmd::Split(proto::SplitCommand {
                 split_key: split_key.into(),
@@ -1104,12 +1124,15 @@ impl Driver {
         };
         let data = Bytes::from(prost::Message::encode_to_vec(&cmd));
         match p.raw.propose(data) {
-            Ok(index) => tracing::info!(
-                group = g,
-                index,
-                new_group_id,
-                "proposed a split (meta's request)"
-            ),
+            Ok(index) => {
+                self.splits_proposed.insert(g, (epoch, now));
+                tracing::info!(
+                    group = g,
+                    index,
+                    new_group_id,
+                    "proposed a split (meta's request)"
+                )
+            }
             Err(e) if is_storage(&e) => {
                 return self.fail_group(g, format!("proposing a split: {e}"));
             }
