@@ -570,8 +570,8 @@ impl MetaService {
         }
         self.read_index(timeout).await?;
         // Another split planned meanwhile (a user's, the split check's) may take the new
-        // group id this plan names: then it is planned again with the next one.
-        let mut attempts = 0;
+        // group id this plan names: then it is planned again with the next one, until
+        // the request's time is up.
         let new_group = loop {
             let plan = {
                 let meta = self.shared.meta.read();
@@ -632,9 +632,8 @@ impl MetaService {
                     match self.propose(cmd, timeout).await? {
                         ApplyResult::Done => {}
                         ApplyResult::Refused(why) => {
-                            attempts += 1;
                             let taken = self.shared.meta.read().next_group_id() > id;
-                            if taken && attempts < 8 {
+                            if taken && tokio::time::Instant::now() < deadline {
                                 tracing::debug!(
                                     group,
                                     id,

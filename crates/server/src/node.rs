@@ -342,11 +342,11 @@ pub struct Driver {
     last_create_retry: Instant,
     /// When leaderships were last handed off a full disk (`shed_leaders`).
     last_shed: Instant,
-    /// Splits proposed lately, by group: the range epoch and when. The meta leader
-    /// asks again with every heartbeat until the split is applied (a large group's copy
-    /// takes a while): the same split is not proposed again within
-    /// [`SPLIT_REPROPOSE_AFTER`].
-    splits_proposed: HashMap<u64, (u64, Instant)>,
+    /// Splits proposed lately, by group: the range epoch and raft term, and when. The
+    /// meta leader asks again with every heartbeat until the split is applied (a large
+    /// group's copy takes a while): the same split is not proposed again in the same
+    /// term within [`SPLIT_REPROPOSE_AFTER`] (a new term may have dropped the entry).
+    splits_proposed: HashMap<u64, ((u64, u64), Instant)>,
     /// A stop under way: the groups handed off, until when to wait for them, and whom
     /// to tell (`Event::HandOff`).
     handing_off: Option<HandOff>,
@@ -1104,13 +1104,10 @@ impl Driver {
             return;
         }
         let now = Instant::now();
+        let key = (epoch, p.raw.raft().term());
         self.splits_proposed
             .retain(|_, (_, at)| now.saturating_duration_since(*at) < SPLIT_REPROPOSE_AFTER);
-        if self
-            .splits_proposed
-            .get(&g)
-            .is_some_and(|(e, _)| *e == epoch)
-        {
+        if self.splits_proposed.get(&g).is_some_and(|(k, _)| *k == key) {
             return;
         }
         let cmd = proto::KvCommand {
@@ -1125,7 +1122,7 @@ impl Driver {
         let data = Bytes::from(prost::Message::encode_to_vec(&cmd));
         match p.raw.propose(data) {
             Ok(index) => {
-                self.splits_proposed.insert(g, (epoch, now));
+                self.splits_proposed.insert(g, (key, now));
                 tracing::info!(
                     group = g,
                     index,

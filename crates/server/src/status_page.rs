@@ -36,6 +36,7 @@ pub fn routes(shared: Arc<Shared>) -> axum::Router {
                     [
                         (header::CONTENT_TYPE, "text/html; charset=utf-8"),
                         (header::CACHE_CONTROL, "no-store"),
+                        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
                     ],
                     PAGE,
                 )
@@ -73,6 +74,7 @@ async fn status(svc: &MetaService) -> Response {
         [
             (header::CONTENT_TYPE, "application/json"),
             (header::CACHE_CONTROL, "no-store"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         ],
         body.to_string(),
     )

@@ -1534,9 +1534,13 @@ async fn the_status_page_renders_in_a_browser() {
     let url = format!("http://{maddr}/");
     let profile = dir.path().join("chromium");
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("chromium")
+        // (Bounded: a chromium that hangs must not hang the test.)
+        std::process::Command::new("timeout")
             .args([
+                "60",
+                "chromium",
                 "--headless",
+                "--disable-dev-shm-usage",
                 "--no-sandbox",
                 "--disable-gpu",
                 "--no-first-run",

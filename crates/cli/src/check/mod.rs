@@ -3,9 +3,9 @@
 //! Starts three `phoenix server` processes (or `--nodes`; the first three form the meta
 //! group) on loopback (this same binary, with the fault-injection service on), runs several clients doing random get / put /
 //! compare-and-swap on a few keys with unique values, and meanwhile a nemesis plays the
-//! chosen rounds in turn, one every 4.5 s: each kills (-9), pauses (SIGSTOP), cuts off
+//! chosen rounds in turn, 2.5 s apart: each kills (-9), pauses (SIGSTOP), cuts off
 //! from its peers, or fails the disk of the group's leader, a random node, or (kill)
-//! every node at once, and brings it back 2 s later. With `--power-loss` the servers keep
+//! every node at once, and brings it back 2 s later (8 s for `kill-random-long`). With `--power-loss` the servers keep
 //! unsynced bytes in memory, so every kill also loses what a node never synced. Every
 //! operation's invocation and completion time is recorded and the history is checked
 //! ([`model`]). The run must also serve again after its last fault: a cluster that lost
@@ -106,7 +106,8 @@ impl Round {
 /// Flags of `phoenix check`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Nemesis rounds, played in turn (one every 4.5 s, each fault lasting 2 s).
+    /// Nemesis rounds, played in turn (2.5 s apart, each fault lasting 2 s, 8 s for
+    /// kill-random-long).
     #[arg(
         long,
         value_enum,
@@ -271,7 +272,12 @@ async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
     }
     let (mut events, last_back) = played?;
     events.extend(split_events);
-    let healed = wait_healed(&endpoints, start + last_back).await;
+    let healed = wait_healed(
+        &endpoints,
+        start + last_back,
+        replication(&args.server_args),
+    )
+    .await;
     let healed_after = healed.as_ref().ok().map(|(t, _)| *t);
     // Where the groups ended: how many, and each node's replicas.
     let layout = healed.as_ref().ok().map(|(_, s)| {
@@ -602,7 +608,7 @@ impl Worker {
     }
 }
 
-/// Plays `rounds` in turn, one every 4.5 s from 3 s on, while at least 10 s are left
+/// Plays `rounds` in turn, 2.5 s apart from 3 s on, each only if it ends at least 10 s
 /// before `stop` (a whole-cluster restart, elections and clients coming back, then the
 /// operations that show the cluster serves again). Returns the events and when the last
 /// fault ended (offset from `start`).
@@ -620,10 +626,12 @@ async fn play_nemesis(
     let mut last_back = Duration::ZERO;
     tokio::time::sleep(Duration::from_secs(3)).await;
     for i in 0.. {
-        if rounds.is_empty() || Instant::now() + Duration::from_secs(10) > stop {
+        let r = rounds.get(i % rounds.len().max(1)).copied();
+        // Every fault ends at least 10 s before the workload does.
+        let Some(r) = r.filter(|r| Instant::now() + r.lasts() + Duration::from_secs(10) <= stop)
+        else {
             break;
-        }
-        let r = rounds[i % rounds.len()];
+        };
         let victim = match r.at_leader() {
             true => match current_leader(cluster, endpoints).await {
                 Some(l) => l,
@@ -788,16 +796,29 @@ where
     }
 }
 
-/// The live node that serves reads of the data group as its leader right now (the meta
-/// group's report lags by a heartbeat, so each node is asked directly), if any.
-/// Waits until every group of the cluster is whole (3 voters on live nodes, each
-/// replica reported running, no learner, a leader), up to [`HEAL_WITHIN`] after
-/// `since` (the last fault's end). Returns how long after `since` it was first seen
-/// whole (the workload runs 10 s past the last fault: so that long at least) and the
-/// cluster then, or what was last missing.
+/// The servers' `--replication` as `server_args` give it (3 if they do not).
+fn replication(server_args: &[String]) -> usize {
+    let mut it = server_args.iter();
+    let mut found = None;
+    while let Some(a) = it.next() {
+        if let Some(v) = a.strip_prefix("--replication=") {
+            found = v.parse().ok();
+        } else if a == "--replication" {
+            found = it.next().and_then(|v| v.parse().ok());
+        }
+    }
+    found.unwrap_or(3)
+}
+
+/// Waits until every group of the cluster is whole (`replication` voters on live
+/// nodes, each replica reported running, no learner, a leader), up to [`HEAL_WITHIN`]
+/// after `since` (the last fault's end). Returns how long after `since` it was first
+/// seen whole (the workload runs at least 10 s past the last fault: so that long at
+/// least) and the cluster then, or what was last missing.
 async fn wait_healed(
     endpoints: &[String],
     since: Instant,
+    replication: usize,
 ) -> Result<(Duration, phoenix_client::ClusterStatus), String> {
     let deadline = since + HEAL_WITHIN;
     let opts = ClientOptions {
@@ -808,7 +829,7 @@ async fn wait_healed(
     while Instant::now() < deadline {
         match Client::connect(endpoints.to_vec(), opts.clone()).await {
             Ok(c) => match c.cluster_status().await {
-                Ok(s) => match unhealed(&s) {
+                Ok(s) => match unhealed(&s, replication) {
                     None => return Ok((since.elapsed(), s)),
                     Some(why) => last = why,
                 },
@@ -821,8 +842,9 @@ async fn wait_healed(
     Err(last)
 }
 
-/// What keeps the cluster `s` from being whole (None: nothing).
-fn unhealed(s: &phoenix_client::ClusterStatus) -> Option<String> {
+/// What keeps the cluster `s` from being whole with `replication` voters a group (None:
+/// nothing).
+fn unhealed(s: &phoenix_client::ClusterStatus, replication: usize) -> Option<String> {
     let alive: std::collections::HashSet<u64> = s
         .nodes
         .iter()
@@ -834,13 +856,23 @@ fn unhealed(s: &phoenix_client::ClusterStatus) -> Option<String> {
     }
     for g in &s.groups {
         let id = g.group_id;
-        if g.leader.is_none() {
+        // A leader: a voter's own report, of the highest term any replica reports (the
+        // meta leader's last word on the leader is not cleared when it steps down).
+        let top = g.replica_status.iter().map(|r| r.term).max().unwrap_or(0);
+        let led = g.replica_status.iter().any(|r| {
+            r.is_leader
+                && r.term == top
+                && g.replicas.contains(&r.node_id)
+                && !g.learners.contains(&r.node_id)
+                && alive.contains(&r.node_id)
+        });
+        if !led {
             return Some(format!("group {id} has no leader"));
         }
         if !g.learners.is_empty() {
             return Some(format!("group {id} has learners {:?}", g.learners));
         }
-        if g.replicas.len() != 3 {
+        if g.replicas.len() != replication {
             return Some(format!("group {id} has replicas {:?}", g.replicas));
         }
         for &n in &g.replicas {
@@ -862,6 +894,8 @@ fn unhealed(s: &phoenix_client::ClusterStatus) -> Option<String> {
     None
 }
 
+/// The live node that serves reads of the data group as its leader right now (the meta
+/// group's report lags by a heartbeat, so each node is asked directly), if any.
 async fn current_leader(cluster: &mut LocalCluster, endpoints: &[String]) -> Option<usize> {
     let live: Vec<bool> = cluster.nodes.iter_mut().map(|p| p.is_running()).collect();
     let mut group = None;
@@ -1046,25 +1080,33 @@ mod tests {
             operators: vec![],
             scrub_mismatches: vec![],
         };
-        assert_eq!(unhealed(&whole), None);
+        assert_eq!(unhealed(&whole, 3), None);
         let mut s = whole.clone();
         s.nodes[2].alive = false;
-        assert!(unhealed(&s).is_some_and(|w| w.contains("node 3, not alive")));
+        assert!(unhealed(&s, 3).is_some_and(|w| w.contains("node 3, not alive")));
         let mut s = whole.clone();
-        s.groups[0].leader = None;
-        assert!(unhealed(&s).is_some_and(|w| w.contains("no leader")));
+        s.groups[0].replica_status[0].is_leader = false;
+        assert!(unhealed(&s, 3).is_some_and(|w| w.contains("no leader")));
+        // A leader of an older term than another replica reports: none now.
+        let mut s = whole.clone();
+        s.groups[0].replica_status[2].term = 2;
+        assert!(unhealed(&s, 3).is_some_and(|w| w.contains("no leader")));
+        assert!(unhealed(&whole, 5).is_some_and(|w| w.contains("replicas [1, 2, 3]")));
+        assert_eq!(replication(&["--replication=5".into()]), 5);
+        assert_eq!(replication(&["--replication".into(), "1".into()]), 1);
+        assert_eq!(replication(&["--down-after=5s".into()]), 3);
         let mut s = whole.clone();
         s.groups[0].replicas.push(4);
         s.groups[0].learners.push(4);
-        assert!(unhealed(&s).is_some_and(|w| w.contains("learners")));
+        assert!(unhealed(&s, 3).is_some_and(|w| w.contains("learners")));
         let mut s = whole.clone();
         s.groups[0].replica_status[1].stopped = "disk".into();
-        assert!(unhealed(&s).is_some_and(|w| w.contains("stopped")));
+        assert!(unhealed(&s, 3).is_some_and(|w| w.contains("stopped")));
         let mut s = whole.clone();
         s.groups[0].replica_status.pop();
-        assert!(unhealed(&s).is_some_and(|w| w.contains("reports no replica")));
+        assert!(unhealed(&s, 3).is_some_and(|w| w.contains("reports no replica")));
         let mut s = whole;
         s.groups[0].replicas.pop();
-        assert!(unhealed(&s).is_some_and(|w| w.contains("replicas [1, 2]")));
+        assert!(unhealed(&s, 3).is_some_and(|w| w.contains("replicas [1, 2]")));
     }
 }

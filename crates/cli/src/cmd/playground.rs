@@ -59,6 +59,8 @@ pub struct ClusterSpec {
     pub addrs: Vec<SocketAddr>,
     /// Extra arguments for every server.
     pub server_args: Vec<String>,
+    /// Give every node a metrics port (and its status page), picked free at each start.
+    pub status_pages: bool,
 }
 
 impl ClusterSpec {
@@ -94,6 +96,7 @@ impl ClusterSpec {
             dir: dir.to_path_buf(),
             addrs,
             server_args: Vec::new(),
+            status_pages: false,
         })
     }
 
@@ -108,6 +111,7 @@ impl ClusterSpec {
             dir: dir.to_path_buf(),
             addrs: free_ports(n)?,
             server_args: Vec::new(),
+            status_pages: false,
         })
     }
 
@@ -320,8 +324,9 @@ pub struct LocalCluster {
     pub spec: ClusterSpec,
     /// Node N is `nodes[N-1]`.
     pub nodes: Vec<Proc>,
-    /// Node N's metrics port, which serves its status page at `/` (None when the server
-    /// arguments name their own `--metrics-listen`).
+    /// Node N's metrics port, which serves its status page at `/` (None unless the spec
+    /// asks for status pages, or when the server arguments name their own
+    /// `--metrics-listen`).
     pub metrics: Vec<Option<SocketAddr>>,
 }
 
@@ -343,10 +348,11 @@ impl LocalCluster {
         }
         // Each node's metrics port (and status page), picked while the nodes' own ports
         // are held so that none is picked twice.
-        let metrics: Vec<Option<SocketAddr>> = if spec
-            .server_args
-            .iter()
-            .any(|a| a.starts_with("--metrics-listen"))
+        let metrics: Vec<Option<SocketAddr>> = if !spec.status_pages
+            || spec
+                .server_args
+                .iter()
+                .any(|a| a.starts_with("--metrics-listen"))
         {
             vec![None; spec.addrs.len()]
         } else {
@@ -458,6 +464,7 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
     let reused = args.data_dir.join(CONF_FILE).exists();
     let mut spec = ClusterSpec::load_or_create(&args.data_dir, args.base_port)?;
     spec.server_args = args.server_args.clone();
+    spec.status_pages = true;
     let mut cluster = LocalCluster::start(spec)?;
     report.line(format_args!(
         "Starting a PhoenixKV playground: {} nodes, data in {} ({})",
