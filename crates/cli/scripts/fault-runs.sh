@@ -47,7 +47,8 @@ for i in $(seq 1 "$runs"); do
   dir="$out/run-$i"
   # shellcheck disable=SC2086 # the flags are words
   if "$bin" check --seed "$seed" --dir "$dir" $(flags_of "${names[$k]}") >"$out/run-$i.txt" 2>&1; then
-    pass=$((pass + 1)); echo "run $i ${names[$k]} seed $seed ok"
+    healed=$(grep -o 'whole again by [0-9.]* s' "$out/run-$i.txt" || true)
+    pass=$((pass + 1)); echo "run $i ${names[$k]} seed $seed ok${healed:+ ($healed)}"
     rm -rf "$dir" "$out/run-$i.txt"
   else
     fail=$((fail + 1)); echo "run $i ${names[$k]} seed $seed FAILED (report: $out/run-$i.txt, data: $dir)"

@@ -51,17 +51,22 @@ struct Asked {
 
 /// The replicas of `group` a scrub waits for: those the routing table lists (voters
 /// and learners), on nodes alive at `now`, reported and running. None when the group is
-/// not in the table, or a replica listed on a live node has not reported it yet.
+/// not in the table, or a replica listed on a live node has not reported it yet. A node
+/// not heard from at all counts as alive (to be waited for) while `new_in_office`: a
+/// meta leader new in office has not heard from every node yet.
 fn waited(
     state: &MetaState,
     view: &LeaderView,
     group: u64,
     now: Instant,
+    new_in_office: bool,
 ) -> Option<Vec<ReplicaStats>> {
     let route = state.routes().get(&group)?;
     let mut out = Vec::new();
     for r in &route.replicas {
-        if !view.is_alive(r.node_id, now) {
+        let unheard = view.last_heartbeat(r.node_id).is_none();
+        let awaited = view.is_alive(r.node_id, now) || (unheard && new_in_office);
+        if !awaited {
             continue;
         }
         let rep = view.replica(r.node_id, group)?;
@@ -86,9 +91,19 @@ pub struct Scrubs {
     last: HashMap<u64, Instant>,
     /// Mismatches already returned by `new_mismatches`: (group, index).
     logged: BTreeSet<(u64, u64)>,
+    /// When this schedule was first used: this meta leader's time in office, near
+    /// enough (it is made anew when the leadership changes).
+    since: Option<Instant>,
 }
 
 impl Scrubs {
+    /// Whether a node not heard from may still report (this meta leader is new, see
+    /// [`waited`]); counts the time in office from the first call.
+    fn new_in_office(&mut self, now: Instant) -> bool {
+        let since = *self.since.get_or_insert(now);
+        now.saturating_duration_since(since) < crate::liveness::ALIVE_WITHIN
+    }
+
     /// Asks for a scrub of `group` now (a user's request, or the schedule's). Returns
     /// `before`: the scrub asked for is the first every waited replica reports past it
     /// (see the module doc). None (nothing asked) while a replica listed on a live node
@@ -102,7 +117,8 @@ impl Scrubs {
         group: u64,
         now: Instant,
     ) -> Option<u64> {
-        let waited = waited(state, view, group, now)?;
+        let new = self.new_in_office(now);
+        let waited = waited(state, view, group, now, new)?;
         if let Some(a) = self.asked.get(&group) {
             if !done(&waited, a.before) {
                 return Some(a.before);
@@ -128,13 +144,15 @@ impl Scrubs {
     /// The outcome of the scrub of `group` asked past `before`, once every waited
     /// replica reported the same scrub point past it (None: not yet).
     pub fn outcome(
+        &mut self,
         state: &MetaState,
         view: &LeaderView,
         group: u64,
         before: u64,
         now: Instant,
     ) -> Option<ScrubGroupResponse> {
-        let waited = waited(state, view, group, now)?;
+        let new = self.new_in_office(now);
+        let waited = waited(state, view, group, now, new)?;
         let index = waited.first()?.scrub_index;
         if index <= before || waited.iter().any(|r| r.scrub_index != index) {
             return None;
@@ -220,8 +238,9 @@ impl Scrubs {
         now: Instant,
     ) -> Vec<(u64, bool)> {
         let mut ended = Vec::new();
+        let new = self.new_in_office(now);
         self.asked.retain(|&g, a| {
-            let finished = waited(state, view, g, now).is_some_and(|w| done(&w, a.before));
+            let finished = waited(state, view, g, now, new).is_some_and(|w| done(&w, a.before));
             if finished || now.saturating_duration_since(a.at) >= SCRUB_TIMEOUT {
                 ended.push((g, finished));
                 return false;
@@ -400,9 +419,9 @@ mod tests {
         assert_eq!(s.settle(&st, &v, now), vec![]);
         assert!(s.under_way(1));
         assert!(s.take_commands(&v, 1, now + SCRUB_RESEND * 2).is_empty());
-        assert_eq!(Scrubs::outcome(&st, &v, 1, 10, now), None);
+        assert_eq!(s.outcome(&st, &v, 1, 10, now), None);
         let v = scrub_view(&st, now, |_, _| (12, 1));
-        let out = Scrubs::outcome(&st, &v, 1, 10, now).unwrap();
+        let out = s.outcome(&st, &v, 1, 10, now).unwrap();
         assert!(out.consistent && out.index == 12 && out.replicas.len() == 3);
         // Asked again before the schedule settled it: a new scrub, after this one.
         assert_eq!(s.ask(&st, &v, 1, now), Some(12));
@@ -422,12 +441,18 @@ mod tests {
     fn a_scrub_waits_for_live_running_replicas_only() {
         let now = Instant::now();
         let st = cluster(3, 1, |_| vec![1, 2, 3]);
-        // Node 3 not heard from: only nodes 1 and 2 are alive.
+        // Node 3 not heard from. A meta leader new in office waits for it (it may
+        // just not have reported yet, and its report could carry an older scrub)...
         let mut v = LeaderView::default();
         for id in [1, 2] {
             v.record(now, id, NodeStats::default(), &report(&st, id, &|_| 1));
         }
+        let mut fresh = Scrubs::default();
+        assert_eq!(fresh.ask(&st, &v, 1, now), None);
+        // ...one in office for ALIVE_WITHIN counts it dead.
         let mut s = Scrubs::default();
+        let earlier = now - crate::liveness::ALIVE_WITHIN;
+        assert!(s.settle(&st, &v, earlier).is_empty());
         assert_eq!(s.ask(&st, &v, 1, now), Some(10));
         let past = |stopped: &str| {
             let mut v = LeaderView::default();
@@ -451,17 +476,14 @@ mod tests {
         };
         // Dead node 3: done without it.
         let dead = past("");
-        assert_eq!(
-            Scrubs::outcome(&st, &dead, 1, 10, now).map(|o| o.index),
-            Some(11)
-        );
-        assert!(!Scrubs::outcome(&st, &dead, 1, 10, now).unwrap().consistent);
+        assert_eq!(s.outcome(&st, &dead, 1, 10, now).map(|o| o.index), Some(11));
+        assert!(!s.outcome(&st, &dead, 1, 10, now).unwrap().consistent);
         assert_eq!(s.settle(&st, &dead, now), vec![(1, true)]);
         // Alive but stopped: done without it too.
         s.ask(&st, &dead, 1, now);
         let stopped = past("disk failed");
         assert_eq!(
-            Scrubs::outcome(&st, &stopped, 1, 10, now).map(|o| o.index),
+            s.outcome(&st, &stopped, 1, 10, now).map(|o| o.index),
             Some(11)
         );
         // A view that lacks a live replica's report asks nothing.

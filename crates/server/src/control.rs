@@ -733,7 +733,12 @@ impl MetaService {
                         }
                     }
                     Some(b) => {
-                        if let Some(r) = phoenix_meta::Scrubs::outcome(&meta, &lv, group, b, now) {
+                        let r = self
+                            .shared
+                            .scrub_schedule
+                            .lock()
+                            .outcome(&meta, &lv, group, b, now);
+                        if let Some(r) = r {
                             return Ok(r);
                         }
                     }
