@@ -217,8 +217,7 @@ pub fn balance_replicas(
         };
         touched.insert(group);
         moves.push(ReplicaMove::Move { group, from, to });
-        load.remove(from, size(group));
-        load.add(to, size(group));
+        load.shift(from, to, size(group));
     }
     // The groups each node could give by bytes, largest first (those that fit any move:
     // big enough, no learner, not over `replication`, movable).
@@ -267,8 +266,7 @@ pub fn balance_replicas(
         };
         touched.insert(group);
         moves.push(ReplicaMove::Move { group, from, to });
-        load.remove(from, size(group));
-        load.add(to, size(group));
+        load.shift(from, to, size(group));
     }
     moves
 }
@@ -294,6 +292,12 @@ impl Load {
             *c = c.saturating_sub(1);
             *b = b.saturating_sub(bytes);
         }
+    }
+
+    /// A replica of a group of `bytes` moved from `from` to `to`.
+    fn shift(&mut self, from: u64, to: u64, bytes: u64) {
+        self.remove(from, bytes);
+        self.add(to, bytes);
     }
 
     /// Whether every node's bytes are within `max(10% of the mean, BYTES_BAND_MIN)` of
