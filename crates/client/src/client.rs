@@ -1711,6 +1711,35 @@ impl Client {
         Ok((route_from_wire(&left), route_from_wire(&right)))
     }
 
+    /// Merges `source` into its neighbour `target` (the same replicas): the source
+    /// freezes, the target takes its range, data and client sessions, and the source
+    /// goes. Waits until the routing table holds the merged group; returns its route.
+    pub async fn merge_group(&self, source: u64, target: u64) -> Result<Route> {
+        let r = self
+            .meta_call(
+                "merge_group",
+                self.timeout * 3 / 4,
+                |mut meta, t| async move {
+                    let req = pb::MergeGroupRequest {
+                        source,
+                        target,
+                        timeout_ms: t,
+                    };
+                    let mut r = meta.merge_group(req).await?.into_inner();
+                    Ok((r.error.take(), r))
+                },
+            )
+            .await?;
+        let Some(route) = r.route else {
+            return Err(ClientError::Protocol {
+                addr: "the meta leader".into(),
+                why: "a merge answered without the merged route".into(),
+            });
+        };
+        self.take_route(&route);
+        Ok(route_from_wire(&route))
+    }
+
     /// Scrubs `group`: its leader proposes a scrub point, every replica checksums the
     /// group's data there, and the meta leader compares them. Waits until every voter
     /// reported it. A mismatch is an answer (`consistent` false), not an error.
@@ -1948,6 +1977,7 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
                 Ok(pb::OperatorKind::AddReplica) => "add-replica".to_string(),
                 Ok(pb::OperatorKind::RemoveReplica) => "remove-replica".to_string(),
                 Ok(pb::OperatorKind::Split) => "split".to_string(),
+                Ok(pb::OperatorKind::Merge) => "merge".to_string(),
                 _ => format!("unknown ({})", o.kind),
             },
             origin: match pb::OperatorOrigin::try_from(o.origin) {
@@ -1955,6 +1985,7 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
                 Ok(pb::OperatorOrigin::Balance) => "balance".to_string(),
                 Ok(pb::OperatorOrigin::Repair) => "repair".to_string(),
                 Ok(pb::OperatorOrigin::SplitCheck) => "split-check".to_string(),
+                Ok(pb::OperatorOrigin::MergeCheck) => "merge-check".to_string(),
                 _ => format!("unknown ({})", o.origin),
             },
             from: o.from_node,

@@ -507,6 +507,7 @@ impl Meta for Node {
                 to_node: 2,
                 age_ms: 40,
                 step: String::new(),
+                into_group: 0,
             }],
         }))
     }
@@ -555,6 +556,10 @@ impl Meta for Node {
     }
 
     async fn scrub_group(&self, _req: Request<pb::ScrubGroupRequest>) -> R<pb::ScrubGroupResponse> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn merge_group(&self, _req: Request<pb::MergeGroupRequest>) -> R<pb::MergeGroupResponse> {
         Err(Status::unimplemented("fake"))
     }
 

@@ -113,6 +113,16 @@ pub enum Refusal {
         /// What is wrong with it.
         why: String,
     },
+    /// A merge that cannot be planned, moved on or finished as asked.
+    #[error("merge of group {source_group} into group {target}: {why}")]
+    BadMerge {
+        /// The group that goes.
+        source_group: u64,
+        /// The group that takes it in.
+        target: u64,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 /// Why an operator (a change the meta leader drives, e.g. a leader transfer) cannot
@@ -147,6 +157,16 @@ pub enum OperatorError {
         node: u64,
         /// The cause it reported.
         why: String,
+    },
+    /// The group is in a merge plan: its membership stays until the merge ends.
+    #[error("group {group} is in the merge of group {source_group} into group {target}")]
+    Merging {
+        /// The group asked for.
+        group: u64,
+        /// The merge's source.
+        source_group: u64,
+        /// The merge's target.
+        target: u64,
     },
     /// No heartbeat from the node lately.
     #[error("node {0} is down (no heartbeat lately)")]

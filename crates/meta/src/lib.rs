@@ -13,6 +13,8 @@
 //!   and removals) and the leader balancer that starts transfers;
 //! - [`repair`]: which replicas of down nodes to replace, and with what;
 //! - [`rebalance`]: which replicas to move so every node hosts about as many;
+//! - [`merge`]: merges — their phases from the replicas' reports, the steps to ask of
+//!   group leaders, which neighbours to merge by size;
 //! - [`split`]: splits — which planned ones a group applied, which groups to split by
 //!   size;
 //! - [`schedule`]: decisions — bootstrap placement (one group, or one per range between
@@ -23,6 +25,7 @@
 
 pub mod error;
 pub mod liveness;
+pub mod merge;
 pub mod operator;
 pub mod rebalance;
 pub mod repair;
@@ -33,6 +36,7 @@ pub mod state;
 
 pub use error::{Error, OperatorError, Refusal, Result};
 pub use liveness::{LeaderView, Report, ALIVE_WITHIN};
+pub use merge::{merge_commands, merge_steps, small_merges, MERGE_INFLIGHT_MAX};
 pub use operator::{
     balance_leaders, AddStep, Operators, Origin, Outcome, RemoveStep, BALANCE_INFLIGHT_MAX,
 };
@@ -46,6 +50,6 @@ pub use scrub::{scrub_mismatches, scrub_report, Scrubs, SCRUB_INFLIGHT_MAX};
 pub use split::{finished_splits, size_splits, SPLIT_INFLIGHT_MAX};
 pub use state::{
     node_record_key, route_contains, route_record_key, state_record_key, validate_table, Applied,
-    MetaState, Write, META_GROUP, PROTOCOL, PROTOCOL_NODE_STATE, PROTOCOL_REPLICA_MOVES,
-    PROTOCOL_SPLIT,
+    MetaState, Write, META_GROUP, PROTOCOL, PROTOCOL_MERGE, PROTOCOL_NODE_STATE,
+    PROTOCOL_REPLICA_MOVES, PROTOCOL_SPLIT,
 };

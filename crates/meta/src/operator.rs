@@ -278,6 +278,7 @@ impl Operators {
         if let Some(r) = self.removes.get(&group) {
             return Err(OperatorError::Busy { group, to: r.node });
         }
+        merge_free(state, group)?;
         if is_voter(route, to) {
             return Ok(false);
         }
@@ -327,6 +328,12 @@ impl Operators {
         Ok(started)
     }
 
+    /// Whether an addition or removal of a replica of `group` is under way (a merge is
+    /// planned only between groups whose membership stays put).
+    pub fn changes_membership(&self, group: u64) -> bool {
+        self.adds.contains_key(&group) || self.removes.contains_key(&group)
+    }
+
     /// The node a move of `group` that ended lately (within [`TRIM_HINT_FOR`] before
     /// `now`) meant its extra voter to be trimmed from.
     pub fn trim_hint(&self, group: u64, now: Instant) -> Option<u64> {
@@ -367,6 +374,7 @@ impl Operators {
         if !route.replicas.iter().any(|r| r.node_id == node) {
             return Ok(false);
         }
+        merge_free(state, group)?;
         if let Some(t) = self.transfers.get(&group) {
             return Err(OperatorError::Busy { group, to: t.to });
         }
@@ -597,6 +605,7 @@ impl Operators {
                         to_node: t.to,
                         age_ms: now.saturating_duration_since(t.started).as_millis() as u64,
                         step: String::new(),
+                        into_group: 0,
                     },
                 )
             })
@@ -612,6 +621,7 @@ impl Operators {
                     to_node: a.to,
                     age_ms: now.saturating_duration_since(a.started).as_millis() as u64,
                     step: a.step.name().to_string(),
+                    into_group: 0,
                 },
             )
         }));
@@ -626,6 +636,7 @@ impl Operators {
                     to_node: 0,
                     age_ms: now.saturating_duration_since(r.started).as_millis() as u64,
                     step: r.step.name().to_string(),
+                    into_group: 0,
                 },
             )
         }));
@@ -937,6 +948,19 @@ fn can_lead(state: &MetaState, view: &LeaderView, group: u64, from: u64, to: u64
     placed
         && target.stopped.is_empty()
         && target.applied_index + BALANCE_LAG_MAX >= leader.commit_index
+}
+
+/// Refuses a membership change of a group in a merge plan: a merge takes groups with
+/// the same replicas, and keeps them so until it ends.
+fn merge_free(state: &MetaState, group: u64) -> Result<(), OperatorError> {
+    match state.merge_of(group) {
+        Some(m) => Err(OperatorError::Merging {
+            group,
+            source_group: m.source,
+            target: m.target,
+        }),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -305,7 +305,8 @@ pub fn placement_commands(
             }
         })
     });
-    create.chain(destroy).chain(split).collect()
+    let merge = crate::merge::merge_commands(state, view, node);
+    create.chain(destroy).chain(split).chain(merge).collect()
 }
 
 #[cfg(test)]

@@ -37,7 +37,10 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use phoenix_proto::{meta_command, MetaCommand, NodeState, Replica, Route, SplitDone, SplitPlan};
+use phoenix_proto::{
+    meta_command, MergeDone, MergePhase, MergePlan, MetaCommand, NodeState, Replica, Route,
+    SplitDone, SplitPlan,
+};
 use prost::Message;
 
 use crate::error::{Error, Refusal, Result};
@@ -47,10 +50,11 @@ pub const META_GROUP: u64 = 0;
 
 /// The meta commands this binary applies: 1 = `UpdateRoute` (membership changes), 2 =
 /// `SetNodeState` (draining), 3 = `PlanSplit` and `FinishSplit` (and data nodes that
-/// apply splits). Before 1, a command kind unknown to a replica was refused
+/// apply splits), 4 = `PlanMerge` and `FinishMerge` (and data nodes that apply merges).
+/// Before 1, a command kind unknown to a replica was refused
 /// there and applied elsewhere: a kind is proposed only once every meta member's node
 /// record says it applies it ([`MetaState::member_behind`]).
-pub const PROTOCOL: u32 = 3;
+pub const PROTOCOL: u32 = 4;
 
 /// The protocol level whose route updates replica additions and removals rely on (the
 /// level of the binaries that brought them).
@@ -58,6 +62,9 @@ pub const PROTOCOL_REPLICA_MOVES: u32 = 2;
 
 /// The protocol level that brought splits.
 pub const PROTOCOL_SPLIT: u32 = 3;
+
+/// The protocol level that brought merges.
+pub const PROTOCOL_MERGE: u32 = 4;
 
 /// The protocol level that brought `SetNodeState`.
 pub const PROTOCOL_NODE_STATE: u32 = 2;
@@ -70,6 +77,8 @@ const ROUTE_RECORD: u8 = b'r';
 const STATE_RECORD: u8 = b's';
 /// Key kind of split plan records.
 const PLAN_RECORD: u8 = b'p';
+/// Key kind of merge plan records (by source group).
+const MERGE_RECORD: u8 = b'm';
 /// Key kind of the group id high-water record.
 const IDS_RECORD: u8 = b'i';
 
@@ -104,6 +113,8 @@ pub struct MetaState {
     states: BTreeMap<u64, NodeState>,
     /// Splits planned and not finished, by the group split.
     splits: BTreeMap<u64, SplitPlan>,
+    /// Merges planned and not finished, by the group that goes (the source).
+    merges: BTreeMap<u64, MergePlan>,
     /// The highest group id given out by a split (0: none yet).
     max_group_id: u64,
     /// Last log index applied (0 = none).
@@ -142,6 +153,18 @@ fn parse_record_key(key: &[u8]) -> Option<(u8, u64)> {
 /// Whether `key` lies in the range of `route` ([start, end), empty end = unbounded).
 pub fn route_contains(route: &Route, key: &[u8]) -> bool {
     key >= route.start_key.as_ref() && (route.end_key.is_empty() || key < route.end_key.as_ref())
+}
+
+/// The range of neighbours `a` and `b` together (start, end), or None if they are not
+/// neighbours.
+pub fn joined_range(a: &Route, b: &Route) -> Option<(bytes::Bytes, bytes::Bytes)> {
+    if !a.end_key.is_empty() && a.end_key == b.start_key {
+        Some((a.start_key.clone(), b.end_key.clone()))
+    } else if !b.end_key.is_empty() && b.end_key == a.start_key {
+        Some((b.start_key.clone(), a.end_key.clone()))
+    } else {
+        None
+    }
 }
 
 /// Checks that `routes` form a whole routing table: ids distinct and not the meta
@@ -274,6 +297,16 @@ impl MetaState {
                     }
                     st.splits.insert(id, p);
                 }
+                Some((MERGE_RECORD, id)) => {
+                    let p = MergePlan::decode(v).map_err(|source| Error::DecodeRecord {
+                        key: k.to_vec(),
+                        source,
+                    })?;
+                    if p.source != id {
+                        return Err(mismatch(format!("the merge plan of group {}", p.source)));
+                    }
+                    st.merges.insert(id, p);
+                }
                 Some((IDS_RECORD, 0)) => {
                     let b: [u8; 8] = v
                         .try_into()
@@ -310,8 +343,13 @@ impl MetaState {
             key: record_key(IDS_RECORD, 0),
             value: self.max_group_id.to_be_bytes().to_vec(),
         });
-        // (In key order: 'i' < 'n' < 'p' < 'r' < 's'.)
+        let merges = self.merges.values().map(|p| Write {
+            key: record_key(MERGE_RECORD, p.source),
+            value: p.encode_to_vec(),
+        });
+        // (In key order: 'i' < 'm' < 'n' < 'p' < 'r' < 's'.)
         ids.into_iter()
+            .chain(merges)
             .chain(nodes)
             .chain(plans)
             .chain(routes)
@@ -356,6 +394,8 @@ impl MetaState {
             Some(meta_command::Cmd::SetNodeState(n)) => self.set_node_state(n),
             Some(meta_command::Cmd::PlanSplit(p)) => self.plan_split(p),
             Some(meta_command::Cmd::FinishSplit(d)) => self.finish_split(d),
+            Some(meta_command::Cmd::PlanMerge(p)) => self.plan_merge(p),
+            Some(meta_command::Cmd::FinishMerge(d)) => self.finish_merge(d),
             None => Err(Refusal::EmptyCommand),
         };
         #[cfg(debug_assertions)]
@@ -487,6 +527,12 @@ impl MetaState {
                 other.new_group_id
             )));
         }
+        if let Some(m) = self.merge_of(g) {
+            return Err(bad(format!(
+                "a merge of group {} into group {} is under way",
+                m.source, m.target
+            )));
+        }
         if p.epoch != cur.epoch {
             return Err(bad(format!(
                 "planned at range epoch {}, the route is at {}",
@@ -582,6 +628,178 @@ impl MetaState {
         Ok(Applied::Changed(writes))
     }
 
+    /// The merge plan group `g` is in (as its source or its target), if any.
+    pub fn merge_of(&self, g: u64) -> Option<&MergePlan> {
+        self.merges
+            .get(&g)
+            .or_else(|| self.merges.values().find(|m| m.target == g))
+    }
+
+    /// The merges planned and not finished, by the group that goes.
+    pub fn merges(&self) -> &BTreeMap<u64, MergePlan> {
+        &self.merges
+    }
+
+    /// Records a merge plan, or moves a recorded one on. A new plan (phase prepare):
+    /// `p.source` and `p.target` are neighbours at the route epochs named, with the same
+    /// voters and no learners, and neither is in a split or merge plan. A recorded plan
+    /// moves from prepare to commit (naming the source's prepare index) or to rollback,
+    /// and never back: once a commit may have been asked for, the source never thaws.
+    fn plan_merge(&mut self, p: &MergePlan) -> std::result::Result<Applied, Refusal> {
+        let (s, t) = (p.source, p.target);
+        let bad = |why: String| Refusal::BadMerge {
+            source_group: s,
+            target: t,
+            why,
+        };
+        let phase = MergePhase::try_from(p.phase).map_err(|_| bad("unknown phase".into()))?;
+        if let Some(cur) = self.merges.get(&s) {
+            if cur.target != t
+                || cur.source_epoch != p.source_epoch
+                || cur.target_epoch != p.target_epoch
+            {
+                return Err(bad(format!(
+                    "another merge of it is under way (into group {})",
+                    cur.target
+                )));
+            }
+            let from = MergePhase::try_from(cur.phase).unwrap_or(MergePhase::Prepare);
+            let ok = match (from, phase) {
+                (MergePhase::Prepare, MergePhase::Commit) => p.prepare_index > 0,
+                (MergePhase::Prepare, MergePhase::Rollback) => true,
+                _ => false,
+            };
+            if from == phase {
+                return Ok(Applied::Unchanged);
+            }
+            if !ok {
+                return Err(bad(format!(
+                    "cannot move from phase {} to {}",
+                    from.as_str_name(),
+                    phase.as_str_name()
+                )));
+            }
+            let mut next = *cur;
+            next.phase = p.phase;
+            next.prepare_index = p.prepare_index;
+            let write = Write {
+                key: record_key(MERGE_RECORD, s),
+                value: next.encode_to_vec(),
+            };
+            self.merges.insert(s, next);
+            return Ok(Applied::Changed(vec![write]));
+        }
+        if phase != MergePhase::Prepare {
+            return Err(bad("no merge of it is planned".into()));
+        }
+        let src = self.routes.get(&s).ok_or(Refusal::UnknownGroup(s))?;
+        let dst = self.routes.get(&t).ok_or(Refusal::UnknownGroup(t))?;
+        if s == t {
+            return Err(bad("a group does not merge into itself".into()));
+        }
+        if src.epoch != p.source_epoch || dst.epoch != p.target_epoch {
+            return Err(bad(format!(
+                "planned at range epochs {} and {}, the routes are at {} and {}",
+                p.source_epoch, p.target_epoch, src.epoch, dst.epoch
+            )));
+        }
+        if joined_range(src, dst).is_none() {
+            return Err(bad("the groups are not neighbours".into()));
+        }
+        let voters = |r: &Route| {
+            let mut v: Vec<u64> = r.replicas.iter().map(|x| x.node_id).collect();
+            v.sort_unstable();
+            v
+        };
+        if voters(src) != voters(dst) || !src.learners.is_empty() || !dst.learners.is_empty() {
+            return Err(bad(
+                "the groups must have the same replicas, all voters (move one first)".into(),
+            ));
+        }
+        for g in [s, t] {
+            if self.splits.contains_key(&g) {
+                return Err(bad(format!("a split of group {g} is under way")));
+            }
+            if let Some(m) = self.merge_of(g) {
+                return Err(bad(format!(
+                    "group {g} is in the merge of group {} into group {}",
+                    m.source, m.target
+                )));
+            }
+        }
+        let mut plan = *p;
+        plan.prepare_index = 0;
+        let write = Write {
+            key: record_key(MERGE_RECORD, s),
+            value: plan.encode_to_vec(),
+        };
+        self.merges.insert(s, plan);
+        Ok(Applied::Changed(vec![write]))
+    }
+
+    /// Ends a merge plan: rolled back (`d.target` unset; the plan must be in its rollback
+    /// phase), or committed (its commit phase): the target's route widens over the
+    /// source's at the epoch its replicas applied, and the source's route goes.
+    fn finish_merge(&mut self, d: &MergeDone) -> std::result::Result<Applied, Refusal> {
+        let s = d.source;
+        let plan = self.merges.get(&s).ok_or_else(|| Refusal::BadMerge {
+            source_group: s,
+            target: 0,
+            why: "no merge of it is planned".into(),
+        })?;
+        let t = plan.target;
+        let bad = |why: String| Refusal::BadMerge {
+            source_group: s,
+            target: t,
+            why,
+        };
+        let phase = MergePhase::try_from(plan.phase).unwrap_or(MergePhase::Prepare);
+        let mut writes = vec![Write {
+            key: record_key(MERGE_RECORD, s),
+            value: Vec::new(),
+        }];
+        let Some(merged) = &d.target else {
+            if phase != MergePhase::Rollback {
+                return Err(bad("it is not being rolled back".into()));
+            }
+            self.merges.remove(&s);
+            return Ok(Applied::Changed(writes));
+        };
+        if phase != MergePhase::Commit {
+            return Err(bad("it is not committed".into()));
+        }
+        let (Some(src), Some(dst)) = (self.routes.get(&s), self.routes.get(&t)) else {
+            return Err(bad("a route of the merge is gone".into()));
+        };
+        let (start, end) =
+            joined_range(src, dst).ok_or_else(|| bad("the groups are not neighbours".into()))?;
+        if merged.group_id != t
+            || merged.start_key != start
+            || merged.end_key != end
+            || merged.epoch <= dst.epoch
+        {
+            return Err(bad("the merged route does not match the plan".into()));
+        }
+        let mut next = dst.clone();
+        next.start_key = start;
+        next.end_key = end;
+        next.epoch = merged.epoch;
+        next.leader_node_id = 0;
+        next.leader_addr = String::new();
+        writes.push(Write {
+            key: route_record_key(s),
+            value: Vec::new(),
+        });
+        writes.push(Write {
+            key: route_record_key(t),
+            value: next.encode_to_vec(),
+        });
+        self.merges.remove(&s);
+        self.routes.remove(&s);
+        self.routes.insert(t, next);
+        Ok(Applied::Changed(writes))
+    }
+
     /// The id the next split gives its new group: past every id in use or ever given.
     pub fn next_group_id(&self) -> u64 {
         let used = self.routes.keys().next_back().copied().unwrap_or(0);
@@ -614,6 +832,17 @@ impl MetaState {
                 return Err(format!(
                     "state record {id} of node {}, not registered",
                     n.node_id
+                ));
+            }
+        }
+        for (id, m) in &self.merges {
+            if m.source != *id
+                || !self.routes.contains_key(&m.source)
+                || !self.routes.contains_key(&m.target)
+            {
+                return Err(format!(
+                    "merge record {id} of group {} into group {}, not both routed",
+                    m.source, m.target
                 ));
             }
         }
@@ -1307,5 +1536,161 @@ mod tests {
         let rebuilt = MetaState::from_records(last + 1, store.borrow().clone()).unwrap();
         assert_eq!(rebuilt.splits(), st.splits());
         assert_eq!(rebuilt.next_group_id(), 5);
+    }
+
+    fn merge_plan(source: u64, target: u64, phase: MergePhase, prepare_index: u64) -> MetaCommand {
+        MetaCommand {
+            cmd: Some(meta_command::Cmd::PlanMerge(MergePlan {
+                source,
+                target,
+                source_epoch: 1,
+                target_epoch: 1,
+                phase: phase as i32,
+                prepare_index,
+                origin: 0,
+            })),
+        }
+    }
+
+    fn merge_done(source: u64, target: Option<Route>) -> MetaCommand {
+        MetaCommand {
+            cmd: Some(meta_command::Cmd::FinishMerge(MergeDone { source, target })),
+        }
+    }
+
+    #[test]
+    fn merges_are_planned_committed_or_rolled_back_and_survive_a_rebuild() {
+        let store = std::cell::RefCell::new(BTreeMap::new());
+        let mut st = MetaState::default();
+        let at = std::cell::Cell::new(0);
+        let apply = |st: &mut MetaState, cmd: &MetaCommand| {
+            at.set(at.get() + 1);
+            let r = st.apply(at.get(), cmd);
+            if let Ok(a) = &r {
+                persist(&mut store.borrow_mut(), a);
+            }
+            (r, at.get())
+        };
+        apply(&mut st, &register(1, "a:1")).0.unwrap();
+        apply(&mut st, &register(2, "a:2")).0.unwrap();
+        apply(
+            &mut st,
+            &create(vec![
+                route(1, "", "f", &[1]),
+                route(2, "f", "m", &[1]),
+                route(3, "m", "", &[2]),
+            ]),
+        )
+        .0
+        .unwrap();
+        // Refused: not neighbours, other replicas, itself, unknown, a later phase first.
+        for (cmd, what) in [
+            (merge_plan(1, 3, MergePhase::Prepare, 0), "not neighbours"),
+            (merge_plan(2, 3, MergePhase::Prepare, 0), "other replicas"),
+            (merge_plan(2, 2, MergePhase::Prepare, 0), "itself"),
+            (merge_plan(9, 2, MergePhase::Prepare, 0), "unknown"),
+            (
+                merge_plan(2, 1, MergePhase::Commit, 5),
+                "commit before plan",
+            ),
+        ] {
+            assert!(apply(&mut st, &cmd).0.is_err(), "{what}");
+        }
+        apply(&mut st, &merge_plan(2, 1, MergePhase::Prepare, 0))
+            .0
+            .unwrap();
+        assert!(st.merge_of(1).is_some() && st.merge_of(2).is_some());
+        // Either group is taken: no second merge, no split of it.
+        assert!(apply(&mut st, &merge_plan(1, 2, MergePhase::Prepare, 0))
+            .0
+            .is_err());
+        let split = MetaCommand {
+            cmd: Some(meta_command::Cmd::PlanSplit(SplitPlan {
+                group_id: 1,
+                split_key: Bytes::from_static(b"c"),
+                new_group_id: st.next_group_id(),
+                epoch: 1,
+                origin: 0,
+            })),
+        };
+        assert!(apply(&mut st, &split).0.is_err());
+        // A commit needs the prepare index; then no rollback.
+        assert!(apply(&mut st, &merge_plan(2, 1, MergePhase::Commit, 0))
+            .0
+            .is_err());
+        apply(&mut st, &merge_plan(2, 1, MergePhase::Commit, 7))
+            .0
+            .unwrap();
+        assert!(apply(&mut st, &merge_plan(2, 1, MergePhase::Rollback, 0))
+            .0
+            .is_err());
+        assert!(
+            apply(&mut st, &merge_done(2, None)).0.is_err(),
+            "rollback of a commit"
+        );
+        let rebuilt = MetaState::from_records(at.get(), store.borrow().clone()).unwrap();
+        assert_eq!(rebuilt.merges(), st.merges());
+        // The merged route must be the two ranges joined, at a newer epoch.
+        let mut merged = route(1, "", "m", &[1]);
+        merged.epoch = 1;
+        assert!(apply(&mut st, &merge_done(2, Some(merged.clone())))
+            .0
+            .is_err());
+        merged.epoch = 2;
+        let mut wrong = merged.clone();
+        wrong.end_key = Bytes::from_static(b"f");
+        assert!(apply(&mut st, &merge_done(2, Some(wrong))).0.is_err());
+        let (r, last) = apply(&mut st, &merge_done(2, Some(merged)));
+        r.unwrap();
+        assert!(st.merges().is_empty());
+        assert!(!st.routes().contains_key(&2));
+        assert_eq!(st.routes()[&1].end_key.as_ref(), b"m");
+        assert_eq!(st.routes()[&1].epoch, 2);
+        st.check().unwrap();
+        let rebuilt = MetaState::from_records(last, store.borrow().clone()).unwrap();
+        assert_eq!(rebuilt.routes(), st.routes());
+        assert!(rebuilt.merges().is_empty());
+        // A merge given up in its prepare phase ends with both routes kept.
+        let mut m = merge_plan(1, 3, MergePhase::Prepare, 0);
+        if let Some(meta_command::Cmd::PlanMerge(p)) = m.cmd.as_mut() {
+            p.source_epoch = 2;
+        }
+        assert!(apply(&mut st, &m).0.is_err(), "other replicas");
+        apply(&mut st, &register(3, "a:3")).0.unwrap();
+        let routes_before = st.routes().clone();
+        let split_back = MetaCommand {
+            cmd: Some(meta_command::Cmd::PlanSplit(SplitPlan {
+                group_id: 1,
+                split_key: Bytes::from_static(b"c"),
+                new_group_id: st.next_group_id(),
+                epoch: 2,
+                origin: 0,
+            })),
+        };
+        apply(&mut st, &split_back).0.unwrap();
+        let mut left = route(1, "", "c", &[1]);
+        left.epoch = 3;
+        let mut right = route(st.next_group_id() - 1, "c", "m", &[1]);
+        right.epoch = 3;
+        apply(&mut st, &finish(left, right.clone())).0.unwrap();
+        let mut m = merge_plan(right.group_id, 1, MergePhase::Prepare, 0);
+        if let Some(meta_command::Cmd::PlanMerge(p)) = m.cmd.as_mut() {
+            p.source_epoch = 3;
+            p.target_epoch = 3;
+        }
+        apply(&mut st, &m).0.unwrap();
+        assert!(
+            apply(&mut st, &merge_done(right.group_id, None)).0.is_err(),
+            "not rolling back"
+        );
+        if let Some(meta_command::Cmd::PlanMerge(p)) = m.cmd.as_mut() {
+            p.phase = MergePhase::Rollback as i32;
+        }
+        apply(&mut st, &m).0.unwrap();
+        apply(&mut st, &merge_done(right.group_id, None)).0.unwrap();
+        assert!(st.merges().is_empty());
+        assert_ne!(st.routes(), &routes_before);
+        assert!(st.routes().contains_key(&right.group_id) && st.routes().contains_key(&1));
+        st.check().unwrap();
     }
 }

@@ -141,6 +141,11 @@ impl<S: Storage> RawNode<S> {
         self.raft.append_floor = self.raft.append_floor.max(index);
     }
 
+    /// The append floor ([`RawNode::set_append_floor`]).
+    pub fn append_floor(&self) -> u64 {
+        self.raft.append_floor
+    }
+
     /// Starts an election now.
     pub fn campaign(&mut self) -> Result<(), Error> {
         self.raft.campaign()

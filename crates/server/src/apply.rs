@@ -65,6 +65,12 @@ pub enum ApplyResult {
     /// A scrub point: the node writes the round up to it and checksums the group's
     /// data there (`node.rs`, scrub.rs); the state does not change.
     Scrub,
+    /// A merge's prepare (in its source): applied by the node.
+    PrepareMerge(proto::PrepareMergeCommand),
+    /// A merge's commit (in its target): applied by the node.
+    CommitMerge(proto::CommitMergeCommand),
+    /// A merge's rollback (in its source): applied by the node.
+    RollbackMerge(proto::RollbackMergeCommand),
     /// A resent write whose first result is forgotten: it may or may not have applied.
     SessionExpired {
         /// The client.
@@ -225,6 +231,44 @@ impl Session {
         self.results.clear();
     }
 
+    /// Takes in `other`, the same client's record in a group merged into this one: a
+    /// sequence is applied if either applied it (a client's sequences are its own,
+    /// whichever group applied them), with its result. The low-water marks are the
+    /// client's word ("every write below has its answer"), so the higher stands.
+    pub fn merge_from(&mut self, other: &Session) {
+        let lw = self.low_water.max(other.low_water);
+        self.last_ms = self.last_ms.max(other.last_ms);
+        self.forgotten_below = self.forgotten_below.max(other.forgotten_below);
+        // The runs' union (a run of either may span many sequences: merged as runs).
+        let mut runs: Vec<(u64, u64)> = self
+            .applied
+            .iter()
+            .chain(other.applied.iter())
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        runs.sort_unstable();
+        self.applied.clear();
+        let mut cur: Option<(u64, u64)> = None;
+        for (s, e) in runs {
+            cur = match cur {
+                Some((cs, ce)) if s <= ce => Some((cs, ce.max(e))),
+                Some((cs, ce)) => {
+                    self.applied.insert(cs, ce);
+                    Some((s, e))
+                }
+                None => Some((s, e)),
+            };
+        }
+        if let Some((cs, ce)) = cur {
+            self.applied.insert(cs, ce);
+        }
+        for (seq, r) in &other.results {
+            self.results.entry(*seq).or_insert_with(|| r.clone());
+        }
+        self.forget_below(lw);
+        self.enforce_cap();
+    }
+
     /// Whether it keeps any applied write above its low-water mark.
     fn holds_writes(&self) -> bool {
         !self.applied.is_empty()
@@ -260,12 +304,15 @@ impl Session {
                     out.extend_from_slice(why.as_bytes());
                 }
                 // Never listed (`Done` is a run; an expiry is not a result).
-                // (`StaleEpoch`, `Split` and `Scrub` are decided before a session is
+                // (`StaleEpoch`, `Split`, `Scrub` and merges are decided before a session is
                 // looked at.)
                 ApplyResult::Done
                 | ApplyResult::SessionExpired { .. }
                 | ApplyResult::StaleEpoch { .. }
                 | ApplyResult::Split(_)
+                | ApplyResult::PrepareMerge(_)
+                | ApplyResult::CommitMerge(_)
+                | ApplyResult::RollbackMerge(_)
                 | ApplyResult::Scrub => out.push(0),
             }
         }
@@ -535,6 +582,21 @@ pub struct Applier<'a> {
     /// The group's range and range epoch as of the entries taken (`start`, `end`
     /// exclusive, empty = unbounded): commands outside them are refused.
     range: (Vec<u8>, Vec<u8>, u64),
+    /// Frozen for a merge: (target, prepare index). Every key-value command is refused.
+    merging: Option<(u64, u64)>,
+    /// The log index of the last split or merge applied (`GroupRange.split_index`).
+    floor: u64,
+}
+
+/// What a merge's commit applied in the target: its range and range epoch now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeDone {
+    /// The target's first key.
+    pub start: Vec<u8>,
+    /// Its exclusive end (empty: unbounded).
+    pub end: Vec<u8>,
+    /// Its range epoch.
+    pub epoch: u64,
 }
 
 impl<'a> Applier<'a> {
@@ -553,7 +615,202 @@ impl<'a> Applier<'a> {
             swept_at: None,
             expired: std::collections::HashSet::new(),
             range: (Vec::new(), Vec::new(), 0),
+            merging: None,
+            floor: 0,
         }
+    }
+
+    /// Sets the group's merge state as applied: frozen for a merge (target, prepare
+    /// index), and the log index of its last split or merge.
+    pub fn set_merge_state(&mut self, merging: Option<(u64, u64)>, floor: u64) {
+        self.merging = merging;
+        self.floor = floor;
+    }
+
+    /// The group's range record as of the entries taken.
+    fn range_record(&self) -> proto::GroupRange {
+        let (start, end, epoch) = &self.range;
+        let (into, index) = self.merging.unwrap_or((0, 0));
+        proto::GroupRange {
+            format: if self.merging.is_some() {
+                keys::RANGE_FORMAT_MERGE
+            } else {
+                keys::RANGE_FORMAT
+            },
+            start_key: start.clone().into(),
+            end_key: end.clone().into(),
+            epoch: *epoch,
+            split_index: self.floor,
+            merging_into: into,
+            merge_index: index,
+            merged_into: 0,
+        }
+    }
+
+    /// Applies a merge's prepare (entry `index`) in its source: at the range epoch the
+    /// merge was planned at, the group freezes (epoch one up, every later key-value
+    /// command refused). Returns the new epoch, or the refusal.
+    pub fn prepare_merge(
+        &mut self,
+        index: u64,
+        cmd: &proto::PrepareMergeCommand,
+    ) -> Result<u64, String> {
+        let g = self.g;
+        if let Some((t, _)) = self.merging {
+            return Err(format!("group {g} is frozen for a merge into group {t}"));
+        }
+        if cmd.epoch != self.range.2 {
+            return Err(format!(
+                "merge of group {g} asked at range epoch {}, the group is at {}",
+                cmd.epoch, self.range.2
+            ));
+        }
+        if cmd.target == g || cmd.target == 0 {
+            return Err(format!("merge of group {g}: bad target {}", cmd.target));
+        }
+        self.range.2 += 1;
+        self.merging = Some((cmd.target, index));
+        let rec = self.range_record();
+        self.wb.put(&keys::range_key(g), &rec.encode_to_vec());
+        Ok(self.range.2)
+    }
+
+    /// Applies a merge's rollback in its source: a group frozen for this merge thaws,
+    /// and one that never froze (its prepare still in flight) moves its epoch on so the
+    /// prepare is refused when it comes. Returns the new epoch, or the refusal.
+    pub fn rollback_merge(&mut self, cmd: &proto::RollbackMergeCommand) -> Result<u64, String> {
+        let g = self.g;
+        let frozen = self
+            .merging
+            .is_some_and(|(t, _)| t == cmd.target && self.range.2 == cmd.epoch + 1);
+        if !frozen && (self.merging.is_some() || self.range.2 != cmd.epoch) {
+            return Err(format!(
+                "rollback of a merge of group {g} planned at range epoch {}: the group is at {}",
+                cmd.epoch, self.range.2
+            ));
+        }
+        self.range.2 += 1;
+        self.merging = None;
+        let rec = self.range_record();
+        self.wb.put(&keys::range_key(g), &rec.encode_to_vec());
+        Ok(self.range.2)
+    }
+
+    /// Applies a merge's commit (entry `index`) in its target: at the range epoch the
+    /// merge was planned at, with the source its neighbour and frozen for this merge at
+    /// `cmd.prepare_index` on this node (the caller waited for that), the source's data
+    /// and client sessions are copied under this group's id, its range joins this one's
+    /// (epoch past both), and the source's record says it merged here (its replica is
+    /// dropped). All in the round's batch: a crash keeps the merge whole or not at all.
+    /// Returns the refusal when the merge no longer fits this group.
+    pub fn commit_merge(
+        &mut self,
+        index: u64,
+        cmd: &proto::CommitMergeCommand,
+    ) -> crate::Result<Result<MergeDone, String>> {
+        let (g, s) = (self.g, cmd.source);
+        let (start, end, epoch) = self.range.clone();
+        if self.merging.is_some() {
+            return Ok(Err(format!("group {g} is frozen for a merge itself")));
+        }
+        if cmd.target_epoch != epoch {
+            return Ok(Err(format!(
+                "merge into group {g} asked at range epoch {}, the group is at {epoch}",
+                cmd.target_epoch
+            )));
+        }
+        let (src_start, src_end) = (cmd.source_start.to_vec(), cmd.source_end.to_vec());
+        let (new_start, new_end) = if !src_end.is_empty() && src_end == start {
+            (src_start.clone(), end.clone())
+        } else if !end.is_empty() && end == src_start {
+            (start.clone(), src_end.clone())
+        } else {
+            return Ok(Err(format!("group {s} is not group {g}'s neighbour")));
+        };
+        // The source's state on this node, frozen for this merge (its data is final).
+        let src = match self.reader.get(&keys::range_key(s))? {
+            Some(v) => proto::GroupRange::decode(v.as_slice()).map_err(|e| {
+                crate::Error::Corruption(format!("group {s}: undecodable range record: {e}"))
+            })?,
+            None => proto::GroupRange::default(),
+        };
+        let applied = self
+            .reader
+            .get(&keys::applied_key(s))?
+            .and_then(|v| keys::decode_applied(&v))
+            .map_or(0, |(i, _)| i);
+        if src.merging_into != g
+            || src.merge_index != cmd.prepare_index
+            || src.epoch != cmd.source_epoch
+            || src.start_key != cmd.source_start
+            || src.end_key != cmd.source_end
+            || applied < cmd.prepare_index
+        {
+            return Err(crate::Error::Corruption(format!(
+                "merge of group {s} into {g}: the source here is not frozen for it \
+                 (into {}, index {}, epoch {}, applied {applied})",
+                src.merging_into, src.merge_index, src.epoch
+            )));
+        }
+        let prefix = 9; // group id and namespace byte
+        for (k, v) in self
+            .reader
+            .scan(&keys::data_key(s, &[]), &keys::data_end(s))?
+        {
+            let to = keys::data_key(g, &k[prefix..]);
+            self.wb.put(&to, &v);
+            self.overlay.insert(to, Some(v));
+        }
+        // Sessions: the source's records taken into this round's.
+        let sess = keys::sessions_prefix(s);
+        let mut sess_end = sess.clone();
+        if let Some(last) = sess_end.last_mut() {
+            *last += 1;
+        }
+        for (k, v) in self.reader.scan(&sess, &sess_end)? {
+            let client = keys::session_client(s, &k).ok_or_else(|| {
+                crate::Error::Corruption(format!("group {s}: malformed session key {k:02x?}"))
+            })?;
+            let theirs = Session::decode(&v).map_err(|why| {
+                crate::Error::Corruption(format!(
+                    "group {s}: session record of client {client:#x}: {why}"
+                ))
+            })?;
+            let mut ours = match self.sessions.remove(&client) {
+                Some(r) => r,
+                None if self.expired.remove(&client) => Session::default(),
+                None => match self.cache.take(client) {
+                    Some(r) => r,
+                    None => match self.reader.get(&keys::session_key(g, client))? {
+                        Some(v) => Session::decode(&v).map_err(|why| {
+                            crate::Error::Corruption(format!(
+                                "group {g} entry {index}: session record of client \
+                                 {client:#x}: {why}"
+                            ))
+                        })?,
+                        None => Session::default(),
+                    },
+                },
+            };
+            ours.merge_from(&theirs);
+            self.sessions.insert(client, ours);
+        }
+        let merged = proto::GroupRange {
+            format: keys::RANGE_FORMAT_MERGE,
+            merged_into: g,
+            ..src
+        };
+        self.wb.put(&keys::range_key(s), &merged.encode_to_vec());
+        let new_epoch = epoch.max(cmd.source_epoch) + 1;
+        self.range = (new_start.clone(), new_end.clone(), new_epoch);
+        self.floor = index;
+        let rec = self.range_record();
+        self.wb.put(&keys::range_key(g), &rec.encode_to_vec());
+        Ok(Ok(MergeDone {
+            start: new_start,
+            end: new_end,
+            epoch: new_epoch,
+        }))
     }
 
     /// Sets the group's range `[start, end)` and range epoch (before any entry, and
@@ -574,6 +831,13 @@ impl<'a> Applier<'a> {
         if epoch != 0 && epoch != self.range.2 {
             return false;
         }
+        if self.merging.is_some() {
+            // Frozen for a merge: its data must stay as it was at the prepare.
+            return !matches!(
+                cmd,
+                Some(Cmd::Batch(_)) | Some(Cmd::Cas(_)) | Some(Cmd::DeleteRange(_))
+            );
+        }
         match cmd {
             Some(Cmd::Batch(b)) => b.mutations.iter().all(|m| self.in_range(&m.key)),
             Some(Cmd::Cas(c)) => self.in_range(&c.key),
@@ -587,7 +851,12 @@ impl<'a> Applier<'a> {
                         r.end.as_ref() <= self.range.1.as_slice() || self.range.1.is_empty()
                     }
             }
-            Some(Cmd::Split(_)) | Some(Cmd::Scrub(_)) | None => true,
+            Some(Cmd::Split(_))
+            | Some(Cmd::Scrub(_))
+            | Some(Cmd::PrepareMerge(_))
+            | Some(Cmd::CommitMerge(_))
+            | Some(Cmd::RollbackMerge(_))
+            | None => true,
         }
     }
 
@@ -634,6 +903,13 @@ impl<'a> Applier<'a> {
         match cmd.cmd {
             Some(proto::kv_command::Cmd::Split(sp)) => return Ok(ApplyResult::Split(sp)),
             Some(proto::kv_command::Cmd::Scrub(_)) => return Ok(ApplyResult::Scrub),
+            Some(proto::kv_command::Cmd::PrepareMerge(m)) => {
+                return Ok(ApplyResult::PrepareMerge(m))
+            }
+            Some(proto::kv_command::Cmd::CommitMerge(m)) => return Ok(ApplyResult::CommitMerge(m)),
+            Some(proto::kv_command::Cmd::RollbackMerge(m)) => {
+                return Ok(ApplyResult::RollbackMerge(m))
+            }
             _ => {}
         }
         if !self.fits(&cmd.cmd, cmd.epoch) {
@@ -849,9 +1125,12 @@ impl<'a> Applier<'a> {
                     current,
                 }
             }
-            // (`kv` hands splits and scrubs to the node before this.)
+            // (`kv` hands splits, scrubs and merges to the node before this.)
             Some(proto::kv_command::Cmd::Split(_))
             | Some(proto::kv_command::Cmd::Scrub(_))
+            | Some(proto::kv_command::Cmd::PrepareMerge(_))
+            | Some(proto::kv_command::Cmd::CommitMerge(_))
+            | Some(proto::kv_command::Cmd::RollbackMerge(_))
             | None => ApplyResult::Refused("empty command".into()),
         })
     }
@@ -877,6 +1156,11 @@ impl<'a> Applier<'a> {
         let c = sp.new_group_id;
         let (start, end, epoch) = self.range.clone();
         let key = sp.split_key.as_ref();
+        if let Some((t, _)) = self.merging {
+            return Ok(Err(format!(
+                "group {g} is frozen for a merge into group {t}"
+            )));
+        }
         if sp.epoch != epoch {
             return Ok(Err(format!(
                 "split of group {g} asked at range epoch {}, the group is at {epoch}",
@@ -963,6 +1247,7 @@ impl<'a> Applier<'a> {
                 end_key: end.clone().into(),
                 epoch: new_epoch,
                 split_index: 0,
+                ..proto::GroupRange::default()
             };
             self.wb
                 .put(&keys::range_key(c), &child_range.encode_to_vec());
@@ -973,15 +1258,10 @@ impl<'a> Applier<'a> {
                 .retain(|k, _| *k < moved_start || *k >= moved_end);
             self.deleted.push((moved_start, moved_end));
         }
-        let range = proto::GroupRange {
-            format: keys::RANGE_FORMAT,
-            start_key: start.clone().into(),
-            end_key: key.to_vec().into(),
-            epoch: new_epoch,
-            split_index: index,
-        };
-        self.wb.put(&keys::range_key(g), &range.encode_to_vec());
         self.range = (start, key.to_vec(), new_epoch);
+        self.floor = index;
+        let range = self.range_record();
+        self.wb.put(&keys::range_key(g), &range.encode_to_vec());
         Ok(Ok(SplitDone {
             start: key.to_vec(),
             end,
@@ -1738,6 +2018,250 @@ mod tests {
             })),
         }
         .encode_to_vec()
+    }
+
+    /// A merge: the source freezes at its prepare (epoch one up, every later write
+    /// refused, a split too), the target takes its keys, client sessions and range in one
+    /// round (a resend of a write the source applied gets its first answer from the
+    /// target), the source's record says merged, and a rollback thaws a frozen group.
+    #[test]
+    fn a_merge_freezes_the_source_and_moves_it_into_the_target() {
+        let engine = Recorder::default();
+        let (t, src) = (3, 4);
+        let mut cache = SessionCache::new(Arc::default());
+        let session = |seq| proto::ClientSession {
+            client_id: 77,
+            seq,
+            acked_below: 1,
+            time_ms: 1,
+        };
+        let cas = |k: &str| {
+            proto::KvCommand {
+                epoch: 1,
+                session: Some(session(2)),
+                cmd: Some(proto::kv_command::Cmd::Cas(proto::CasCommand {
+                    key: k.as_bytes().to_vec().into(),
+                    expect_exists: true,
+                    expected: b"old".to_vec().into(),
+                    delete: false,
+                    new_value: b"swapped".to_vec().into(),
+                })),
+            }
+            .encode_to_vec()
+        };
+        // The source [m, ∞): two keys, one of them swapped in a session.
+        {
+            let mut a = Applier::new(src, &engine, &mut cache);
+            a.set_range(b"m", b"", 1);
+            a.entry(1, 1);
+            a.kv(1, &put_cmd("n", "old", 1, Some(session(1)))).unwrap();
+            a.entry(2, 1);
+            a.kv(2, &put_cmd("q", "old", 1, None)).unwrap();
+            a.entry(3, 1);
+            let r = a.kv(3, &cas("n")).unwrap();
+            assert!(matches!(
+                r,
+                ApplyResult::Cas {
+                    succeeded: true,
+                    ..
+                }
+            ));
+            a.finish(&engine).unwrap();
+        }
+        let mut src_cache = SessionCache::new(Arc::default());
+        let mut a = Applier::new(src, &engine, &mut src_cache);
+        a.set_range(b"m", b"", 1);
+        let prep = proto::PrepareMergeCommand {
+            target: t,
+            epoch: 1,
+        };
+        a.entry(4, 1);
+        assert!(a
+            .prepare_merge(
+                4,
+                &proto::PrepareMergeCommand {
+                    target: t,
+                    epoch: 0
+                }
+            )
+            .is_err());
+        assert_eq!(a.prepare_merge(4, &prep), Ok(2));
+        // Frozen: writes at any epoch are refused, a second prepare and a split too.
+        a.entry(5, 1);
+        assert_eq!(
+            a.kv(5, &put_cmd("n", "late", 2, None)).unwrap(),
+            ApplyResult::StaleEpoch { request_epoch: 2 }
+        );
+        assert!(a
+            .prepare_merge(
+                5,
+                &proto::PrepareMergeCommand {
+                    target: t,
+                    epoch: 2
+                }
+            )
+            .is_err());
+        let conf = phoenix_raft::ConfState::with_voters([1, 2, 3]);
+        let sp = proto::SplitCommand {
+            split_key: b"p".to_vec().into(),
+            new_group_id: 9,
+            epoch: 2,
+        };
+        assert!(a.split(5, &sp, &conf, false).unwrap().is_err());
+        a.finish(&engine).unwrap();
+        // The target [∅, m) takes it in.
+        let commit = proto::CommitMergeCommand {
+            source: src,
+            source_epoch: 2,
+            prepare_index: 4,
+            source_start: b"m".to_vec().into(),
+            source_end: Vec::new().into(),
+            target_epoch: 1,
+        };
+        let mut a = Applier::new(t, &engine, &mut cache);
+        a.set_range(b"", b"m", 1);
+        a.entry(7, 1);
+        a.kv(7, &put_cmd("a", "mine", 1, None)).unwrap();
+        a.entry(8, 1);
+        let stale = proto::CommitMergeCommand {
+            target_epoch: 2,
+            ..commit.clone()
+        };
+        assert!(a.commit_merge(8, &stale).unwrap().is_err());
+        let not_frozen_here = proto::CommitMergeCommand {
+            prepare_index: 3,
+            ..commit.clone()
+        };
+        assert!(
+            a.commit_merge(8, &not_frozen_here).is_err(),
+            "a source not frozen for it"
+        );
+        let done = a.commit_merge(8, &commit).unwrap().unwrap();
+        assert_eq!(
+            (done.start.as_slice(), done.end.as_slice(), done.epoch),
+            (&b""[..], &b""[..], 3)
+        );
+        // In the same round: the source's keys are the target's, at its new epoch.
+        a.entry(9, 1);
+        assert_eq!(
+            a.kv(9, &put_cmd("r", "v", 3, None)).unwrap(),
+            ApplyResult::Done
+        );
+        // A resend of the source's compare-and-swap gets its first answer.
+        a.entry(10, 1);
+        let resent = proto::KvCommand {
+            epoch: 3,
+            ..proto::KvCommand::decode(cas("n").as_slice()).unwrap()
+        };
+        match a.kv(10, &resent.encode_to_vec()).unwrap() {
+            ApplyResult::Cas {
+                succeeded: true,
+                current,
+            } => {
+                assert_eq!(current.as_deref(), Some(&b"old"[..]))
+            }
+            other => panic!("resend after the merge: {other:?}"),
+        }
+        assert_eq!(a.finish(&engine).unwrap(), Some((10, 1)));
+        let get = |g, k: &str| engine.get(&keys::data_key(g, k.as_bytes())).unwrap();
+        assert_eq!(get(t, "n").as_deref(), Some(&b"swapped"[..]));
+        assert_eq!(get(t, "q").as_deref(), Some(&b"old"[..]));
+        assert_eq!(get(t, "a").as_deref(), Some(&b"mine"[..]));
+        assert_eq!(get(t, "r").as_deref(), Some(&b"v"[..]));
+        let rec = |g| {
+            proto::GroupRange::decode(engine.get(&keys::range_key(g)).unwrap().unwrap().as_slice())
+                .unwrap()
+        };
+        assert_eq!(
+            (rec(src).merged_into, rec(src).format),
+            (t, keys::RANGE_FORMAT_MERGE)
+        );
+        let tr = rec(t);
+        assert_eq!(
+            (
+                tr.start_key.as_ref(),
+                tr.end_key.as_ref(),
+                tr.epoch,
+                tr.split_index
+            ),
+            (&b""[..], &b""[..], 3, 8)
+        );
+        // A rollback thaws a frozen group (epoch on again), and fences one whose prepare
+        // has not come yet.
+        let mut c2 = SessionCache::new(Arc::default());
+        let mut a = Applier::new(11, &engine, &mut c2);
+        a.set_range(b"", b"", 5);
+        a.entry(1, 1);
+        a.prepare_merge(
+            1,
+            &proto::PrepareMergeCommand {
+                target: 12,
+                epoch: 5,
+            },
+        )
+        .unwrap();
+        let rb = proto::RollbackMergeCommand {
+            target: 12,
+            epoch: 5,
+        };
+        assert_eq!(a.rollback_merge(&rb), Ok(7));
+        a.entry(2, 1);
+        assert_eq!(
+            a.kv(2, &put_cmd("k", "v", 7, None)).unwrap(),
+            ApplyResult::Done
+        );
+        let mut b = Applier::new(13, &engine, &mut c2);
+        b.set_range(b"", b"", 5);
+        assert_eq!(b.rollback_merge(&rb), Ok(6));
+        b.entry(1, 1);
+        assert!(b
+            .prepare_merge(
+                1,
+                &proto::PrepareMergeCommand {
+                    target: 12,
+                    epoch: 5
+                }
+            )
+            .is_err());
+    }
+
+    /// Two records of one client merged: a sequence applied in either is applied, with
+    /// its result; the higher low-water mark stands.
+    #[test]
+    fn session_records_merge_by_sequence() {
+        let mut a = Session::default();
+        a.record(3, ApplyResult::Done);
+        a.record(4, ApplyResult::Refused("no".into()));
+        let mut b = Session::default();
+        b.record(1, ApplyResult::Done);
+        b.record(
+            5,
+            ApplyResult::Cas {
+                succeeded: false,
+                current: None,
+            },
+        );
+        b.forget_below(2);
+        a.merge_from(&b);
+        assert_eq!(a.low_water, 2);
+        assert_eq!(
+            a.result(9, 1),
+            Some(ApplyResult::SessionExpired {
+                client_id: 9,
+                seq: 1
+            })
+        );
+        assert_eq!(a.result(9, 2), None);
+        assert_eq!(a.result(9, 3), Some(ApplyResult::Done));
+        assert_eq!(a.result(9, 4), Some(ApplyResult::Refused("no".into())));
+        assert_eq!(
+            a.result(9, 5),
+            Some(ApplyResult::Cas {
+                succeeded: false,
+                current: None
+            })
+        );
+        assert_eq!(a.result(9, 6), None);
     }
 
     /// A split in the middle of a round moves the upper keys as the round's earlier

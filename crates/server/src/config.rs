@@ -113,6 +113,14 @@ pub struct Config {
     pub group_split_qps: u64,
     /// How often the node measures its groups for splitting.
     pub split_check_interval: Duration,
+    /// As the meta leader, merge two neighbouring groups (same replicas) whose data
+    /// together is under this many bytes and `group_merge_keys` entries (0: never).
+    pub group_merge_bytes: u64,
+    /// See `group_merge_bytes`.
+    pub group_merge_keys: u64,
+    /// A group is merged by size only once its range has stayed put this long, as this
+    /// meta leader saw it (a group just split by load is not merged back at once).
+    pub merge_after: Duration,
     /// As the meta leader, scrub every group once per this long (its replicas checksum
     /// their data at a scrub point and the meta leader compares them); zero: never.
     pub scrub_interval: Duration,
@@ -152,6 +160,12 @@ impl Config {
     /// Requests a second past which a group splits by load by default (TiKV's
     /// load-based split threshold).
     pub const DEFAULT_GROUP_SPLIT_QPS: u64 = 3000;
+    /// Bytes under which two neighbours are merged by default (TiKV's
+    /// `max-merge-region-size`).
+    pub const DEFAULT_GROUP_MERGE_BYTES: u64 = 20 << 20;
+    /// Entries under which two neighbours are merged by default (TiKV's
+    /// `max-merge-region-keys`).
+    pub const DEFAULT_GROUP_MERGE_KEYS: u64 = 200_000;
 
     /// Defaults for a node; `listen` is also the advertised address.
     pub fn new(node_id: u64, listen: &str, data_dir: PathBuf, meta: Vec<MetaMember>) -> Config {
@@ -188,6 +202,9 @@ impl Config {
             group_split_keys: Self::DEFAULT_GROUP_SPLIT_KEYS,
             group_split_qps: Self::DEFAULT_GROUP_SPLIT_QPS,
             split_check_interval: Duration::from_secs(10),
+            group_merge_bytes: Self::DEFAULT_GROUP_MERGE_BYTES,
+            group_merge_keys: Self::DEFAULT_GROUP_MERGE_KEYS,
+            merge_after: Duration::from_secs(600),
             scrub_interval: Duration::from_secs(24 * 3600),
             metrics_listen: None,
             fault_injection: false,

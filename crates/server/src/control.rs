@@ -71,7 +71,8 @@ error_reply!(
     RemoveReplicaResponse,
     DrainNodeResponse,
     SplitGroupResponse,
-    ScrubGroupResponse
+    ScrubGroupResponse,
+    MergeGroupResponse
 );
 
 /// The gRPC answer to a request: its response, or one reporting its error (gRPC
@@ -317,6 +318,26 @@ impl MetaService {
                     p.new_group_id,
                     p.split_key.escape_ascii()
                 ),
+                into_group: 0,
+            }));
+        view.operators
+            .extend(meta.merges().values().map(|p| proto::Operator {
+                group_id: p.source,
+                kind: proto::OperatorKind::Merge as i32,
+                origin: p.origin,
+                from_node: 0,
+                to_node: 0,
+                age_ms: 0,
+                step: format!(
+                    "into group {}: {}",
+                    p.target,
+                    match proto::MergePhase::try_from(p.phase) {
+                        Ok(proto::MergePhase::Commit) => "commit",
+                        Ok(proto::MergePhase::Rollback) => "rollback",
+                        _ => "prepare",
+                    }
+                ),
+                into_group: p.target,
             }));
         Ok(view)
     }
@@ -695,6 +716,139 @@ impl MetaService {
         }
     }
 
+    /// Merges group `source` into its neighbour `target` (the meta leader's half:
+    /// `phoenix_meta::merge`): records the plan, then waits until the routing table
+    /// holds the merged group (the scheduler moves the plan through its phases).
+    async fn local_merge_group(
+        &self,
+        source: u64,
+        target: u64,
+        timeout: Duration,
+    ) -> Result<proto::MergeGroupResponse, PErr> {
+        let deadline = tokio::time::Instant::now() + timeout * 4 / 5;
+        if source == META_GROUP || target == META_GROUP {
+            return Err(PErr::invalid_argument("the meta group does not merge"));
+        }
+        self.read_index(timeout).await?;
+        let plan = {
+            let meta = self.shared.meta.read();
+            let routes = meta.routes();
+            match meta.merges().get(&source) {
+                Some(p) if p.target == target => None,
+                Some(p) => {
+                    return Err(PErr::group_unavailable(
+                        source,
+                        format!("a merge of it into group {} is under way", p.target),
+                    ))
+                }
+                // Asked again after it was done (an answer lost on the way): done.
+                None if !routes.contains_key(&source) && routes.contains_key(&target) => {
+                    return Ok(proto::MergeGroupResponse {
+                        error: None,
+                        route: routes.get(&target).cloned(),
+                    });
+                }
+                None => {
+                    let (Some(s), Some(t)) = (routes.get(&source), routes.get(&target)) else {
+                        return Err(PErr::invalid_argument(format!(
+                            "group {} is not in the routing table",
+                            if routes.contains_key(&source) {
+                                target
+                            } else {
+                                source
+                            }
+                        )));
+                    };
+                    let mut nodes: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
+                    nodes.extend(s.replicas.iter().map(|r| r.node_id));
+                    if let Some(m) = meta.member_behind(&nodes, phoenix_meta::PROTOCOL_MERGE) {
+                        return Err(PErr::invalid_argument(format!(
+                            "node {m} runs an older binary that cannot merge groups: upgrade it first"
+                        )));
+                    }
+                    let ops = self.shared.operators.lock();
+                    if let Some(g) = [source, target]
+                        .into_iter()
+                        .find(|g| ops.changes_membership(*g))
+                    {
+                        return Err(PErr::group_unavailable(
+                            g,
+                            "a replica of it is being added or removed: merge when that is done",
+                        ));
+                    }
+                    Some(proto::MergePlan {
+                        source,
+                        target,
+                        source_epoch: s.epoch,
+                        target_epoch: t.epoch,
+                        phase: proto::MergePhase::Prepare as i32,
+                        prepare_index: 0,
+                        origin: proto::OperatorOrigin::Request as i32,
+                    })
+                }
+            }
+        };
+        if let Some(plan) = plan {
+            let cmd = proto::MetaCommand {
+                cmd: Some(proto::meta_command::Cmd::PlanMerge(plan)),
+            };
+            match self.propose(cmd, timeout).await? {
+                ApplyResult::Done => {}
+                ApplyResult::Refused(why) => return Err(PErr::invalid_argument(why)),
+                other => {
+                    return Err(PErr::internal(format!(
+                        "unexpected answer to a merge plan: {other:?}"
+                    )))
+                }
+            }
+            tracing::info!(source, target, "merge planned");
+            self.shared.report_soon.notify_one();
+        }
+        loop {
+            {
+                let meta = self.shared.meta.read();
+                match meta.merges().get(&source) {
+                    None if !meta.routes().contains_key(&source) => {
+                        return Ok(proto::MergeGroupResponse {
+                            error: None,
+                            route: meta.routes().get(&target).cloned(),
+                        });
+                    }
+                    None => {
+                        return Err(PErr::group_unavailable(
+                            source,
+                            "the merge was rolled back (a replica did not freeze in time)",
+                        ))
+                    }
+                    Some(p) if p.phase == proto::MergePhase::Rollback as i32 => {
+                        return Err(PErr::group_unavailable(
+                            source,
+                            "the merge is being rolled back (a replica did not freeze in time)",
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
+            if !self.is_meta_leader() {
+                return Err(PErr::group_unavailable(
+                    META_GROUP,
+                    "no longer the meta leader (the merge goes on; ask again to wait)",
+                ));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(PErr::group_unavailable(
+                    source,
+                    format!(
+                        "merge into group {target} planned, not done within {} ms \
+                         (it goes on; ask again to wait)",
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Scrubs `group` (the meta leader's half: `phoenix_meta::Scrubs`): asks its leader
     /// for a scrub point and waits until every voter reported the same one.
     async fn local_scrub_group(
@@ -951,6 +1105,20 @@ impl proto::meta_server::Meta for MetaService {
         .await
     }
 
+    async fn merge_group(
+        &self,
+        req: Request<proto::MergeGroupRequest>,
+    ) -> Result<Response<proto::MergeGroupResponse>, Status> {
+        let r = req.into_inner();
+        let (source, target, timeout_ms) = (r.source, r.target, r.timeout_ms);
+        self.serve_operator(
+            timeout_ms,
+            |timeout| self.local_merge_group(source, target, timeout),
+            move |mut c| async move { c.merge_group(r).await },
+        )
+        .await
+    }
+
     async fn split_group(
         &self,
         req: Request<proto::SplitGroupRequest>,
@@ -1045,6 +1213,9 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
             scrub_keys: scrub.map_or(0, |s| s.keys),
             scrub_bytes: scrub.map_or(0, |s| s.bytes),
             scrub_age_ms: scrub.map_or(0, |s| s.at.elapsed().as_millis() as u64),
+            merging_into: v.merging_into,
+            merge_index: v.merge_index,
+            merge_waiting_for: v.merge_waiting_for,
         })
         .collect();
     let es = shared.engine.stats();
@@ -1180,6 +1351,7 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
                                 epoch: sg.epoch,
                             }),
                             Some(Cmd::ScrubGroup(s)) => Some(Event::Scrub { group: s.group_id }),
+                            Some(Cmd::MergeGroup(m)) => Some(Event::Merge(m)),
                             // A command this node predates.
                             None => None,
                         };
@@ -1269,6 +1441,7 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
             // Operators are the meta leader's: a deposed one drops them.
             *shared.operators.lock() = phoenix_meta::Operators::default();
             *shared.scrub_schedule.lock() = phoenix_meta::Scrubs::default();
+            *shared.merge_clocks.lock() = crate::shared::MergeClocks::default();
             *shared.meta_leader_since.lock() = None;
             continue;
         }
@@ -1286,6 +1459,7 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
         bootstrap(&svc).await;
         update_routes(&svc).await;
         plan_size_splits(&svc).await;
+        step_merges(&svc).await;
         {
             let meta = shared.meta.read();
             let lv = shared.leader_view.lock();
@@ -1379,6 +1553,126 @@ async fn plan_size_splits(svc: &MetaService) {
             }
             Err(e) => {
                 tracing::warn!(group = g, "split plan failed: {e}");
+                break;
+            }
+        }
+    }
+}
+
+/// A merge still in its prepare phase this long (as this meta leader saw it) is given up:
+/// a source replica did not freeze (down, or far behind), and the source refuses
+/// requests meanwhile.
+pub const MERGE_PREPARE_MAX: Duration = Duration::from_secs(20);
+
+/// Moves the planned merges on (`phoenix_meta::merge_steps`), gives up those stuck in
+/// their prepare phase past [`MERGE_PREPARE_MAX`], and plans merges of small neighbours
+/// (`phoenix_meta::small_merges`) whose ranges stayed put for `merge_after`.
+async fn step_merges(svc: &MetaService) {
+    let shared = &svc.shared;
+    let now = Instant::now();
+    let cmds = {
+        let meta = shared.meta.read();
+        let lv = shared.leader_view.lock();
+        let ops = shared.operators.lock();
+        let mut clocks = shared.merge_clocks.lock();
+        let members: Vec<u64> = shared.cfg.meta.iter().map(|m| m.id).collect();
+        if meta
+            .member_behind(&members, phoenix_meta::PROTOCOL_MERGE)
+            .is_some()
+        {
+            return;
+        }
+        let mut cmds = phoenix_meta::merge_steps(&meta, &lv);
+        let preparing: Vec<&proto::MergePlan> = meta
+            .merges()
+            .values()
+            .filter(|p| p.phase == proto::MergePhase::Prepare as i32)
+            .collect();
+        clocks
+            .preparing
+            .retain(|s, _| preparing.iter().any(|p| p.source == *s));
+        for p in preparing {
+            let since = *clocks.preparing.entry(p.source).or_insert(now);
+            let moving = cmds.iter().any(|c| {
+                matches!(&c.cmd, Some(proto::meta_command::Cmd::PlanMerge(m)) if m.source == p.source)
+            });
+            if !moving && now.saturating_duration_since(since) >= MERGE_PREPARE_MAX {
+                tracing::warn!(
+                    source = p.source,
+                    target = p.target,
+                    "merge not prepared by every replica in time; rolling it back"
+                );
+                cmds.push(proto::MetaCommand {
+                    cmd: Some(proto::meta_command::Cmd::PlanMerge(proto::MergePlan {
+                        phase: proto::MergePhase::Rollback as i32,
+                        ..*p
+                    })),
+                });
+            }
+        }
+        clocks.epochs.retain(|g, _| meta.routes().contains_key(g));
+        for r in meta.routes().values() {
+            let e = clocks.epochs.entry(r.group_id).or_insert((r.epoch, now));
+            if e.0 != r.epoch {
+                *e = (r.epoch, now);
+            }
+        }
+        let settled = |g: u64| {
+            clocks.epochs.get(&g).is_some_and(|(_, since)| {
+                now.saturating_duration_since(*since) >= shared.cfg.merge_after
+            })
+        };
+        let plans = phoenix_meta::small_merges(
+            &meta,
+            &lv,
+            shared.cfg.group_merge_bytes,
+            shared.cfg.group_merge_keys,
+            |g| ops.changes_membership(g) || !settled(g),
+        );
+        for plan in plans {
+            let nodes: Vec<u64> = meta
+                .routes()
+                .get(&plan.source)
+                .map(|r| r.replicas.iter().map(|x| x.node_id).collect())
+                .unwrap_or_default();
+            if meta
+                .member_behind(&nodes, phoenix_meta::PROTOCOL_MERGE)
+                .is_none()
+            {
+                cmds.push(proto::MetaCommand {
+                    cmd: Some(proto::meta_command::Cmd::PlanMerge(plan)),
+                });
+            }
+        }
+        cmds
+    };
+    for cmd in cmds {
+        let what = match &cmd.cmd {
+            Some(proto::meta_command::Cmd::PlanMerge(p)) => format!(
+                "merge of group {} into group {}: {}",
+                p.source,
+                p.target,
+                proto::MergePhase::try_from(p.phase).map_or("?", |ph| ph.as_str_name())
+            ),
+            Some(proto::meta_command::Cmd::FinishMerge(d)) => format!(
+                "merge of group {} {}",
+                d.source,
+                if d.target.is_some() {
+                    "recorded in the routing table"
+                } else {
+                    "rolled back"
+                }
+            ),
+            _ => "merge step".to_string(),
+        };
+        match svc.propose(cmd, Duration::from_secs(5)).await {
+            Ok(ApplyResult::Done) => {
+                tracing::info!("{what}");
+                shared.report_soon.notify_one();
+            }
+            Ok(other) => tracing::debug!("{what}: refused: {other:?}"),
+            Err(e) => {
+                tracing::warn!("{what}: {e}");
                 break;
             }
         }

@@ -43,6 +43,12 @@ pub mod names {
     /// After the round that applied a split is written, before the new group's replica
     /// is opened.
     pub const SPLIT_BEFORE_OPEN: &str = "split_before_open";
+    /// After a merge's commit is taken into the target's round, before the round is
+    /// written.
+    pub const MERGE_BEFORE_WRITE: &str = "merge_before_write";
+    /// After the round that took a merge in is durable, before the source's replica is
+    /// removed from the registry (and its data dropped).
+    pub const MERGE_BEFORE_DROP: &str = "merge_before_drop";
 }
 
 /// Fails with an injected error if failpoint `name` is on for node `node`.

@@ -84,6 +84,10 @@ pub fn split_child_key(g: u64) -> Vec<u8> {
 
 /// Format of the `GroupRange` record written.
 pub const RANGE_FORMAT: u32 = 1;
+/// Format of a `GroupRange` record that carries a merge's state (frozen, merged, or
+/// having taken one in): a binary that predates merges refuses it rather than take a
+/// frozen or merged group for a live one.
+pub const RANGE_FORMAT_MERGE: u32 = 2;
 
 /// The log index and term a group made by a split starts at: its state (the parent's
 /// upper keys) stands for entries up to it, so its log begins after it and a new

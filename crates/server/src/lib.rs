@@ -161,6 +161,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         leader_view: Mutex::new(LeaderView::default()),
         operators: Mutex::default(),
         scrub_schedule: Mutex::default(),
+        merge_clocks: Mutex::default(),
         meta_leader_since: Mutex::new(None),
         stopping: std::sync::atomic::AtomicBool::new(false),
         events: tx.clone(),

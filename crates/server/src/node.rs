@@ -147,6 +147,19 @@ pub enum Event {
         /// The range epoch the split was planned at.
         epoch: u64,
     },
+    /// The meta leader asks for a merge step in a group led here (merge.rs in the meta
+    /// crate: a prepare or rollback in the source, a commit in the target).
+    Merge(proto::MergeGroup),
+    /// The engine flush after `group` took merges in is done (or failed): the sources'
+    /// replicas here may go.
+    MergeDurable {
+        /// The target.
+        group: u64,
+        /// The groups merged into it.
+        sources: Vec<u64>,
+        /// Outcome of the flush.
+        result: Result<(), String>,
+    },
     /// The meta leader asks for a scrub point in `group` (if led here).
     Scrub {
         /// Group.
@@ -252,6 +265,17 @@ pub struct Peer {
     split_child: Option<proto::Route>,
     /// Groups split off in the last apply round, to open once the round is written.
     new_children: Vec<proto::Route>,
+    /// Frozen for a merge: (target, prepare index).
+    merging: Option<(u64, u64)>,
+    /// Committed entries raft handed out but not applied yet, from a merge's commit
+    /// whose source here has not reached its prepare (`merge_waiting_for`): applied
+    /// first when it has, before anything newer.
+    held: Vec<phoenix_raft::Entry>,
+    /// The source the held entries wait for (0: none).
+    held_for: u64,
+    /// Groups merged into this one in the last apply round, to drop once the round is
+    /// durable.
+    merged_sources: Vec<u64>,
 }
 
 /// The part of a replica's published view that requests depend on: published at once
@@ -266,6 +290,8 @@ struct Prompt {
     epoch: u64,
     failed: bool,
     hibernating: bool,
+    merging: bool,
+    held_for: u64,
 }
 
 impl Prompt {
@@ -278,6 +304,8 @@ impl Prompt {
             epoch: p.route.epoch,
             failed: p.failed.is_some(),
             hibernating: r.is_hibernating(),
+            merging: p.merging.is_some(),
+            held_for: p.held_for,
         }
     }
 }
@@ -365,6 +393,9 @@ pub struct Driver {
     /// Groups split off here whose first state is being flushed: no replica of them is
     /// created meanwhile (`make_children_durable`).
     pending_children: HashSet<u64>,
+    /// Groups whose applying is held at a merge's commit (`Peer::held`): tried again
+    /// every loop.
+    held: BTreeSet<u64>,
 }
 
 /// A stop's hand-off under way: group → the followers tried, until when to wait, and
@@ -427,6 +458,7 @@ impl Driver {
             last_create_retry: Instant::now(),
             last_shed: Instant::now(),
             splits_proposed: HashMap::new(),
+            held: BTreeSet::new(),
             handing_off: None,
             stopping: false,
             session_records: Arc::default(),
@@ -514,11 +546,22 @@ impl Driver {
         let conf_version = conf_version(db, g)?.unwrap_or(route.conf_version);
         let mut route = route_with_conf(&self.shared, route, &conf, conf_version);
         // The range the group applied (a split's) wins over the one it was created with.
+        let mut merging = None;
         let split_index = match group_range(db, g)? {
+            Some(r) if r.merged_into != 0 => {
+                // Merged into its neighbour before the node stopped, and not dropped yet
+                // (the merge's batch is durable: this record is in it).
+                tracing::info!(group = g, into = r.merged_into, "merged; dropping it");
+                self.destroy_replica(g, u64::MAX);
+                return Ok(());
+            }
             Some(r) => {
                 route.start_key = r.start_key;
                 route.end_key = r.end_key;
                 route.epoch = r.epoch;
+                if r.merging_into != 0 {
+                    merging = Some((r.merging_into, r.merge_index));
+                }
                 r.split_index
             }
             None => 0,
@@ -586,6 +629,10 @@ impl Driver {
                 uninitialized,
                 split_child,
                 new_children: Vec::new(),
+                merging,
+                held: Vec::new(),
+                held_for: 0,
+                merged_sources: Vec::new(),
             }),
         );
         self.touch(g);
@@ -853,6 +900,9 @@ impl Driver {
             self.create_pending();
             if Instant::now() >= next_tick {
                 self.tick();
+                if !self.held.is_empty() {
+                    self.retry_held();
+                }
                 next_tick += tick;
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + tick;
@@ -1136,6 +1186,147 @@ impl Driver {
             Err(e) => tracing::debug!(group = g, "split not proposed: {e}"),
         }
         self.touch(g);
+    }
+
+    /// Proposes the merge step the meta leader asked for (a prepare or rollback in the
+    /// source, a commit in the target), if this node leads that group and its range is
+    /// still at the plan's epoch; once per (epoch, term) within
+    /// [`SPLIT_REPROPOSE_AFTER`], as splits.
+    fn propose_merge(&mut self, m: proto::MergeGroup) {
+        use proto::kv_command::Cmd;
+        let Some(plan) = m.plan else {
+            return;
+        };
+        let phase = proto::MergePhase::try_from(plan.phase).unwrap_or(proto::MergePhase::Prepare);
+        let (g, epoch, cmd) = match phase {
+            proto::MergePhase::Prepare => (
+                plan.source,
+                plan.source_epoch,
+                Cmd::PrepareMerge(proto::PrepareMergeCommand {
+                    target: plan.target,
+                    epoch: plan.source_epoch,
+                }),
+            ),
+            proto::MergePhase::Commit => (
+                plan.target,
+                plan.target_epoch,
+                Cmd::CommitMerge(proto::CommitMergeCommand {
+                    source: plan.source,
+                    source_epoch: plan.source_epoch + 1,
+                    prepare_index: plan.prepare_index,
+                    source_start: m.source_start,
+                    source_end: m.source_end,
+                    target_epoch: plan.target_epoch,
+                }),
+            ),
+            proto::MergePhase::Rollback => (
+                plan.source,
+                0,
+                Cmd::RollbackMerge(proto::RollbackMergeCommand {
+                    target: plan.target,
+                    epoch: plan.source_epoch,
+                }),
+            ),
+        };
+        let Some(p) = self.peers.get_mut(&g) else {
+            return;
+        };
+        if g == META_GROUP
+            || p.failed.is_some()
+            || p.raw.raft().role() != StateRole::Leader
+            || (epoch != 0 && p.route.epoch != epoch)
+        {
+            return;
+        }
+        let now = Instant::now();
+        let key = (p.route.epoch, p.raw.raft().term());
+        self.splits_proposed
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < SPLIT_REPROPOSE_AFTER);
+        if self.splits_proposed.get(&g).is_some_and(|(k, _)| *k == key) {
+            return;
+        }
+        let what = phase.as_str_name();
+        let cmd = proto::KvCommand {
+            cmd: Some(cmd),
+            session: None,
+            epoch: 0,
+        };
+        let data = Bytes::from(prost::Message::encode_to_vec(&cmd));
+        match p.raw.propose(data) {
+            Ok(index) => {
+                self.splits_proposed.insert(g, (key, now));
+                tracing::info!(
+                    group = g,
+                    index,
+                    source = plan.source,
+                    target = plan.target,
+                    step = what,
+                    "proposed a merge step (meta's request)"
+                )
+            }
+            Err(e) if is_storage(&e) => {
+                return self.fail_group(g, format!("proposing a merge step: {e}"));
+            }
+            Err(e) => tracing::debug!(group = g, "merge step not proposed: {e}"),
+        }
+        self.touch(g);
+    }
+
+    /// Tries again the groups whose applying is held at a merge's commit: those whose
+    /// source here has reached its prepare apply their held entries.
+    fn retry_held(&mut self) {
+        for g in std::mem::take(&mut self.held) {
+            let shared = Arc::clone(&self.shared);
+            let Some(p) = self.peers.get_mut(&g) else {
+                continue;
+            };
+            if p.failed.is_some() || p.held.is_empty() {
+                continue;
+            }
+            let entries = std::mem::take(&mut p.held);
+            let applied = apply_entries(&shared, p, entries, &mut self.registry);
+            let r = applied.and_then(|last| match last {
+                Some(i) => p.raw.advance_apply_to(i).map_err(crate::Error::from),
+                None => Ok(()),
+            });
+            match r {
+                Ok(()) => {
+                    if !p.held.is_empty() {
+                        self.held.insert(g);
+                    }
+                    publish_changes(&shared, p);
+                    self.make_children_durable(g);
+                    self.touch(g);
+                }
+                Err(e) => {
+                    self.fail_group(g, e.to_string());
+                    self.make_children_durable(g);
+                }
+            }
+        }
+    }
+
+    /// Drops the replicas of groups merged into `g` once the round that took them in is
+    /// durable (a crash before leaves them whole, and `g` replays the merge from its
+    /// log). A failed flush stops them: a restart finishes it.
+    fn drop_merged(&mut self, g: u64, sources: Vec<u64>, result: Result<(), String>) {
+        for s in sources {
+            let result = result.clone().and_then(|()| {
+                crate::failpoint::check_group(
+                    crate::failpoint::names::MERGE_BEFORE_DROP,
+                    self.shared.cfg.node_id,
+                    s,
+                )
+                .map_err(|e| e.to_string())
+            });
+            match &result {
+                Ok(()) => {
+                    tracing::info!(group = s, into = g, "merged; dropping its replica");
+                    self.destroy_replica(s, u64::MAX);
+                }
+                Err(e) => self.fail_group(s, format!("flushing its merge into group {g}: {e}")),
+            }
+        }
     }
 
     /// Proposes a scrub point in group `g` if this node leads it (scrub.rs).
@@ -1574,6 +1765,12 @@ impl Driver {
                 epoch,
             } => self.propose_split(group, split_key, new_group_id, epoch),
             Event::Scrub { group } => self.propose_scrub(group),
+            Event::Merge(m) => self.propose_merge(m),
+            Event::MergeDurable {
+                group,
+                sources,
+                result,
+            } => self.drop_merged(group, sources, result),
             Event::SplitDurable {
                 group,
                 children,
@@ -1652,10 +1849,23 @@ impl Driver {
             return Ok(());
         };
         if let Some(snap) = rd.snapshot.take() {
+            // Entries held at a merge's commit are below the snapshot (raft hands out
+            // what follows it again).
+            p.held.clear();
+            p.held_for = 0;
             let installed = install_snapshot(&shared, p, &snap.meta);
             shared.metrics.snapshot("installed", installed.is_ok());
             installed?;
+            // A snapshot from past a merge's commit: the sources frozen for it here are
+            // in the group now (dropped once the install is durable).
+            let covered = frozen_sources_covered(&self.peers, g);
+            if let Some(p) = self.peers.get_mut(&g) {
+                p.merged_sources.extend(covered);
+            }
         }
+        let Some(p) = self.peers.get_mut(&g) else {
+            return Ok(());
+        };
         let number = rd.number();
         let incarnation = p.incarnation;
         let events = shared.events.clone();
@@ -1678,9 +1888,17 @@ impl Driver {
             durable: !submitted,
         });
         let committed = std::mem::take(&mut rd.committed_entries);
-        if let Some(last) = committed.last().map(|e| e.index) {
-            apply_entries(&shared, p, committed, &mut self.registry)?;
-            p.raw.advance_apply_to(last)?;
+        if !committed.is_empty() || !p.held.is_empty() {
+            // Entries held at a merge's commit go first.
+            let mut entries = std::mem::take(&mut p.held);
+            entries.extend(committed);
+            let applied = apply_entries(&shared, p, entries, &mut self.registry)?;
+            if let Some(last) = applied {
+                p.raw.advance_apply_to(last)?;
+            }
+            if !p.held.is_empty() {
+                self.held.insert(g);
+            }
         }
         for rs in std::mem::take(&mut rd.read_states) {
             let ctx = rs
@@ -1713,6 +1931,15 @@ impl Driver {
         let Some(p) = self.peers.get_mut(&g) else {
             return;
         };
+        let sources = std::mem::take(&mut p.merged_sources);
+        // A target that stopped may not have written the round that took the sources
+        // in: they stay (frozen) until a restart replays the merge or finds it done.
+        if !sources.is_empty() && p.failed.is_none() {
+            self.make_merges_durable(g, sources);
+        }
+        let Some(p) = self.peers.get_mut(&g) else {
+            return;
+        };
         let children = std::mem::take(&mut p.new_children);
         if children.is_empty() {
             return;
@@ -1740,6 +1967,29 @@ impl Driver {
                 self.pending_children.remove(&c.group_id);
                 self.mark_unopened(c, format!("starting the split's flush: {e}"));
             }
+        }
+    }
+
+    /// Flushes the engine off this thread once `g`'s last apply round took merges in,
+    /// then drops the sources' replicas here (`Event::MergeDurable`): until the merge's
+    /// batch is durable, a crash replays it from `g`'s log, which needs the sources'
+    /// data where it was.
+    fn make_merges_durable(&mut self, g: u64, sources: Vec<u64>) {
+        let shared = Arc::clone(&self.shared);
+        let failed_spawn = sources.clone();
+        let spawned = std::thread::Builder::new()
+            .name("phoenix-merge".into())
+            .spawn(move || {
+                let result = shared.engine.flush().map_err(|e| e.to_string());
+                let _ = shared.events.send(Event::MergeDurable {
+                    group: g,
+                    sources,
+                    result,
+                });
+            });
+        if let Err(e) = spawned {
+            // Left frozen: the next start drops them (their records say merged).
+            self.drop_merged(g, failed_spawn, Err(format!("starting the flush: {e}")));
         }
     }
 
@@ -2006,6 +2256,10 @@ fn publish_view(shared: &Shared, p: &mut Peer) {
     v.log_first = p.raw.store().snap_index() + 1;
     v.failed.clone_from(&p.failed);
     v.hibernating = r.is_hibernating();
+    let (into, index) = p.merging.unwrap_or((0, 0));
+    v.merging_into = into;
+    v.merge_index = index;
+    v.merge_waiting_for = p.held_for;
     if p.failed.is_some() {
         // A stopped replica leads nothing, whatever its raft state still says.
         v.is_leader = false;
@@ -2152,6 +2406,7 @@ fn install_files(
         p.route.end_key = r.end_key;
         p.route.epoch = r.epoch;
         p.raw.set_append_floor(r.split_index);
+        p.merging = (r.merging_into != 0).then_some((r.merging_into, r.merge_index));
     }
     p.split_child = split_child(&shared.engine, g)?;
     p.uninitialized = false;
@@ -2193,12 +2448,12 @@ fn group_range(db: &phoenix_engine::Db, g: u64) -> crate::Result<Option<proto::G
     let r = proto::GroupRange::decode(v.as_slice()).map_err(|e| {
         crate::Error::Corruption(format!("group {g}: undecodable range record: {e}"))
     })?;
-    if r.format > keys::RANGE_FORMAT {
+    if r.format > keys::RANGE_FORMAT_MERGE {
         return Err(crate::Error::Corruption(format!(
             "group {g}: range record format {} is newer than this binary's {}; \
              upgrade the binary",
             r.format,
-            keys::RANGE_FORMAT
+            keys::RANGE_FORMAT_MERGE
         )));
     }
     Ok(Some(r))
@@ -2329,6 +2584,7 @@ fn before_write(
     g: u64,
     route: &proto::Route,
     split_child: &Option<proto::Route>,
+    merging: Option<(u64, u64)>,
     split: bool,
 ) -> crate::Result<()> {
     if split {
@@ -2337,6 +2593,9 @@ fn before_write(
             let v = groups.entry(g).or_default();
             v.route.clone_from(route);
             v.split_child.clone_from(split_child);
+            let (into, index) = merging.unwrap_or((0, 0));
+            v.merging_into = into;
+            v.merge_index = index;
         }
         crate::failpoint::check(
             crate::failpoint::names::SPLIT_BEFORE_WRITE,
@@ -2360,14 +2619,17 @@ fn after_write(shared: &Shared, p: &mut Peer, applied: Option<(u64, u64)>, split
     }
 }
 
-/// Applies committed entries of one group as ONE engine batch carrying the group's
-/// applied-index sentinel (apply.rs), then answers their proposers.
+/// Applies committed entries of one group as one engine batch carrying the group's
+/// applied-index sentinel (apply.rs; a scrub point cuts it in two, each with its
+/// sentinel), then answers their proposers. Entries from a merge's commit whose source
+/// here has not reached its prepare on are left in `p.held`. Returns the last entry
+/// applied (None: none).
 fn apply_entries(
     shared: &Shared,
     p: &mut Peer,
     entries: Vec<phoenix_raft::Entry>,
     registry: &mut crate::registry::Registry,
-) -> crate::Result<()> {
+) -> crate::Result<Option<u64>> {
     let g = p.group;
     let engine = crate::apply::EngineState {
         db: &shared.engine,
@@ -2385,15 +2647,16 @@ fn apply_entries(
             )));
         }
     }
-    applied?;
+    let applied = applied?;
     for (reply, r) in replies {
         let _ = reply.send(r);
     }
-    Ok(())
+    Ok(applied)
 }
 
 /// The body of [`apply_entries`]: takes every entry into one apply round and writes it;
-/// the proposers' answers go to `replies` (sent by the caller).
+/// the proposers' answers go to `replies` (sent by the caller). Returns the last entry
+/// applied.
 fn apply_round(
     shared: &Shared,
     p: &mut Peer,
@@ -2401,13 +2664,29 @@ fn apply_round(
     entries: Vec<phoenix_raft::Entry>,
     replies: &mut Vec<(ProposeReply, Result<ApplyResult, proto::Error>)>,
     registry: &mut crate::registry::Registry,
-) -> crate::Result<()> {
+) -> crate::Result<Option<u64>> {
     let g = p.group;
     let mut a = crate::apply::Applier::new(g, engine, &mut p.sessions);
     a.set_range(&p.route.start_key, &p.route.end_key, p.route.epoch);
+    let floor = p.raw.append_floor();
+    a.set_merge_state(p.merging, floor);
     let mut conf = None;
+    // The range, epoch or merge state changed: published before the batch is written.
     let mut split = false;
-    for e in entries {
+    let mut last_applied = None;
+    p.held_for = 0;
+    let mut entries = entries.into_iter();
+    while let Some(e) = entries.next() {
+        if let EntryKind::Normal = e.kind {
+            if let Some(source) = merge_source_behind(shared, g, &e)? {
+                // A merge's commit whose source here has not reached its prepare: the
+                // round ends before it, and it and what follows wait (`retry_held`).
+                p.held = std::iter::once(e).chain(entries).collect();
+                p.held_for = source;
+                tracing::debug!(group = g, source, "applying held at a merge's commit");
+                break;
+            }
+        }
         a.entry(e.index, e.term);
         let mut scrub = false;
         let result = match e.kind {
@@ -2469,6 +2748,57 @@ fn apply_round(
                     scrub = true;
                     ApplyResult::Done
                 }
+                ApplyResult::PrepareMerge(m) => match a.prepare_merge(e.index, &m) {
+                    Ok(epoch) => {
+                        tracing::info!(
+                            group = g,
+                            into = m.target,
+                            index = e.index,
+                            epoch,
+                            "frozen for a merge"
+                        );
+                        p.route.epoch = epoch;
+                        p.merging = Some((m.target, e.index));
+                        split = true;
+                        ApplyResult::Done
+                    }
+                    Err(why) => ApplyResult::Refused(why),
+                },
+                ApplyResult::RollbackMerge(m) => match a.rollback_merge(&m) {
+                    Ok(epoch) => {
+                        tracing::info!(group = g, into = m.target, epoch, "merge rolled back");
+                        p.route.epoch = epoch;
+                        p.merging = None;
+                        split = true;
+                        ApplyResult::Done
+                    }
+                    Err(why) => ApplyResult::Refused(why),
+                },
+                ApplyResult::CommitMerge(m) => match a.commit_merge(e.index, &m)? {
+                    Ok(done) => {
+                        tracing::info!(
+                            group = g,
+                            source = m.source,
+                            index = e.index,
+                            epoch = done.epoch,
+                            "merge applied"
+                        );
+                        p.route.start_key = done.start.into();
+                        p.route.end_key = done.end.into();
+                        p.route.epoch = done.epoch;
+                        // Entries up to it were checked against the narrower range.
+                        p.raw.set_append_floor(e.index);
+                        p.merged_sources.push(m.source);
+                        split = true;
+                        crate::failpoint::check_group(
+                            crate::failpoint::names::MERGE_BEFORE_WRITE,
+                            shared.cfg.node_id,
+                            g,
+                        )?;
+                        ApplyResult::Done
+                    }
+                    Err(why) => ApplyResult::Refused(why),
+                },
                 r => r,
             },
         };
@@ -2492,18 +2822,21 @@ fn apply_round(
             // The engine must hold the state as of this entry exactly: the round so far
             // is written, the snapshot taken, and the rest of the round goes on in a
             // batch of its own.
-            before_write(shared, g, &p.route, &p.split_child, split)?;
+            before_write(shared, g, &p.route, &p.split_child, p.merging, split)?;
             let applied = a.finish(engine)?;
+            last_applied = applied.map(|(i, _)| i).or(last_applied);
             after_write(shared, p, applied, split);
             split = false;
             let snap = shared.engine.snapshot();
             shared.scrubs.start(&shared.engine, g, e.index, snap);
             a = crate::apply::Applier::new(g, engine, &mut p.sessions);
             a.set_range(&p.route.start_key, &p.route.end_key, p.route.epoch);
+            a.set_merge_state(p.merging, p.raw.append_floor());
         }
     }
-    before_write(shared, g, &p.route, &p.split_child, split)?;
+    before_write(shared, g, &p.route, &p.split_child, p.merging, split)?;
     let applied = a.finish(engine)?;
+    last_applied = applied.map(|(i, _)| i).or(last_applied);
     after_write(shared, p, applied, split);
     if let Some((cs, version)) = conf {
         let route = std::mem::take(&mut p.route);
@@ -2518,5 +2851,53 @@ fn apply_round(
         );
         publish_view(shared, p);
     }
-    Ok(())
+    Ok(last_applied)
+}
+
+/// The replicas here frozen for a merge into `g` whose range `g`'s route now covers (it
+/// took them in: a snapshot from past the merge's commit).
+fn frozen_sources_covered(peers: &HashMap<u64, Box<Peer>>, g: u64) -> Vec<u64> {
+    let Some(t) = peers.get(&g) else {
+        return Vec::new();
+    };
+    let covers = |r: &proto::Route| {
+        r.start_key >= t.route.start_key
+            && (t.route.end_key.is_empty()
+                || (!r.end_key.is_empty() && r.end_key <= t.route.end_key))
+    };
+    peers
+        .values()
+        .filter(|p| p.merging.is_some_and(|(into, _)| into == g) && covers(&p.route))
+        .map(|p| p.group)
+        .collect()
+}
+
+/// For entry `e` of group `g`: if it is a merge's commit whose source's replica here
+/// has not applied the prepare yet, that source (the commit must wait for it). A commit
+/// that will be refused (another epoch, or not frozen for this merge at all) does not
+/// wait: the apply decides.
+fn merge_source_behind(
+    shared: &Shared,
+    g: u64,
+    e: &phoenix_raft::Entry,
+) -> crate::Result<Option<u64>> {
+    if e.data.is_empty() || g == META_GROUP {
+        return Ok(None);
+    }
+    // (A cheap look first: only a commit is decoded twice.)
+    let Ok(cmd) = <proto::KvCommand as prost::Message>::decode(e.data.as_ref()) else {
+        return Ok(None);
+    };
+    let Some(proto::kv_command::Cmd::CommitMerge(m)) = cmd.cmd else {
+        return Ok(None);
+    };
+    let db = &shared.engine;
+    let applied = match db.get(&ReadOptions::default(), &keys::applied_key(m.source))? {
+        Some(v) => keys::decode_applied(&v).map_or(0, |(i, _)| i),
+        None => 0,
+    };
+    let frozen = group_range(db, m.source)?.is_some_and(|r| {
+        r.merging_into == g && r.merge_index == m.prepare_index && r.merged_into == 0
+    });
+    Ok((!frozen || applied < m.prepare_index).then_some(m.source))
 }

@@ -96,6 +96,14 @@ impl Services {
         if h.epoch != 0 && h.epoch < v.route.epoch {
             return Err(PErr::stale_epoch(h.group_id, h.epoch, v.route.clone()));
         }
+        if v.merging_into != 0 {
+            // Frozen: its data is on its way into the neighbour, whose route the client
+            // finds in the routing table once the merge is done.
+            return Err(PErr::group_unavailable(
+                h.group_id,
+                format!("frozen for a merge into group {}", v.merging_into),
+            ));
+        }
         if h.forwarded_by != 0 && self.shared.links.is_cut(h.forwarded_by) {
             // Partitioned from the forwarder: it cannot reach us (as raft cannot).
             return Err(PErr::group_unavailable(

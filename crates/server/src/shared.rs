@@ -39,6 +39,13 @@ pub struct GroupView {
     /// The route of the group the last split of this one made (StaleEpoch answers and
     /// heartbeats carry it).
     pub split_child: Option<proto::Route>,
+    /// Frozen for a merge into this group (0: not), at this log index: requests are
+    /// refused until the merge ends.
+    pub merging_into: u64,
+    pub merge_index: u64,
+    /// Applying is held before a merge's commit until this node's replica of this group
+    /// (the source) reaches the prepare (0: not held).
+    pub merge_waiting_for: u64,
 }
 
 /// The node's shared state.
@@ -63,6 +70,11 @@ pub struct Shared {
     /// The meta leader's scrub schedule (phoenix_meta::Scrubs). Lock it after
     /// `operators`.
     pub scrub_schedule: Mutex<phoenix_meta::Scrubs>,
+    /// The meta leader's clocks for merges: since when it has seen each planned merge
+    /// in its prepare phase (given up past `MERGE_PREPARE_MAX`), and each group at its
+    /// route's range epoch (merged by size only past `Config::merge_after`). Lock it
+    /// after `operators`.
+    pub merge_clocks: Mutex<MergeClocks>,
     /// Since when this node leads the meta group, as its scheduler last saw (None: it
     /// does not). Lock it before `leader_view` and `operators`.
     pub meta_leader_since: Mutex<Option<Instant>>,
@@ -128,3 +140,12 @@ impl Shared {
 
 /// Shared state handle.
 pub type SharedRef = Arc<Shared>;
+
+/// See [`Shared::merge_clocks`].
+#[derive(Debug, Default)]
+pub struct MergeClocks {
+    /// Source group → when its plan was first seen in the prepare phase.
+    pub preparing: HashMap<u64, Instant>,
+    /// Group → (range epoch, since when).
+    pub epochs: HashMap<u64, (u64, Instant)>,
+}

@@ -74,12 +74,22 @@ pub fn start_send(shared: &Arc<Shared>, g: u64, route: &proto::Route, msg: Messa
         .ok()
         .flatten()
         .and_then(|v| keys::decode_applied(&v));
-    if sentinel != Some((meta.index, meta.term)) {
+    // A group merged into its neighbour here is about to be dropped: its data lives in
+    // the neighbour now, and a replica that installed it would hold a merged group.
+    let merged = shared
+        .engine
+        .get(&ro, &keys::range_key(g))
+        .ok()
+        .flatten()
+        .and_then(|v| <proto::GroupRange as prost::Message>::decode(v.as_slice()).ok())
+        .is_some_and(|r| r.merged_into != 0);
+    if merged || sentinel != Some((meta.index, meta.term)) {
         tracing::error!(
             group = g,
             ?sentinel,
             index = meta.index,
-            "engine state does not match the snapshot index; not sending"
+            merged,
+            "engine state does not match the snapshot index, or the group merged; not sending"
         );
         let _ = shared.events.send(Event::SnapshotSent {
             group: g,

@@ -823,3 +823,110 @@ async fn a_split_cut_short_at_any_step_is_whole_after_a_restart() {
         scenario.teardown();
     }
 }
+
+/// Asks the meta service to merge `source` into `target`, until it answers the merged
+/// route.
+async fn merge_at(c: &Cluster, source: u64, target: u64) -> proto::Route {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "merge of group {source} into {target} did not finish: {last}"
+        );
+        for a in c.live() {
+            let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await
+            else {
+                continue;
+            };
+            let r = m
+                .merge_group(proto::MergeGroupRequest {
+                    source,
+                    target,
+                    timeout_ms: 10_000,
+                })
+                .await;
+            match r.map(|r| r.into_inner()) {
+                Ok(proto::MergeGroupResponse {
+                    error: None,
+                    route: Some(r),
+                }) => return r,
+                Ok(other) => last = format!("{a}: {other:?}"),
+                Err(s) => last = format!("{a}: {s}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A merge that fails on one follower at each of its steps — the commit taken into the
+/// target's round but not written, the round durable but the source not dropped — stops
+/// that replica visibly while the others merge; after the node restarts, its target
+/// replays the merge from its log (waiting for its source's prepare) or finds it done
+/// and drops the source, and the merged group holds every acknowledged write while the
+/// source's keys and log are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_merge_cut_short_at_any_step_is_whole_after_a_restart() {
+    let _turn = TURN.lock().await;
+    for step in [names::MERGE_BEFORE_WRITE, names::MERGE_BEFORE_DROP] {
+        eprintln!("merge failing at {step}");
+        let scenario = fail::FailScenario::setup();
+        let mut c = Cluster::start_split(vec![b"k00015".to_vec()]);
+        let routes = c.routes(2).await;
+        let (target, source) = (routes[0].clone(), routes[1].clone());
+        assert_eq!(source.start_key.as_ref(), b"k00015");
+        // A node leading neither group: both go on without it.
+        let follower = (1..=3u64)
+            .find(|n| *n != target.leader_node_id && *n != source.leader_node_id)
+            .unwrap_or(1);
+        let fi = follower as usize - 1;
+        let value = vec![7u8; 512];
+        let mut all = Vec::new();
+        for i in 0..30u32 {
+            let k = format!("k{i:05}").into_bytes();
+            let route = if i < 15 { &target } else { &source };
+            put(&c.live(), route, &k, &value).await;
+            all.push((k, value.clone()));
+        }
+        let failing = if step == names::MERGE_BEFORE_WRITE {
+            target.group_id
+        } else {
+            source.group_id
+        };
+        fail::cfg(step, &format!("return({follower}/{failing})")).unwrap();
+        let merged = merge_at(&c, source.group_id, target.group_id).await;
+        assert_eq!(merged.group_id, target.group_id);
+        assert!(merged.start_key.is_empty() && merged.end_key.is_empty());
+        if step == names::MERGE_BEFORE_WRITE {
+            c.wait_stopped(target.group_id, follower, step).await;
+        } else {
+            // (The source is out of the routing table: its stop is not reported.)
+            tokio::time::sleep(Duration::from_millis(800)).await;
+        }
+        let routes = c.routes(1).await;
+        for i in 0..10u32 {
+            let k = format!("z{i:05}").into_bytes();
+            put(&c.live(), &routes[0], &k, &value).await;
+            all.push((k, value.clone()));
+        }
+        fail::remove(step);
+        c.stop(fi).await;
+        c.restart(fi);
+        c.wait_caught_up(target.group_id, follower).await;
+        wait_dropped(
+            &c.dir.path().join(format!("node-{follower}")),
+            source.group_id,
+        )
+        .await;
+        let dir = c.dir.path().to_path_buf();
+        c.stop_all().await;
+        check_engine(&dir, fi, target.group_id, &all);
+        let left_over = group_left_on_disk(&dir.join(format!("node-{follower}")), source.group_id);
+        assert_eq!(
+            left_over,
+            (0, false),
+            "the source's keys and log after {step}"
+        );
+        scenario.teardown();
+    }
+}

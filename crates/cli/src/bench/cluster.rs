@@ -59,7 +59,8 @@ pub struct Args {
     #[arg(long)]
     pub spawn: Option<PathBuf>,
     /// Extra argument for every spawned `phoenix server` (repeatable). Spawned servers
-    /// split no group (`--split-qps 0 --split-size-mb 0`) unless these name the flags.
+    /// split or merge no group (`--split-qps 0 --split-size-mb 0 --merge-size-mb 0`)
+    /// unless these name the flags.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
     /// Concurrent clients (requests in flight); a comma list runs each in turn.
@@ -1715,11 +1716,11 @@ fn summary_table(results: &[RunResult]) -> String {
     out
 }
 
-/// Adds `--split-qps 0 --split-size-mb 0` to spawned servers' `args` unless they name
-/// those flags: a measurement or a check drives the groups it spawned (splits come only
-/// where it asks for them).
+/// Adds `--split-qps 0 --split-size-mb 0 --merge-size-mb 0` to spawned servers' `args`
+/// unless they name those flags: a measurement or a check drives the groups it spawned
+/// (splits and merges come only where it asks for them).
 pub(crate) fn no_splits_unless_asked(args: &mut Vec<String>) {
-    for flag in ["--split-qps", "--split-size-mb"] {
+    for flag in ["--split-qps", "--split-size-mb", "--merge-size-mb"] {
         if !args.iter().any(|a| a.starts_with(flag)) {
             args.extend([flag.to_string(), "0".to_string()]);
         }

@@ -42,6 +42,10 @@ pub enum ClusterCmd {
     /// Split a group at a key: the keys at or above it move to a new group with the
     /// same replicas. Waits until the routing table holds both groups.
     Split(SplitArgs),
+    /// Merge a group into its neighbour (both with the same replicas): the first freezes,
+    /// the second takes its range, data and client sessions, and the first goes. Waits
+    /// until the routing table holds the merged group.
+    Merge(MergeArgs),
     /// Scrub a group: its replicas checksum the group's data at the same log index and
     /// the answers are compared. Exits 0 if every voter's checksum agrees, 1 if they
     /// differ (the replicas hold different data), 2 or more if it could not be done.
@@ -70,6 +74,21 @@ pub struct SplitArgs {
     /// `--hex`).
     key: String,
     /// How long to wait for the split, in milliseconds. If the time is up the split
+    /// goes on; asking again waits for it.
+    #[arg(long = "wait-ms", default_value_t = 30_000)]
+    wait_ms: u64,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+/// Flags of `phoenix cluster merge`.
+#[derive(Debug, clap::Args)]
+pub struct MergeArgs {
+    /// The group that goes (an id from `phoenix cluster status`).
+    source: u64,
+    /// Its neighbour that takes it in.
+    target: u64,
+    /// How long to wait for the merge, in milliseconds. If the time is up the merge
     /// goes on; asking again waits for it.
     #[arg(long = "wait-ms", default_value_t = 30_000)]
     wait_ms: u64,
@@ -170,6 +189,7 @@ pub fn run(cmd: ClusterCmd, format: Format) -> Result<Outcome, CmdError> {
         ClusterCmd::Drain(args) => drain(args, format),
         ClusterCmd::Operators(args) => operators(args, format),
         ClusterCmd::Split(args) => split(args, format),
+        ClusterCmd::Merge(args) => merge(args, format),
         ClusterCmd::Scrub(args) => scrub(args, format),
     }
 }
@@ -238,6 +258,49 @@ fn scrubs_json(reps: &[phoenix_client::ScrubReplica]) -> Vec<Value> {
             })
         })
         .collect()
+}
+
+fn merge(args: MergeArgs, format: Format) -> Result<Outcome, CmdError> {
+    runtime()?.block_on(async {
+        let opts = phoenix_client::ClientOptions {
+            timeout: std::time::Duration::from_millis(args.wait_ms.max(1)),
+            ..options(&args.conn)
+        };
+        let client = Client::new_lazy(args.conn.endpoints.clone(), opts)?;
+        let r = client
+            .merge_group(args.source, args.target)
+            .await
+            .map_err(|e| unreachable_or(&args.conn, e))?;
+        let end = if r.end.is_empty() {
+            "∞".to_string()
+        } else {
+            args.conn.show(&r.end)
+        };
+        match format {
+            Format::Text => {
+                let mut out = Stdout::lock();
+                writeln!(
+                    out,
+                    "group {}: [{}, {}) epoch {}",
+                    r.group_id,
+                    args.conn.show(&r.start),
+                    end,
+                    r.epoch
+                )?;
+                out.flush()?;
+            }
+            Format::Json => {
+                let b = args.conn.bytes();
+                let mut m = Map::new();
+                m.insert("group_id".into(), json!(r.group_id));
+                b.put(&mut m, "start", &r.start);
+                b.put(&mut m, "end", &r.end);
+                m.insert("epoch".into(), json!(r.epoch));
+                output::print_json(&Value::Object(m))?
+            }
+        }
+        Ok(Outcome::Done)
+    })
 }
 
 fn split(args: SplitArgs, format: Format) -> Result<Outcome, CmdError> {

@@ -97,6 +97,17 @@ pub struct Args {
     /// never by load).
     #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_GROUP_SPLIT_QPS)]
     pub split_qps: u64,
+    /// As the meta leader, merge two neighbouring groups with the same replicas whose
+    /// data together is under this many MiB (0: never by size).
+    #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_GROUP_MERGE_BYTES >> 20)]
+    pub merge_size_mb: u64,
+    /// ... and under this many entries together.
+    #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_GROUP_MERGE_KEYS)]
+    pub merge_size_keys: u64,
+    /// Merge by size only groups whose range has not changed for this long (a group just
+    /// split is not merged back at once; e.g. 10m).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub merge_after: Duration,
     /// How often to measure the groups this node leads for splitting (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub split_check_interval: Duration,
@@ -160,6 +171,9 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.group_split_bytes = args.split_size_mb.saturating_mul(1 << 20);
     cfg.group_split_keys = args.split_size_keys;
     cfg.group_split_qps = args.split_qps;
+    cfg.group_merge_bytes = args.merge_size_mb.saturating_mul(1 << 20);
+    cfg.group_merge_keys = args.merge_size_keys;
+    cfg.merge_after = args.merge_after;
     cfg.split_check_interval = args.split_check_interval.max(Duration::from_millis(100));
     cfg.fault_injection = args.fault_injection;
     cfg.unsynced_in_memory = args.unsynced_in_memory;

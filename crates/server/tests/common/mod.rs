@@ -83,6 +83,8 @@ pub fn config(id: u64, addr: &str, dir: &Path, meta: &[MetaMember], replication:
     c.group_split_bytes = 0;
     c.group_split_keys = 0;
     c.group_split_qps = 0;
+    // Nor merged (the merge test asks for its merges).
+    c.group_merge_bytes = 0;
     c
 }
 
