@@ -104,15 +104,16 @@ fn operations_are_linearizable_across_splits_under_kill_9_and_power_loss() {
     );
 }
 
-/// The control plane at work under faults (issue "Groups that move…", bar 1, merges
-/// aside): five nodes; groups split by load (the scheduler's split check, every 2 s,
-/// over 150 requests a second), so replicas move to balance the nodes; a node stays
+/// The control plane at work under faults (issue "Groups that move…", bar 1): five
+/// nodes; groups split by load (the scheduler's split check, every 2 s, over 150
+/// requests a second) and neighbours with the same replicas merge back once left alone
+/// for 4 s, so replicas move to balance the nodes; a node stays
 /// down past `--down-after 5s` (its replicas repaired elsewhere, then balanced back);
 /// leaders killed, paused and cut off. The history stays linearizable, and within 60 s
 /// of the last fault every group has 3 running voters on live nodes again
 /// (`phoenix check` fails the run otherwise).
 #[test]
-fn a_five_node_cluster_stays_linearizable_and_heals_while_groups_split_and_move() {
+fn a_five_node_cluster_stays_linearizable_and_heals_while_groups_split_merge_and_move() {
     let doc = check_for(
         "chaos",
         "kill-random-long,kill-leader,pause-random,partition-leader,kill-random,kill-random-long",
@@ -124,11 +125,19 @@ fn a_five_node_cluster_stays_linearizable_and_heals_while_groups_split_and_move(
             "--server-arg=--down-after=5s",
             "--server-arg=--split-qps=150",
             "--server-arg=--split-check-interval=2s",
+            // Neighbours left alone for 4 s are merged back (then split again by load).
+            "--server-arg=--merge-size-mb=64",
+            "--server-arg=--merge-after=4s",
         ],
         env_u64("PHOENIX_CHAOS_SECS", 90),
     );
     let groups = doc["groups_at_end"].as_u64().unwrap_or(0);
-    assert!(groups >= 3, "the key space split fewer than twice: {doc}");
+    let merged = doc["groups_merged_away"].as_u64().unwrap_or(0);
+    assert!(
+        groups + merged >= 3,
+        "the key space split fewer than twice: {doc}"
+    );
+    assert!(merged >= 1, "no group was merged: {doc}");
     // Replicas moved: the bootstrap placed the first group on three nodes. (Not every
     // node: one back from a long kill may still be refilling when the check looks.)
     let per_node = doc["replicas_per_node_at_end"].as_object().unwrap();

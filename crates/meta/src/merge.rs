@@ -83,6 +83,7 @@ pub fn merge_steps(state: &MetaState, view: &LeaderView) -> Vec<MetaCommand> {
                     out.push(MetaCommand {
                         cmd: Some(meta_command::Cmd::FinishMerge(MergeDone {
                             source: p.source,
+                            thawed_epoch: 0,
                             target: Some(Route {
                                 start_key: start,
                                 end_key: end,
@@ -97,12 +98,13 @@ pub fn merge_steps(state: &MetaState, view: &LeaderView) -> Vec<MetaCommand> {
                 let thawed = view
                     .leader(p.source)
                     .and_then(|l| view.replica(l, p.source))
-                    .is_some_and(|rep| rep.merging_into == 0 && rep.epoch > p.source_epoch);
-                if thawed {
+                    .filter(|rep| rep.merging_into == 0 && rep.epoch > p.source_epoch);
+                if let Some(rep) = thawed {
                     out.push(MetaCommand {
                         cmd: Some(meta_command::Cmd::FinishMerge(MergeDone {
                             source: p.source,
                             target: None,
+                            thawed_epoch: rep.epoch,
                         })),
                     });
                 }
@@ -153,6 +155,21 @@ pub fn merge_commands(state: &MetaState, view: &LeaderView, node: u64) -> Vec<Pl
     out
 }
 
+/// The report of `r`'s leader if its group is settled as routed: the route's range
+/// epoch and membership version, no learner, running. A merge is planned only then: a
+/// membership change under way could put a replica of one group where the other has
+/// none.
+pub fn settled_leader<'a>(view: &'a LeaderView, r: &Route) -> Option<&'a ReplicaStats> {
+    let rep = view
+        .leader(r.group_id)
+        .and_then(|l| view.replica(l, r.group_id))?;
+    (rep.epoch == r.epoch
+        && rep.conf_version == r.conf_version
+        && rep.learners.is_empty()
+        && rep.stopped.is_empty())
+    .then_some(rep)
+}
+
 /// Neighbours to merge by size: both under `max_bytes` together with their keys under
 /// `max_keys` (each as its leader reports, at the route's epoch), the same voters and no
 /// learners, neither in a split or merge plan, nor `busy` (an operator changing its
@@ -169,11 +186,8 @@ pub fn small_merges(
         return Vec::new();
     }
     let size = |r: &Route| {
-        let rep = view
-            .leader(r.group_id)
-            .and_then(|l| view.replica(l, r.group_id))?;
-        (rep.epoch == r.epoch && rep.stopped.is_empty())
-            .then_some((rep.approximate_bytes, rep.approximate_keys))
+        let rep = settled_leader(view, r)?;
+        Some((rep.approximate_bytes, rep.approximate_keys))
     };
     let free = |r: &Route| {
         r.learners.is_empty()
@@ -211,4 +225,198 @@ pub fn small_merges(
         }];
     }
     Vec::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use phoenix_proto::{meta_command, MetaCommand, NodeStats, Replica};
+    use std::time::Instant;
+
+    fn route(id: u64, start: &str, end: &str, nodes: &[u64]) -> Route {
+        Route {
+            group_id: id,
+            start_key: start.as_bytes().to_vec().into(),
+            end_key: end.as_bytes().to_vec().into(),
+            epoch: 1,
+            replicas: nodes
+                .iter()
+                .map(|&n| Replica {
+                    protocol: 0,
+                    node_id: n,
+                    addr: format!("h:{n}"),
+                })
+                .collect(),
+            ..Route::default()
+        }
+    }
+
+    fn state(routes: Vec<Route>) -> MetaState {
+        let mut st = MetaState::default();
+        let mut i = 0;
+        for n in 1..=4u64 {
+            i += 1;
+            st.apply(
+                i,
+                &MetaCommand {
+                    cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                        protocol: crate::PROTOCOL,
+                        node_id: n,
+                        addr: format!("h:{n}"),
+                    })),
+                },
+            )
+            .unwrap();
+        }
+        st.apply(
+            i + 1,
+            &MetaCommand {
+                cmd: Some(meta_command::Cmd::CreateGroups(
+                    phoenix_proto::CreateGroups { routes },
+                )),
+            },
+        )
+        .unwrap();
+        st
+    }
+
+    /// Every node hosting a group of `st` reports it: node 1 leads, with `bytes`.
+    fn view(st: &MetaState, bytes: &[(u64, u64)], tweak: impl Fn(&mut ReplicaStats)) -> LeaderView {
+        let mut v = LeaderView::default();
+        for n in 1..=4u64 {
+            let reps: Vec<ReplicaStats> = st
+                .routes()
+                .values()
+                .filter(|r| r.replicas.iter().any(|x| x.node_id == n))
+                .map(|r| {
+                    let mut rep = ReplicaStats {
+                        group_id: r.group_id,
+                        node_id: n,
+                        is_leader: n == r.replicas[0].node_id,
+                        term: 1,
+                        epoch: r.epoch,
+                        start_key: r.start_key.clone(),
+                        end_key: r.end_key.clone(),
+                        approximate_bytes: bytes
+                            .iter()
+                            .find(|(g, _)| *g == r.group_id)
+                            .map_or(0, |(_, b)| *b),
+                        ..ReplicaStats::default()
+                    };
+                    tweak(&mut rep);
+                    rep
+                })
+                .collect();
+            v.record(Instant::now(), n, NodeStats::default(), &reps);
+        }
+        v
+    }
+
+    /// Small neighbours with the same replicas merge, the smaller into the other; not
+    /// those with other replicas, over the limits, busy, or unsettled.
+    #[test]
+    fn small_neighbours_with_the_same_replicas_merge() {
+        let st = state(vec![
+            route(1, "", "f", &[1, 2, 3]),
+            route(2, "f", "m", &[1, 2, 3]),
+            route(3, "m", "t", &[2, 3, 4]),
+            route(4, "t", "", &[2, 3, 4]),
+        ]);
+        let v = view(&st, &[(1, 5 << 20), (2, 3 << 20), (3, 1), (4, 1)], |_| {});
+        let plans = small_merges(&st, &v, 20 << 20, 1000, |_| false);
+        assert_eq!(plans.len(), 1);
+        assert_eq!((plans[0].source, plans[0].target), (2, 1));
+        // Over the byte limit together: the next pair (other replicas than 2's) is taken.
+        let plans = small_merges(&st, &v, 8 << 20, 1000, |_| false);
+        assert_eq!((plans[0].source, plans[0].target), (3, 4));
+        // Busy groups, or none small enough, or turned off: nothing.
+        assert!(small_merges(&st, &v, 8 << 20, 1000, |g| g == 4).is_empty());
+        assert!(small_merges(&st, &v, 1, 1000, |_| false).is_empty());
+        assert!(small_merges(&st, &v, 0, 1000, |_| false).is_empty());
+        // A leader that reports a learner (a membership change under way): not settled.
+        let v = view(&st, &[(1, 1), (2, 1), (3, 1), (4, 1)], |r| {
+            if r.group_id <= 2 || r.group_id == 4 {
+                r.learners = vec![9];
+            }
+        });
+        assert!(small_merges(&st, &v, 20 << 20, 1000, |_| false).is_empty());
+    }
+
+    /// A prepare becomes a commit once every source voter reports itself frozen at the
+    /// same index, a commit ends once a target replica reports the joined range, and a
+    /// rollback once the source's leader reports it thawed.
+    #[test]
+    fn merge_phases_follow_the_reports() {
+        let mut st = state(vec![
+            route(1, "", "m", &[1, 2, 3]),
+            route(2, "m", "", &[1, 2, 3]),
+        ]);
+        let plan = MergePlan {
+            source: 2,
+            target: 1,
+            source_epoch: 1,
+            target_epoch: 1,
+            phase: MergePhase::Prepare as i32,
+            prepare_index: 0,
+            origin: 0,
+        };
+        let mut at = 100;
+        let mut apply = |st: &mut MetaState, cmd: MetaCommand| {
+            at += 1;
+            st.apply(at, &cmd).unwrap();
+        };
+        apply(
+            &mut st,
+            MetaCommand {
+                cmd: Some(meta_command::Cmd::PlanMerge(plan)),
+            },
+        );
+        // The leader of the source is asked to prepare; nothing moves yet.
+        let v = view(&st, &[], |_| {});
+        assert!(merge_steps(&st, &v).is_empty());
+        assert_eq!(merge_commands(&st, &v, 1).len(), 1);
+        assert!(merge_commands(&st, &v, 2).is_empty(), "not the leader");
+        // Frozen on two of three: not yet; on all three, but one at another index: not yet.
+        let frozen = |r: &mut ReplicaStats, n_max: u64, odd: bool| {
+            if r.group_id == 2 && r.node_id <= n_max {
+                r.merging_into = 1;
+                r.merge_index = if odd && r.node_id == 3 { 8 } else { 7 };
+                r.epoch = 2;
+            }
+        };
+        assert!(merge_steps(&st, &view(&st, &[], |r| frozen(r, 2, false))).is_empty());
+        assert!(merge_steps(&st, &view(&st, &[], |r| frozen(r, 3, true))).is_empty());
+        let steps = merge_steps(&st, &view(&st, &[], |r| frozen(r, 3, false)));
+        let Some(meta_command::Cmd::PlanMerge(commit)) = &steps[0].cmd else {
+            panic!("{steps:?}")
+        };
+        assert_eq!(
+            (commit.phase, commit.prepare_index),
+            (MergePhase::Commit as i32, 7)
+        );
+        apply(&mut st, steps[0].clone());
+        // The target's leader is asked to commit, naming the source's range.
+        let v = view(&st, &[], |r| frozen(r, 3, false));
+        let cmds = merge_commands(&st, &v, 1);
+        let Some(placement_command::Cmd::MergeGroup(mg)) = &cmds[0].cmd else {
+            panic!("{cmds:?}")
+        };
+        assert_eq!(
+            (mg.source_start.as_ref(), mg.source_end.as_ref()),
+            (&b"m"[..], &b""[..])
+        );
+        assert!(merge_steps(&st, &v).is_empty());
+        // A target replica with the joined range: done.
+        let v = view(&st, &[], |r| {
+            if r.group_id == 1 && r.node_id == 2 {
+                r.epoch = 3;
+                r.end_key = Default::default();
+            }
+        });
+        let steps = merge_steps(&st, &v);
+        apply(&mut st, steps[0].clone());
+        assert!(st.merges().is_empty() && !st.routes().contains_key(&2));
+        assert_eq!(st.routes()[&1].epoch, 3);
+        st.check().unwrap();
+    }
 }

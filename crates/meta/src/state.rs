@@ -762,6 +762,22 @@ impl MetaState {
             if phase != MergePhase::Rollback {
                 return Err(bad("it is not being rolled back".into()));
             }
+            if d.thawed_epoch <= plan.source_epoch {
+                return Err(bad(format!(
+                    "thawed at range epoch {}, not past the plan's {}",
+                    d.thawed_epoch, plan.source_epoch
+                )));
+            }
+            // The source's route takes the epoch its thaw moved it to (splits and merges
+            // are planned at the route's epoch).
+            let src = self.routes.get(&s).ok_or(Refusal::UnknownGroup(s))?;
+            let mut next = src.clone();
+            next.epoch = next.epoch.max(d.thawed_epoch);
+            writes.push(Write {
+                key: route_record_key(s),
+                value: next.encode_to_vec(),
+            });
+            self.routes.insert(s, next);
             self.merges.remove(&s);
             return Ok(Applied::Changed(writes));
         };
@@ -1554,7 +1570,11 @@ mod tests {
 
     fn merge_done(source: u64, target: Option<Route>) -> MetaCommand {
         MetaCommand {
-            cmd: Some(meta_command::Cmd::FinishMerge(MergeDone { source, target })),
+            cmd: Some(meta_command::Cmd::FinishMerge(MergeDone {
+                source,
+                target,
+                thawed_epoch: 0,
+            })),
         }
     }
 
@@ -1687,7 +1707,14 @@ mod tests {
             p.phase = MergePhase::Rollback as i32;
         }
         apply(&mut st, &m).0.unwrap();
-        apply(&mut st, &merge_done(right.group_id, None)).0.unwrap();
+        // The thawed epoch must be past the plan's; the route takes it.
+        assert!(apply(&mut st, &merge_done(right.group_id, None)).0.is_err());
+        let mut thawed = merge_done(right.group_id, None);
+        if let Some(meta_command::Cmd::FinishMerge(d)) = thawed.cmd.as_mut() {
+            d.thawed_epoch = 5;
+        }
+        apply(&mut st, &thawed).0.unwrap();
+        assert_eq!(st.routes()[&right.group_id].epoch, 5);
         assert!(st.merges().is_empty());
         assert_ne!(st.routes(), &routes_before);
         assert!(st.routes().contains_key(&right.group_id) && st.routes().contains_key(&1));

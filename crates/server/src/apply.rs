@@ -265,6 +265,9 @@ impl Session {
         for (seq, r) in &other.results {
             self.results.entry(*seq).or_insert_with(|| r.clone());
         }
+        // Below the higher mark goes, from both (`forget_below` trims only when the mark
+        // moves).
+        self.low_water = 0;
         self.forget_below(lw);
         self.enforce_cap();
     }
@@ -818,6 +821,41 @@ impl<'a> Applier<'a> {
     /// keys outside the range, are refused with [`ApplyResult::StaleEpoch`].
     pub fn set_range(&mut self, start: &[u8], end: &[u8], epoch: u64) {
         self.range = (start.to_vec(), end.to_vec(), epoch);
+    }
+
+    /// For a committed entry's `data`: if it is a merge's commit at this group's range
+    /// epoch whose source's replica here has not applied the prepare yet, that source:
+    /// the commit must wait for it (the caller holds it and what follows). A commit at
+    /// another epoch (a second copy of one applied already, say) does not wait: it is
+    /// refused when applied.
+    pub fn merge_waits_for(&self, data: &[u8]) -> crate::Result<Option<u64>> {
+        // Cheap look first: prost writes the oneof first, so a commit's encoding starts
+        // with its field's tag (9, length-delimited); other entries are not decoded.
+        const COMMIT_TAG: u8 = (9 << 3) | 2;
+        if self.g == 0 || data.first() != Some(&COMMIT_TAG) {
+            return Ok(None);
+        }
+        let Ok(cmd) = proto::KvCommand::decode(data) else {
+            return Ok(None);
+        };
+        let Some(proto::kv_command::Cmd::CommitMerge(m)) = cmd.cmd else {
+            return Ok(None);
+        };
+        if m.target_epoch != self.range.2 {
+            return Ok(None);
+        }
+        let applied = self
+            .reader
+            .get(&keys::applied_key(m.source))?
+            .and_then(|v| keys::decode_applied(&v))
+            .map_or(0, |(i, _)| i);
+        let frozen = match self.reader.get(&keys::range_key(m.source))? {
+            Some(v) => proto::GroupRange::decode(v.as_slice()).is_ok_and(|r| {
+                r.merging_into == self.g && r.merge_index == m.prepare_index && r.merged_into == 0
+            }),
+            None => false,
+        };
+        Ok((!frozen || applied < m.prepare_index).then_some(m.source))
     }
 
     fn in_range(&self, key: &[u8]) -> bool {
@@ -2120,6 +2158,30 @@ mod tests {
         };
         let mut a = Applier::new(t, &engine, &mut cache);
         a.set_range(b"", b"m", 1);
+        let commit_entry = proto::KvCommand {
+            epoch: 0,
+            session: None,
+            cmd: Some(proto::kv_command::Cmd::CommitMerge(commit.clone())),
+        }
+        .encode_to_vec();
+        // Frozen at 4 and applied to 5 here: no wait. Frozen at another index: wait.
+        assert_eq!(a.merge_waits_for(&commit_entry).unwrap(), None);
+        let other = proto::KvCommand {
+            epoch: 0,
+            session: None,
+            cmd: Some(proto::kv_command::Cmd::CommitMerge(
+                proto::CommitMergeCommand {
+                    prepare_index: 9,
+                    ..commit.clone()
+                },
+            )),
+        }
+        .encode_to_vec();
+        assert_eq!(a.merge_waits_for(&other).unwrap(), Some(src));
+        assert_eq!(
+            a.merge_waits_for(&put_cmd("a", "v", 1, None)).unwrap(),
+            None
+        );
         a.entry(7, 1);
         a.kv(7, &put_cmd("a", "mine", 1, None)).unwrap();
         a.entry(8, 1);
@@ -2163,6 +2225,23 @@ mod tests {
             other => panic!("resend after the merge: {other:?}"),
         }
         assert_eq!(a.finish(&engine).unwrap(), Some((10, 1)));
+        // A second copy of the commit (proposed again in a new term, say) does not wait
+        // for the source (gone into this group): it is refused at the new epoch.
+        let mut a = Applier::new(t, &engine, &mut cache);
+        a.set_range(b"", b"", 3);
+        let again = proto::KvCommand {
+            epoch: 0,
+            session: None,
+            cmd: Some(proto::kv_command::Cmd::CommitMerge(commit.clone())),
+        }
+        .encode_to_vec();
+        assert_eq!(a.merge_waits_for(&again).unwrap(), None);
+        a.entry(11, 1);
+        match a.kv(11, &again).unwrap() {
+            ApplyResult::CommitMerge(m) => assert!(a.commit_merge(11, &m).unwrap().is_err()),
+            other => panic!("{other:?}"),
+        }
+        drop(a);
         let get = |g, k: &str| engine.get(&keys::data_key(g, k.as_bytes())).unwrap();
         assert_eq!(get(t, "n").as_deref(), Some(&b"swapped"[..]));
         assert_eq!(get(t, "q").as_deref(), Some(&b"old"[..]));
@@ -2262,6 +2341,26 @@ mod tests {
             })
         );
         assert_eq!(a.result(9, 6), None);
+        // The record taken in has runs below this one's low-water mark (a chaos run
+        // found the merged record then broke the format's invariant): they go.
+        let mut high = Session::default();
+        high.record(48, ApplyResult::Done);
+        high.forget_below(48);
+        let mut low = Session::default();
+        low.record(30, ApplyResult::Refused("old".into()));
+        low.record(50, ApplyResult::Done);
+        high.merge_from(&low);
+        assert_eq!(high.low_water, 48);
+        assert_eq!(
+            high.result(9, 30),
+            Some(ApplyResult::SessionExpired {
+                client_id: 9,
+                seq: 30
+            })
+        );
+        assert_eq!(high.result(9, 50), Some(ApplyResult::Done));
+        assert!(high.results.is_empty(), "{high:?}");
+        Session::decode(&high.encode()).unwrap();
     }
 
     /// A split in the middle of a round moves the upper keys as the round's earlier

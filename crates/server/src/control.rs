@@ -766,6 +766,17 @@ impl MetaService {
                             "node {m} runs an older binary that cannot merge groups: upgrade it first"
                         )));
                     }
+                    let lv = self.shared.leader_view.lock();
+                    if let Some(r) = [s, t]
+                        .into_iter()
+                        .find(|r| phoenix_meta::settled_leader(&lv, r).is_none())
+                    {
+                        return Err(PErr::group_unavailable(
+                            r.group_id,
+                            "its leader has not reported it as routed (no leader, a \
+                             membership change or a split under way): merge when it has",
+                        ));
+                    }
                     let ops = self.shared.operators.lock();
                     if let Some(g) = [source, target]
                         .into_iter()

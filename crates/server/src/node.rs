@@ -160,6 +160,16 @@ pub enum Event {
         /// Outcome of the flush.
         result: Result<(), String>,
     },
+    /// The engine flush after `group` applied a merge's prepare at `index` is done (or
+    /// failed): the freeze may be reported.
+    PrepareDurable {
+        /// The source.
+        group: u64,
+        /// The prepare's log index.
+        index: u64,
+        /// Outcome of the flush.
+        result: Result<(), String>,
+    },
     /// The meta leader asks for a scrub point in `group` (if led here).
     Scrub {
         /// Group.
@@ -267,6 +277,13 @@ pub struct Peer {
     new_children: Vec<proto::Route>,
     /// Frozen for a merge: (target, prepare index).
     merging: Option<(u64, u64)>,
+    /// The freeze is in the engine's files (flushed after the round that applied the
+    /// prepare): only then is it reported, since the meta leader's commit counts on it
+    /// surviving a crash (a restarted replica could not learn again that the prepare
+    /// was committed once the other replicas merged and left).
+    merge_durable: bool,
+    /// A prepare was applied in the last round: flush, then report it.
+    flush_prepare: bool,
     /// Committed entries raft handed out but not applied yet, from a merge's commit
     /// whose source here has not reached its prepare (`merge_waiting_for`): applied
     /// first when it has, before anything newer.
@@ -368,6 +385,10 @@ pub struct Driver {
     /// service sees them hosted here and does not ask again.
     create_failed: BTreeMap<u64, proto::Route>,
     last_create_retry: Instant,
+    /// Frozen sources whose target here took them in (by its log or a snapshot), being
+    /// flushed before their drop, and when the driver last looked for more.
+    merged_dropping: HashSet<u64>,
+    last_merged_check: Instant,
     /// When leaderships were last handed off a full disk (`shed_leaders`).
     last_shed: Instant,
     /// Splits proposed lately, by group: the range epoch and raft term, and when. The
@@ -456,6 +477,8 @@ impl Driver {
             registry,
             create_failed: BTreeMap::new(),
             last_create_retry: Instant::now(),
+            merged_dropping: HashSet::new(),
+            last_merged_check: Instant::now(),
             last_shed: Instant::now(),
             splits_proposed: HashMap::new(),
             held: BTreeSet::new(),
@@ -629,6 +652,8 @@ impl Driver {
                 uninitialized,
                 split_child,
                 new_children: Vec::new(),
+                merge_durable: merging.is_some(),
+                flush_prepare: false,
                 merging,
                 held: Vec::new(),
                 held_for: 0,
@@ -842,6 +867,10 @@ impl Driver {
     /// Creates the replicas asked for since the last loop, and once per heartbeat
     /// interval those whose creation failed.
     fn create_pending(&mut self) {
+        if self.last_merged_check.elapsed() >= self.shared.cfg.heartbeat_interval {
+            self.last_merged_check = Instant::now();
+            self.drop_covered_sources();
+        }
         if !self.create_failed.is_empty()
             && self.last_create_retry.elapsed() >= self.shared.cfg.heartbeat_interval
         {
@@ -1272,6 +1301,29 @@ impl Driver {
         self.touch(g);
     }
 
+    /// Drops the frozen sources whose target here covers their range (it took them in,
+    /// by its log or a snapshot, and a crash or a failure came before the source went):
+    /// once the target's state is flushed, as after a merge's round.
+    fn drop_covered_sources(&mut self) {
+        let frozen: Vec<(u64, u64)> = self
+            .peers
+            .values()
+            .filter_map(|p| p.merging.map(|(t, _)| (p.group, t)))
+            .filter(|(s, _)| !self.merged_dropping.contains(s))
+            .collect();
+        for (s, t) in frozen {
+            let target_ok = self.peers.get(&t).is_some_and(|p| p.failed.is_none());
+            if target_ok && frozen_sources_covered(&self.peers, t).contains(&s) {
+                tracing::info!(
+                    group = s,
+                    into = t,
+                    "frozen source taken in by its target here"
+                );
+                self.make_merges_durable(t, vec![s]);
+            }
+        }
+    }
+
     /// Tries again the groups whose applying is held at a merge's commit: those whose
     /// source here has reached its prepare apply their held entries.
     fn retry_held(&mut self) {
@@ -1294,6 +1346,7 @@ impl Driver {
                     if !p.held.is_empty() {
                         self.held.insert(g);
                     }
+                    release_reads(p);
                     publish_changes(&shared, p);
                     self.make_children_durable(g);
                     self.touch(g);
@@ -1311,6 +1364,7 @@ impl Driver {
     /// log). A failed flush stops them: a restart finishes it.
     fn drop_merged(&mut self, g: u64, sources: Vec<u64>, result: Result<(), String>) {
         for s in sources {
+            self.merged_dropping.remove(&s);
             let result = result.clone().and_then(|()| {
                 crate::failpoint::check_group(
                     crate::failpoint::names::MERGE_BEFORE_DROP,
@@ -1766,6 +1820,11 @@ impl Driver {
             } => self.propose_split(group, split_key, new_group_id, epoch),
             Event::Scrub { group } => self.propose_scrub(group),
             Event::Merge(m) => self.propose_merge(m),
+            Event::PrepareDurable {
+                group,
+                index,
+                result,
+            } => self.prepare_durable(group, index, result),
             Event::MergeDurable {
                 group,
                 sources,
@@ -1932,10 +1991,17 @@ impl Driver {
             return;
         };
         let sources = std::mem::take(&mut p.merged_sources);
+        let prepared = std::mem::take(&mut p.flush_prepare)
+            .then_some(p.merging)
+            .flatten()
+            .filter(|_| p.failed.is_none());
         // A target that stopped may not have written the round that took the sources
         // in: they stay (frozen) until a restart replays the merge or finds it done.
         if !sources.is_empty() && p.failed.is_none() {
             self.make_merges_durable(g, sources);
+        }
+        if let Some((_, index)) = prepared {
+            self.make_prepare_durable(g, index);
         }
         let Some(p) = self.peers.get_mut(&g) else {
             return;
@@ -1975,6 +2041,7 @@ impl Driver {
     /// batch is durable, a crash replays it from `g`'s log, which needs the sources'
     /// data where it was.
     fn make_merges_durable(&mut self, g: u64, sources: Vec<u64>) {
+        self.merged_dropping.extend(sources.iter().copied());
         let shared = Arc::clone(&self.shared);
         let failed_spawn = sources.clone();
         let spawned = std::thread::Builder::new()
@@ -1990,6 +2057,41 @@ impl Driver {
         if let Err(e) = spawned {
             // Left frozen: the next start drops them (their records say merged).
             self.drop_merged(g, failed_spawn, Err(format!("starting the flush: {e}")));
+        }
+    }
+
+    /// Flushes the engine off this thread once `g` applied a merge's prepare at `index`,
+    /// then reports the freeze (`Event::PrepareDurable`).
+    fn make_prepare_durable(&mut self, g: u64, index: u64) {
+        let shared = Arc::clone(&self.shared);
+        let spawned = std::thread::Builder::new()
+            .name("phoenix-merge".into())
+            .spawn(move || {
+                let result = shared.engine.flush().map_err(|e| e.to_string());
+                let _ = shared.events.send(Event::PrepareDurable {
+                    group: g,
+                    index,
+                    result,
+                });
+            });
+        if let Err(e) = spawned {
+            self.fail_group(g, format!("starting the flush of a merge's prepare: {e}"));
+        }
+    }
+
+    /// The flush after `g` applied a merge's prepare at `index` is done (or failed).
+    fn prepare_durable(&mut self, g: u64, index: u64, result: Result<(), String>) {
+        if let Err(e) = result {
+            return self.fail_group(g, format!("flushing a merge's prepare: {e}"));
+        }
+        let shared = Arc::clone(&self.shared);
+        let Some(p) = self.peers.get_mut(&g) else {
+            return;
+        };
+        if p.merging.is_some_and(|(_, i)| i == index) {
+            p.merge_durable = true;
+            publish_view(&shared, p);
+            shared.report_soon.notify_one();
         }
     }
 
@@ -2258,7 +2360,7 @@ fn publish_view(shared: &Shared, p: &mut Peer) {
     v.hibernating = r.is_hibernating();
     let (into, index) = p.merging.unwrap_or((0, 0));
     v.merging_into = into;
-    v.merge_index = index;
+    v.merge_index = if p.merge_durable { index } else { 0 };
     v.merge_waiting_for = p.held_for;
     if p.failed.is_some() {
         // A stopped replica leads nothing, whatever its raft state still says.
@@ -2407,6 +2509,8 @@ fn install_files(
         p.route.epoch = r.epoch;
         p.raw.set_append_floor(r.split_index);
         p.merging = (r.merging_into != 0).then_some((r.merging_into, r.merge_index));
+        // (The install replaced the group's files: durable.)
+        p.merge_durable = p.merging.is_some();
     }
     p.split_child = split_child(&shared.engine, g)?;
     p.uninitialized = false;
@@ -2593,9 +2697,8 @@ fn before_write(
             let v = groups.entry(g).or_default();
             v.route.clone_from(route);
             v.split_child.clone_from(split_child);
-            let (into, index) = merging.unwrap_or((0, 0));
-            v.merging_into = into;
-            v.merge_index = index;
+            // (The prepare index is reported once the freeze is durable: publish_view.)
+            v.merging_into = merging.map_or(0, |(into, _)| into);
         }
         crate::failpoint::check(
             crate::failpoint::names::SPLIT_BEFORE_WRITE,
@@ -2678,7 +2781,7 @@ fn apply_round(
     let mut entries = entries.into_iter();
     while let Some(e) = entries.next() {
         if let EntryKind::Normal = e.kind {
-            if let Some(source) = merge_source_behind(shared, g, &e)? {
+            if let Some(source) = a.merge_waits_for(&e.data)? {
                 // A merge's commit whose source here has not reached its prepare: the
                 // round ends before it, and it and what follows wait (`retry_held`).
                 p.held = std::iter::once(e).chain(entries).collect();
@@ -2759,6 +2862,8 @@ fn apply_round(
                         );
                         p.route.epoch = epoch;
                         p.merging = Some((m.target, e.index));
+                        p.merge_durable = false;
+                        p.flush_prepare = true;
                         split = true;
                         ApplyResult::Done
                     }
@@ -2870,34 +2975,4 @@ fn frozen_sources_covered(peers: &HashMap<u64, Box<Peer>>, g: u64) -> Vec<u64> {
         .filter(|p| p.merging.is_some_and(|(into, _)| into == g) && covers(&p.route))
         .map(|p| p.group)
         .collect()
-}
-
-/// For entry `e` of group `g`: if it is a merge's commit whose source's replica here
-/// has not applied the prepare yet, that source (the commit must wait for it). A commit
-/// that will be refused (another epoch, or not frozen for this merge at all) does not
-/// wait: the apply decides.
-fn merge_source_behind(
-    shared: &Shared,
-    g: u64,
-    e: &phoenix_raft::Entry,
-) -> crate::Result<Option<u64>> {
-    if e.data.is_empty() || g == META_GROUP {
-        return Ok(None);
-    }
-    // (A cheap look first: only a commit is decoded twice.)
-    let Ok(cmd) = <proto::KvCommand as prost::Message>::decode(e.data.as_ref()) else {
-        return Ok(None);
-    };
-    let Some(proto::kv_command::Cmd::CommitMerge(m)) = cmd.cmd else {
-        return Ok(None);
-    };
-    let db = &shared.engine;
-    let applied = match db.get(&ReadOptions::default(), &keys::applied_key(m.source))? {
-        Some(v) => keys::decode_applied(&v).map_or(0, |(i, _)| i),
-        None => 0,
-    };
-    let frozen = group_range(db, m.source)?.is_some_and(|r| {
-        r.merging_into == g && r.merge_index == m.prepare_index && r.merged_into == 0
-    });
-    Ok((!frozen || applied < m.prepare_index).then_some(m.source))
 }

@@ -288,7 +288,14 @@ async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
                 *per_node.entry(*n).or_default() += 1;
             }
         }
-        (s.groups.len(), per_node)
+        // Group ids are given out in order and never again: the ids below the highest
+        // that are not routed went into merges.
+        let highest = s.groups.iter().map(|g| g.group_id).max().unwrap_or(0) as usize;
+        (
+            s.groups.len(),
+            per_node,
+            highest.saturating_sub(s.groups.len()),
+        )
     });
     cluster.stop();
     let history = std::mem::take(
@@ -353,8 +360,9 @@ async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
                 "check_ms": check_time.as_millis() as u64,
                 "nodes": args.nodes,
                 "healed_ms_after_last_fault": healed_after.map(|d| d.as_millis() as u64),
-                "groups_at_end": layout.as_ref().map(|(g, _)| *g),
-                "replicas_per_node_at_end": layout.as_ref().map(|(_, p)| {
+                "groups_at_end": layout.as_ref().map(|(g, _, _)| *g),
+                "groups_merged_away": layout.as_ref().map(|(_, _, m)| *m),
+                "replicas_per_node_at_end": layout.as_ref().map(|(_, p, _)| {
                     p.iter().map(|(n, c)| (n.to_string(), json!(c))).collect::<serde_json::Map<_, _>>()
                 }),
                 "planted_stale_read_rejected": planted,
@@ -380,10 +388,11 @@ async fn check(args: Args, format: Format) -> Result<Outcome, BoxError> {
                 stats.cas_failed,
                 stats.unknown
             ));
-            if let (Some(h), Some((groups, per_node))) = (healed_after, &layout) {
+            if let (Some(h), Some((groups, per_node, merged))) = (healed_after, &layout) {
                 out.push_str(&format!(
                     "every group whole again by {:.1} s after the last fault (checked once the \
-                     workload ended): {groups} groups, replicas per node {per_node:?}\n",
+                     workload ended): {groups} groups ({merged} merged away), replicas per \
+                     node {per_node:?}\n",
                     h.as_secs_f64()
                 ));
             }
