@@ -3,8 +3,8 @@
 # "Groups that move…", bar 1): `phoenix check` with the nemesis rounds of the
 # linearizability tests of crates/cli/tests/linearizable.rs in turn (kill -9 and SIGSTOP;
 # partitions and disk errors; power loss, whole-cluster included, each 27 s on a fresh
-# 3-node cluster; chaos: 90 s on 5 nodes while groups split by load and replicas are
-# repaired and balanced), each with a new random seed, until RUNS runs are done or SECS
+# 3-node cluster; chaos: 90 s on 5 nodes while groups split by load, merge back, and
+# replicas are repaired and balanced), each with a new random seed, until RUNS runs are done or SECS
 # seconds have passed. One line per run: which, seed, verdict. A failing run keeps its
 # data, logs and history under OUT_DIR; replay it with `phoenix check --seed <seed>` and
 # the same flags.
@@ -27,7 +27,7 @@ flags_of() {
     kill) echo "--secs 27 --rounds kill-leader,pause-leader,kill-random,kill-leader" ;;
     partition) echo "--secs 27 --rounds partition-leader,diskerror-leader,partition-random,diskerror-random" ;;
     powerloss) echo "--secs 27 --rounds kill-leader,kill-all,kill-random,kill-all --power-loss" ;;
-    chaos) echo "--secs 90 --nodes 5 --keys 8 --rounds kill-random-long,kill-leader,pause-random,partition-leader,kill-random,kill-random-long --server-arg=--down-after=5s --server-arg=--split-qps=150 --server-arg=--split-check-interval=2s" ;;
+    chaos) echo "--secs 90 --nodes 5 --keys 8 --rounds kill-random-long,kill-leader,pause-random,partition-leader,kill-random,kill-random-long --server-arg=--down-after=5s --server-arg=--split-qps=150 --server-arg=--split-check-interval=2s --server-arg=--merge-size-mb=64 --server-arg=--merge-after=4s" ;;
     *) echo "unknown family $1" >&2; exit 2 ;;
   esac
 }
@@ -48,7 +48,8 @@ for i in $(seq 1 "$runs"); do
   # shellcheck disable=SC2086 # the flags are words
   if "$bin" check --seed "$seed" --dir "$dir" $(flags_of "${names[$k]}") >"$out/run-$i.txt" 2>&1; then
     healed=$(grep -o 'whole again by [0-9.]* s' "$out/run-$i.txt" || true)
-    pass=$((pass + 1)); echo "run $i ${names[$k]} seed $seed ok${healed:+ ($healed)}"
+    merged=$(grep -o '[0-9]* merged away' "$out/run-$i.txt" || true)
+    pass=$((pass + 1)); echo "run $i ${names[$k]} seed $seed ok${healed:+ ($healed${merged:+, $merged})}"
     rm -rf "$dir" "$out/run-$i.txt"
   else
     fail=$((fail + 1)); echo "run $i ${names[$k]} seed $seed FAILED (report: $out/run-$i.txt, data: $dir)"
