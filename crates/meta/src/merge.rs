@@ -170,6 +170,36 @@ pub fn settled_leader<'a>(view: &'a LeaderView, r: &Route) -> Option<&'a Replica
     .then_some(rep)
 }
 
+/// `DestroyReplica` for the frozen sources `node` still hosts whose merge is done (their
+/// route is gone, with no plan: a rolled-back merge keeps the route) and that its
+/// replica of the target does not need: it has none (removed since, or one to be
+/// created, which starts from a snapshot past the merge), or its reported range covers
+/// the source's.
+pub fn merged_leftovers(state: &MetaState, view: &LeaderView, node: u64) -> Vec<PlacementCommand> {
+    view.hosted(node)
+        .filter(|rep| {
+            rep.merging_into != 0
+                && !state.routes().contains_key(&rep.group_id)
+                && !state.merges().contains_key(&rep.group_id)
+        })
+        .filter(|rep| {
+            view.replica(node, rep.merging_into).is_none_or(|t| {
+                t.start_key <= rep.start_key
+                    && (t.end_key.is_empty()
+                        || (!rep.end_key.is_empty() && rep.end_key <= t.end_key))
+            })
+        })
+        .map(|rep| PlacementCommand {
+            cmd: Some(placement_command::Cmd::DestroyReplica(
+                phoenix_proto::DestroyReplica {
+                    group_id: rep.group_id,
+                    conf_version: u64::MAX,
+                },
+            )),
+        })
+        .collect()
+}
+
 /// Neighbours to merge by size: both under `max_bytes` together with their keys under
 /// `max_keys` (each as its leader reports, at the route's epoch), the same voters and no
 /// learners, neither in a split or merge plan, nor `busy` (an operator changing its
@@ -418,5 +448,56 @@ mod tests {
         assert!(st.merges().is_empty() && !st.routes().contains_key(&2));
         assert_eq!(st.routes()[&1].epoch, 3);
         st.check().unwrap();
+    }
+
+    /// A frozen source left on a node after its merge is done is destroyed there unless
+    /// the node's target replica has not taken it in yet.
+    #[test]
+    fn a_frozen_source_left_after_its_merge_goes_unless_its_target_needs_it() {
+        let st = state(vec![route(1, "", "", &[1, 2, 3])]);
+        let source = ReplicaStats {
+            group_id: 2,
+            node_id: 3,
+            merging_into: 1,
+            merge_index: 7,
+            epoch: 2,
+            start_key: b"m".to_vec().into(),
+            ..ReplicaStats::default()
+        };
+        let target = |end: &str| ReplicaStats {
+            group_id: 1,
+            node_id: 3,
+            epoch: 3,
+            end_key: end.as_bytes().to_vec().into(),
+            ..ReplicaStats::default()
+        };
+        let at = |reps: &[ReplicaStats]| {
+            let mut v = LeaderView::default();
+            v.record(Instant::now(), 3, NodeStats::default(), reps);
+            merged_leftovers(&st, &v, 3)
+        };
+        // Its target here is held before the commit (old range): kept.
+        assert!(at(&[source.clone(), target("m")]).is_empty());
+        // Its target here took it in, or there is none: destroyed.
+        assert_eq!(at(&[source.clone(), target("")]).len(), 1);
+        assert_eq!(at(std::slice::from_ref(&source)).len(), 1);
+        // Still routed (a rollback keeps the route), or not frozen: kept.
+        let routed = state(vec![
+            route(1, "", "m", &[1, 2, 3]),
+            route(2, "m", "", &[1, 2, 3]),
+        ]);
+        let mut v = LeaderView::default();
+        v.record(
+            Instant::now(),
+            3,
+            NodeStats::default(),
+            std::slice::from_ref(&source),
+        );
+        assert!(merged_leftovers(&routed, &v, 3).is_empty());
+        let thawed = ReplicaStats {
+            merging_into: 0,
+            ..source
+        };
+        assert!(at(&[thawed]).is_empty());
     }
 }

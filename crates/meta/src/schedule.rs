@@ -306,7 +306,13 @@ pub fn placement_commands(
         })
     });
     let merge = crate::merge::merge_commands(state, view, node);
-    create.chain(destroy).chain(split).chain(merge).collect()
+    let merged = crate::merge::merged_leftovers(state, view, node);
+    create
+        .chain(destroy)
+        .chain(split)
+        .chain(merge)
+        .chain(merged)
+        .collect()
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! plus the group's applied-index sentinel (seed 000: the log is the WAL, so the
 //! sentinel must name exactly the entries whose writes the engine holds).
 //!
-//! [`Applier`] collects one round's entries into ONE write batch; compare-and-swap reads
+//! [`Applier`] collects one round's entries into one write batch; compare-and-swap reads
 //! see the round's earlier writes (puts, deletes and range deletions) through an overlay,
 //! so nothing is written to the engine before the round's batch, which carries the
 //! sentinel of its last entry. It reads the engine through [`StateReader`] and writes
@@ -1307,7 +1307,7 @@ impl<'a> Applier<'a> {
         }))
     }
 
-    /// Writes the round: ONE batch holding every write of the entries taken and the
+    /// Writes the round: one batch holding every write of the entries taken and the
     /// sentinel of the last one. Returns that (index, term), or `None` if no entry was
     /// taken (nothing written).
     pub fn finish(mut self, writer: &dyn StateWriter) -> crate::Result<Option<(u64, u64)>> {

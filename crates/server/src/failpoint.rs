@@ -13,7 +13,8 @@ pub mod names {
     /// After a replica's ready is taken from raft, before any of its work (messages,
     /// install, append, apply) is done.
     pub const READY_BEFORE_SEND: &str = "ready_before_send";
-    /// Before a round's apply batch is written.
+    /// Before a round's apply batch is written (each batch, when a scrub point cuts a
+    /// round in two).
     pub const APPLY_BEFORE_WRITE: &str = "apply_before_write";
     /// Before a received snapshot replaces the group's engine data.
     pub const INSTALL_BEFORE_REPLACE: &str = "install_before_replace";
@@ -43,6 +44,9 @@ pub mod names {
     /// After the round that applied a split is written, before the new group's replica
     /// is opened.
     pub const SPLIT_BEFORE_OPEN: &str = "split_before_open";
+    /// After the first batch of a round cut at a scrub point is written (and the scrub
+    /// started), before the rest of the round is taken.
+    pub const SCRUB_AFTER_FIRST_BATCH: &str = "scrub_after_first_batch";
     /// After a merge's commit is taken into the target's round, before the round is
     /// written.
     pub const MERGE_BEFORE_WRITE: &str = "merge_before_write";

@@ -7,9 +7,10 @@
 //!    shared log store without waiting (the log store group-commits them: one fsync
 //!    covers the readies of many groups; a hard state that only moves the commit index
 //!    is not synced);
-//! 3. apply committed entries (durable on a quorum already) as ONE engine batch per
-//!    group carrying the group's applied-index sentinel (seed 000), answer proposals
-//!    and reads;
+//! 3. apply committed entries (durable on a quorum already) as one engine batch per
+//!    group carrying the group's applied-index sentinel (seed 000; a scrub point cuts
+//!    the round in two batches, each with its sentinel, and a merge's commit whose
+//!    source here is behind holds the rest of the round), answer proposals and reads;
 //! 4. when the log store reports a ready durable (`Event::Persisted`, from its writer
 //!    thread), `on_persist_ready` (in ready order) and send its `persisted_messages`.
 //!    Meanwhile the driver keeps stepping messages and running rounds.
@@ -2934,6 +2935,11 @@ fn apply_round(
             split = false;
             let snap = shared.engine.snapshot();
             shared.scrubs.start(&shared.engine, g, e.index, snap);
+            crate::failpoint::check_group(
+                crate::failpoint::names::SCRUB_AFTER_FIRST_BATCH,
+                shared.cfg.node_id,
+                g,
+            )?;
             a = crate::apply::Applier::new(g, engine, &mut p.sessions);
             a.set_range(&p.route.start_key, &p.route.end_key, p.route.epoch);
             a.set_merge_state(p.merging, p.raw.append_floor());

@@ -930,3 +930,91 @@ async fn a_merge_cut_short_at_any_step_is_whole_after_a_restart() {
         scenario.teardown();
     }
 }
+
+/// A round cut at a scrub point that fails after its first batch (written with the
+/// sentinel of the scrub entry), before the rest: the replica stops while writes go on;
+/// after a restart it replays what followed the scrub point, holds every acknowledged
+/// write, and a scrub finds every replica alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_round_cut_at_a_scrub_point_that_fails_between_its_batches_recovers() {
+    let _turn = TURN.lock().await;
+    let scenario = fail::FailScenario::setup();
+    let mut c = Cluster::start();
+    let route = wait_route(&c.addrs).await;
+    let g = route.group_id;
+    let follower = (route.leader_node_id as usize) % 3;
+    let fnode = follower as u64 + 1;
+    let value = vec![3u8; 256];
+    let mut all = Vec::new();
+    for i in 0..20u32 {
+        let k = format!("k{i:05}").into_bytes();
+        put(&c.live(), &route, &k, &value).await;
+        all.push((k, value.clone()));
+    }
+    let step = names::SCRUB_AFTER_FIRST_BATCH;
+    fail::cfg(step, &format!("return({fnode}/{g})")).unwrap();
+    // Writes keep coming while the scrub point applies, so the round may hold entries
+    // after it; the scrub itself cannot finish (a replica stops): its answer is not
+    // awaited.
+    let scrub = {
+        let addrs = c.live();
+        tokio::spawn(async move {
+            for a in addrs {
+                if let Ok(mut m) =
+                    proto::meta_client::MetaClient::connect(format!("http://{a}")).await
+                {
+                    let _ = m
+                        .scrub_group(proto::ScrubGroupRequest {
+                            group_id: g,
+                            timeout_ms: 3_000,
+                        })
+                        .await;
+                    return;
+                }
+            }
+        })
+    };
+    for i in 20..60u32 {
+        let k = format!("k{i:05}").into_bytes();
+        put(&c.live(), &route, &k, &value).await;
+        all.push((k, value.clone()));
+    }
+    c.wait_stopped(g, fnode, step).await;
+    let _ = scrub.await;
+    fail::remove(step);
+    for i in 60..70u32 {
+        let k = format!("k{i:05}").into_bytes();
+        put(&c.live(), &route, &k, &value).await;
+        all.push((k, value.clone()));
+    }
+    c.stop(follower).await;
+    c.restart(follower);
+    c.wait_caught_up(g, fnode).await;
+    // Every replica alike at a new scrub point.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut m = proto::meta_client::MetaClient::connect(format!("http://{}", c.addrs[0]))
+            .await
+            .unwrap();
+        let r = m
+            .scrub_group(proto::ScrubGroupRequest {
+                group_id: g,
+                timeout_ms: 10_000,
+            })
+            .await
+            .map(|r| r.into_inner());
+        if let Ok(r) = &r {
+            if r.error.is_none() {
+                assert!(r.consistent, "replicas differ after the restart: {r:?}");
+                assert_eq!(r.replicas.len(), 3, "{r:?}");
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "no scrub answer: {r:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let dir = c.dir.path().to_path_buf();
+    c.stop_all().await;
+    check_engine(&dir, follower, g, &all);
+    scenario.teardown();
+}
