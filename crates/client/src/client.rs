@@ -236,7 +236,7 @@ pub struct ClusterStatus {
 }
 
 /// A replica's checksum of its group's data at a scrub point.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScrubReplica {
     /// Hosting node.
     pub node_id: NodeId,
@@ -248,6 +248,8 @@ pub struct ScrubReplica {
     pub keys: u64,
     /// Their key and value bytes.
     pub bytes: u64,
+    /// The replica could not compute its checksum: why (it counts as a mismatch).
+    pub error: Option<String>,
 }
 
 /// A group scrubbed: its replicas' checksums at one scrub point.
@@ -279,6 +281,7 @@ fn scrub_from_wire(r: &pb::ScrubReport) -> ScrubReplica {
         crc: r.crc,
         keys: r.keys,
         bytes: r.bytes,
+        error: (!r.error.is_empty()).then(|| r.error.clone()),
     }
 }
 

@@ -159,19 +159,18 @@ impl Scrubs {
         }
         let route = state.routes().get(&group)?;
         let replicas: Vec<ScrubReport> = waited.iter().map(scrub_report).collect();
-        let first = (replicas[0].crc, replicas[0].keys, replicas[0].bytes);
         // Consistent: every voter of the table reported it, all alike.
         let voters_all = route
             .replicas
             .iter()
             .filter(|r| !route.learners.contains(&r.node_id))
             .all(|r| replicas.iter().any(|x| x.node_id == r.node_id));
-        let alike = replicas.iter().all(|r| (r.crc, r.keys, r.bytes) == first);
+        let consistent = voters_all && alike(&replicas);
         Some(ScrubGroupResponse {
             error: None,
             index,
             replicas,
-            consistent: voters_all && alike,
+            consistent,
         })
     }
 
@@ -304,12 +303,24 @@ pub fn scrub_report(r: &ReplicaStats) -> ScrubReport {
         crc: r.scrub_crc,
         keys: r.scrub_keys,
         bytes: r.scrub_bytes,
+        error: r.scrub_error.clone(),
     }
 }
 
-/// The groups whose replicas reported different checksums at the same scrub point
-/// (each replica reports its latest scrub only: replicas at different points are not
-/// compared), by group id.
+/// Whether the reports of one scrub point show the same data: every replica computed a
+/// checksum (none failed) and they are equal.
+fn alike(reps: &[ScrubReport]) -> bool {
+    let Some(first) = reps.first() else {
+        return true;
+    };
+    reps.iter().all(|r| {
+        r.error.is_empty() && (r.crc, r.keys, r.bytes) == (first.crc, first.keys, first.bytes)
+    })
+}
+
+/// The groups whose replicas reported different checksums at the same scrub point, or
+/// a failed scrub (each replica reports its latest scrub only: replicas at different
+/// points are not compared), by group id.
 pub fn scrub_mismatches(view: &LeaderView) -> Vec<ScrubMismatch> {
     let mut by_group: BTreeMap<u64, BTreeMap<u64, Vec<ScrubReport>>> = BTreeMap::new();
     for r in view.all_replicas() {
@@ -325,8 +336,7 @@ pub fn scrub_mismatches(view: &LeaderView) -> Vec<ScrubMismatch> {
     let mut out = Vec::new();
     for (g, points) in by_group {
         for (index, mut reps) in points {
-            let first = (reps[0].crc, reps[0].keys, reps[0].bytes);
-            if reps.iter().any(|r| (r.crc, r.keys, r.bytes) != first) {
+            if !alike(&reps) {
                 reps.sort_by_key(|r| r.node_id);
                 out.push(ScrubMismatch {
                     group_id: g,
@@ -394,6 +404,37 @@ mod tests {
         let mut s = Scrubs::default();
         assert_eq!(s.new_mismatches(&v), m);
         assert_eq!(s.new_mismatches(&v), vec![]);
+    }
+
+    /// A replica whose scrub failed (e.g. a block checksum did not match) is listed as a
+    /// mismatch, even where the others agree, and a scrub asked for is not consistent.
+    #[test]
+    fn a_failed_scrub_is_a_mismatch() {
+        let now = Instant::now();
+        let st = cluster(3, 1, |_| vec![1, 2, 3]);
+        let mut v = LeaderView::default();
+        for &id in st.nodes().keys() {
+            let mut reps = report(&st, id, &|_| 1);
+            for r in &mut reps {
+                (r.scrub_index, r.scrub_crc, r.scrub_keys) = (12, 0xaa, 10);
+                if id == 2 {
+                    (r.scrub_crc, r.scrub_keys) = (0, 0);
+                    r.scrub_error = "corruption: block checksum mismatch".into();
+                }
+            }
+            v.record(now, id, NodeStats::default(), &reps);
+        }
+        let m = scrub_mismatches(&v);
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert_eq!(
+            m[0].replicas[1].error,
+            "corruption: block checksum mismatch"
+        );
+        let mut s = Scrubs::default();
+        assert_eq!(s.ask(&st, &v, 1, now), Some(12));
+        // (Every report is past what was asked for: taken as this scrub's.)
+        let out = s.outcome(&st, &v, 1, 11, now).unwrap();
+        assert!(!out.consistent, "{out:?}");
     }
 
     /// A scrub asked for goes to the group's leader once, again after SCRUB_RESEND

@@ -24,7 +24,7 @@ use phoenix_engine::{Db, DbIterator, ReadOptions, Snapshot};
 use crate::keys;
 
 /// One scrub's outcome on this replica.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScrubResult {
     /// The scrub point's log index.
     pub index: u64,
@@ -36,6 +36,9 @@ pub struct ScrubResult {
     pub bytes: u64,
     /// When it was computed.
     pub at: Instant,
+    /// The scrub failed (the group's data could not be read there, e.g. corruption
+    /// found by a block checksum): why. The meta leader lists it as a mismatch.
+    pub error: Option<String>,
 }
 
 /// The latest scrub of each group hosted here, as computed.
@@ -55,7 +58,7 @@ struct Inner {
 impl Scrubs {
     /// Group `g`'s latest scrub on this node, if any since it started.
     pub fn latest(&self, g: u64) -> Option<ScrubResult> {
-        self.inner.lock().results.get(&g).copied()
+        self.inner.lock().results.get(&g).cloned()
     }
 
     /// Forgets group `g` (its replica left the node), and any checksum of it still
@@ -70,14 +73,25 @@ impl Scrubs {
     /// `index` was written) and records it. The iterator is made here, on the caller's
     /// thread, so it pins the engine's files of that moment (a snapshot install or a
     /// drop of the group right after cannot change what it reads); the scan runs on a
-    /// thread of its own. A failure is logged: the scrub then has no result here, which
-    /// the meta leader's comparison shows as a missing report, never as agreement.
+    /// thread of its own. A failure is logged and recorded as the scrub's result: the
+    /// meta leader lists it as a mismatch, never as agreement.
     pub fn start(self: &Arc<Self>, engine: &Db, g: u64, index: u64, snap: Snapshot) {
         let generation = self.inner.lock().generation.get(&g).copied().unwrap_or(0);
+        let failed = move |why: String| {
+            tracing::error!(group = g, index, "scrubbing the group: {why}");
+            ScrubResult {
+                index,
+                crc: 0,
+                keys: 0,
+                bytes: 0,
+                at: Instant::now(),
+                error: Some(why),
+            }
+        };
         let it = match data_iter(engine, g, &snap) {
             Ok(it) => it,
             Err(e) => {
-                tracing::error!(group = g, index, "scrubbing the group: {e}");
+                self.record(g, generation, failed(e.to_string()));
                 return;
             }
         };
@@ -105,14 +119,19 @@ impl Scrubs {
                             keys,
                             bytes,
                             at: Instant::now(),
+                            error: None,
                         };
                         scrubs.record(g, generation, r);
                     }
-                    Err(e) => tracing::error!(group = g, index, "scrubbing the group: {e}"),
+                    Err(e) => scrubs.record(g, generation, failed(e.to_string())),
                 }
             });
         if let Err(e) = spawned {
-            tracing::error!(group = g, index, "cannot start a scrub thread: {e}");
+            self.record(
+                g,
+                generation,
+                failed(format!("cannot start a scrub thread: {e}")),
+            );
         }
     }
 
@@ -176,6 +195,7 @@ mod tests {
             keys: 1,
             bytes: 1,
             at: Instant::now(),
+            error: None,
         }
     }
 

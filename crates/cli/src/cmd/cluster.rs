@@ -220,14 +220,17 @@ fn scrub(args: ScrubArgs, format: Format) -> Result<Outcome, CmdError> {
                     }
                 )?;
                 for x in &r.replicas {
-                    writeln!(
-                        out,
-                        "  node {}: crc {:08x}, {} keys, {}",
-                        x.node_id,
-                        x.crc,
-                        x.keys,
-                        size(x.bytes)
-                    )?;
+                    match &x.error {
+                        Some(why) => writeln!(out, "  node {}: FAILED: {why}", x.node_id)?,
+                        None => writeln!(
+                            out,
+                            "  node {}: crc {:08x}, {} keys, {}",
+                            x.node_id,
+                            x.crc,
+                            x.keys,
+                            size(x.bytes)
+                        )?,
+                    }
                 }
                 out.flush()?;
             }
@@ -255,6 +258,7 @@ fn scrubs_json(reps: &[phoenix_client::ScrubReplica]) -> Vec<Value> {
                 "crc": x.crc,
                 "keys": x.keys,
                 "bytes": x.bytes,
+                "error": x.error,
             })
         })
         .collect()
@@ -777,7 +781,10 @@ pub fn render(s: &ClusterStatus) -> String {
         let reps: Vec<String> = m
             .replicas
             .iter()
-            .map(|r| format!("node {} crc {:08x} keys {}", r.node_id, r.crc, r.keys))
+            .map(|r| match &r.error {
+                Some(why) => format!("node {} failed: {why}", r.node_id),
+                None => format!("node {} crc {:08x} keys {}", r.node_id, r.crc, r.keys),
+            })
             .collect();
         let _ = writeln!(
             out,
@@ -850,6 +857,7 @@ mod tests {
                         crc: 0xabcd,
                         keys: 3,
                         bytes: 30,
+                        error: None,
                     },
                     phoenix_client::ScrubReplica {
                         node_id: 3,
@@ -857,6 +865,15 @@ mod tests {
                         crc: 0x1234,
                         keys: 2,
                         bytes: 20,
+                        error: None,
+                    },
+                    phoenix_client::ScrubReplica {
+                        node_id: 4,
+                        index: 40,
+                        crc: 0,
+                        keys: 0,
+                        bytes: 0,
+                        error: Some("corruption: block checksum".into()),
                     },
                 ],
             }],
@@ -891,7 +908,7 @@ mod tests {
         assert!(ops.starts_with("OPERATORS (1)"), "{ops}");
         assert!(render_operators(&[]).starts_with("OPERATORS (0)"));
         assert!(
-            t.contains("SCRUB MISMATCH: group 1 at index 40: node 1 crc 0000abcd keys 3; node 3 crc 00001234 keys 2"),
+            t.contains("SCRUB MISMATCH: group 1 at index 40: node 1 crc 0000abcd keys 3; node 3 crc 00001234 keys 2; node 4 failed: corruption: block checksum"),
             "{t}"
         );
         // No operators, no mismatch: no section.
