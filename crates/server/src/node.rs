@@ -2014,19 +2014,11 @@ impl Driver {
         self.pending_children
             .extend(children.iter().map(|c| c.group_id));
         let children_of_failed_spawn = children.clone();
-        let shared = Arc::clone(&self.shared);
-        let spawned = std::thread::Builder::new()
-            .name("phoenix-split".into())
-            .spawn(move || {
-                let started = Instant::now();
-                let result = shared.engine.flush().map_err(|e| e.to_string());
-                tracing::debug!(group = g, took = ?started.elapsed(), "split state flushed");
-                let _ = shared.events.send(Event::SplitDurable {
-                    group: g,
-                    children,
-                    result,
-                });
-            });
+        let spawned = self.flush_then(move |result| Event::SplitDurable {
+            group: g,
+            children,
+            result,
+        });
         if let Err(e) = spawned {
             // The registry names them: the next start opens them.
             tracing::error!(group = g, "starting the split's flush: {e}");
@@ -2043,18 +2035,12 @@ impl Driver {
     /// data where it was.
     fn make_merges_durable(&mut self, g: u64, sources: Vec<u64>) {
         self.merged_dropping.extend(sources.iter().copied());
-        let shared = Arc::clone(&self.shared);
         let failed_spawn = sources.clone();
-        let spawned = std::thread::Builder::new()
-            .name("phoenix-merge".into())
-            .spawn(move || {
-                let result = shared.engine.flush().map_err(|e| e.to_string());
-                let _ = shared.events.send(Event::MergeDurable {
-                    group: g,
-                    sources,
-                    result,
-                });
-            });
+        let spawned = self.flush_then(move |result| Event::MergeDurable {
+            group: g,
+            sources,
+            result,
+        });
         if let Err(e) = spawned {
             // Left frozen: the next start drops them (their records say merged).
             self.drop_merged(g, failed_spawn, Err(format!("starting the flush: {e}")));
@@ -2064,20 +2050,30 @@ impl Driver {
     /// Flushes the engine off this thread once `g` applied a merge's prepare at `index`,
     /// then reports the freeze (`Event::PrepareDurable`).
     fn make_prepare_durable(&mut self, g: u64, index: u64) {
-        let shared = Arc::clone(&self.shared);
-        let spawned = std::thread::Builder::new()
-            .name("phoenix-merge".into())
-            .spawn(move || {
-                let result = shared.engine.flush().map_err(|e| e.to_string());
-                let _ = shared.events.send(Event::PrepareDurable {
-                    group: g,
-                    index,
-                    result,
-                });
-            });
+        let spawned = self.flush_then(move |result| Event::PrepareDurable {
+            group: g,
+            index,
+            result,
+        });
         if let Err(e) = spawned {
             self.fail_group(g, format!("starting the flush of a merge's prepare: {e}"));
         }
+    }
+
+    /// Flushes the engine on a thread of its own, then sends the driver the event
+    /// `done` makes of the outcome.
+    fn flush_then(
+        &self,
+        done: impl FnOnce(Result<(), String>) -> Event + Send + 'static,
+    ) -> std::io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        std::thread::Builder::new()
+            .name("phoenix-flush".into())
+            .spawn(move || {
+                let result = shared.engine.flush().map_err(|e| e.to_string());
+                let _ = shared.events.send(done(result));
+            })
+            .map(drop)
     }
 
     /// The flush after `g` applied a merge's prepare at `index` is done (or failed).

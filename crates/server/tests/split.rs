@@ -12,46 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::workload::{check_all, client, key, load, value, KEYS};
 use common::*;
-use phoenix_client::{Client, ClientOptions};
-
-const KEYS: u32 = 200;
-const WRITERS: u32 = 4;
-
-fn key(i: u32) -> Vec<u8> {
-    format!("key{i:05}").into_bytes()
-}
-
-fn value(i: u32, round: u32) -> Vec<u8> {
-    format!("{i}:{round}:{}", "x".repeat(100)).into_bytes()
-}
-
-async fn client(addrs: &[String]) -> Client {
-    let opts = ClientOptions {
-        timeout: Duration::from_secs(20),
-        ..ClientOptions::default()
-    };
-    Client::connect(addrs.to_vec(), opts).await.unwrap()
-}
-
-/// Every key holds the value of its last acknowledged write, by point reads and by one
-/// scan over both groups.
-async fn check_all(c: &Client, acked: &BTreeMap<u32, u32>) {
-    for (&i, &round) in acked {
-        assert_eq!(
-            c.get(&key(i)).await.unwrap(),
-            Some(value(i, round)),
-            "key {i} lost its acknowledged write of round {round}"
-        );
-    }
-    let all = c.scan(b"", b"", 0).await.unwrap();
-    let want: Vec<(Vec<u8>, Vec<u8>)> = acked
-        .iter()
-        .map(|(&i, &round)| (key(i), value(i, round)))
-        .collect();
-    assert_eq!(all.len(), want.len(), "scan over both groups");
-    assert!(all == want, "scan over both groups differs from the writes");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_group_split_under_load_loses_no_write_and_serves_both_halves() {
@@ -67,46 +29,9 @@ async fn a_group_split_under_load_loses_no_write_and_serves_both_halves() {
         c.put(&key(i), &value(i, 0)).await.unwrap();
         acked.insert(i, 0u32);
     }
-    // Writers (each owns the keys ≡ w mod WRITERS, so its last acknowledged write is
-    // each key's value) and a reader keep going through the split.
+    // Writers and a reader keep going through the split.
     let stop = Arc::new(AtomicBool::new(false));
-    let mut writers = Vec::new();
-    for w in 0..WRITERS {
-        let c = client(&addrs).await;
-        let stop = Arc::clone(&stop);
-        writers.push(tokio::spawn(async move {
-            let mut last = BTreeMap::new();
-            let mut round = 1;
-            while !stop.load(Ordering::Relaxed) {
-                for i in (w..KEYS).step_by(WRITERS as usize) {
-                    c.put(&key(i), &value(i, round))
-                        .await
-                        .unwrap_or_else(|e| panic!("put of key {i} round {round}: {e}"));
-                    last.insert(i, round);
-                }
-                round += 1;
-            }
-            last
-        }));
-    }
-    let reader = {
-        let c = client(&addrs).await;
-        let stop = Arc::clone(&stop);
-        tokio::spawn(async move {
-            let mut reads = 0u32;
-            while !stop.load(Ordering::Relaxed) {
-                let i = reads * 7 % KEYS;
-                let v = c
-                    .get(&key(i))
-                    .await
-                    .unwrap_or_else(|e| panic!("get {i}: {e}"));
-                let v = v.unwrap_or_else(|| panic!("key {i} missing during the split"));
-                assert!(v.starts_with(format!("{i}:").as_bytes()));
-                reads += 1;
-            }
-            reads
-        })
-    };
+    let (writers, reader) = load(&addrs, &stop).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (left, right) = c.split_group(g, &key(100)).await.unwrap();
     assert_eq!(left.group_id, g);

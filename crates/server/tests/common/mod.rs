@@ -9,6 +9,8 @@ use phoenix_proto as proto;
 use phoenix_server::{Config, MetaMember};
 use tokio::sync::oneshot;
 
+pub mod workload;
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
