@@ -777,6 +777,22 @@ impl MetaService {
                              membership change or a split under way): merge when it has",
                         ));
                     }
+                    // The merged group would be split again at once, and the copy of the
+                    // source runs on every replica's raft thread.
+                    let limit = self.shared.cfg.group_split_bytes;
+                    let bytes = [s, t]
+                        .into_iter()
+                        .filter_map(|r| phoenix_meta::settled_leader(&lv, r))
+                        .map(|rep| rep.approximate_bytes)
+                        .sum::<u64>();
+                    if limit > 0 && bytes >= limit {
+                        return Err(PErr::invalid_argument(format!(
+                            "the two groups hold about {} MiB together, over the split size \
+                             ({} MiB): the merged group would split again",
+                            bytes >> 20,
+                            limit >> 20
+                        )));
+                    }
                     let ops = self.shared.operators.lock();
                     if let Some(g) = [source, target]
                         .into_iter()
