@@ -17,7 +17,7 @@ ticks=$(getconf CLK_TCK)
 rm -rf "$out"; mkdir -p "$out"
 set -m
 "$phoenix" playground --data-dir "$out/data" --base-port 0 --output json --ready-timeout 600 \
-  --server-arg=--initial-groups="$n" >"$out/out" 2>"$out/err" </dev/null &
+  --server-arg=--initial-groups="$n" --server-arg=--merge-size-mb=0 >"$out/out" 2>"$out/err" </dev/null &
 pg=$!
 set +m
 trap 'kill -INT $pg 2>/dev/null || true; sleep 2; kill -KILL -- -$pg 2>/dev/null || true' EXIT

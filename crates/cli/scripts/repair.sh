@@ -32,7 +32,7 @@ stop_all() { for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
 trap stop_all EXIT
 for i in 1 2 3 4; do
   "$phoenix" server --id "$i" --listen "${addrs[$((i - 1))]}" --data-dir "$out/node-$i" \
-    --meta "$meta" --initial-groups "$groups" --down-after "$down_after" \
+    --meta "$meta" --initial-groups "$groups" --down-after "$down_after" --merge-size-mb 0 \
     ${SERVER_ARGS:-} 2>"$out/node-$i.log" &
   pids+=($!)
 done

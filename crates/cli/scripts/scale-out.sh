@@ -34,7 +34,7 @@ trap stop_all EXIT
 start_node() {
   local i=$1
   "$phoenix" server --id "$i" --listen "${addrs[$((i - 1))]}" --data-dir "$out/node-$i" \
-    --meta "$meta" --initial-groups "$groups" ${SERVER_ARGS:-} 2>"$out/node-$i.log" &
+    --meta "$meta" --initial-groups "$groups" --merge-size-mb 0 ${SERVER_ARGS:-} 2>"$out/node-$i.log" &
   pids+=($!)
 }
 for i in 1 2 3; do start_node "$i"; done

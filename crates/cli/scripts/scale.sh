@@ -43,7 +43,7 @@ start_cluster() {
   : >"$dir/out"
   set -m
   "$phoenix" playground --data-dir "$dir/data" --base-port 0 --output json \
-    --ready-timeout 600 --server-arg=--initial-groups="$n" \
+    --ready-timeout 600 --server-arg=--initial-groups="$n" --server-arg=--merge-size-mb=0 \
     $(for a in ${SERVER_ARGS:-}; do printf -- '--server-arg=%s ' "$a"; done) \
     >"$dir/out" 2>"$dir/err" </dev/null &
   pg_pid=$!
