@@ -183,8 +183,13 @@ pub fn merged_leftovers(state: &MetaState, view: &LeaderView, node: u64) -> Vec<
                 && !state.merges().contains_key(&rep.group_id)
         })
         .filter(|rep| {
+            // (Past the source's epoch: a target route from before the split that made
+            // the source covers it too. Running: a stopped target may show a range its
+            // failed round never wrote.)
             view.replica(node, rep.merging_into).is_none_or(|t| {
-                t.start_key <= rep.start_key
+                t.stopped.is_empty()
+                    && t.epoch > rep.epoch
+                    && t.start_key <= rep.start_key
                     && (t.end_key.is_empty()
                         || (!rep.end_key.is_empty() && rep.end_key <= t.end_key))
             })
@@ -478,6 +483,18 @@ mod tests {
         };
         // Its target here is held before the commit (old range): kept.
         assert!(at(&[source.clone(), target("m")]).is_empty());
+        // A target that covers it at an older epoch (before the split that made the
+        // source), or stopped: kept.
+        let old = ReplicaStats {
+            epoch: 1,
+            ..target("")
+        };
+        assert!(at(&[source.clone(), old]).is_empty());
+        let stopped = ReplicaStats {
+            stopped: "apply: injected".into(),
+            ..target("")
+        };
+        assert!(at(&[source.clone(), stopped]).is_empty());
         // Its target here took it in, or there is none: destroyed.
         assert_eq!(at(&[source.clone(), target("")]).len(), 1);
         assert_eq!(at(std::slice::from_ref(&source)).len(), 1);

@@ -1302,6 +1302,34 @@ impl Driver {
         self.touch(g);
     }
 
+    /// The meta leader's `DestroyReplica`. A source frozen for a merge whose target
+    /// replica is here goes only once that target took it in, and after a flush (the
+    /// target's round may be in memory only: a crash would replay the merge, which needs
+    /// the source); while the target has not, the request is ignored (asked again).
+    fn destroy_asked(&mut self, g: u64, conf_version: u64) {
+        let target = self
+            .peers
+            .get(&g)
+            .and_then(|p| p.merging)
+            .map(|(t, _)| t)
+            .filter(|t| self.peers.contains_key(t));
+        let Some(t) = target else {
+            return self.destroy_replica(g, conf_version);
+        };
+        if self.merged_dropping.contains(&g) {
+            return;
+        }
+        if frozen_sources_covered(&self.peers, t).contains(&g) {
+            self.make_merges_durable(t, vec![g]);
+        } else {
+            tracing::debug!(
+                group = g,
+                into = t,
+                "not destroyed: its target here has not taken it in"
+            );
+        }
+    }
+
     /// Drops the frozen sources whose target here covers their range (it took them in,
     /// by its log or a snapshot, and a crash or a failure came before the source went):
     /// once the target's state is flushed, as after a merge's round.
@@ -1811,7 +1839,7 @@ impl Driver {
             Event::DestroyReplica {
                 group,
                 conf_version,
-            } => self.destroy_replica(group, conf_version),
+            } => self.destroy_asked(group, conf_version),
             Event::Dropped { groups, result } => self.dropped(groups, result),
             Event::Split {
                 group,
@@ -2961,14 +2989,17 @@ fn apply_round(
     Ok(last_applied)
 }
 
-/// The replicas here frozen for a merge into `g` whose range `g`'s route now covers (it
-/// took them in: a snapshot from past the merge's commit).
+/// The replicas here frozen for a merge into `g` that `g`'s replica here, running, took
+/// in (by its log or a snapshot from past the merge's commit): its range covers theirs at
+/// a range epoch past theirs (the commit moves it past both; a route from before the
+/// split that made the source would cover it too, at an older epoch).
 fn frozen_sources_covered(peers: &HashMap<u64, Box<Peer>>, g: u64) -> Vec<u64> {
-    let Some(t) = peers.get(&g) else {
+    let Some(t) = peers.get(&g).filter(|t| t.failed.is_none()) else {
         return Vec::new();
     };
     let covers = |r: &proto::Route| {
-        r.start_key >= t.route.start_key
+        t.route.epoch > r.epoch
+            && r.start_key >= t.route.start_key
             && (t.route.end_key.is_empty()
                 || (!r.end_key.is_empty() && r.end_key <= t.route.end_key))
     };
