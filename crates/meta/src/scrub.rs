@@ -16,7 +16,9 @@
 //! leader new in office) is never taken for the new one. It is done when every replica
 //! it waits for — listed in the table, on a live node, reported running — reports a
 //! scrub past `before` (a dead or stopped replica cannot apply the scrub point), or
-//! given up after [`SCRUB_TIMEOUT`]. The request goes to the group's leader until its
+//! given up after [`SCRUB_TIMEOUT`]. A replica that applied past the point without a
+//! checksum there (its node restarted, or it took a snapshot past the point) never
+//! reports it: the scrub is asked again, past everything applied. The request goes to the group's leader until its
 //! leader reports a scrub past `before`: once, and again after [`SCRUB_RESEND`] (a lost
 //! answer, a new leader); a duplicate scrub point costs a second scan, nothing else.
 
@@ -82,6 +84,34 @@ fn done(waited: &[ReplicaStats], before: u64) -> bool {
     !waited.is_empty() && waited.iter().all(|r| r.scrub_index > before)
 }
 
+/// Whether a replica `waited` missed the scrub point past `before` that another one
+/// reported: it applied past the point, has no checksum there and none under way (its
+/// node restarted after applying the point, or it took a snapshot past it). It would
+/// never report that point.
+fn missed(waited: &[ReplicaStats], before: u64) -> bool {
+    let Some(point) = waited
+        .iter()
+        .map(|r| r.scrub_index)
+        .filter(|&i| i > before)
+        .min()
+    else {
+        return false;
+    };
+    waited
+        .iter()
+        .any(|r| r.applied_index >= point && r.scrub_index < point && r.scrub_running_index < point)
+}
+
+/// The highest applied or scrub index any replica of `group` reported: a scrub asked
+/// now is past it.
+fn high_water(view: &LeaderView, group: u64) -> u64 {
+    view.replicas_of(group)
+        .iter()
+        .map(|r| r.applied_index.max(r.scrub_index))
+        .max()
+        .unwrap_or(0)
+}
+
 /// The meta leader's scrub schedule.
 #[derive(Debug, Default)]
 pub struct Scrubs {
@@ -124,12 +154,7 @@ impl Scrubs {
                 return Some(a.before);
             }
         }
-        let before = view
-            .replicas_of(group)
-            .iter()
-            .map(|r| r.applied_index.max(r.scrub_index))
-            .max()
-            .unwrap_or(0);
+        let before = high_water(view, group);
         self.asked.insert(
             group,
             Asked {
@@ -229,7 +254,9 @@ impl Scrubs {
     }
 
     /// Ends the scrubs that are done (every waited replica of the group reported a scrub
-    /// past `before`) or out of time; returns the groups ended, with whether done.
+    /// past `before`) or out of time; returns the groups ended, with whether done. One
+    /// a waited replica [`missed`] is asked again at once, past what every replica
+    /// applied (an answer waited for past the old `before` is the new point's).
     pub fn settle(
         &mut self,
         state: &MetaState,
@@ -239,10 +266,15 @@ impl Scrubs {
         let mut ended = Vec::new();
         let new = self.new_in_office(now);
         self.asked.retain(|&g, a| {
-            let finished = waited(state, view, g, now, new).is_some_and(|w| done(&w, a.before));
+            let waited = waited(state, view, g, now, new);
+            let finished = waited.as_ref().is_some_and(|w| done(w, a.before));
             if finished || now.saturating_duration_since(a.at) >= SCRUB_TIMEOUT {
                 ended.push((g, finished));
                 return false;
+            }
+            if waited.is_some_and(|w| missed(&w, a.before)) {
+                a.before = high_water(view, g);
+                a.sent = None;
             }
             true
         });
@@ -473,6 +505,58 @@ mod tests {
         // One that never completes is given up.
         s.ask(&st, &v, 2, now);
         assert_eq!(s.settle(&st, &v, now + SCRUB_TIMEOUT), vec![(2, false)]);
+    }
+
+    /// A replica past the scrub point the others reported, with neither its checksum nor
+    /// one under way (its node restarted after applying the point, or it took a snapshot
+    /// past it), never reports it: the scrub is asked again past what every replica
+    /// applied, at once, and an answer waited for under the first `before` is the new
+    /// point's.
+    #[test]
+    fn a_scrub_a_replica_missed_is_asked_again() {
+        let now = Instant::now();
+        let st = cluster(3, 1, |_| vec![1, 2, 3]);
+        let v = scrub_view(&st, now, |_, _| (0, 0));
+        let mut s = Scrubs::default();
+        assert_eq!(s.ask(&st, &v, 1, now), Some(10));
+        assert_eq!(s.take_commands(&v, 1, now).len(), 1);
+        // Nodes 1 and 2 computed the point (12); node 3 applied past it (20)...
+        let view = |three: (u64, u64, u64), others: u64| {
+            let mut v = LeaderView::default();
+            for id in [1, 2, 3] {
+                let mut reps = report(&st, id, &|_| 1);
+                for r in &mut reps {
+                    if id == 3 {
+                        (r.applied_index, r.scrub_index, r.scrub_running_index) = three;
+                    } else {
+                        (r.applied_index, r.scrub_index) = (20, others);
+                    }
+                    r.scrub_crc = 1;
+                }
+                v.record(now, id, NodeStats::default(), &reps);
+            }
+            v
+        };
+        // ...still computing it: waited for, nothing sent again.
+        let computing = view((20, 0, 12), 12);
+        assert_eq!(s.settle(&st, &computing, now), vec![]);
+        assert!(s.take_commands(&computing, 1, now).is_empty());
+        // Not yet applied it: the same.
+        let behind = view((11, 0, 0), 12);
+        assert_eq!(s.settle(&st, &behind, now), vec![]);
+        assert!(s.take_commands(&behind, 1, now).is_empty());
+        // Missed it (no checksum, none under way): asked again past 20, sent at once.
+        let missed = view((20, 0, 0), 12);
+        assert_eq!(s.settle(&st, &missed, now), vec![]);
+        assert!(s.under_way(1));
+        assert_eq!(s.ask(&st, &missed, 1, now), Some(20));
+        assert_eq!(s.take_commands(&missed, 1, now).len(), 1);
+        assert_eq!(s.outcome(&st, &missed, 1, 10, now), None);
+        // Every replica at the new point: done, and the first asker's answer too.
+        let again = view((25, 22, 0), 22);
+        let out = s.outcome(&st, &again, 1, 10, now).unwrap();
+        assert!(out.consistent && out.index == 22, "{out:?}");
+        assert_eq!(s.settle(&st, &again, now), vec![(1, true)]);
     }
 
     /// A scrub waits for no dead or stopped replica, and is not asked while a listed

@@ -1201,7 +1201,7 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
         .iter()
         .filter(|(g, _)| **g != META_GROUP)
         .map(|(g, v)| (g, v, shared.split.size(*g), shared.scrubs.latest(*g)))
-        .map(|(g, v, size, scrub)| proto::ReplicaStats {
+        .map(|(g, v, size, (scrub, running))| proto::ReplicaStats {
             group_id: *g,
             node_id: shared.cfg.node_id,
             is_leader: v.is_leader,
@@ -1243,6 +1243,7 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
                 .as_ref()
                 .map_or(0, |s| s.at.elapsed().as_millis() as u64),
             scrub_error: scrub.and_then(|s| s.error).unwrap_or_default(),
+            scrub_running_index: running,
             merging_into: v.merging_into,
             merge_index: v.merge_index,
             merge_waiting_for: v.merge_waiting_for,

@@ -50,15 +50,22 @@ pub struct Scrubs {
 #[derive(Debug, Default)]
 struct Inner {
     results: HashMap<u64, ScrubResult>,
+    /// Per group, the latest scrub point whose checksum is being computed.
+    running: HashMap<u64, u64>,
     /// Per group, how many times its replica left this node: a checksum started before
     /// the last time is not recorded (the group may be back with another state).
     generation: HashMap<u64, u64>,
 }
 
 impl Scrubs {
-    /// Group `g`'s latest scrub on this node, if any since it started.
-    pub fn latest(&self, g: u64) -> Option<ScrubResult> {
-        self.inner.lock().results.get(&g).cloned()
+    /// Group `g`'s latest scrub on this node, if any since it started, and the scrub
+    /// point whose checksum is being computed (0: none), read together.
+    pub fn latest(&self, g: u64) -> (Option<ScrubResult>, u64) {
+        let i = self.inner.lock();
+        (
+            i.results.get(&g).cloned(),
+            i.running.get(&g).copied().unwrap_or(0),
+        )
     }
 
     /// Forgets group `g` (its replica left the node), and any checksum of it still
@@ -66,6 +73,7 @@ impl Scrubs {
     pub fn forget(&self, g: u64) {
         let mut i = self.inner.lock();
         i.results.remove(&g);
+        i.running.remove(&g);
         *i.generation.entry(g).or_default() += 1;
     }
 
@@ -76,7 +84,7 @@ impl Scrubs {
     /// thread of its own. A failure is logged and recorded as the scrub's result: the
     /// meta leader lists it as a mismatch, never as agreement.
     pub fn start(self: &Arc<Self>, engine: &Db, g: u64, index: u64, snap: Snapshot) {
-        let generation = self.inner.lock().generation.get(&g).copied().unwrap_or(0);
+        let generation = self.begin(g, index);
         let failed = move |why: String| {
             tracing::error!(group = g, index, "scrubbing the group: {why}");
             ScrubResult {
@@ -100,7 +108,13 @@ impl Scrubs {
             .name(format!("phoenix-scrub-{g}"))
             .spawn(move || {
                 let started = Instant::now();
-                let sum = checksum(it, keys::data_key(g, b"").len());
+                // A panic in the scan is recorded as the scrub's failure: the replica
+                // must not look as if still computing forever.
+                let sum = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    checksum(it, keys::data_key(g, b"").len())
+                }))
+                .map_err(|_| "the scrub's scan panicked".to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
                 drop(snap);
                 match sum {
                     Ok((crc, keys, bytes)) => {
@@ -123,7 +137,7 @@ impl Scrubs {
                         };
                         scrubs.record(g, generation, r);
                     }
-                    Err(e) => scrubs.record(g, generation, failed(e.to_string())),
+                    Err(why) => scrubs.record(g, generation, failed(why)),
                 }
             });
         if let Err(e) = spawned {
@@ -135,12 +149,23 @@ impl Scrubs {
         }
     }
 
+    /// Marks group `g`'s scrub point `index` under way; returns the group's generation.
+    fn begin(&self, g: u64, index: u64) -> u64 {
+        let mut i = self.inner.lock();
+        let r = i.running.entry(g).or_default();
+        *r = (*r).max(index);
+        i.generation.get(&g).copied().unwrap_or(0)
+    }
+
     /// Keeps `r` unless a later scrub of `g` is recorded already (threads may finish out
     /// of order) or the replica left the node since the scrub started (`generation`).
     fn record(&self, g: u64, generation: u64, r: ScrubResult) {
         let mut i = self.inner.lock();
         if i.generation.get(&g).copied().unwrap_or(0) != generation {
             return;
+        }
+        if i.running.get(&g).is_some_and(|&run| run <= r.index) {
+            i.running.remove(&g);
         }
         match i.results.get(&g) {
             Some(old) if old.index > r.index => {}
@@ -206,12 +231,30 @@ mod tests {
         let s = Scrubs::default();
         s.record(1, 0, result(9));
         s.record(1, 0, result(7));
-        assert_eq!(s.latest(1).map(|r| r.index), Some(9));
+        assert_eq!(s.latest(1).0.map(|r| r.index), Some(9));
         s.forget(1);
-        assert_eq!(s.latest(1), None);
+        assert_eq!(s.latest(1).0, None);
         s.record(1, 0, result(12));
-        assert_eq!(s.latest(1), None, "started before the replica left");
+        assert_eq!(s.latest(1).0, None, "started before the replica left");
         s.record(1, 1, result(12));
-        assert_eq!(s.latest(1).map(|r| r.index), Some(12));
+        assert_eq!(s.latest(1).0.map(|r| r.index), Some(12));
+    }
+
+    /// A scrub point is reported under way from its start until its checksum (or a later
+    /// one's) is recorded; an earlier one finishing late does not clear it.
+    #[test]
+    fn a_scrub_is_under_way_until_recorded() {
+        let s = Scrubs::default();
+        assert_eq!(s.latest(1), (None, 0));
+        let generation = s.begin(1, 9);
+        assert_eq!(s.latest(1).1, 9);
+        s.begin(1, 12);
+        s.record(1, generation, result(9));
+        assert_eq!(s.latest(1).1, 12, "the later point is still under way");
+        s.record(1, generation, result(12));
+        assert_eq!(s.latest(1).1, 0);
+        s.begin(1, 15);
+        s.forget(1);
+        assert_eq!(s.latest(1), (None, 0));
     }
 }
