@@ -38,8 +38,8 @@ use crate::error::{Error, Result};
 use crate::filename::{self, FileKind};
 use crate::iter::{InternalIterator, ReadScope};
 use crate::key::{
-    compare_internal, encode_internal_key, group_range, parse_internal_key, SequenceNumber,
-    ValueKind, MAX_SEQUENCE,
+    compare_internal, encode_internal_key, group_range, parse_internal_key, RangeTombstone,
+    SequenceNumber, ValueKind, MAX_SEQUENCE,
 };
 use crate::memtable::{MemGet, MemTable};
 use crate::merge::{clone_error, BoxIter, LevelIter, MergingIterator};
@@ -595,6 +595,18 @@ impl Db {
     /// afterwards; snapshots taken before do not keep the old keys.
     pub fn replace_group(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
         self.inner.replace_group(g, paths)
+    }
+
+    /// Replaces every key of group `g` with the contents of `paths` the way stock RocksDB
+    /// does it (a range tombstone over the group, then an ingest), atomically: one
+    /// manifest edit adds a table holding only a range tombstone over `g` and copies of
+    /// the files, all at one new sequence number (the tombstone hides only what is older
+    /// than it, so the files' keys stay visible). The old keys stay on disk until
+    /// compaction drops them: the baseline [`replace_group`](Self::replace_group) is
+    /// measured against (space taken while old and new state are both on disk). The
+    /// memtables are flushed first; the caller must not write to `g` meanwhile.
+    pub fn replace_group_by_tombstone(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
+        self.inner.replace_group_by_tombstone(g, paths)
     }
 
     /// Approximate bytes and entries of every group's data in the tables (memtables are
@@ -1380,7 +1392,7 @@ impl Inner {
             }
             in_memtables
         };
-        self.ingest_sequenced(&prepared, in_memtables)
+        self.ingest_sequenced(&prepared, in_memtables, None)
     }
 
     /// Opens and checks files to ingest: each built with `SstWriter` (sequence 0, keys in
@@ -1430,8 +1442,8 @@ impl Inner {
         Ok(prepared)
     }
 
-    /// See [`Db::replace_group`].
-    fn replace_group(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
+    /// Files to ingest (see `prepare_ingest`) that hold keys of group `g` only.
+    fn prepare_group_ingest(&self, g: u64, paths: &[PathBuf]) -> Result<Vec<Prepared>> {
         let prepared = self.prepare_ingest(paths)?;
         if let Some(p) = prepared
             .iter()
@@ -1444,6 +1456,30 @@ impl Inner {
                 p.props_meta.max_group
             )));
         }
+        Ok(prepared)
+    }
+
+    /// See [`Db::replace_group_by_tombstone`].
+    fn replace_group_by_tombstone(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
+        let prepared = self.prepare_group_ingest(g, paths)?;
+        let (start, Some(end)) = group_range(g) else {
+            return Err(Error::InvalidArgument(format!(
+                "group {g} has no end key to bound a range tombstone"
+            )));
+        };
+        self.flush()?;
+        let _gate = self.write_gate.write();
+        let in_memtables = {
+            let view = self.view()?;
+            prepared.iter().any(|p| memtables_overlap_file(&view, p))
+        };
+        let tombstone = RangeTombstone { start, end, seq: 0 };
+        self.ingest_sequenced(&prepared, in_memtables, Some(tombstone))
+    }
+
+    /// See [`Db::replace_group`].
+    fn replace_group(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
+        let prepared = self.prepare_group_ingest(g, paths)?;
         let (gs, ge) = group_range(g);
         // Inclusive bound for the overlap checks: the first key past the group counts
         // too, which can only make a check say "holds" needlessly.
@@ -1674,7 +1710,12 @@ impl Inner {
     /// manifest edit that adds the files also records `S` as the last sequence. Caller
     /// holds the write gate (no write group is in flight), not the compaction lock;
     /// `in_memtables` says whether a memtable holds keys of the ranges.
-    fn ingest_sequenced(&self, prepared: &[Prepared], in_memtables: bool) -> Result<()> {
+    fn ingest_sequenced(
+        &self,
+        prepared: &[Prepared],
+        in_memtables: bool,
+        tombstone: Option<RangeTombstone>,
+    ) -> Result<()> {
         if in_memtables {
             self.make_room(true, 0)?;
             self.wait_immutables_flushed()?;
@@ -1695,9 +1736,28 @@ impl Inner {
         };
         let mut written: Vec<PathBuf> = Vec::new();
         let result = (|| -> Result<()> {
+            if let Some(t) = &tombstone {
+                // In L0, above everything it hides; the files go to L0 too, in newer
+                // files (reads take L0 newest first and stop at a covering tombstone).
+                // Their keys at `seq` are not hidden by it: a tombstone covers older
+                // sequences only.
+                let number = self.state.lock().vset.new_file_number();
+                let dest = filename::table_path(&self.dir, number);
+                written.push(dest.clone());
+                let out = self.fs.create(&dest, Default::default())?;
+                let mut b = crate::table::TableBuilder::new(out, &self.opts.table);
+                b.add_range_tombstone(&RangeTombstone { seq, ..t.clone() })?;
+                let summary = b.finish()?;
+                edit.new_files
+                    .push((0, compaction::meta_from(number, &summary)));
+            }
             for p in prepared {
                 // Its data is newer than any table's: above every overlapping one.
-                let level = ingest_level(&view.version, &p.props_meta, true);
+                let level = if tombstone.is_some() {
+                    0
+                } else {
+                    ingest_level(&view.version, &p.props_meta, true)
+                };
                 let number = self.state.lock().vset.new_file_number();
                 let dest = filename::table_path(&self.dir, number);
                 written.push(dest.clone());

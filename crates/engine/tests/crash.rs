@@ -1,6 +1,7 @@
 //! Crash test on MemFs: seeded random workloads of writes, deletes, range deletes,
 //! flushes, compactions, drop_group, ingest (into an emptied group, and over existing
-//! data with a new sequence number) and replace_group (a snapshot install) are stopped at a random file-system operation
+//! data with a new sequence number) and replace_group (a snapshot install; also by range
+//! tombstone, replace_group_by_tombstone) are stopped at a random file-system operation
 //! (mid-flush, mid-compaction, mid-manifest, mid-WAL append: the file system freezes,
 //! then crashes, optionally tearing unsynced writes), reopened and compared with a model.
 //!
@@ -50,8 +51,9 @@ enum Step {
     DropAndIngest(u64, u64),
     /// Ingest `n` keys into g over whatever is there (a new sequence number).
     Ingest(u64, u64),
-    /// Replace every key of g with `n` keys (replace_group).
-    Replace(u64, u64),
+    /// Replace every key of g with `n` keys (replace_group; with `true`,
+    /// replace_group_by_tombstone).
+    Replace(u64, u64, bool),
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -97,7 +99,7 @@ fn plan(rng: &mut ChaCha8Rng, wal: bool) -> Vec<Step> {
             88..=92 => Step::Compact,
             93..=95 => Step::DropGroup(rng.gen_range(0..3)),
             96 => Step::Ingest(rng.gen_range(0..3), rng.gen_range(1..30)),
-            97 => Step::Replace(rng.gen_range(0..3), rng.gen_range(1..30)),
+            97 => Step::Replace(rng.gen_range(0..3), rng.gen_range(1..30), rng.gen_bool(0.5)),
             _ => Step::DropAndIngest(rng.gen_range(0..3), rng.gen_range(1..30)),
         })
         .collect()
@@ -172,7 +174,14 @@ fn drop_group(db: &Db, out: &mut Outcome, g: u64, wal: bool) -> bool {
     r.is_ok() && db.drop_group(g).is_ok()
 }
 
-fn ingest(db: &Db, fs: &SharedFs, out: &mut Outcome, g: u64, n: u64, replace: bool) -> bool {
+fn ingest(
+    db: &Db,
+    fs: &SharedFs,
+    out: &mut Outcome,
+    (g, n): (u64, u64),
+    replace: bool,
+    by_tombstone: bool,
+) -> bool {
     let path = PathBuf::from(format!("/ingest-{}-{g}.sst", out.issued));
     let puts: Puts = (0..n)
         .map(|i| {
@@ -195,7 +204,9 @@ fn ingest(db: &Db, fs: &SharedFs, out: &mut Outcome, g: u64, n: u64, replace: bo
     out.ingests
         .push((out.issued, puts, false, replace.then_some(g)));
     INGESTS_TRIED.fetch_add(1, Ordering::Relaxed);
-    let r = if replace {
+    let r = if replace && by_tombstone {
+        db.replace_group_by_tombstone(g, &[path])
+    } else if replace {
         db.replace_group(g, &[path])
     } else {
         db.ingest(&[path])
@@ -215,7 +226,7 @@ fn ingest(db: &Db, fs: &SharedFs, out: &mut Outcome, g: u64, n: u64, replace: bo
         last.2 = ok;
     }
     if ok && replace {
-        // replace_group flushed every batch before it.
+        // replace_group (either way) flushed every batch before it.
         out.must_have = out.issued;
     }
     ok
@@ -252,10 +263,11 @@ fn workload(db: &Db, fs: &SharedFs, steps: &[Step], wal: bool) -> Outcome {
             Step::Compact => db.compact_range(None, None).is_ok(),
             Step::DropGroup(g) => drop_group(db, &mut out, *g, wal),
             Step::DropAndIngest(g, n) => {
-                drop_group(db, &mut out, *g, wal) && ingest(db, fs, &mut out, *g, *n, false)
+                drop_group(db, &mut out, *g, wal)
+                    && ingest(db, fs, &mut out, (*g, *n), false, false)
             }
-            Step::Ingest(g, n) => ingest(db, fs, &mut out, *g, *n, false),
-            Step::Replace(g, n) => ingest(db, fs, &mut out, *g, *n, true),
+            Step::Ingest(g, n) => ingest(db, fs, &mut out, (*g, *n), false, false),
+            Step::Replace(g, n, t) => ingest(db, fs, &mut out, (*g, *n), true, *t),
         };
         if !wal {
             if let Ok(Some(v)) = db.get_persisted(SENTINEL) {

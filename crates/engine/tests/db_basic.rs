@@ -640,13 +640,24 @@ fn ingest_with_concurrent_writers() {
     assert!(scan(&db, &ro).iter().all(|(_, v)| v != b"old"));
 }
 
-/// replace_group swaps one group's keys for a file's, whatever levels and memtables held
-/// the old ones (including L0 files shared with other groups and a range tombstone
-/// spanning groups); other groups are untouched; files with keys of other groups are
-/// refused; the result survives a reopen.
+/// replace_group (and replace_group_by_tombstone) swaps one group's keys for a file's,
+/// whatever levels and memtables held the old ones (including L0 files shared with other
+/// groups and a range tombstone spanning groups); other groups are untouched; files with
+/// keys of other groups are refused; the result survives a reopen. By tombstone, the old
+/// keys stay on disk until a compaction drops them.
 #[test]
 fn replace_group_swaps_exactly_one_group() {
-    for wal in [WalMode::Log, WalMode::None] {
+    let modes = [WalMode::Log, WalMode::None]
+        .into_iter()
+        .flat_map(|w| [(w.clone(), false), (w, true)]);
+    for (wal, by_tombstone) in modes {
+        let replace = |db: &Db, g: u64, paths: &[std::path::PathBuf]| {
+            if by_tombstone {
+                db.replace_group_by_tombstone(g, paths)
+            } else {
+                db.replace_group(g, paths)
+            }
+        };
         let (_m, fs) = fs();
         let dir = Path::new("/db");
         let db = Db::open(Arc::clone(&fs), dir, small_opts(wal.clone())).unwrap();
@@ -692,10 +703,10 @@ fn replace_group_swaps_exactly_one_group() {
         w.put(&key(2, 1), b"x").unwrap();
         w.put(&key(3, 1), b"x").unwrap();
         w.finish().unwrap();
-        let err = db.replace_group(2, &[bad.to_path_buf()]).unwrap_err();
+        let err = replace(&db, 2, &[bad.to_path_buf()]).unwrap_err();
         assert!(err.to_string().contains("outside group 2"), "{err}");
 
-        db.replace_group(2, &[src.to_path_buf()]).unwrap();
+        replace(&db, 2, &[src.to_path_buf()]).unwrap();
         assert!(!fs.exists(src).unwrap(), "the source file is moved in");
         let check = |db: &Db, when: &str| {
             let all = scan(db, &ro);
@@ -724,6 +735,18 @@ fn replace_group_swaps_exactly_one_group() {
             assert_eq!(db.get(&ro, &key(2, 1000)).unwrap(), Some(b"new".to_vec()));
         };
         check(&db, "after replace");
+        if by_tombstone {
+            // The old keys (300 a round) are still in the tables; a compaction drops them.
+            let entries = |db: &Db| db.group_sizes().unwrap().get(&2).map_or(0, |s| s.entries);
+            let before = entries(&db);
+            db.compact_range(None, None).unwrap();
+            let after = entries(&db);
+            assert!(
+                before >= after + 300,
+                "{wal:?}: old keys on disk until compacted ({before} -> {after} entries)"
+            );
+            check(&db, "after the tombstone's compaction");
+        }
         // Later writes to the group win over the replaced data.
         db.put(&wo, &key(2, 1000), b"later").unwrap();
         assert_eq!(db.get(&ro, &key(2, 1000)).unwrap(), Some(b"later".to_vec()));

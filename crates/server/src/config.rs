@@ -132,6 +132,22 @@ pub struct Config {
     /// so that killing the node is a power loss for its files (`PowerLossFs`). For fault
     /// runs only.
     pub unsynced_in_memory: bool,
+    /// How a replica's old data leaves the engine when the replica is dropped or a
+    /// snapshot replaces it.
+    pub drop_mode: DropMode,
+}
+
+/// How a replica's old data leaves the engine (seed 000, §5.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DropMode {
+    /// Its files are deleted at once (`Db::drop_groups`, `Db::replace_group`): group-cut
+    /// compaction keeps each group's data in files of its own.
+    #[default]
+    Files,
+    /// A range tombstone hides it and compaction removes it later
+    /// (`Db::replace_group_by_tombstone`), as stock RocksDB users do: the baseline the
+    /// repair benchmark compares with. Not for production.
+    RangeDelete,
 }
 
 impl Config {
@@ -209,6 +225,7 @@ impl Config {
             metrics_listen: None,
             fault_injection: false,
             unsynced_in_memory: false,
+            drop_mode: DropMode::Files,
         }
     }
 

@@ -88,7 +88,21 @@ fn run(shared: &Shared, rx: &Receiver<Vec<u64>>) {
 fn drop_data(shared: &Shared, groups: &[u64]) -> crate::Result<()> {
     let node = shared.cfg.node_id;
     check(names::DROP_BEFORE_ENGINE, node)?;
-    shared.engine.drop_groups(groups)?;
+    match shared.cfg.drop_mode {
+        crate::config::DropMode::Files => shared.engine.drop_groups(groups)?,
+        crate::config::DropMode::RangeDelete => {
+            // Tombstones only (their data stays on disk until compaction), made durable
+            // by one flush: the engine's WAL may be off (log-as-WAL).
+            let mut batch = phoenix_engine::WriteBatch::new();
+            for &g in groups {
+                let end = crate::keys::group_end(g)
+                    .ok_or_else(|| crate::Error::Config(format!("group {g} has no end key")))?;
+                batch.delete_range(&crate::keys::group_start(g), &end);
+            }
+            shared.engine.write(&Default::default(), batch)?;
+            shared.engine.flush()?;
+        }
+    }
     check(names::DROP_BEFORE_LOG, node)?;
     for &g in groups {
         shared.log.remove_stream(g)?;

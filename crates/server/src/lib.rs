@@ -57,7 +57,7 @@ use phoenix_engine::{Db, Options as EngineOptions, WalMode};
 use phoenix_log::{LogOptions, LogStore};
 use phoenix_proto as proto;
 
-pub use config::{parse_meta_members, Config, MetaMember};
+pub use config::{parse_meta_members, Config, DropMode, MetaMember};
 pub use error::{Error, Result};
 pub use phoenix_meta::{even_split_keys, INITIAL_GROUPS_MAX};
 

@@ -2502,7 +2502,12 @@ fn install_files(
         )));
     }
     check(names::INSTALL_BEFORE_REPLACE, node)?;
-    shared.engine.replace_group(g, &files)?;
+    match shared.cfg.drop_mode {
+        crate::config::DropMode::Files => shared.engine.replace_group(g, &files)?,
+        crate::config::DropMode::RangeDelete => {
+            shared.engine.replace_group_by_tombstone(g, &files)?
+        }
+    }
     let got = shared
         .engine
         .get(&ReadOptions::default(), &keys::applied_key(g))?

@@ -26,6 +26,8 @@ struct Cluster {
     nodes: Vec<Option<Node>>,
     /// Split keys of the bootstrap (none: one data group).
     splits: Vec<Vec<u8>>,
+    /// How replaced and dropped data leaves the engine.
+    drop_mode: phoenix_server::DropMode,
 }
 
 impl Cluster {
@@ -37,15 +39,20 @@ impl Cluster {
         c.log_keep_entries = 10;
         c.log_truncate_interval = Duration::from_millis(100);
         c.split_keys = self.splits.clone();
+        c.drop_mode = self.drop_mode;
         c
     }
 
     fn start() -> Cluster {
-        Cluster::start_split(Vec::new())
+        Cluster::start_with(Vec::new(), phoenix_server::DropMode::Files)
     }
 
     /// A cluster bootstrapped with one data group per range between `splits`.
     fn start_split(splits: Vec<Vec<u8>>) -> Cluster {
+        Cluster::start_with(splits, phoenix_server::DropMode::Files)
+    }
+
+    fn start_with(splits: Vec<Vec<u8>>, drop_mode: phoenix_server::DropMode) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let (addrs, meta) = loopback_members(3);
         let mut c = Cluster {
@@ -54,6 +61,7 @@ impl Cluster {
             meta,
             nodes: Vec::new(),
             splits,
+            drop_mode,
         };
         c.nodes = (0..3).map(|i| Some(start(c.cfg(i)))).collect();
         c
@@ -270,6 +278,17 @@ async fn snapshot_install_survives_a_failure_at_every_step() {
     install_failures(&[names::INSTALL_BEFORE_REPLACE, names::INSTALL_AFTER_REPLACE]).await;
 }
 
+/// The same with the old state hidden by a range tombstone instead of deleted
+/// (`--drop-mode range-delete`, the repair benchmark's baseline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_installed_over_a_range_tombstone_survives_a_failure_at_every_step() {
+    install_failures_with(
+        &[names::INSTALL_BEFORE_REPLACE, names::INSTALL_AFTER_REPLACE],
+        phoenix_server::DropMode::RangeDelete,
+    )
+    .await;
+}
+
 /// The failure between the log reset's two steps (suffix dropped, prefix not yet): the
 /// log on disk then ends below the engine's applied index, which `reconcile_log` must
 /// accept at the next open.
@@ -279,10 +298,14 @@ async fn snapshot_install_survives_a_failure_inside_the_log_reset() {
 }
 
 async fn install_failures(steps: &[&str]) {
+    install_failures_with(steps, phoenix_server::DropMode::Files).await
+}
+
+async fn install_failures_with(steps: &[&str], mode: phoenix_server::DropMode) {
     let _turn = TURN.lock().await;
     let scenario = fail::FailScenario::setup();
     for &step in steps {
-        let mut c = Cluster::start();
+        let mut c = Cluster::start_with(Vec::new(), mode);
         let route = wait_route(&c.addrs).await;
         let follower = (route.leader_node_id as usize) % 3;
         let fnode = follower as u64 + 1;

@@ -124,6 +124,21 @@ pub struct Args {
     /// Slower; for fault runs only.
     #[arg(long)]
     pub unsynced_in_memory: bool,
+    /// How a replica's old data leaves the engine when it is dropped or a snapshot
+    /// replaces it: `files` (deleted at once) or `range-delete` (hidden by a range
+    /// tombstone, removed by compaction later, as stock RocksDB users do: the baseline
+    /// of `phoenix bench repair`).
+    #[arg(long, value_enum, default_value = "files")]
+    pub drop_mode: DropModeArg,
+}
+
+/// `--drop-mode` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DropModeArg {
+    /// Delete the replica's files at once.
+    Files,
+    /// Write a range tombstone; compaction drops the data later.
+    RangeDelete,
 }
 
 /// Runs the node.
@@ -177,6 +192,10 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.split_check_interval = args.split_check_interval.max(Duration::from_millis(100));
     cfg.fault_injection = args.fault_injection;
     cfg.unsynced_in_memory = args.unsynced_in_memory;
+    cfg.drop_mode = match args.drop_mode {
+        DropModeArg::Files => phoenix_server::DropMode::Files,
+        DropModeArg::RangeDelete => phoenix_server::DropMode::RangeDelete,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("phoenix-io")
