@@ -176,6 +176,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         report_soon: tokio::sync::Notify::new(),
         split: split_check::SplitCheck::default(),
         scrubs: Arc::default(),
+        snapshots_staged: Arc::new(tokio::sync::Semaphore::new(snapshot::STAGED_MAX)),
     });
     // A node that starts on a full disk refuses writes from its first request on.
     match shared.fs.available_space(&data) {

@@ -19,7 +19,6 @@
 //! (`get_persisted`), keeping `log_keep_entries` for lagging followers.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -79,7 +78,7 @@ pub enum Event {
         /// Raft `Snapshot` message.
         msg: Message,
         /// Directory holding the SST files.
-        dir: PathBuf,
+        dir: crate::snapshot::Staged,
         /// Route of the group (to create the replica if needed).
         route: proto::Route,
     },
@@ -245,7 +244,7 @@ pub struct Peer {
     reads_ready: Vec<(u64, ReadReply)>,
     /// Received snapshots not yet installed, by index: only the one raft holds as its
     /// pending snapshot is kept.
-    pending_snapshots: BTreeMap<u64, PathBuf>,
+    pending_snapshots: BTreeMap<u64, crate::snapshot::Staged>,
     /// Why the replica stopped: set when a step of its work failed. A stopped replica
     /// takes no input and hands raft nothing more, so raft never gets ahead of what was
     /// really done; restarting the node reopens it from its durable state.
@@ -825,9 +824,7 @@ impl Driver {
         }
         if let Some(mut p) = self.peers.remove(&g) {
             p.fail_all("replica removed from this node");
-            for d in std::mem::take(&mut p.pending_snapshots).into_values() {
-                crate::snapshot::remove_dir(&d);
-            }
+            p.pending_snapshots.clear();
         }
         self.awake.remove(&g);
         self.reads_queued.remove(&g);
@@ -1701,30 +1698,30 @@ impl Driver {
                 let version = msg.snapshot.as_ref().map_or(0, |s| s.meta.index);
                 let pending = self.pending_children.contains(&group);
                 if pending || !self.peers.contains_key(&group) && !self.creatable(&route, version) {
-                    crate::snapshot::remove_dir(&dir);
+                    drop(dir);
                     return;
                 }
                 if !self.peers.contains_key(&group) {
                     if let Err(e) = self.create_replicas(vec![route]) {
                         tracing::error!(group, "creating replica for snapshot: {e}");
-                        crate::snapshot::remove_dir(&dir);
+                        drop(dir);
                         return;
                     }
                 }
                 let Some(p) = self.peers.get_mut(&group) else {
                     // Stopped here (it could not be opened): the files are not needed.
-                    crate::snapshot::remove_dir(&dir);
+                    drop(dir);
                     return;
                 };
                 if p.failed.is_some() {
-                    crate::snapshot::remove_dir(&dir);
+                    drop(dir);
                     return;
                 }
                 if p.uninitialized {
                     // An empty replica of a split group takes only a state from after its
                     // group's last split: an older one (from a leader that has not applied
                     // the split yet) would be replayed against the narrowed range.
-                    match snapshot_epoch(&dir, group) {
+                    match snapshot_epoch(dir.path(), group) {
                         Ok(e) if e >= p.route.epoch => {}
                         got => {
                             tracing::info!(
@@ -1733,16 +1730,15 @@ impl Driver {
                                 snapshot = ?got,
                                 "snapshot older than the group's range epoch refused"
                             );
-                            crate::snapshot::remove_dir(&dir);
+                            drop(dir);
                             return;
                         }
                     }
                 }
                 self.shared.metrics.snapshot("received", true);
                 let index = msg.snapshot.as_ref().map_or(0, |s| s.meta.index);
-                if let Some(old) = p.pending_snapshots.insert(index, dir) {
-                    crate::snapshot::remove_dir(&old);
-                }
+                // (A snapshot it replaces is dropped, its files with it.)
+                p.pending_snapshots.insert(index, dir);
                 if let Err(e) = p.raw.step(msg) {
                     if is_storage(&e) {
                         // (Its files go with the replica's pending snapshots.)
@@ -1754,13 +1750,7 @@ impl Driver {
                 // Keep only the files of the snapshot raft will hand back to install (a
                 // stale one, or one superseded by this, is not installed).
                 let wanted = p.raw.raft().raft_log().pending_snapshot_index();
-                p.pending_snapshots.retain(|i, d| {
-                    let keep = Some(*i) == wanted;
-                    if !keep {
-                        crate::snapshot::remove_dir(d);
-                    }
-                    keep
-                });
+                p.pending_snapshots.retain(|i, _| Some(*i) == wanted);
             }
             Event::SnapshotSent { group, to, ok } => {
                 self.shared.metrics.snapshot("sent", ok);
@@ -1954,6 +1944,12 @@ impl Driver {
         let Some(p) = self.peers.get_mut(&g) else {
             return Ok(());
         };
+        if !p.pending_snapshots.is_empty() {
+            // Files of a snapshot raft no longer holds (it moved past it) would keep
+            // their room among the node's staged snapshots for good.
+            let wanted = p.raw.raft().raft_log().pending_snapshot_index();
+            p.pending_snapshots.retain(|i, _| Some(*i) == wanted);
+        }
         let number = rd.number();
         let incarnation = p.incarnation;
         let events = shared.events.clone();
@@ -2168,9 +2164,7 @@ impl Driver {
                 Some(_) => {
                     if let Some(mut old) = self.peers.remove(&c) {
                         old.fail_all("replaced by the replica its parent's split made");
-                        for d in std::mem::take(&mut old.pending_snapshots).into_values() {
-                            crate::snapshot::remove_dir(&d);
-                        }
+                        old.pending_snapshots.clear();
                     }
                     self.awake.remove(&c);
                     self.reads_queued.remove(&c);
@@ -2223,9 +2217,7 @@ impl Driver {
         // at once instead.
         let handoff = p.raw.abdicate();
         let epoch = p.route.epoch;
-        for d in std::mem::take(&mut p.pending_snapshots).into_values() {
-            crate::snapshot::remove_dir(&d);
-        }
+        p.pending_snapshots.clear();
         p.failed = Some(why);
         publish_view(&self.shared, p);
         // (Left in `dirty`: the round skips a stopped replica.)
@@ -2462,9 +2454,9 @@ fn install_snapshot(
     // The group's data is replaced whatever happens next (or the replica stops): its
     // cached session records no longer describe it.
     p.sessions.clear();
-    let installed = install_files(shared, p, meta, &dir);
+    let installed = install_files(shared, p, meta, dir.path());
     // Installed or not, the received files are not needed again: a retry gets a new copy.
-    crate::snapshot::remove_dir(&dir);
+    drop(dir);
     installed?;
     if g == META_GROUP {
         *shared.meta.write() = crate::meta::load(&shared.engine)?;

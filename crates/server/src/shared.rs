@@ -99,6 +99,9 @@ pub struct Shared {
     pub split: crate::split_check::SplitCheck,
     /// The latest scrub of each hosted group (scrub.rs).
     pub scrubs: Arc<crate::scrub::Scrubs>,
+    /// Room for data-group snapshots received and not installed yet
+    /// (`snapshot::STAGED_MAX`).
+    pub snapshots_staged: Arc<tokio::sync::Semaphore>,
     /// When the node started.
     pub started: Instant,
     /// Tokio runtime handle for background tasks started from the driver thread.

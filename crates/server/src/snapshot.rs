@@ -30,6 +30,34 @@ const CHUNK_BYTES: usize = 256 << 10;
 /// Target size of one snapshot SST file.
 const FILE_BYTES_TARGET: u64 = 64 << 20;
 
+/// Data-group snapshots a node holds received and not yet installed (or still
+/// receiving), at most: a further one waits before its first file byte is taken. Without
+/// the cap a node back from the dead takes every group's copy at once and keeps them all
+/// on disk next to its old state until raft installs them (seed 000's repair: the space
+/// that amplification measures). The meta group's snapshot never waits.
+pub const STAGED_MAX: usize = 4;
+
+/// A received snapshot's directory, staged until installed or dropped: removed when
+/// dropped, and counted against [`STAGED_MAX`] until then.
+#[derive(Debug)]
+pub struct Staged {
+    dir: PathBuf,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Staged {
+    /// The directory holding the snapshot's SST files.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        remove_dir(&self.dir);
+    }
+}
+
 /// Removes a snapshot directory (best effort, logged).
 pub fn remove_dir(dir: &Path) {
     if let Err(e) = std::fs::remove_dir_all(dir) {
@@ -249,7 +277,7 @@ async fn send_files(
         })
         .await
         .map_err(|_| "receiver closed".to_string())?;
-        let started = Instant::now();
+        let mut started = Instant::now();
         let mut sent = 0u64;
         for (i, (p, _, _)) in files.iter().enumerate() {
             let data = tokio::fs::read(p)
@@ -260,6 +288,7 @@ async fn send_files(
                 if shared.links.is_cut(msg.to) {
                     return Err(format!("link to node {} cut (fault injection)", msg.to));
                 }
+                let t = Instant::now();
                 tx.send(proto::SnapshotChunk {
                     header: None,
                     file_index: i as u32,
@@ -268,6 +297,11 @@ async fn send_files(
                 })
                 .await
                 .map_err(|_| "receiver closed".to_string())?;
+                if t.elapsed() > Duration::from_millis(100) {
+                    // The receiver held the stream (its staged snapshots at the cap): the
+                    // rate counts from now, not in a burst making up for the wait.
+                    (started, sent) = (Instant::now(), 0);
+                }
                 sent += chunk.len() as u64;
                 // Rate limit: never get ahead of `rate` bytes per second.
                 let due = Duration::from_secs_f64(sent as f64 / rate as f64);
@@ -360,6 +394,14 @@ pub async fn receive(
     }
     let g = header.group_id;
     let index = msg.snapshot.as_ref().map_or(0, |s| s.meta.index);
+    let permit = if g == crate::meta::META_GROUP {
+        None
+    } else {
+        match Arc::clone(&shared.snapshots_staged).acquire_owned().await {
+            Ok(p) => Some(p),
+            Err(_) => return Err(Status::unavailable("node shutting down")),
+        }
+    };
     let dir = shared
         .cfg
         .data_dir
@@ -368,6 +410,10 @@ pub async fn receive(
     if let Err(e) = std::fs::create_dir_all(&dir) {
         return refuse(format!("creating {}: {e}", dir.display()));
     }
+    let staged = Staged {
+        dir: dir.clone(),
+        _permit: permit,
+    };
     let mut r = Receiving {
         dir,
         header,
@@ -378,7 +424,7 @@ pub async fn receive(
     };
     let result = receive_chunks(&mut r, &mut s).await;
     if let Err(why) = result {
-        remove_dir(&r.dir);
+        drop(staged);
         return refuse(why);
     }
     let route = proto::Route {
@@ -419,12 +465,12 @@ pub async fn receive(
         .send(Event::SnapshotReceived {
             group: g,
             msg,
-            dir: r.dir.clone(),
+            dir: staged,
             route,
         })
         .is_err()
     {
-        remove_dir(&r.dir);
+        // (The event, and the staged files with it, are dropped.)
         return Err(Status::unavailable("node shutting down"));
     }
     Ok(Response::new(proto::SnapshotDone {

@@ -336,6 +336,77 @@ async fn follower_behind_truncated_log_catches_up_by_snapshot() {
     }
 }
 
+/// A follower back after every group's log was cut past it takes a snapshot of each,
+/// at most `snapshot::STAGED_MAX` of them received and not installed at any time (the
+/// rest wait for room): the space a repair takes stays near the data's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_behind_in_many_groups_stages_a_few_snapshots_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let splits: Vec<Vec<u8>> = (1..12u8).map(|i| vec![i * 20]).collect();
+    let cfg = |i: usize| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        c.memtable_bytes = 64 << 10;
+        c.log_keep_entries = 10;
+        c.log_truncate_interval = Duration::from_millis(100);
+        c.split_keys = splits.clone();
+        // Slow streams: without the cap, every group's copy would be on disk at once.
+        c.snapshot_bytes_per_sec = 1 << 20;
+        c
+    };
+    let mut nodes: Vec<Option<Node>> = (0..3).map(|i| Some(start(cfg(i)))).collect();
+    let routes = routes_with_leaders_at_least(&addrs, 12).await;
+    let follower = 2;
+    nodes[follower].take().unwrap().stop().await;
+    let live: Vec<String> = addrs[..2].to_vec();
+    let value = vec![5u8; 1024];
+    for r in &routes {
+        for i in 0..120u32 {
+            // (The first group starts at the empty key: its keys start with byte 1.)
+            let mut k = if r.start_key.is_empty() {
+                vec![1]
+            } else {
+                r.start_key.to_vec()
+            };
+            k.extend_from_slice(format!("k{i:04}").as_bytes());
+            put(&live, r, &k, &value).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    nodes[follower] = Some(start(cfg(follower)));
+    let staging = dir.path().join("node-3").join("snap-recv");
+    let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sampler = {
+        let (staging, most) = (staging.clone(), std::sync::Arc::clone(&most));
+        tokio::spawn(async move {
+            loop {
+                let n = std::fs::read_dir(&staging).map_or(0, |d| d.count());
+                most.fetch_max(n, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    for r in &routes {
+        let leader = r.leader_node_id as usize - 1;
+        let leader = if leader == follower { 0 } else { leader };
+        wait_caught_up(&addrs, r, leader, follower, 120, Duration::from_secs(60)).await;
+    }
+    sampler.abort();
+    let most = most.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("at most {most} snapshots staged at once");
+    assert!(
+        most <= phoenix_server::snapshot::STAGED_MAX,
+        "{most} snapshots staged at once"
+    );
+    assert!(
+        most >= 2,
+        "snapshots never overlapped ({most}): the test shows nothing"
+    );
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}
+
 async fn meta_client(addr: &str) -> proto::meta_client::MetaClient<tonic::transport::Channel> {
     proto::meta_client::MetaClient::connect(format!("http://{addr}"))
         .await

@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod log;
 pub mod nemesis;
 pub mod raft;
+pub mod repair;
 
 use clap::Subcommand;
 
@@ -26,6 +27,9 @@ pub enum BenchCmd {
     Raft(raft::Args),
     /// A running cluster (PhoenixKV or etcd): closed-loop gets/puts, live figures.
     Cluster(cluster::Args),
+    /// Seed 000's full-repair experiment: a node back from the dead takes a snapshot of
+    /// every group; its peak disk use and repair time, per drop mode.
+    Repair(repair::Args),
 }
 
 /// Runs the chosen benchmark. Its lines go to `report`; with `--output json` its
@@ -36,5 +40,6 @@ pub fn run(cmd: BenchCmd, report: Report) -> Result<(), BenchError> {
         BenchCmd::Log(args) => log::run(args, report),
         BenchCmd::Raft(args) => raft::run(args, report),
         BenchCmd::Cluster(args) => cluster::run(args, report),
+        BenchCmd::Repair(args) => repair::run(args, report),
     }
 }
