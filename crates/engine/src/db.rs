@@ -1469,10 +1469,12 @@ impl Inner {
         };
         self.flush()?;
         let _gate = self.write_gate.write();
-        let in_memtables = {
-            let view = self.view()?;
-            prepared.iter().any(|p| memtables_overlap_file(&view, p))
-        };
+        // Anything of the group's written since the flush goes to the tables first: the
+        // tombstone table lands in L0 above every table, and a write flushed after it
+        // would sit in a newer L0 file although older than the tombstone.
+        // (Inclusive bound: the first key past the group counts too, which can only make
+        // the check say "holds" needlessly.)
+        let in_memtables = memtables_overlap(&*self.view()?, &start, &end);
         let tombstone = RangeTombstone { start, end, seq: 0 };
         self.ingest_sequenced(&prepared, in_memtables, Some(tombstone))
     }

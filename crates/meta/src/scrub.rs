@@ -42,6 +42,11 @@ pub const SCRUB_TIMEOUT: Duration = Duration::from_secs(120);
 /// A scrub request without a result is sent again after this.
 pub const SCRUB_RESEND: Duration = Duration::from_secs(15);
 
+/// Times one scrub is asked again because a replica missed its point, at most (each
+/// costs every replica a scan; a replica that keeps missing points, catching up by
+/// snapshots, is waited out to [`SCRUB_TIMEOUT`] after that).
+pub const SCRUB_REASKS_MAX: u32 = 3;
+
 #[derive(Debug, Clone)]
 struct Asked {
     at: Instant,
@@ -49,6 +54,8 @@ struct Asked {
     sent: Option<Instant>,
     /// The highest scrub index any replica of the group reported when asked.
     before: u64,
+    /// Times asked again because a replica missed the point.
+    reasked: u32,
 }
 
 /// The replicas of `group` a scrub waits for: those the routing table lists (voters
@@ -161,6 +168,7 @@ impl Scrubs {
                 at: now,
                 sent: None,
                 before,
+                reasked: 0,
             },
         );
         Some(before)
@@ -272,9 +280,10 @@ impl Scrubs {
                 ended.push((g, finished));
                 return false;
             }
-            if waited.is_some_and(|w| missed(&w, a.before)) {
+            if a.reasked < SCRUB_REASKS_MAX && waited.is_some_and(|w| missed(&w, a.before)) {
                 a.before = high_water(view, g);
                 a.sent = None;
+                a.reasked += 1;
             }
             true
         });
@@ -552,10 +561,26 @@ mod tests {
         assert_eq!(s.ask(&st, &missed, 1, now), Some(20));
         assert_eq!(s.take_commands(&missed, 1, now).len(), 1);
         assert_eq!(s.outcome(&st, &missed, 1, 10, now), None);
+        // Missing every new point too: asked again SCRUB_REASKS_MAX times in all, then
+        // waited out.
+        let mut point = 20;
+        for _ in 1..SCRUB_REASKS_MAX {
+            point += 10;
+            let missed_again = view((point + 5, 0, 0), point);
+            assert_eq!(s.settle(&st, &missed_again, now), vec![]);
+            assert_eq!(s.ask(&st, &missed_again, 1, now), Some(point + 5));
+        }
+        let last = view((point + 15, 0, 0), point + 10);
+        assert_eq!(s.settle(&st, &last, now), vec![]);
+        assert_eq!(
+            s.ask(&st, &last, 1, now),
+            Some(point + 5),
+            "not asked again"
+        );
         // Every replica at the new point: done, and the first asker's answer too.
-        let again = view((25, 22, 0), 22);
+        let again = view((point + 20, point + 12, 0), point + 12);
         let out = s.outcome(&st, &again, 1, 10, now).unwrap();
-        assert!(out.consistent && out.index == 22, "{out:?}");
+        assert!(out.consistent && out.index == point + 12, "{out:?}");
         assert_eq!(s.settle(&st, &again, now), vec![(1, true)]);
     }
 

@@ -376,6 +376,15 @@ impl<S: Storage> RaftLog<S> {
         self.unstable.snapshot.as_ref().map(|s| s.meta.index)
     }
 
+    /// The index of the snapshot raft accepted and has not handed out in a ready yet
+    /// (None: none, or the one pending is being installed).
+    pub fn snapshot_to_hand_out(&self) -> Option<u64> {
+        if self.unstable.snapshot_in_progress {
+            return None;
+        }
+        self.pending_snapshot_index()
+    }
+
     pub(crate) fn has_next_unstable_snapshot(&self) -> bool {
         self.unstable.snapshot.is_some() && !self.unstable.snapshot_in_progress
     }

@@ -95,6 +95,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     };
     let engine = Db::open(Arc::clone(&fs), &data.join("db"), engine_opts)?;
     let log = LogStore::open(Arc::clone(&fs), &data.join("log"), LogOptions::default())?;
+    // Snapshot files from before a restart serve nothing: a received one was never handed
+    // to raft in this process (raft asks again), a built one's stream is gone.
+    for d in ["snap-recv", "snap-send"] {
+        snapshot::remove_dir(&data.join(d));
+    }
 
     let (tx, rx) = crossbeam_channel::unbounded();
     let mut addrs = HashMap::new();
@@ -177,6 +182,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         split: split_check::SplitCheck::default(),
         scrubs: Arc::default(),
         snapshots_staged: Arc::new(tokio::sync::Semaphore::new(snapshot::STAGED_MAX)),
+        snapshots_sending: Arc::new(tokio::sync::Semaphore::new(snapshot::SENDING_MAX)),
     });
     // A node that starts on a full disk refuses writes from its first request on.
     match shared.fs.available_space(&data) {

@@ -1748,8 +1748,9 @@ impl Driver {
                 }
                 mark_dirty(&mut self.dirty, p);
                 // Keep only the files of the snapshot raft will hand back to install (a
-                // stale one, or one superseded by this, is not installed).
-                let wanted = p.raw.raft().raft_log().pending_snapshot_index();
+                // stale one, one superseded by this, or a second copy of one being
+                // installed is not installed: kept, it would hold its staging room).
+                let wanted = p.raw.raft().raft_log().snapshot_to_hand_out();
                 p.pending_snapshots.retain(|i, _| Some(*i) == wanted);
             }
             Event::SnapshotSent { group, to, ok } => {
@@ -1947,7 +1948,7 @@ impl Driver {
         if !p.pending_snapshots.is_empty() {
             // Files of a snapshot raft no longer holds (it moved past it) would keep
             // their room among the node's staged snapshots for good.
-            let wanted = p.raw.raft().raft_log().pending_snapshot_index();
+            let wanted = p.raw.raft().raft_log().snapshot_to_hand_out();
             p.pending_snapshots.retain(|i, _| Some(*i) == wanted);
         }
         let number = rd.number();

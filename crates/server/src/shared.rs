@@ -102,6 +102,8 @@ pub struct Shared {
     /// Room for data-group snapshots received and not installed yet
     /// (`snapshot::STAGED_MAX`).
     pub snapshots_staged: Arc<tokio::sync::Semaphore>,
+    /// Room for data-group snapshots this node builds and sends (`snapshot::SENDING_MAX`).
+    pub snapshots_sending: Arc<tokio::sync::Semaphore>,
     /// When the node started.
     pub started: Instant,
     /// Tokio runtime handle for background tasks started from the driver thread.

@@ -37,6 +37,13 @@ const FILE_BYTES_TARGET: u64 = 64 << 20;
 /// that amplification measures). The meta group's snapshot never waits.
 pub const STAGED_MAX: usize = 4;
 
+/// Data-group snapshots a node builds and sends at once, at most. A further one is
+/// reported failed at once, before anything is built (raft asks again later): a leader
+/// of many groups whose follower came back would otherwise build every group's copy at
+/// once and keep them on its disk while the follower's staging room lets them in a few
+/// at a time.
+pub const SENDING_MAX: usize = 4;
+
 /// A received snapshot's directory, staged until installed or dropped: removed when
 /// dropped, and counted against [`STAGED_MAX`] until then.
 #[derive(Debug)]
@@ -90,6 +97,22 @@ pub fn start_send(shared: &Arc<Shared>, g: u64, route: &proto::Route, msg: Messa
     let to = msg.to;
     let Some(meta) = msg.snapshot.as_ref().map(|s| s.meta.clone()) else {
         return;
+    };
+    let permit = if g == crate::meta::META_GROUP {
+        None
+    } else {
+        match Arc::clone(&shared.snapshots_sending).try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                tracing::debug!(group = g, to, "snapshot not sent now: others are under way");
+                let _ = shared.events.send(Event::SnapshotSent {
+                    group: g,
+                    to,
+                    ok: false,
+                });
+                return;
+            }
+        }
     };
     let snap = shared.engine.snapshot();
     let ro = ReadOptions {
@@ -154,6 +177,7 @@ pub fn start_send(shared: &Arc<Shared>, g: u64, route: &proto::Route, msg: Messa
                 }
             };
             remove_dir(&dir);
+            drop(permit);
             let _ = shared2
                 .events
                 .send(Event::SnapshotSent { group: g, to, ok });
@@ -279,6 +303,7 @@ async fn send_files(
         .map_err(|_| "receiver closed".to_string())?;
         let mut started = Instant::now();
         let mut sent = 0u64;
+        let mut waited = false;
         for (i, (p, _, _)) in files.iter().enumerate() {
             let data = tokio::fs::read(p)
                 .await
@@ -297,9 +322,12 @@ async fn send_files(
                 })
                 .await
                 .map_err(|_| "receiver closed".to_string())?;
-                if t.elapsed() > Duration::from_millis(100) {
-                    // The receiver held the stream (its staged snapshots at the cap): the
-                    // rate counts from now, not in a burst making up for the wait.
+                if !waited && t.elapsed() > Duration::from_millis(100) {
+                    // The receiver held the stream before its first bytes (its staged
+                    // snapshots at the cap): the rate counts from now, not in a burst
+                    // making up for the wait. (Once: later stalls are the receiver's
+                    // writes, which the rate must not make up for either.)
+                    waited = true;
                     (started, sent) = (Instant::now(), 0);
                 }
                 sent += chunk.len() as u64;
@@ -402,6 +430,15 @@ pub async fn receive(
             Err(_) => return Err(Status::unavailable("node shutting down")),
         }
     };
+    // (Checked again: snapshots installed during the wait may have used the room.)
+    if shared.disk.is_full() && g != crate::meta::META_GROUP {
+        return refuse(format!(
+            "node {}'s disk is full ({} bytes free, under its reserve of {})",
+            shared.cfg.node_id,
+            shared.disk.available(),
+            shared.cfg.reserve_space
+        ));
+    }
     let dir = shared
         .cfg
         .data_dir

@@ -108,6 +108,8 @@ struct Outcome {
     node_peak: u64,
     /// Node 3's received snapshot files not yet installed, at their peak.
     staged_peak: u64,
+    /// The other nodes' snapshot files built and not sent yet, at their peak (summed).
+    sending_peak: u64,
     /// Keys written while node 3 was down.
     extra: u64,
     repair_secs: f64,
@@ -155,14 +157,14 @@ pub fn run(args: Args, report: Report) -> Result<(), BenchError> {
         let _ = std::fs::remove_dir_all(&root);
     }
     report.line(format_args!(
-        "| drop mode | keys (+ while down) | before kill MiB | steady MiB | peak MiB | amplification | at done MiB | repair s | groups needing a snapshot | snapshots installed | staged snapshots peak MiB | node dir peak MiB |"
+        "| drop mode | keys (+ while down) | before kill MiB | steady MiB | peak MiB | amplification | at done MiB | repair s | groups needing a snapshot | snapshots installed | staged snapshots peak MiB | senders' built snapshots peak MiB | node dir peak MiB |"
     ));
     report.line(format_args!(
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     ));
     for o in &outcomes {
         report.line(format_args!(
-            "| {} | {} (+{}) | {:.1} | {:.1} | {:.1} | {:.1}% | {:.1} | {:.1} | {} of {} | {} | {:.1} | {:.1} |",
+            "| {} | {} (+{}) | {:.1} | {:.1} | {:.1} | {:.1}% | {:.1} | {:.1} | {} of {} | {} | {:.1} | {:.1} | {:.1} |",
             o.mode.arg(),
             args.keys,
             o.extra,
@@ -176,6 +178,7 @@ pub fn run(args: Args, report: Report) -> Result<(), BenchError> {
             args.groups,
             o.snapshots,
             mib(o.staged_peak),
+            mib(o.sending_peak),
             mib(o.node_peak)
         ));
     }
@@ -202,6 +205,7 @@ pub fn run(args: Args, report: Report) -> Result<(), BenchError> {
                 "bytes_at_done": o.at_done,
                 "node_dir_peak_bytes": o.node_peak,
                 "staged_snapshots_peak_bytes": o.staged_peak,
+                "senders_built_snapshots_peak_bytes": o.sending_peak,
                 "keys_while_down": o.extra,
                 "repair_secs": o.repair_secs,
                 "groups_needing_snapshot": o.needing,
@@ -300,6 +304,7 @@ async fn one_mode(
     let mut peak = state_bytes(&node_dir)?;
     let mut node_peak = du(&node_dir)?;
     let mut staged_peak = 0;
+    let mut sending_peak = 0;
     let mut done_at: Option<(f64, u64, u64)> = None;
     let others = |dir: &Path| -> Result<u64, BenchError> {
         let a = state_bytes(&dir.join("node-1"))?;
@@ -314,6 +319,9 @@ async fn one_mode(
         node_peak = node_peak.max(du(&node_dir)?);
         let staged = du(&node_dir.join("snap-recv"))?;
         staged_peak = staged_peak.max(staged);
+        let sending =
+            du(&dir.join("node-1").join("snap-send"))? + du(&dir.join("node-2").join("snap-send"))?;
+        sending_peak = sending_peak.max(sending);
         let elapsed = t0.elapsed().as_secs_f64();
         if let Some((at, _, _)) = done_at {
             // A few seconds past the end: what the repair left behind is counted too
@@ -366,6 +374,7 @@ async fn one_mode(
         at_done,
         node_peak,
         staged_peak,
+        sending_peak,
         extra,
         repair_secs,
         needing,
@@ -491,9 +500,9 @@ async fn wait_truncated(
             .iter()
             .filter(|g| {
                 let h = held.get(&g.group_id).copied().unwrap_or(u64::MAX);
-                g.replica_status
-                    .iter()
-                    .any(|r| r.is_leader && r.node_id != VICTIM && r.log_first_index > h + 1)
+                g.replica_status.iter().any(|r| {
+                    r.is_leader && r.node_id != VICTIM && r.log_first_index > h.saturating_add(1)
+                })
             })
             .count();
         if needing == s.groups.len() || start.elapsed() > Duration::from_secs(15) {
