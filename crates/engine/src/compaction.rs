@@ -23,6 +23,13 @@
 //! neighbouring files' first keys and within the file's group); tombstone pieces over
 //! stretches without point data go to tombstone-only files (which may span several
 //! groups that hold no data in this compaction).
+//!
+//! A long compaction installs its work in [`Piece`]s (`Options::compaction_piece_bytes`):
+//! at an output cut, once the sorted-level inputs wholly behind it reach that many bytes,
+//! the outputs so far (with the tombstone pieces of the stretch's gaps) replace them in
+//! one manifest edit. L0 inputs stay until the last edit; until then their entries are
+//! also below them, at the same sequence numbers, which reads resolve alike. A crash
+//! between pieces leaves a valid tree whose next L0 compaction merges the duplicates.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -225,10 +232,21 @@ pub fn pick(
     None
 }
 
+/// A finished stretch of a running compaction, to install before the rest is read.
+#[derive(Debug)]
+pub struct Piece {
+    /// Output files holding every surviving entry and tombstone of the stretch (for the
+    /// output level).
+    pub files: Vec<Arc<FileMeta>>,
+    /// Inputs of sorted levels wholly inside the stretch, with their levels: the files
+    /// replace them.
+    pub consumed: Vec<(usize, Arc<FileMeta>)>,
+}
+
 /// What an executed compaction produced.
 #[derive(Debug, Default)]
 pub struct Output {
-    /// The new files.
+    /// The new files not installed in a [`Piece`].
     pub files: Vec<Arc<FileMeta>>,
     /// Bytes read from inputs.
     pub bytes_read: u64,
@@ -252,6 +270,8 @@ pub struct Env<'a> {
     pub target_file_size: u64,
     /// From L1 down, a group boundary cuts the output file only once it holds this much.
     pub min_group_file_size: u64,
+    /// Input bytes behind the write position that make a [`Piece`]; 0: no pieces.
+    pub piece_bytes: u64,
     /// Hands out file numbers.
     pub new_file_number: &'a dyn Fn() -> u64,
 }
@@ -413,7 +433,14 @@ struct OutputState<'a, 'e> {
     intervals: Vec<Interval>,
     frags: &'a [Fragment],
     out: Output,
+    /// Files written and not installed yet (removed if the compaction fails).
     created: Vec<PathBuf>,
+    /// Inputs of sorted levels (not L0) not installed yet, ascending.
+    remaining: Vec<(usize, Arc<FileMeta>)>,
+    output_level: usize,
+    /// A piece is due but an output-level input straddles the write position: cut the
+    /// output at the first key past this one (the input's last), where none does.
+    cut_after: Option<Vec<u8>>,
 }
 
 impl OutputState<'_, '_> {
@@ -450,6 +477,69 @@ impl OutputState<'_, '_> {
         Ok(())
     }
 
+    /// At an output cut before `next_key` (no file open): hands the stretch behind it
+    /// to `install` as a [`Piece`] once its sorted inputs hold `piece_bytes`.
+    fn maybe_piece(
+        &mut self,
+        next_key: &[u8],
+        install: &mut dyn FnMut(Piece) -> Result<()>,
+    ) -> Result<()> {
+        debug_assert!(self.current.is_none(), "a piece is cut between files");
+        self.cut_after = None;
+        if self.env.piece_bytes == 0 {
+            return Ok(());
+        }
+        let behind = |f: &FileMeta| f.largest_user_key() < next_key;
+        let bytes: u64 = self
+            .remaining
+            .iter()
+            .filter(|(_, f)| behind(f))
+            .map(|(_, f)| f.size)
+            .sum();
+        if bytes < self.env.piece_bytes {
+            return Ok(());
+        }
+        // The new files may not overlap an output-level input still being read: cut
+        // again past its end (inside a group larger than the target file size, old and
+        // new files are cut at different keys).
+        if let Some(last) = self
+            .remaining
+            .iter()
+            .filter(|(l, f)| {
+                *l == self.output_level && !behind(f) && f.smallest_user_key() < next_key
+            })
+            .map(|(_, f)| f.largest_user_key())
+            .max()
+        {
+            self.cut_after = Some(last.to_vec());
+            return Ok(());
+        }
+        let mut covered = std::mem::take(&mut self.intervals);
+        covered.push(Interval {
+            lo: Some(next_key.to_vec()),
+            hi: None,
+        });
+        for pieces in gaps(self.frags, &covered) {
+            self.write_tombstone_file(&pieces)?;
+        }
+        // Installed stretches count as covered for the gaps still to come.
+        self.intervals = vec![Interval {
+            lo: None,
+            hi: Some(next_key.to_vec()),
+        }];
+        self.env.fs.sync_dir(self.env.dir)?;
+        let (consumed, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.remaining)
+            .into_iter()
+            .partition(|(_, f)| behind(f));
+        self.remaining = rest;
+        let files = std::mem::take(&mut self.out.files);
+        // From here the files are the manifest's, even if `install` fails after its
+        // edit became durable: never removed by this compaction's cleanup (a file no
+        // manifest names is removed at the next open).
+        self.created.clear();
+        install(Piece { files, consumed })
+    }
+
     fn write_tombstone_file(&mut self, ts: &[RangeTombstone]) -> Result<()> {
         let number = (self.env.new_file_number)();
         let path = filename::table_path(self.env.dir, number);
@@ -466,9 +556,15 @@ impl OutputState<'_, '_> {
     }
 }
 
-/// Runs compaction `c`, writing its outputs; the caller installs them with a version
-/// edit. `snapshots` are the live snapshot sequences, ascending.
-pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Result<Output> {
+/// Runs compaction `c`, writing its outputs; `install` takes the [`Piece`]s finished on
+/// the way, the caller installs the rest (and deletes the inputs no piece consumed) with
+/// a version edit. `snapshots` are the live snapshot sequences, ascending.
+pub fn run(
+    env: &Env<'_>,
+    c: &Compaction,
+    snapshots: &[SequenceNumber],
+    install: &mut dyn FnMut(Piece) -> Result<()>,
+) -> Result<Output> {
     let mut children: Vec<BoxIter> = Vec::new();
     let mut tombstones = Vec::new();
     let mut bytes_read = 0;
@@ -520,6 +616,15 @@ pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Resul
     }
     let all_frags = Fragments::new(&tombstones, u64::MAX);
     frags.retain(|f| !f.seqs.is_empty());
+    let mut remaining: Vec<(usize, Arc<FileMeta>)> = c
+        .next_inputs
+        .iter()
+        .map(|f| (c.output_level, Arc::clone(f)))
+        .collect();
+    if c.level != 0 {
+        remaining.extend(c.inputs.iter().map(|f| (c.level, Arc::clone(f))));
+    }
+    remaining.sort_by(|a, b| crate::key::compare_internal(&a.1.smallest, &b.1.smallest));
 
     let mut st = OutputState {
         env,
@@ -534,6 +639,9 @@ pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Resul
             ..Default::default()
         },
         created: Vec::new(),
+        remaining,
+        output_level: c.output_level,
+        cut_after: None,
     };
     let result = (|| -> Result<()> {
         let mut it = MergingIterator::new(children);
@@ -553,10 +661,15 @@ pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Resul
             let new_key = !have_key || p.user_key != cur_key.as_slice();
             if new_key {
                 // A user-key boundary: the place to cut output files.
+                let forced = st
+                    .cut_after
+                    .as_deref()
+                    .is_some_and(|after| p.user_key > after);
                 let cut = match &st.current {
                     Some((_, _, b)) => {
                         let size = b.estimated_file_size();
-                        size >= env.target_file_size
+                        forced
+                            || size >= env.target_file_size
                             || (group_of(p.user_key) != st.last_group
                                 && size >= env.min_group_file_size)
                     }
@@ -564,7 +677,16 @@ pub fn run(env: &Env<'_>, c: &Compaction, snapshots: &[SequenceNumber]) -> Resul
                 };
                 if cut {
                     st.finish(Some(p.user_key))?;
+                }
+                if cut || forced {
                     st.file_lo = Some(p.user_key.to_vec());
+                    if env.piece_bytes > 0 {
+                        // An input that failed to read drops out of the merge silently
+                        // (its error waits in the status): never let a piece count its
+                        // unread files as consumed.
+                        it.status()?;
+                        st.maybe_piece(p.user_key, install)?;
+                    }
                 }
                 cur_key.clear();
                 cur_key.extend_from_slice(p.user_key);

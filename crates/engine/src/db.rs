@@ -117,6 +117,7 @@ struct Counters {
     compaction_written: AtomicU64,
     compactions: AtomicU64,
     trivial_moves: AtomicU64,
+    compaction_pieces: AtomicU64,
     stalls: AtomicU64,
     stall_micros: AtomicU64,
     slowdowns: AtomicU64,
@@ -205,6 +206,9 @@ pub struct Stats {
     pub compactions: u64,
     /// Compactions that only moved a file down.
     pub trivial_moves: u64,
+    /// Pieces compactions installed before they finished
+    /// (`Options::compaction_piece_bytes`).
+    pub compaction_pieces: u64,
     /// (flush + compaction bytes written) / user bytes written; the WAL is not counted.
     pub write_amplification: f64,
     /// Times a writer waited for a flush or an L0 compaction (stop conditions).
@@ -1082,6 +1086,7 @@ impl Inner {
             tables: &self.tables,
             target_file_size: self.opts.target_file_size_base,
             min_group_file_size: self.opts.min_group_file_size,
+            piece_bytes: self.opts.compaction_piece_bytes,
             new_file_number: alloc,
         }
     }
@@ -1210,15 +1215,12 @@ impl Inner {
         self.snapshots.seqs.lock().keys().copied().collect()
     }
 
-    /// Executes `c` and installs its result. Caller holds `compaction_lock`.
+    /// Executes `c` and installs its result, in pieces as it goes
+    /// (`Options::compaction_piece_bytes`). Caller holds `compaction_lock`.
     fn run_compaction(&self, c: &Compaction) -> Result<()> {
         let mut edit = VersionEdit::default();
-        for f in &c.inputs {
-            edit.deleted_files.push((c.level, f.number));
-        }
-        for f in &c.next_inputs {
-            edit.deleted_files.push((c.output_level, f.number));
-        }
+        // Inputs a piece already replaced.
+        let mut gone = std::collections::HashSet::new();
         if c.is_trivial_move() && c.level != c.output_level {
             edit.new_files
                 .push((c.output_level, Arc::clone(&c.inputs[0])));
@@ -1227,7 +1229,20 @@ impl Inner {
             let snaps = self.live_snapshots();
             let alloc = || self.state.lock().vset.new_file_number();
             let env = self.env(&alloc);
-            let out = compaction::run(&env, c, &snaps)?;
+            let mut install = |p: compaction::Piece| -> Result<()> {
+                let mut edit = VersionEdit::default();
+                for (level, f) in &p.consumed {
+                    edit.deleted_files.push((*level, f.number));
+                    gone.insert(f.number);
+                }
+                for f in p.files {
+                    edit.new_files.push((c.output_level, f));
+                }
+                self.install_edit(self.state.lock(), edit)?;
+                self.counters.compaction_pieces.fetch_add(1, AtOrd::Relaxed);
+                Ok(())
+            };
+            let out = compaction::run(&env, c, &snaps, &mut install)?;
             self.counters
                 .compaction_read
                 .fetch_add(out.bytes_read, AtOrd::Relaxed);
@@ -1236,6 +1251,16 @@ impl Inner {
                 .fetch_add(out.bytes_written, AtOrd::Relaxed);
             for f in out.files {
                 edit.new_files.push((c.output_level, f));
+            }
+        }
+        for f in &c.inputs {
+            if !gone.contains(&f.number) {
+                edit.deleted_files.push((c.level, f.number));
+            }
+        }
+        for f in &c.next_inputs {
+            if !gone.contains(&f.number) {
+                edit.deleted_files.push((c.output_level, f.number));
             }
         }
         self.counters.compactions.fetch_add(1, AtOrd::Relaxed);
@@ -1875,6 +1900,7 @@ impl Inner {
             compaction_bytes_written: comp_w,
             compactions: c.compactions.load(AtOrd::Relaxed),
             trivial_moves: c.trivial_moves.load(AtOrd::Relaxed),
+            compaction_pieces: c.compaction_pieces.load(AtOrd::Relaxed),
             write_amplification: if user == 0 {
                 0.0
             } else {

@@ -60,6 +60,13 @@ pub struct Options {
     /// tiny files for a rewrite of the shared ones in `drop_group`; worth it only with
     /// very many tiny groups (e.g. db_bench's key layout, where every key is a group).
     pub min_group_file_size: u64,
+    /// A compaction installs its work in pieces of about this many input bytes: once
+    /// the inputs of the output level (and, below L0, of the input level) wholly behind
+    /// the write position reach it, the outputs so far replace them in one manifest
+    /// edit, and their bytes are freed before the rest is read. A compaction rewriting
+    /// a whole level (an L0 compaction under a full L1) then holds at most one piece
+    /// twice on disk, not the level. L0 inputs go at the end. 0: one edit at the end.
+    pub compaction_piece_bytes: u64,
     /// Levels of the tree (L0 included).
     pub num_levels: usize,
     /// Background threads: one flushes, the others compact (on disjoint files, several
@@ -105,6 +112,7 @@ impl Default for Options {
             max_bytes_for_level_multiplier: 10,
             target_file_size_base: 64 << 20,
             min_group_file_size: 0,
+            compaction_piece_bytes: 8 << 20,
             num_levels: 7,
             max_background_jobs: 2,
             table: TableOptions::default(),

@@ -6,7 +6,9 @@
 //! 2. From L1 down, files are sorted by smallest key and do not overlap: each file's
 //!    largest internal key is below the next file's smallest.
 //! 3. For any user key, newer versions (and range tombstones) live in newer L0 files or
-//!    higher levels than older ones; reads stop at the first source holding the key.
+//!    higher levels than older ones; reads stop at the first source holding the key. (A
+//!    compaction installed in pieces leaves copies, at the same sequence numbers, below
+//!    its L0 inputs until its last piece: the first source found holds the same.)
 
 use std::cmp::Ordering;
 use std::sync::Arc;

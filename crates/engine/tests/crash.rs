@@ -118,6 +118,8 @@ fn options(rng: &mut ChaCha8Rng, wal: bool) -> Options {
         wal_segment_size: 64 << 10,
         inline_background: true,
         min_group_file_size: if rng.gen_bool(0.5) { 0 } else { 2 << 10 },
+        // Pieces of a compaction installed as it goes: none, often, or now and then.
+        compaction_piece_bytes: [0, 1 << 10, 4 << 10][rng.gen_range(0..3)],
         table: phoenix_engine::table::TableOptions {
             block_size: 512,
             ..Default::default()

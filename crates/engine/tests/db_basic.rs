@@ -943,3 +943,247 @@ fn bounded_scans_read_no_block_past_their_bounds() {
     );
     db.close().unwrap();
 }
+
+mod pieces {
+    //! A compaction installed in pieces (`Options::compaction_piece_bytes`).
+    use super::*;
+    use phoenix_storage::FaultKind;
+    use std::collections::BTreeMap;
+
+    const GROUPS: u64 = 24;
+    const KEYS: u64 = 40;
+    /// Groups far larger than the target file size: old and new files cut inside them
+    /// at different keys.
+    const BIG: [u64; 2] = [5, 17];
+    const DIR: &str = "/pieces";
+    const PIECE: u64 = 16 << 10;
+
+    type Model = BTreeMap<Vec<u8>, Vec<u8>>;
+
+    fn key(g: u64, i: u64) -> Vec<u8> {
+        let mut k = g.to_be_bytes().to_vec();
+        k.extend_from_slice(format!("k{i:04}").as_bytes());
+        k
+    }
+
+    fn keys(g: u64) -> u64 {
+        if BIG.contains(&g) {
+            KEYS * 12
+        } else {
+            KEYS
+        }
+    }
+
+    fn value(tag: &str, g: u64, i: u64) -> Vec<u8> {
+        let mut v = format!("{tag} {g} {i} ").into_bytes();
+        v.resize(150, b'v');
+        v
+    }
+
+    fn opts(piece_bytes: u64) -> Options {
+        Options {
+            write_buffer_size: 256 << 10,
+            target_file_size_base: 8 << 10,
+            max_bytes_for_level_base: 16 << 20,
+            level0_file_num_compaction_trigger: 1,
+            num_levels: 3,
+            inline_background: true,
+            compaction_piece_bytes: piece_bytes,
+            ..small_opts(WalMode::Log)
+        }
+    }
+
+    /// Bytes of the table files (the WAL and the manifest come and go on their own).
+    fn table_bytes(mem: &MemFs) -> u64 {
+        let fs: &dyn phoenix_storage::FileSystem = mem;
+        let dir = Path::new(DIR);
+        fs.list(dir)
+            .unwrap()
+            .iter()
+            .filter(|n| n.ends_with(".sst"))
+            .map(|n| fs.file_size(&dir.join(n)).unwrap())
+            .sum()
+    }
+
+    fn all(db: &Db) -> Model {
+        scan(db, &ReadOptions::default()).into_iter().collect()
+    }
+
+    /// L2 holding old versions of some groups, L1 holding every group, and one L0 file
+    /// of overwrites, deletes and a range delete over L1 and L2 data: the next
+    /// `compact_range` rewrites all of L1 (L0→L1, not at the bottom, so tombstones are
+    /// kept), then L1 into L2. Returns the open Db (auto compactions off), the model,
+    /// the table bytes and L1's bytes.
+    fn setup(fs: &SharedFs, mem: &MemFs, piece_bytes: u64) -> (Arc<Db>, Model, u64, u64) {
+        let dir = Path::new(DIR);
+        let wo = WriteOptions::default();
+        let mut model = Model::new();
+        {
+            let db = Db::open(Arc::clone(fs), dir, opts(piece_bytes)).unwrap();
+            for g in 8..14 {
+                for i in 0..keys(g) {
+                    db.put(&wo, &key(g, i), &value("old", g, i)).unwrap();
+                }
+            }
+            db.flush().unwrap();
+            db.compact_range(None, None).unwrap();
+            for g in 0..GROUPS {
+                for i in 0..keys(g) {
+                    db.put(&wo, &key(g, i), &value("first", g, i)).unwrap();
+                    model.insert(key(g, i), value("first", g, i));
+                }
+            }
+            // L0 to L1 (trigger 1); L1 stays under its target.
+            db.flush().unwrap();
+            db.close().unwrap();
+        }
+        let db = Db::open(
+            Arc::clone(fs),
+            dir,
+            Options {
+                disable_auto_compactions: true,
+                ..opts(piece_bytes)
+            },
+        )
+        .unwrap();
+        for g in 0..GROUPS {
+            for i in (0..keys(g)).step_by(3) {
+                db.put(&wo, &key(g, i), &value("new", g, i)).unwrap();
+                model.insert(key(g, i), value("new", g, i));
+            }
+            db.delete(&wo, &key(g, 1)).unwrap();
+            model.remove(&key(g, 1));
+        }
+        let (lo, hi) = (key(9, 5), key(12, 7));
+        db.delete_range(&wo, &lo, &hi).unwrap();
+        model.retain(|k, _| !(k.as_slice() >= lo.as_slice() && k.as_slice() < hi.as_slice()));
+        db.flush().unwrap();
+        let stats = db.stats();
+        assert_eq!(stats.levels[0].files, 1);
+        assert!(stats.levels[1].files > GROUPS as usize, "{stats:?}");
+        assert!(stats.levels[2].files > 0, "{stats:?}");
+        assert_eq!(all(&db), model, "setup");
+        (db, model, table_bytes(mem), stats.levels[1].bytes)
+    }
+
+    fn mem_fs() -> (Arc<MemFs>, SharedFs) {
+        super::fs()
+    }
+
+    /// File-system operations of class `kind` in the compaction, and its pieces.
+    fn count_ops(kind: FaultKind, piece_bytes: u64) -> (u64, u64) {
+        let (mem, fs) = mem_fs();
+        let (db, model, _, _) = setup(&fs, &mem, piece_bytes);
+        let start = mem.op_count(kind);
+        db.compact_range(None, None).unwrap();
+        assert_eq!(all(&db), model);
+        (mem.op_count(kind) - start, db.stats().compaction_pieces)
+    }
+
+    /// The most table bytes held over the setup's while the compaction runs: stopped
+    /// at each of its operations in turn.
+    fn peak_growth(piece_bytes: u64) -> u64 {
+        let (ops, _) = count_ops(FaultKind::Any, piece_bytes);
+        let mut peak = 0;
+        for n in 0..ops {
+            let (mem, fs) = mem_fs();
+            let (db, _, before, _) = setup(&fs, &mem, piece_bytes);
+            mem.freeze_after(n);
+            let _ = db.compact_range(None, None);
+            mem.clear_faults();
+            peak = peak.max(table_bytes(&mem).saturating_sub(before));
+            mem.freeze_after(0);
+            drop(db);
+        }
+        peak
+    }
+
+    /// A compaction rewriting a whole level holds it twice on disk at its end; in
+    /// pieces, about one piece more.
+    #[test]
+    fn a_compaction_rewriting_a_level_frees_it_piece_by_piece() {
+        let l1 = {
+            let (mem, fs) = mem_fs();
+            setup(&fs, &mem, 0).3
+        };
+        let whole = peak_growth(0);
+        assert!(
+            whole > l1 * 8 / 10,
+            "one edit at the end holds the old level and the new one: {whole} B more, L1 {l1} B"
+        );
+        let (_, pieces) = count_ops(FaultKind::Any, PIECE);
+        assert!(pieces >= 8, "only {pieces} pieces");
+        let pieced = peak_growth(PIECE);
+        assert!(
+            pieced < 3 * PIECE,
+            "pieces of {PIECE} B still held {pieced} B more (L1 {l1} B)"
+        );
+    }
+
+    /// Recovery, then the next compaction, give exactly the data the setup wrote.
+    fn check_recovers(mem: &MemFs, fs: &SharedFs, model: &Model, what: &str) {
+        mem.crash();
+        let db = Db::open(Arc::clone(fs), Path::new(DIR), opts(PIECE)).unwrap();
+        assert!(all(&db) == *model, "{what}: state differs after recovery");
+        let mut rev = scan_rev(&db, &ReadOptions::default());
+        rev.reverse();
+        assert!(
+            rev.into_iter().collect::<Model>() == *model,
+            "{what}: reverse scan"
+        );
+        for (k, v) in model.iter().step_by(5) {
+            assert_eq!(
+                db.get(&ReadOptions::default(), k).unwrap().as_ref(),
+                Some(v),
+                "{what}"
+            );
+        }
+        db.compact_range(None, None).unwrap();
+        assert!(
+            all(&db) == *model,
+            "{what}: state differs after compacting again"
+        );
+    }
+
+    /// A crash at any file-system operation of a compaction installed in pieces, a
+    /// failed write, sync or name change there, or a failed read of any input, loses
+    /// nothing and resurrects nothing (the L0 inputs stay until the last piece; a piece
+    /// never counts files it could not read).
+    #[test]
+    fn a_compaction_in_pieces_survives_a_crash_or_an_io_error_anywhere() {
+        let (ops, _) = count_ops(FaultKind::Any, PIECE);
+        for n in 0..=ops {
+            let (mem, fs) = mem_fs();
+            let (db, model, _, _) = setup(&fs, &mem, PIECE);
+            mem.freeze_after(n);
+            let _ = db.compact_range(None, None);
+            mem.freeze_after(0);
+            drop(db);
+            check_recovers(
+                &mem,
+                &fs,
+                &model,
+                &format!("crash after operation {n} of {ops}"),
+            );
+        }
+        for (kind, name) in [(FaultKind::Any, "mutating"), (FaultKind::Read, "read")] {
+            let (ops, _) = count_ops(kind, PIECE);
+            for n in 1..=ops {
+                let (mem, fs) = mem_fs();
+                let (db, model, _, _) = setup(&fs, &mem, PIECE);
+                mem.inject(kind, n, std::io::ErrorKind::Other, false);
+                let r = db.compact_range(None, None);
+                mem.clear_faults();
+                if r.is_ok() {
+                    assert!(
+                        all(&db) == model,
+                        "{name} fault {n} of {ops} ignored: state differs"
+                    );
+                }
+                mem.freeze_after(0);
+                drop(db);
+                check_recovers(&mem, &fs, &model, &format!("{name} fault at {n} of {ops}"));
+            }
+        }
+    }
+}

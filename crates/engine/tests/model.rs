@@ -80,6 +80,8 @@ fn options(rng: &mut ChaCha8Rng) -> Options {
         inline_background: rng.gen_bool(0.3),
         max_background_jobs: rng.gen_range(2..5),
         min_group_file_size: if rng.gen_bool(0.5) { 0 } else { 4 << 10 },
+        // Pieces of a compaction installed as it goes: none, often, or now and then.
+        compaction_piece_bytes: [0, 1 << 10, 4 << 10][rng.gen_range(0..3)],
         table: phoenix_engine::table::TableOptions {
             block_size: rng.gen_range(1..4) << 9,
             bloom_bits_per_key: if rng.gen_bool(0.8) { 10 } else { 0 },

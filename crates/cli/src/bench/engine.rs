@@ -121,6 +121,11 @@ pub struct Args {
     /// `--key_layout=group`, 1 MiB with `--key_layout=db_bench` (every key is a group).
     #[arg(long = "min_group_file_size")]
     min_group_file_size: Option<u64>,
+    /// The engine's `compaction_piece_bytes`: a compaction installs its work in pieces
+    /// of about this many input bytes, freeing their inputs as it goes (0: one edit at
+    /// its end). Default: the engine's (8 MiB).
+    #[arg(long = "compaction_piece_bytes")]
+    compaction_piece_bytes: Option<u64>,
     /// Seed of the key generators (thread i uses seed + i).
     #[arg(long = "seed", default_value_t = 301)]
     seed: u64,
@@ -439,6 +444,9 @@ fn engine_options(args: &Args) -> Result<Options, BenchError> {
             } else {
                 0
             }),
+        compaction_piece_bytes: args
+            .compaction_piece_bytes
+            .unwrap_or(Options::default().compaction_piece_bytes),
         ..Options::default()
     })
 }
