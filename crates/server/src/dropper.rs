@@ -95,11 +95,14 @@ fn drop_data(shared: &Shared, groups: &[u64]) -> crate::Result<()> {
             // by one flush: the engine's WAL may be off (log-as-WAL).
             let mut batch = phoenix_engine::WriteBatch::new();
             for &g in groups {
-                let end = crate::keys::group_end(g)
-                    .ok_or_else(|| crate::Error::Config(format!("group {g} has no end key")))?;
+                // Only id u64::MAX has no end key, and ids are handed out from 1 up.
+                let end = crate::keys::group_end(g).ok_or_else(|| {
+                    crate::Error::Invariant(format!("group {g} has no end key to drop to"))
+                })?;
                 batch.delete_range(&crate::keys::group_start(g), &end);
             }
             shared.engine.write(&Default::default(), batch)?;
+            check(names::DROP_BEFORE_FLUSH, node)?;
             shared.engine.flush()?;
         }
     }

@@ -32,6 +32,9 @@ pub enum Error {
     /// A failpoint fired (tests).
     #[error("injected failure at {0}")]
     Injected(String),
+    /// Something this node's own code guarantees did not hold (a bug, not bad input).
+    #[error("broken invariant: {0}")]
+    Invariant(String),
 }
 
 /// Result with [`Error`].

@@ -33,6 +33,9 @@ pub mod names {
     pub const DROP_BEFORE_ENGINE: &str = "drop_before_engine";
     /// After the engine dropped a removed replica's data, before its log stream goes.
     pub const DROP_BEFORE_LOG: &str = "drop_before_log";
+    /// `--drop-mode range-delete`: after a removed replica's range tombstone is written
+    /// (in a memtable, maybe with no WAL), before the flush that makes it durable.
+    pub const DROP_BEFORE_FLUSH: &str = "drop_before_flush";
     /// After a removed replica's log stream is gone, before the registry records the
     /// drop done.
     pub const DROP_BEFORE_DONE: &str = "drop_before_done";

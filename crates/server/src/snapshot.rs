@@ -373,6 +373,20 @@ fn refuse(why: String) -> Result<Response<proto::SnapshotDone>, Status> {
     }))
 }
 
+/// Why a snapshot of group `g` is refused for want of disk room, if it is: a disk under
+/// its reserve takes no snapshot of a data group (a whole copy of the group's data); the
+/// leader is told it failed and tries again later (disk.rs).
+fn disk_full(shared: &Shared, g: u64) -> Option<String> {
+    (shared.disk.is_full() && g != crate::meta::META_GROUP).then(|| {
+        format!(
+            "node {}'s disk is full ({} bytes free, under its reserve of {})",
+            shared.cfg.node_id,
+            shared.disk.available(),
+            shared.cfg.reserve_space
+        )
+    })
+}
+
 /// Receives one snapshot stream (the `SendSnapshot` service method).
 pub async fn receive(
     shared: Arc<Shared>,
@@ -397,15 +411,8 @@ pub async fn receive(
             header.from_node
         ));
     }
-    // A disk under its reserve takes no snapshot of a data group (a whole copy of the
-    // group's data); the leader is told it failed and tries again later (disk.rs).
-    if shared.disk.is_full() && header.group_id != crate::meta::META_GROUP {
-        return refuse(format!(
-            "node {}'s disk is full ({} bytes free, under its reserve of {})",
-            shared.cfg.node_id,
-            shared.disk.available(),
-            shared.cfg.reserve_space
-        ));
+    if let Some(why) = disk_full(&shared, header.group_id) {
+        return refuse(why);
     }
     let Some(wire) = header.message.clone() else {
         return refuse("snapshot header without raft message".into());
@@ -431,13 +438,8 @@ pub async fn receive(
         }
     };
     // (Checked again: snapshots installed during the wait may have used the room.)
-    if shared.disk.is_full() && g != crate::meta::META_GROUP {
-        return refuse(format!(
-            "node {}'s disk is full ({} bytes free, under its reserve of {})",
-            shared.cfg.node_id,
-            shared.disk.available(),
-            shared.cfg.reserve_space
-        ));
+    if let Some(why) = disk_full(&shared, g) {
+        return refuse(why);
     }
     let dir = shared
         .cfg

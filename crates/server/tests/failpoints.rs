@@ -600,8 +600,11 @@ async fn a_stopped_leader_hands_its_sleeping_group_over() {
 /// fails at `step`; returns the cluster, the dropped group's id and the kept group's
 /// route with the writes it acknowledged. Node 3's registry already holds the replica's
 /// tombstone, still marked dropping, and the node no longer reports the replica.
-async fn removal_failing_at(step: &str) -> (Cluster, u64, proto::Route, Vec<(Vec<u8>, Vec<u8>)>) {
-    let c = Cluster::start_split(vec![b"m".to_vec()]);
+async fn removal_failing_at(
+    step: &str,
+    drop_mode: phoenix_server::DropMode,
+) -> (Cluster, u64, proto::Route, Vec<(Vec<u8>, Vec<u8>)>) {
+    let c = Cluster::start_with(vec![b"m".to_vec()], drop_mode);
     let routes = c.routes(2).await;
     let (gone, kept) = (routes[0].clone(), routes[1].clone());
     let (mut w_gone, mut w_kept) = (Vec::new(), Vec::new());
@@ -681,19 +684,47 @@ async fn check_dropped(
 /// no log stream of the group are left, and the node's other group is whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_drop_cut_short_at_any_step_is_finished_at_the_next_start() {
+    drop_cut_short_with(
+        &[
+            names::DROP_BEFORE_ENGINE,
+            names::DROP_BEFORE_LOG,
+            names::DROP_BEFORE_DONE,
+        ],
+        phoenix_server::DropMode::Files,
+    )
+    .await;
+}
+
+/// The same with `--drop-mode range-delete` (a range tombstone, then a flush), cut also
+/// between the two: the keys are hidden, not deleted, once the flush made the tombstone
+/// durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_range_delete_drop_cut_short_at_any_step_is_finished_at_the_next_start() {
+    drop_cut_short_with(
+        &[
+            names::DROP_BEFORE_ENGINE,
+            names::DROP_BEFORE_FLUSH,
+            names::DROP_BEFORE_LOG,
+            names::DROP_BEFORE_DONE,
+        ],
+        phoenix_server::DropMode::RangeDelete,
+    )
+    .await;
+}
+
+async fn drop_cut_short_with(steps: &[&str], drop_mode: phoenix_server::DropMode) {
     let _turn = TURN.lock().await;
-    for step in [
-        names::DROP_BEFORE_ENGINE,
-        names::DROP_BEFORE_LOG,
-        names::DROP_BEFORE_DONE,
-    ] {
-        eprintln!("--- drop cut short at {step}");
+    for &step in steps {
+        eprintln!("--- drop cut short at {step} ({drop_mode:?})");
         let scenario = fail::FailScenario::setup();
-        let (mut c, gone, kept, want) = removal_failing_at(step).await;
+        let (mut c, gone, kept, want) = removal_failing_at(step, drop_mode).await;
         let node3 = c.dir.path().join("node-3");
         c.stop(2).await;
         let (keys, stream) = group_left_on_disk(&node3, gone);
         match step {
+            // Before the flush the tombstone is in a memtable only (a stop may flush it:
+            // the keys are there or hidden, the stream is there).
+            names::DROP_BEFORE_FLUSH => assert!(stream, "{keys} keys, {stream}"),
             names::DROP_BEFORE_ENGINE => assert!(keys > 0 && stream, "{keys} keys, {stream}"),
             names::DROP_BEFORE_LOG => assert!(keys == 0 && stream, "{keys} keys, {stream}"),
             _ => assert!(keys == 0 && !stream, "{keys} keys, {stream}"),
@@ -711,7 +742,8 @@ async fn a_drop_cut_short_at_any_step_is_finished_at_the_next_start() {
 async fn a_failed_drop_is_tried_again_without_a_restart() {
     let _turn = TURN.lock().await;
     let scenario = fail::FailScenario::setup();
-    let (c, gone, kept, want) = removal_failing_at(names::DROP_BEFORE_LOG).await;
+    let (c, gone, kept, want) =
+        removal_failing_at(names::DROP_BEFORE_LOG, phoenix_server::DropMode::Files).await;
     fail::remove(names::DROP_BEFORE_LOG);
     check_dropped(c, gone, &kept, want).await;
     scenario.teardown();

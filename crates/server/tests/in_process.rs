@@ -2426,3 +2426,34 @@ async fn a_drained_node_is_emptied() {
         n.stop().await;
     }
 }
+
+/// Snapshot files a crash left (received and not installed, or built and not sent) are
+/// removed at the next start: nothing in this process will hand them to raft.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn snapshot_files_left_by_a_crash_are_removed_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let meta = vec![MetaMember {
+        id: 1,
+        addr: addr.clone(),
+    }];
+    let addrs = vec![addr.clone()];
+    let data = dir.path().join("node-1");
+    let leftovers = [
+        data.join("snap-recv").join("7-12-3"),
+        data.join("snap-send").join("7-12-3").join("000001.sst"),
+    ];
+    let node = start(config(1, &addr, dir.path(), &meta, 1));
+    wait_route(&addrs).await;
+    node.stop().await;
+    for f in &leftovers {
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, vec![7u8; 4096]).unwrap();
+    }
+    let node = start(config(1, &addr, dir.path(), &meta, 1));
+    wait_route(&addrs).await;
+    for f in &leftovers {
+        assert!(!f.exists(), "{} is still there", f.display());
+    }
+    node.stop().await;
+}
