@@ -229,6 +229,9 @@ pub struct ClusterStatus {
     pub nodes: Vec<NodeStatus>,
     /// Data groups.
     pub groups: Vec<GroupStatus>,
+    /// The meta group (group 0): its members as the meta leader applied them, and
+    /// their reports (None from a meta leader that predates it).
+    pub meta_group: Option<GroupStatus>,
     /// Changes the meta leader drives now, oldest first.
     pub operators: Vec<OperatorStatus>,
     /// Groups whose replicas computed different checksums at the same scrub point.
@@ -1938,38 +1941,7 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
             }
         })
         .collect();
-    let groups = r
-        .groups
-        .into_iter()
-        .filter_map(|g| {
-            let route = g.route?;
-            let replica_status = g
-                .replicas
-                .into_iter()
-                .map(|s| ReplicaStatus {
-                    node_id: s.node_id,
-                    is_leader: s.is_leader,
-                    term: s.term,
-                    commit_index: s.commit_index,
-                    applied_index: s.applied_index,
-                    log_first_index: s.log_first_index,
-                    approximate_bytes: s.approximate_bytes,
-                    stopped: s.stopped.clone(),
-                    hibernating: s.hibernating,
-                })
-                .collect();
-            Some(GroupStatus {
-                group_id: route.group_id,
-                start: route.start_key.to_vec(),
-                end: route.end_key.to_vec(),
-                epoch: route.epoch,
-                leader: (route.leader_node_id != 0).then_some(route.leader_node_id),
-                replicas: route.replicas.iter().map(|x| x.node_id).collect(),
-                learners: route.learners.clone(),
-                replica_status,
-            })
-        })
-        .collect();
+    let groups = r.groups.into_iter().filter_map(group_from_wire).collect();
     let operators = r
         .operators
         .into_iter()
@@ -2001,6 +1973,7 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
         meta_leader: (r.meta_leader_node_id != 0).then_some(r.meta_leader_node_id),
         nodes,
         groups,
+        meta_group: r.meta_group.and_then(group_from_wire),
         operators,
         scrub_mismatches: r
             .scrub_mismatches
@@ -2012,6 +1985,36 @@ fn status_from_wire(r: pb::GetClusterResponse) -> ClusterStatus {
             })
             .collect(),
     }
+}
+
+/// A group's status from its wire form (None without a route).
+fn group_from_wire(g: pb::GroupInfo) -> Option<GroupStatus> {
+    let route = g.route?;
+    let replica_status = g
+        .replicas
+        .into_iter()
+        .map(|s| ReplicaStatus {
+            node_id: s.node_id,
+            is_leader: s.is_leader,
+            term: s.term,
+            commit_index: s.commit_index,
+            applied_index: s.applied_index,
+            log_first_index: s.log_first_index,
+            approximate_bytes: s.approximate_bytes,
+            stopped: s.stopped.clone(),
+            hibernating: s.hibernating,
+        })
+        .collect();
+    Some(GroupStatus {
+        group_id: route.group_id,
+        start: route.start_key.to_vec(),
+        end: route.end_key.to_vec(),
+        epoch: route.epoch,
+        leader: (route.leader_node_id != 0).then_some(route.leader_node_id),
+        replicas: route.replicas.iter().map(|x| x.node_id).collect(),
+        learners: route.learners.clone(),
+        replica_status,
+    })
 }
 
 /// The voters of `route` (its replicas but the learners).

@@ -498,6 +498,7 @@ impl Meta for Node {
             nodes,
             groups,
             meta_leader_node_id: 1,
+            meta_group: None,
             scrub_mismatches: Vec::new(),
             operators: vec![pb::Operator {
                 group_id: 2,

@@ -203,6 +203,10 @@ pub enum OperatorError {
         /// The group.
         group: u64,
     },
+    /// The node runs a binary that cannot host or report a meta replica (upgrade it
+    /// first).
+    #[error("node {0} runs an older version that cannot take part in meta membership changes")]
+    OldMetaNode(u64),
     /// Removing the replica would leave the group without a voter.
     #[error("the replica of group {group} on node {node} is its last voter")]
     LastVoter {

@@ -38,7 +38,8 @@ pub use error::{Error, OperatorError, Refusal, Result};
 pub use liveness::{LeaderView, Report, ALIVE_WITHIN};
 pub use merge::{merge_commands, merge_steps, settled_leader, small_merges, MERGE_INFLIGHT_MAX};
 pub use operator::{
-    balance_leaders, AddStep, Operators, Origin, Outcome, RemoveStep, BALANCE_INFLIGHT_MAX,
+    balance_leaders, route_of, AddStep, Operators, Origin, Outcome, RemoveStep,
+    BALANCE_INFLIGHT_MAX,
 };
 pub use rebalance::{balance_replicas, REPLICA_BALANCE_INFLIGHT_MAX};
 pub use repair::{down_nodes, repair_replicas, ReplicaMove, REPAIR_INFLIGHT_MAX};
@@ -50,6 +51,6 @@ pub use scrub::{scrub_mismatches, scrub_report, Scrubs, SCRUB_INFLIGHT_MAX};
 pub use split::{finished_splits, size_splits, SPLIT_INFLIGHT_MAX};
 pub use state::{
     node_record_key, route_contains, route_record_key, state_record_key, validate_table, Applied,
-    MetaState, Write, META_GROUP, PROTOCOL, PROTOCOL_MERGE, PROTOCOL_NODE_STATE,
-    PROTOCOL_REPLICA_MOVES, PROTOCOL_SPLIT,
+    MetaState, Write, META_GROUP, PROTOCOL, PROTOCOL_MERGE, PROTOCOL_META_MEMBERS,
+    PROTOCOL_NODE_STATE, PROTOCOL_REPLICA_MOVES, PROTOCOL_SPLIT,
 };

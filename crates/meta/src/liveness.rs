@@ -4,13 +4,21 @@
 //! This is soft state, not replicated: a new meta leader starts empty and learns it
 //! from the next round of heartbeats (about one interval). Time is passed in by the
 //! caller (`now`), so the bookkeeping is deterministic under test.
+//!
+//! The meta group is kept apart from the data groups: its route is not in the routing
+//! table (it holds no keys) but is the meta leader's own replica's membership
+//! ([`LeaderView::set_meta_route`]), and nodes report their meta replica in a field of
+//! its own ([`LeaderView::record_meta_replica`]). So the balancers, route updates and
+//! merges, which walk the table and the reported replicas, never see it; the operators
+//! and repair reach it by group id ([`LeaderView::replica`], [`LeaderView::leader`],
+//! [`LeaderView::hosts`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use phoenix_proto::{NodeStats, ReplicaStats};
+use phoenix_proto::{NodeStats, ReplicaStats, Route};
 
-use crate::state::MetaState;
+use crate::state::{MetaState, META_GROUP};
 
 /// A node counts as alive if it sent a heartbeat within this.
 pub const ALIVE_WITHIN: Duration = Duration::from_secs(5);
@@ -28,6 +36,10 @@ pub struct LeaderView {
     report_seq: HashMap<u64, u64>,
     /// Leader per group: (term, node).
     leaders: HashMap<u64, (u64, u64)>,
+    /// The meta group's membership as the meta leader's replica applied it.
+    meta_route: Option<Route>,
+    /// Each node's last report of its meta replica (absent: it hosts none).
+    meta_replicas: BTreeMap<u64, ReplicaStats>,
 }
 
 impl LeaderView {
@@ -93,6 +105,44 @@ impl LeaderView {
         true
     }
 
+    /// Takes the meta group's membership from the meta leader's own replica: `route`
+    /// (its voters and learners at its conf version), led by `route.leader_node_id` in
+    /// `term`.
+    pub fn set_meta_route(&mut self, route: Route, term: u64) {
+        debug_assert_eq!(route.group_id, META_GROUP);
+        let leader = route.leader_node_id;
+        if leader != 0 {
+            let e = self.leaders.entry(META_GROUP).or_insert((0, 0));
+            if term >= e.0 {
+                *e = (term, leader);
+            }
+        }
+        self.meta_route = Some(route);
+    }
+
+    /// The meta group's membership, once the meta leader has set it.
+    pub fn meta_route(&self) -> Option<&Route> {
+        self.meta_route.as_ref()
+    }
+
+    /// Records `node`'s report of its meta replica (None: it hosts none). Every heartbeat
+    /// carries it whole.
+    pub fn record_meta_replica(&mut self, node: u64, rep: Option<ReplicaStats>) {
+        match rep {
+            Some(r) => {
+                let r = ReplicaStats {
+                    node_id: node,
+                    group_id: META_GROUP,
+                    ..r
+                };
+                self.meta_replicas.insert(node, r);
+            }
+            None => {
+                self.meta_replicas.remove(&node);
+            }
+        }
+    }
+
     /// When `node` was last heard from, and its stats then.
     pub fn last_heartbeat(&self, node: u64) -> Option<(Instant, &NodeStats)> {
         self.nodes.get(&node).map(|(t, s)| (*t, s))
@@ -135,11 +185,17 @@ impl LeaderView {
 
     /// The latest stats `node` reported for its replica of `group`.
     pub fn replica(&self, node: u64, group: u64) -> Option<&ReplicaStats> {
+        if group == META_GROUP {
+            return self.meta_replicas.get(&node);
+        }
         self.replicas.get(&node).and_then(|m| m.get(&group))
     }
 
     /// Whether `node`'s reports say it hosts a replica of `group`.
     pub fn hosts(&self, node: u64, group: u64) -> bool {
+        if group == META_GROUP {
+            return self.meta_replicas.contains_key(&node);
+        }
         self.replicas
             .get(&node)
             .is_some_and(|m| m.contains_key(&group))
@@ -160,6 +216,9 @@ impl LeaderView {
 
     /// The latest stats of every reported replica of `group`, by node id.
     pub fn replicas_of(&self, group: u64) -> Vec<ReplicaStats> {
+        if group == META_GROUP {
+            return self.meta_replicas.values().cloned().collect();
+        }
         let mut out: Vec<ReplicaStats> = self
             .replicas
             .values()

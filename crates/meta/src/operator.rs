@@ -39,7 +39,7 @@ use phoenix_proto::{
 
 use crate::error::OperatorError;
 use crate::liveness::LeaderView;
-use crate::state::MetaState;
+use crate::state::{MetaState, META_GROUP};
 
 /// An operator not done within this is given up.
 pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -210,7 +210,7 @@ impl Operators {
         now: Instant,
         origin: Origin,
     ) -> Result<bool, OperatorError> {
-        placed(state, group, to)?;
+        placed(state, view, group, to)?;
         if let Some(t) = self.transfers.get(&group) {
             return if t.to == to {
                 Ok(true)
@@ -258,12 +258,12 @@ impl Operators {
         if let Some(m) = state.member_behind(meta_members, crate::state::PROTOCOL_REPLICA_MOVES) {
             return Err(OperatorError::OldMetaMember(m));
         }
-        let route = state
-            .routes()
-            .get(&group)
-            .ok_or(OperatorError::UnknownGroup(group))?;
+        let route = route_of(state, view, group).ok_or(OperatorError::UnknownGroup(group))?;
         if !state.nodes().contains_key(&to) {
             return Err(OperatorError::UnknownNode(to));
+        }
+        if group == META_GROUP {
+            meta_change_allowed(state, route, to)?;
         }
         if let Some(a) = self.adds.get(&group) {
             return if a.to == to {
@@ -360,10 +360,10 @@ impl Operators {
         if let Some(m) = state.member_behind(meta_members, crate::state::PROTOCOL_REPLICA_MOVES) {
             return Err(OperatorError::OldMetaMember(m));
         }
-        let route = state
-            .routes()
-            .get(&group)
-            .ok_or(OperatorError::UnknownGroup(group))?;
+        let route = route_of(state, view, group).ok_or(OperatorError::UnknownGroup(group))?;
+        if group == META_GROUP {
+            meta_change_allowed(state, route, node)?;
+        }
         if let Some(r) = self.removes.get(&group) {
             return if r.node == node {
                 Ok(true)
@@ -424,7 +424,7 @@ impl Operators {
             } else if now.saturating_duration_since(t.started) >= TRANSFER_TIMEOUT {
                 Outcome::GivenUp
             } else if let Err(e) =
-                placed(state, g, t.to).and_then(|()| check_target(view, g, t.to, now))
+                placed(state, view, g, t.to).and_then(|()| check_target(view, g, t.to, now))
             {
                 Outcome::Cancelled(e)
             } else {
@@ -441,7 +441,7 @@ impl Operators {
         let trims = &mut self.trims;
         trims.retain(|_, (_, at)| now.saturating_duration_since(*at) < TRIM_HINT_FOR);
         self.adds.retain(|&g, a| {
-            let outcome = if state.routes().get(&g).is_some_and(|r| is_voter(r, a.to)) {
+            let outcome = if route_of(state, view, g).is_some_and(|r| is_voter(r, a.to)) {
                 Outcome::Done
             } else if now.saturating_duration_since(a.started) >= ADD_TIMEOUT {
                 Outcome::GivenUp
@@ -465,9 +465,7 @@ impl Operators {
         });
         self.removes.retain(|&g, r| {
             // (A trim hint lasts until a removal is done: one given up leaves it.)
-            let listed = state
-                .routes()
-                .get(&g)
+            let listed = route_of(state, view, g)
                 .is_some_and(|route| route.replicas.iter().any(|x| x.node_id == r.node));
             let outcome = if !listed {
                 trims.remove(&g);
@@ -476,9 +474,7 @@ impl Operators {
                 Outcome::GivenUp
             } else {
                 (r.step, r.command) = remove_step(view, g, r.node, now);
-                let quorum = state
-                    .routes()
-                    .get(&g)
+                let quorum = route_of(state, view, g)
                     .map(|route| quorum_after_removal(route, view, r.node, now));
                 if matches!(quorum, Some(Err(_))) {
                     // The leader is asked no more while the rest would lack a live
@@ -645,17 +641,54 @@ impl Operators {
     }
 }
 
+/// The route of `group`: the routing table's, or for the meta group (which holds no
+/// keys, so the table leaves it out) the meta leader's own replica's membership.
+pub fn route_of<'a>(
+    state: &'a MetaState,
+    view: &'a LeaderView,
+    group: u64,
+) -> Option<&'a phoenix_proto::Route> {
+    if group == META_GROUP {
+        view.meta_route()
+    } else {
+        state.routes().get(&group)
+    }
+}
+
+/// Refuses a membership change of the meta group while `node` (the one added) or a
+/// member runs a binary that does not report its meta replica: the operator would
+/// never see it catch up, nor the member's removal done.
+fn meta_change_allowed(
+    state: &MetaState,
+    route: &phoenix_proto::Route,
+    node: u64,
+) -> Result<(), OperatorError> {
+    let nodes = route.replicas.iter().map(|r| r.node_id).chain([node]);
+    for n in nodes {
+        if state
+            .nodes()
+            .get(&n)
+            .is_some_and(|r| r.protocol < crate::state::PROTOCOL_META_MEMBERS)
+        {
+            return Err(OperatorError::OldMetaNode(n));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `route` lists `node` as a voter.
 fn is_voter(route: &phoenix_proto::Route, node: u64) -> bool {
     route.replicas.iter().any(|r| r.node_id == node) && !route.learners.contains(&node)
 }
 
 /// Whether the routing table places a voter of `group` on `node` (one that may lead).
-fn placed(state: &MetaState, group: u64, node: u64) -> Result<(), OperatorError> {
-    let route = state
-        .routes()
-        .get(&group)
-        .ok_or(OperatorError::UnknownGroup(group))?;
+fn placed(
+    state: &MetaState,
+    view: &LeaderView,
+    group: u64,
+    node: u64,
+) -> Result<(), OperatorError> {
+    let route = route_of(state, view, group).ok_or(OperatorError::UnknownGroup(group))?;
     if !route.replicas.iter().any(|r| r.node_id == node) {
         Err(OperatorError::NotAReplica { group, node })
     } else if route.learners.contains(&node) {
@@ -941,7 +974,7 @@ pub fn balance_leaders(
 /// Whether the balancer may move `group`'s leadership from `from` to `to`: the route
 /// places a voter on `to`, which reported it running and close to the leader's commit.
 fn can_lead(state: &MetaState, view: &LeaderView, group: u64, from: u64, to: u64) -> bool {
-    let placed = placed(state, group, to).is_ok();
+    let placed = placed(state, view, group, to).is_ok();
     let (Some(target), Some(leader)) = (view.replica(to, group), view.replica(from, group)) else {
         return false;
     };

@@ -14,6 +14,11 @@
 //!   throughout, and a group with no node to add to keeps its down replica (removing
 //!   it would not make the group any safer).
 //!
+//! The meta group is repaired alike, first, to `meta_replication` voters (the number of
+//! members `--meta` listed): its route is the meta leader's own
+//! ([`LeaderView::meta_route`]), and only nodes whose binary reports a meta replica take
+//! one.
+//!
 //! A group is left alone while an operator is under way on it, or while no live node is
 //! known to lead it (without a quorum no membership change can commit). At most `max`
 //! moves start per pass, so repair does not take every group's leader at once.
@@ -23,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use crate::liveness::LeaderView;
 use crate::operator::{eligible_nodes, Operators};
-use crate::state::MetaState;
+use crate::state::{MetaState, META_GROUP};
 
 /// Repair operators under way at most: each catches a replica up (a snapshot, often),
 /// which takes disk and network from client traffic (each node's snapshot streams share
@@ -95,6 +100,7 @@ pub fn down_nodes(
 /// The next repair moves (at most `max`) for the groups with a replica on a node of
 /// `down` or on a draining node, as the module doc says. Ties go to the lowest ids: the same view gives the
 /// same moves.
+#[allow(clippy::too_many_arguments)] // what is known, what is down, what is wanted
 pub fn repair_replicas(
     state: &MetaState,
     view: &LeaderView,
@@ -102,6 +108,7 @@ pub fn repair_replicas(
     now: Instant,
     down: &[u64],
     replication: usize,
+    meta_replication: usize,
     max: usize,
 ) -> Vec<ReplicaMove> {
     // Replicas on draining nodes are replaced like those on down nodes (their leaders
@@ -117,7 +124,14 @@ pub fn repair_replicas(
         .into_iter()
         .map(|n| (n, 0))
         .collect();
-    for (&g, route) in state.routes() {
+    // The meta group first: every other repair needs it.
+    let groups: Vec<(u64, &phoenix_proto::Route, usize)> = view
+        .meta_route()
+        .map(|r| (META_GROUP, r, meta_replication))
+        .into_iter()
+        .chain(state.routes().iter().map(|(&g, r)| (g, r, replication)))
+        .collect();
+    for &(g, route, _) in &groups {
         for r in &route.replicas {
             if let Some(c) = load.get_mut(&r.node_id) {
                 *c += 1;
@@ -132,7 +146,7 @@ pub fn repair_replicas(
         }
     }
     let mut moves = Vec::new();
-    for (&g, route) in state.routes() {
+    for &(g, route, replication) in &groups {
         if moves.len() >= max {
             break;
         }
@@ -172,6 +186,7 @@ pub fn repair_replicas(
         let target = learner.or_else(|| {
             load.iter()
                 .filter(|(&n, _)| !route.replicas.iter().any(|r| r.node_id == n))
+                .filter(|(&n, _)| g != META_GROUP || reports_meta(state, n))
                 .min_by_key(|(&n, &c)| (c, n))
                 .map(|(&n, _)| n)
         });
@@ -183,6 +198,15 @@ pub fn repair_replicas(
         }
     }
     moves
+}
+
+/// Whether node `n`'s binary reports a meta replica (one that does not cannot be
+/// followed as it catches up).
+fn reports_meta(state: &MetaState, n: u64) -> bool {
+    state
+        .nodes()
+        .get(&n)
+        .is_some_and(|r| r.protocol >= crate::state::PROTOCOL_META_MEMBERS)
 }
 
 #[cfg(test)]
@@ -241,7 +265,7 @@ mod tests {
         let v = view_with_down(&st, now, &[3], |_| 1);
         let down = down_nodes(&st, &v, now, now - DOWN_AFTER * 2, DOWN_AFTER);
         assert_eq!(down, vec![3]);
-        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 10);
+        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 3, 10);
         // Node 4 hosts nothing: it takes group 1, then group 2 (level with node 5, the
         // lower id); group 3 goes to node 5.
         assert_eq!(
@@ -252,23 +276,202 @@ mod tests {
                 ReplicaMove::Add { group: 3, to: 5 },
             ]
         );
-        assert_eq!(repair_replicas(&st, &v, &ops, now, &down, 3, 2), moves[..2]);
+        assert_eq!(
+            repair_replicas(&st, &v, &ops, now, &down, 3, 3, 2),
+            moves[..2]
+        );
         // Once node 4 is a voter of group 1, node 3 goes from it.
         set_route(&mut st, 1, &[1, 2, 3, 4], &[]);
         let v = view_with_down(&st, now, &[3], |_| 1);
-        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 1);
+        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 3, 1);
         assert_eq!(moves, vec![ReplicaMove::Remove { group: 1, node: 3 }]);
         // A learner on the down node goes without a replacement.
         set_route(&mut st, 2, &[1, 2, 4], &[3]);
         let v = view_with_down(&st, now, &[3], |_| 1);
-        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 10);
+        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 3, 10);
         assert_eq!(moves[1], ReplicaMove::Remove { group: 2, node: 3 });
         // A live learner left by an addition that gave up is promoted, not passed over
         // for another node.
         set_route(&mut st, 3, &[1, 2, 3], &[5]);
         let v = view_with_down(&st, now, &[3], |_| 1);
-        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 10);
+        let moves = repair_replicas(&st, &v, &ops, now, &down, 3, 3, 10);
         assert_eq!(moves[2], ReplicaMove::Add { group: 3, to: 5 });
+    }
+
+    /// The meta group's membership as the meta leader's replica holds it.
+    fn meta_route(voters: &[u64], learners: &[u64], conf_version: u64) -> phoenix_proto::Route {
+        phoenix_proto::Route {
+            group_id: META_GROUP,
+            epoch: 1,
+            replicas: voters
+                .iter()
+                .chain(learners)
+                .map(|&id| phoenix_proto::Replica {
+                    protocol: 0,
+                    node_id: id,
+                    addr: format!("h:{id}"),
+                })
+                .collect(),
+            learners: learners.to_vec(),
+            conf_version,
+            leader_node_id: 1,
+            ..phoenix_proto::Route::default()
+        }
+    }
+
+    /// `node`'s report of its meta replica, as the meta leader's route has it.
+    fn meta_report(
+        route: &phoenix_proto::Route,
+        node: u64,
+        applied: u64,
+    ) -> phoenix_proto::ReplicaStats {
+        phoenix_proto::ReplicaStats {
+            group_id: META_GROUP,
+            node_id: node,
+            is_leader: node == route.leader_node_id,
+            term: 1,
+            commit_index: 500,
+            applied_index: applied,
+            conf_version: route.conf_version,
+            voters: route
+                .replicas
+                .iter()
+                .map(|r| r.node_id)
+                .filter(|n| !route.learners.contains(n))
+                .collect(),
+            learners: route.learners.clone(),
+            ..phoenix_proto::ReplicaStats::default()
+        }
+    }
+
+    /// The commands for `node`'s heartbeat answer.
+    fn commands(
+        st: &MetaState,
+        v: &LeaderView,
+        ops: &Operators,
+        node: u64,
+    ) -> Vec<phoenix_proto::placement_command::Cmd> {
+        crate::placement_commands(st, v, node)
+            .into_iter()
+            .chain(ops.commands_for(v, node))
+            .filter_map(|c| c.cmd)
+            .collect()
+    }
+
+    /// A meta member on a node down for good is replaced as a data group's replica is:
+    /// a learner on a live node (told to create its replica from the meta leader's
+    /// membership), promoted once caught up, then the down member removed and, when it
+    /// comes back, told to drop its replica. A node whose binary does not report a
+    /// meta replica takes none.
+    #[test]
+    fn a_down_meta_member_is_replaced() {
+        use phoenix_proto::{placement_command::Cmd, ChangePeerKind};
+        let now = Instant::now();
+        let mut st = cluster(5, 1, |_| vec![1, 2, 5]);
+        // Nodes 1-4 run this binary; node 5 an older one.
+        for id in 1..=4u64 {
+            let cmd = phoenix_proto::MetaCommand {
+                cmd: Some(phoenix_proto::meta_command::Cmd::RegisterNode(
+                    phoenix_proto::Replica {
+                        protocol: crate::PROTOCOL,
+                        node_id: id,
+                        addr: format!("h:{id}"),
+                    },
+                )),
+            };
+            st.apply(st.applied() + 1, &cmd).unwrap();
+        }
+        let mut ops = Operators::default();
+        let view_of = |route: &phoenix_proto::Route, reporting: &[(u64, u64)]| {
+            let mut v = view_with_down(&st, now, &[3], |_| 1);
+            v.set_meta_route(route.clone(), 1);
+            for &(n, applied) in reporting {
+                v.record_meta_replica(n, Some(meta_report(route, n, applied)));
+            }
+            v
+        };
+        let route = meta_route(&[1, 2, 3], &[], 10);
+        let v = view_of(&route, &[(1, 500), (2, 500)]);
+        let moves = repair_replicas(&st, &v, &ops, now, &[3], 3, 3, 10);
+        // Node 4 gets it (node 5, which hosts less, is too old); group 1, on live
+        // nodes only, needs nothing.
+        assert_eq!(
+            moves,
+            vec![ReplicaMove::Add {
+                group: META_GROUP,
+                to: 4
+            }]
+        );
+        let members = [1, 2, 3];
+        assert!(ops
+            .add_replica(&st, &v, &members, META_GROUP, 4, now, Origin::Repair)
+            .unwrap());
+        assert_eq!(
+            Operators::default().add_replica(&st, &v, &members, META_GROUP, 5, now, Origin::Repair),
+            Err(crate::OperatorError::OldMetaNode(5))
+        );
+        // The meta leader (node 1) is told to add node 4 as a learner.
+        let add_learner = |c: &Cmd, kind: ChangePeerKind| {
+            matches!(c, Cmd::ChangePeer(cp) if cp.group_id == META_GROUP && cp.node_id == 4
+                && cp.kind == kind as i32)
+        };
+        assert!(commands(&st, &v, &ops, 1)
+            .iter()
+            .any(|c| add_learner(c, ChangePeerKind::AddLearner)));
+        // Once the membership lists the learner, node 4 is told to create its replica.
+        let route = meta_route(&[1, 2, 3], &[4], 11);
+        let v = view_of(&route, &[(1, 500), (2, 500)]);
+        ops.settle(&st, &v, now);
+        assert!(commands(&st, &v, &ops, 4)
+            .iter()
+            .any(|c| matches!(c, Cmd::CreateReplica(cr) if cr.route.as_ref() == Some(&route))));
+        // Caught up, it is promoted.
+        let v = view_of(&route, &[(1, 500), (2, 500), (4, 450)]);
+        ops.settle(&st, &v, now);
+        assert!(commands(&st, &v, &ops, 4).is_empty());
+        assert!(commands(&st, &v, &ops, 1)
+            .iter()
+            .any(|c| add_learner(c, ChangePeerKind::AddVoter)));
+        // A voter: the addition is done, and the next pass removes node 3.
+        let route = meta_route(&[1, 2, 3, 4], &[], 12);
+        let v = view_of(&route, &[(1, 500), (2, 500), (4, 500)]);
+        let ended = ops.settle(&st, &v, now);
+        assert!(ended.contains(&(META_GROUP, crate::Outcome::Done)));
+        let moves = repair_replicas(&st, &v, &ops, now, &[3], 3, 3, 10);
+        assert_eq!(
+            moves[0],
+            ReplicaMove::Remove {
+                group: META_GROUP,
+                node: 3
+            }
+        );
+        assert!(ops
+            .remove_replica(&st, &v, &members, META_GROUP, 3, now, Origin::Repair)
+            .unwrap());
+        assert!(commands(&st, &v, &ops, 1).iter().any(|c| matches!(c,
+            Cmd::ChangePeer(cp) if cp.group_id == META_GROUP && cp.node_id == 3
+                && cp.kind == ChangePeerKind::Remove as i32)));
+        // Out of the membership: done; node 3, back with its old replica, drops it.
+        let route = meta_route(&[1, 2, 4], &[], 13);
+        let mut v = view_of(&route, &[(1, 500), (2, 500), (4, 500)]);
+        let ended = ops.settle(&st, &v, now);
+        assert!(ended.contains(&(META_GROUP, crate::Outcome::Done)));
+        v.record_meta_replica(
+            3,
+            Some(meta_report(&meta_route(&[1, 2, 3], &[], 10), 3, 300)),
+        );
+        assert!(commands(&st, &v, &ops, 3).iter().any(|c| matches!(c,
+            Cmd::DestroyReplica(d) if d.group_id == META_GROUP && d.conf_version == 13)));
+        // A replica at a newer membership than the leader applied is left alone.
+        v.record_meta_replica(
+            3,
+            Some(meta_report(&meta_route(&[1, 2, 4], &[3], 14), 3, 300)),
+        );
+        assert!(!commands(&st, &v, &ops, 3)
+            .iter()
+            .any(|c| matches!(c, Cmd::DestroyReplica(_))));
+        // Healthy again: nothing to repair.
+        assert_eq!(repair_replicas(&st, &v, &ops, now, &[3], 3, 3, 10), vec![]);
     }
 
     /// A draining node's replicas are replaced as a down node's are, though it leads:
@@ -289,7 +492,7 @@ mod tests {
         let v = view_with_down(&st, now, &[], |_| 3);
         let ops = Operators::default();
         assert_eq!(
-            repair_replicas(&st, &v, &ops, now, &[], 3, 10),
+            repair_replicas(&st, &v, &ops, now, &[], 3, 3, 10),
             vec![
                 ReplicaMove::Add { group: 1, to: 4 },
                 ReplicaMove::Add { group: 2, to: 4 },
@@ -298,7 +501,7 @@ mod tests {
         set_route(&mut st, 1, &[1, 2, 3, 4], &[]);
         let v = view_with_down(&st, now, &[], |_| 3);
         assert_eq!(
-            repair_replicas(&st, &v, &ops, now, &[], 3, 1),
+            repair_replicas(&st, &v, &ops, now, &[], 3, 3, 1),
             vec![ReplicaMove::Remove { group: 1, node: 3 }]
         );
         // Node 4, the only other one, drains too: nowhere to go.
@@ -312,7 +515,7 @@ mod tests {
         };
         st.apply(st.applied() + 1, &cmd).unwrap();
         let v = view_with_down(&st, now, &[], |_| 1);
-        let moves = repair_replicas(&st, &v, &ops, now, &[], 3, 10);
+        let moves = repair_replicas(&st, &v, &ops, now, &[], 3, 3, 10);
         assert!(
             moves.iter().all(|m| !matches!(m, ReplicaMove::Add { .. })),
             "{moves:?}"
@@ -328,8 +531,8 @@ mod tests {
         // Group 2's leader is the down node.
         let v = view_with_down(&st, now, &[3], |g| if g == 2 { 3 } else { 2 });
         let mut ops = Operators::default();
-        assert_eq!(repair_replicas(&st, &v, &ops, now, &[], 3, 10), vec![]);
-        let moves = repair_replicas(&st, &v, &ops, now, &[3], 3, 10);
+        assert_eq!(repair_replicas(&st, &v, &ops, now, &[], 3, 3, 10), vec![]);
+        let moves = repair_replicas(&st, &v, &ops, now, &[3], 3, 3, 10);
         assert_eq!(
             moves,
             vec![
@@ -343,14 +546,14 @@ mod tests {
         );
         assert_eq!(ops.changing(Origin::Repair), 1);
         assert_eq!(
-            repair_replicas(&st, &v, &ops, now, &[3], 3, 10),
+            repair_replicas(&st, &v, &ops, now, &[3], 3, 3, 10),
             vec![ReplicaMove::Add { group: 3, to: 1 }]
         );
         // Three nodes, one down: nowhere to put a third replica, and the down one stays.
         let st = cluster(3, 2, |_| vec![1, 2, 3]);
         let v = view_with_down(&st, now, &[3], |_| 1);
         let ops = Operators::default();
-        assert_eq!(repair_replicas(&st, &v, &ops, now, &[3], 3, 10), vec![]);
+        assert_eq!(repair_replicas(&st, &v, &ops, now, &[3], 3, 3, 10), vec![]);
     }
 
     /// Random clusters with random down nodes, repaired step by step as the operators
@@ -398,8 +601,16 @@ mod tests {
                     "seed {seed} round {round}: repair does not end"
                 );
                 let v = view_with_down(&st, now, &down, |g| leader(&st, g));
-                let moves =
-                    repair_replicas(&st, &v, &Operators::default(), now, &down, 3, 1 + step % 4);
+                let moves = repair_replicas(
+                    &st,
+                    &v,
+                    &Operators::default(),
+                    now,
+                    &down,
+                    3,
+                    3,
+                    1 + step % 4,
+                );
                 if moves.is_empty() {
                     break;
                 }

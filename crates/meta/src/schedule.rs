@@ -16,7 +16,7 @@ use phoenix_proto::{
 
 use crate::error::{Error, Result};
 use crate::liveness::LeaderView;
-use crate::state::MetaState;
+use crate::state::{MetaState, META_GROUP};
 
 /// Chooses replicas for `groups` new groups among `nodes` (sorted ids): group i gets
 /// `replication` consecutive nodes starting at i (round-robin), so leaders and data
@@ -186,6 +186,10 @@ pub fn cluster_view(
         // (The host adds its operators: they are not the meta state's.)
         operators: Vec::new(),
         scrub_mismatches: crate::scrub::scrub_mismatches(view),
+        meta_group: view.meta_route().map(|r| GroupInfo {
+            route: Some(r.clone()),
+            replicas: view.replicas_of(META_GROUP),
+        }),
     }
 }
 
@@ -308,11 +312,43 @@ pub fn placement_commands(
     let merge = crate::merge::merge_commands(state, view, node);
     let merged = crate::merge::merged_leftovers(state, view, node);
     create
+        .chain(meta_placement(state, view, node))
         .chain(destroy)
         .chain(split)
         .chain(merge)
         .chain(merged)
         .collect()
+}
+
+/// The placement command for `node`'s meta replica, by the meta group's membership
+/// (the meta leader's own, [`LeaderView::meta_route`]) as for a data group: create it
+/// on a node the membership lists that does not report one, destroy it on a node that
+/// reports one the membership leaves out at a membership version not newer than the
+/// leader's. Only for nodes whose binary reports its meta replica (an older one would
+/// be told to create what it hosts unreported).
+fn meta_placement(state: &MetaState, view: &LeaderView, node: u64) -> Option<PlacementCommand> {
+    let route = view.meta_route()?;
+    let reports = state
+        .nodes()
+        .get(&node)
+        .is_some_and(|r| r.protocol >= crate::state::PROTOCOL_META_MEMBERS);
+    if !reports {
+        return None;
+    }
+    let listed = route.replicas.iter().any(|x| x.node_id == node);
+    let cmd = match view.replica(node, META_GROUP) {
+        None if listed => placement_command::Cmd::CreateReplica(CreateReplica {
+            route: Some(route.clone()),
+        }),
+        Some(rep) if !listed && rep.conf_version <= route.conf_version => {
+            placement_command::Cmd::DestroyReplica(DestroyReplica {
+                group_id: META_GROUP,
+                conf_version: route.conf_version,
+            })
+        }
+        _ => return None,
+    };
+    Some(PlacementCommand { cmd: Some(cmd) })
 }
 
 #[cfg(test)]

@@ -50,11 +50,16 @@ pub const META_GROUP: u64 = 0;
 
 /// The meta commands this binary applies: 1 = `UpdateRoute` (membership changes), 2 =
 /// `SetNodeState` (draining), 3 = `PlanSplit` and `FinishSplit` (and data nodes that
-/// apply splits), 4 = `PlanMerge` and `FinishMerge` (and data nodes that apply merges).
-/// Before 1, a command kind unknown to a replica was refused
+/// apply splits), 4 = `PlanMerge` and `FinishMerge` (and data nodes that apply merges),
+/// 5 = nodes that report their meta replica and take the meta members from heartbeat
+/// answers (the meta group's own membership changes). Before 1, a command kind unknown to a replica was refused
 /// there and applied elsewhere: a kind is proposed only once every meta member's node
 /// record says it applies it ([`MetaState::member_behind`]).
-pub const PROTOCOL: u32 = 4;
+pub const PROTOCOL: u32 = 5;
+
+/// The protocol level that brought the meta group's own membership changes: a node
+/// below it neither reports its meta replica nor learns the members from heartbeats.
+pub const PROTOCOL_META_MEMBERS: u32 = 5;
 
 /// The protocol level whose route updates replica additions and removals rely on (the
 /// level of the binaries that brought them).

@@ -30,9 +30,10 @@ use tokio::sync::oneshot;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use crate::config::MetaMember;
 use crate::meta::META_GROUP;
 use crate::node::{ApplyResult, Event};
-use crate::shared::Shared;
+use crate::shared::{GroupView, Shared};
 
 type PErr = proto::Error;
 type MetaClient = proto::meta_client::MetaClient<Channel>;
@@ -135,10 +136,8 @@ impl MetaService {
                 .collect();
         }
         self.shared
-            .cfg
-            .meta
-            .iter()
-            .map(|m| m.addr.clone())
+            .meta_addrs()
+            .into_iter()
             .filter(|a| a != me)
             .collect()
     }
@@ -357,7 +356,7 @@ impl MetaService {
             &phoenix_meta::LeaderView,
             &mut phoenix_meta::Operators,
         ) -> Result<bool, phoenix_meta::OperatorError>,
-        done: impl Fn(&phoenix_meta::MetaState) -> T,
+        done: impl Fn(&phoenix_meta::MetaState, &phoenix_meta::LeaderView) -> T,
         late: impl Fn(&Shared) -> String,
     ) -> Result<T, PErr> {
         use phoenix_meta::OperatorError as E;
@@ -376,7 +375,7 @@ impl MetaService {
                 let lv = self.shared.leader_view.lock();
                 let mut ops = self.shared.operators.lock();
                 match start(&meta, &lv, &mut ops) {
-                    Ok(false) => return Ok(done(&meta)),
+                    Ok(false) => return Ok(done(&meta, &lv)),
                     other => other,
                 }
             };
@@ -424,8 +423,8 @@ impl MetaService {
         to: u64,
         timeout: Duration,
     ) -> Result<proto::AddReplicaResponse, PErr> {
-        let members: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
-        operator_target("add-replica", group, to)?;
+        let members: Vec<u64> = self.shared.meta_member_ids();
+        operator_target("add-replica", to)?;
         self.run_operator(
             group,
             timeout,
@@ -440,9 +439,9 @@ impl MetaService {
                     Origin::Request,
                 )
             },
-            |meta| proto::AddReplicaResponse {
+            |meta, lv| proto::AddReplicaResponse {
                 error: None,
-                route: meta.routes().get(&group).cloned(),
+                route: phoenix_meta::route_of(meta, lv, group).cloned(),
             },
             |shared| {
                 let step = shared
@@ -464,8 +463,8 @@ impl MetaService {
         node: u64,
         timeout: Duration,
     ) -> Result<proto::RemoveReplicaResponse, PErr> {
-        let members: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
-        operator_target("remove-replica", group, node)?;
+        let members: Vec<u64> = self.shared.meta_member_ids();
+        operator_target("remove-replica", node)?;
         self.run_operator(
             group,
             timeout,
@@ -473,9 +472,9 @@ impl MetaService {
                 let now = Instant::now();
                 ops.remove_replica(meta, lv, &members, group, node, now, Origin::Request)
             },
-            |meta| proto::RemoveReplicaResponse {
+            |meta, lv| proto::RemoveReplicaResponse {
                 error: None,
-                route: meta.routes().get(&group).cloned(),
+                route: phoenix_meta::route_of(meta, lv, group).cloned(),
             },
             |shared| {
                 let step = shared
@@ -500,7 +499,7 @@ impl MetaService {
         if node == 0 {
             return Err(PErr::invalid_argument("drain needs a node id (not 0)"));
         }
-        let members: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
+        let members: Vec<u64> = self.shared.meta_member_ids();
         {
             let meta = self.shared.meta.read();
             if !meta.nodes().contains_key(&node) {
@@ -551,14 +550,14 @@ impl MetaService {
         to: u64,
         timeout: Duration,
     ) -> Result<proto::TransferLeaderResponse, PErr> {
-        operator_target("transfer-leader", group, to)?;
+        operator_target("transfer-leader", to)?;
         self.run_operator(
             group,
             timeout,
             |meta, lv, ops| {
                 ops.transfer_leader(meta, lv, group, to, Instant::now(), Origin::Request)
             },
-            |_| proto::TransferLeaderResponse {
+            |_, _| proto::TransferLeaderResponse {
                 error: None,
                 leader_node_id: to,
             },
@@ -615,7 +614,7 @@ impl MetaService {
                     }
                 }
                 // The meta replicas record the plan; the group's replicas apply the split.
-                let mut nodes: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
+                let mut nodes: Vec<u64> = self.shared.meta_member_ids();
                 nodes.extend(route.replicas.iter().map(|r| r.node_id));
                 // (So do replicas being added: a learner not yet in the route.)
                 nodes.extend(self.shared.operators.lock().add_target(group));
@@ -759,7 +758,7 @@ impl MetaService {
                             }
                         )));
                     };
-                    let mut nodes: Vec<u64> = self.shared.cfg.meta.iter().map(|m| m.id).collect();
+                    let mut nodes: Vec<u64> = self.shared.meta_member_ids();
                     nodes.extend(s.replicas.iter().map(|r| r.node_id));
                     if let Some(m) = meta.member_behind(&nodes, phoenix_meta::PROTOCOL_MERGE) {
                         return Err(PErr::invalid_argument(format!(
@@ -973,9 +972,14 @@ impl MetaService {
             base: (r.report_base != 0).then_some(r.report_base),
             removed: r.removed_groups,
         };
+        let meta_route = self.meta_route();
         let (held, commands, disk_full_nodes, nodes) = {
             let meta = self.shared.meta.read();
             let mut lv = self.shared.leader_view.lock();
+            if let Some((route, term)) = &meta_route {
+                lv.set_meta_route(route.clone(), *term);
+            }
+            lv.record_meta_replica(r.node_id, r.meta_replica);
             let held = lv.record_report(
                 Instant::now(),
                 r.node_id,
@@ -1005,7 +1009,28 @@ impl MetaService {
             report_held: held,
             disk_full_nodes,
             nodes,
+            meta_members: meta_route.map(|(r, _)| r.replicas).unwrap_or_default(),
         })
+    }
+
+    /// The meta group's membership as this node's meta replica applied it, with the
+    /// addresses filled in and this node as leader, and its term; None if it hosts no
+    /// running one.
+    fn meta_route(&self) -> Option<(proto::Route, u64)> {
+        let (mut route, term) = {
+            let groups = self.shared.groups.read();
+            let v = groups.get(&META_GROUP).filter(|v| v.failed.is_none())?;
+            (v.route.clone(), v.term)
+        };
+        for r in &mut route.replicas {
+            if r.addr.is_empty() {
+                r.addr = self.shared.addr_of(r.node_id).unwrap_or_default();
+            }
+        }
+        route.group_id = META_GROUP;
+        route.leader_node_id = self.shared.cfg.node_id;
+        route.leader_addr = self.shared.cfg.advertise.clone();
+        Some((route, term))
     }
 }
 
@@ -1194,60 +1219,23 @@ impl proto::meta_server::Meta for MetaService {
     }
 }
 
-/// This node's stats for a heartbeat.
-fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
+/// This node's stats for a heartbeat: the node's, its data replicas', and its meta
+/// replica's if it hosts one.
+fn node_stats(
+    shared: &Shared,
+) -> (
+    proto::NodeStats,
+    Vec<proto::ReplicaStats>,
+    Option<proto::ReplicaStats>,
+) {
     let groups = shared.groups.read();
+    let meta_replica = groups
+        .get(&META_GROUP)
+        .map(|v| replica_stats(shared, META_GROUP, v));
     let replicas: Vec<proto::ReplicaStats> = groups
         .iter()
         .filter(|(g, _)| **g != META_GROUP)
-        .map(|(g, v)| (g, v, shared.split.size(*g), shared.scrubs.latest(*g)))
-        .map(|(g, v, size, (scrub, running))| proto::ReplicaStats {
-            group_id: *g,
-            node_id: shared.cfg.node_id,
-            is_leader: v.is_leader,
-            term: v.term,
-            commit_index: v.commit,
-            applied_index: v.applied,
-            log_first_index: v.log_first,
-            approximate_bytes: size.bytes,
-            approximate_keys: size.entries,
-            split_key_hint: if v.is_leader {
-                shared
-                    .split
-                    .hint(*g, v.route.epoch)
-                    .map(Into::into)
-                    .unwrap_or_default()
-            } else {
-                Default::default()
-            },
-            epoch: v.route.epoch,
-            stopped: v.failed.clone().unwrap_or_default(),
-            hibernating: v.hibernating,
-            conf_version: v.route.conf_version,
-            voters: v
-                .route
-                .replicas
-                .iter()
-                .map(|r| r.node_id)
-                .filter(|id| !v.route.learners.contains(id))
-                .collect(),
-            learners: v.route.learners.clone(),
-            start_key: v.route.start_key.clone(),
-            end_key: v.route.end_key.clone(),
-            split_child: v.split_child.clone(),
-            scrub_index: scrub.as_ref().map_or(0, |s| s.index),
-            scrub_crc: scrub.as_ref().map_or(0, |s| s.crc),
-            scrub_keys: scrub.as_ref().map_or(0, |s| s.keys),
-            scrub_bytes: scrub.as_ref().map_or(0, |s| s.bytes),
-            scrub_age_ms: scrub
-                .as_ref()
-                .map_or(0, |s| s.at.elapsed().as_millis() as u64),
-            scrub_error: scrub.and_then(|s| s.error).unwrap_or_default(),
-            scrub_running_index: running,
-            merging_into: v.merging_into,
-            merge_index: v.merge_index,
-            merge_waiting_for: v.merge_waiting_for,
-        })
+        .map(|(g, v)| replica_stats(shared, *g, v))
         .collect();
     let es = shared.engine.stats();
     let stats = proto::NodeStats {
@@ -1261,7 +1249,84 @@ fn node_stats(shared: &Shared) -> (proto::NodeStats, Vec<proto::ReplicaStats>) {
         stopping: shared.stopping.load(std::sync::atomic::Ordering::Relaxed),
         protocol: phoenix_meta::PROTOCOL,
     };
-    (stats, replicas)
+    (stats, replicas, meta_replica)
+}
+
+/// The stats of this node's replica of `g` (published view `v`) for a heartbeat.
+fn replica_stats(shared: &Shared, g: u64, v: &GroupView) -> proto::ReplicaStats {
+    let size = shared.split.size(g);
+    let (scrub, running) = shared.scrubs.latest(g);
+    proto::ReplicaStats {
+        group_id: g,
+        node_id: shared.cfg.node_id,
+        is_leader: v.is_leader,
+        term: v.term,
+        commit_index: v.commit,
+        applied_index: v.applied,
+        log_first_index: v.log_first,
+        approximate_bytes: size.bytes,
+        approximate_keys: size.entries,
+        split_key_hint: if v.is_leader {
+            shared
+                .split
+                .hint(g, v.route.epoch)
+                .map(Into::into)
+                .unwrap_or_default()
+        } else {
+            Default::default()
+        },
+        epoch: v.route.epoch,
+        stopped: v.failed.clone().unwrap_or_default(),
+        hibernating: v.hibernating,
+        conf_version: v.route.conf_version,
+        voters: v
+            .route
+            .replicas
+            .iter()
+            .map(|r| r.node_id)
+            .filter(|id| !v.route.learners.contains(id))
+            .collect(),
+        learners: v.route.learners.clone(),
+        start_key: v.route.start_key.clone(),
+        end_key: v.route.end_key.clone(),
+        split_child: v.split_child.clone(),
+        scrub_index: scrub.as_ref().map_or(0, |s| s.index),
+        scrub_crc: scrub.as_ref().map_or(0, |s| s.crc),
+        scrub_keys: scrub.as_ref().map_or(0, |s| s.keys),
+        scrub_bytes: scrub.as_ref().map_or(0, |s| s.bytes),
+        scrub_age_ms: scrub
+            .as_ref()
+            .map_or(0, |s| s.at.elapsed().as_millis() as u64),
+        scrub_error: scrub.and_then(|s| s.error).unwrap_or_default(),
+        scrub_running_index: running,
+        merging_into: v.merging_into,
+        merge_index: v.merge_index,
+        merge_waiting_for: v.merge_waiting_for,
+    }
+}
+
+/// Takes the meta members a heartbeat answer names (none from a meta leader that
+/// predates them: what is known stands).
+fn learn_meta_members(shared: &Shared, members: &[proto::Replica]) {
+    let learned: Vec<MetaMember> = members
+        .iter()
+        .filter(|m| m.node_id != 0 && !m.addr.is_empty())
+        .map(|m| MetaMember {
+            id: m.node_id,
+            addr: m.addr.clone(),
+        })
+        .collect();
+    if learned.is_empty() {
+        return;
+    }
+    let mut known = shared.learned_meta.write();
+    if *known != learned {
+        tracing::info!(
+            members = ?learned.iter().map(|m| m.id).collect::<Vec<_>>(),
+            "meta members named by the meta leader"
+        );
+        *known = learned;
+    }
 }
 
 /// Sends heartbeats to the meta leader forever, carrying out the placement commands.
@@ -1278,12 +1343,19 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
         let addr = match target.clone() {
             Some(a) => a,
             None => {
-                let m = &shared.cfg.meta[next_member % shared.cfg.meta.len()];
+                let addrs = shared.meta_addrs();
                 next_member += 1;
-                m.addr.clone()
+                match addrs.get(next_member % addrs.len().max(1)) {
+                    Some(a) => a.clone(),
+                    None => {
+                        tracing::warn!("no meta member known to send heartbeats to");
+                        tokio::time::sleep(interval).await;
+                        continue;
+                    }
+                }
             }
         };
-        let (stats, replicas) = node_stats(&shared);
+        let (stats, replicas, meta_replica) = node_stats(&shared);
         report_seq += 1;
         let current: HashMap<u64, proto::ReplicaStats> =
             replicas.into_iter().map(|r| (r.group_id, r)).collect();
@@ -1312,6 +1384,7 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
             report_base,
             removed_groups,
             timeout_ms: 3000,
+            meta_replica,
         };
         let resp = match connect_meta(&shared, &addr, Duration::from_secs(3)).await {
             Ok(mut c) => c
@@ -1332,6 +1405,7 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
             Ok(r) => match r.error {
                 None => {
                     shared.disk.set_full_nodes(r.disk_full_nodes);
+                    learn_meta_members(&shared, &r.meta_members);
                     if !r.nodes.is_empty() {
                         let mut a = shared.addrs.write();
                         for n in &r.nodes {
@@ -1431,10 +1505,10 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
 const REPORT_SOON_GAP: Duration = Duration::from_millis(100);
 
 /// Refuses an operator request `what` on the meta group or node 0.
-fn operator_target(what: &str, group: u64, node: u64) -> Result<(), PErr> {
-    if group == META_GROUP || node == 0 {
+fn operator_target(what: &str, node: u64) -> Result<(), PErr> {
+    if node == 0 {
         return Err(PErr::invalid_argument(format!(
-            "{what} needs a data group and a node id (not 0)"
+            "{what} needs a node id (not 0)"
         )));
     }
     Ok(())
@@ -1545,9 +1619,9 @@ fn scrub(shared: &Shared) {
 /// group applies splits.
 async fn plan_size_splits(svc: &MetaService) {
     let plans = {
+        let members: Vec<u64> = svc.shared.meta_member_ids();
         let meta = svc.shared.meta.read();
         let lv = svc.shared.leader_view.lock();
-        let members: Vec<u64> = svc.shared.cfg.meta.iter().map(|m| m.id).collect();
         if meta
             .member_behind(&members, phoenix_meta::PROTOCOL_SPLIT)
             .is_some()
@@ -1602,11 +1676,11 @@ async fn step_merges(svc: &MetaService) {
     let shared = &svc.shared;
     let now = Instant::now();
     let cmds = {
+        let members: Vec<u64> = shared.meta_member_ids();
         let meta = shared.meta.read();
         let lv = shared.leader_view.lock();
         let ops = shared.operators.lock();
         let mut clocks = shared.merge_clocks.lock();
-        let members: Vec<u64> = shared.cfg.meta.iter().map(|m| m.id).collect();
         if meta
             .member_behind(&members, phoenix_meta::PROTOCOL_MERGE)
             .is_some()
@@ -1714,9 +1788,9 @@ async fn step_merges(svc: &MetaService) {
 /// groups' leaders report (`phoenix_meta::route_updates`).
 async fn update_routes(svc: &MetaService) {
     let cmds = {
+        let members: Vec<u64> = svc.shared.meta_member_ids();
         let meta = svc.shared.meta.read();
         let lv = svc.shared.leader_view.lock();
-        let members: Vec<u64> = svc.shared.cfg.meta.iter().map(|m| m.id).collect();
         // Every meta replica must apply the command the same way.
         if meta
             .member_behind(&members, phoenix_meta::PROTOCOL_REPLICA_MOVES)
@@ -1783,7 +1857,7 @@ fn move_replicas(shared: &Shared) {
         return;
     };
     let cfg = &shared.cfg;
-    let members: Vec<u64> = cfg.meta.iter().map(|m| m.id).collect();
+    let members: Vec<u64> = shared.meta_member_ids();
     let meta = shared.meta.read();
     let lv = shared.leader_view.lock();
     let mut ops = shared.operators.lock();
@@ -1795,8 +1869,16 @@ fn move_replicas(shared: &Shared) {
     let mut moves = Vec::new();
     if !down.is_empty() || !meta.draining_nodes().is_empty() {
         let room = phoenix_meta::REPAIR_INFLIGHT_MAX.saturating_sub(ops.changing(Origin::Repair));
-        let repairs =
-            phoenix_meta::repair_replicas(&meta, &lv, &ops, now, &down, cfg.replication, room);
+        let repairs = phoenix_meta::repair_replicas(
+            &meta,
+            &lv,
+            &ops,
+            now,
+            &down,
+            cfg.replication,
+            cfg.meta.len(),
+            room,
+        );
         moves.extend(repairs.into_iter().map(|m| (m, Origin::Repair)));
     }
     if cfg.balance_replicas {

@@ -119,7 +119,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     );
 
     let mut registry = registry::Registry::open(&data)?;
-    if cfg.is_meta_member() && !registry.contains(META_GROUP) {
+    // A member removed from the meta group keeps its tombstone: `--meta` naming it
+    // again (the flags it was first started with) must not bring back a replica of the
+    // first membership.
+    if cfg.is_meta_member()
+        && !registry.contains(META_GROUP)
+        && registry.tombstone(META_GROUP).is_none()
+    {
         registry.add(&[proto::Route {
             group_id: META_GROUP,
             start_key: Default::default(),
@@ -179,6 +185,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         started: Instant::now(),
         runtime,
         report_soon: tokio::sync::Notify::new(),
+        learned_meta: RwLock::default(),
         split: split_check::SplitCheck::default(),
         scrubs: Arc::default(),
         snapshots_staged: Arc::new(tokio::sync::Semaphore::new(snapshot::STAGED_MAX)),

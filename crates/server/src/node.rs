@@ -760,9 +760,6 @@ impl Driver {
     /// data and log stream; a crash after the tombstone is written redoes the drop at
     /// the next start.
     fn destroy_replica(&mut self, g: u64, conf_version: u64) {
-        if g == META_GROUP {
-            return;
-        }
         let old = self.registry.tombstone(g).cloned();
         if old.as_ref().is_some_and(|t| t.dropping) {
             return;
@@ -832,6 +829,10 @@ impl Driver {
         self.create_failed.remove(&g);
         self.shared.groups.write().remove(&g);
         self.shared.scrubs.forget(g);
+        if g == META_GROUP {
+            // No longer a meta member: nothing here may answer from the old table.
+            *self.shared.meta.write() = crate::meta::MetaState::default();
+        }
         self.shared.report_soon.notify_one();
         tracing::info!(
             group = g,

@@ -10,8 +10,8 @@ use phoenix_engine::Db;
 use phoenix_log::LogStore;
 use phoenix_proto as proto;
 
-use crate::config::Config;
-use crate::meta::{LeaderView, MetaState};
+use crate::config::{Config, MetaMember};
+use crate::meta::{LeaderView, MetaState, META_GROUP};
 use crate::node::Event;
 use crate::transport::Transport;
 
@@ -112,6 +112,9 @@ pub struct Shared {
     /// goes: the heartbeat loop then reports soon instead of at its next interval, so
     /// the meta leader's operators (each step waits for a report) move on at once.
     pub report_soon: tokio::sync::Notify,
+    /// The meta group's members as the meta leader last named them in a heartbeat
+    /// answer (empty until one does); the heartbeat loop is its one writer.
+    pub learned_meta: RwLock<Vec<MetaMember>>,
 }
 
 impl Shared {
@@ -140,6 +143,54 @@ impl Shared {
     /// Address of node `id`.
     pub fn addr_of(&self, id: u64) -> Option<String> {
         self.addrs.read().get(&id).cloned()
+    }
+
+    /// The meta group's members (voters and learners) as this node knows them: its own
+    /// meta replica's membership if it hosts a running one (exact on the meta leader),
+    /// else the members the meta leader last named, else `--meta`. The meta group's
+    /// membership changes (a dead member is replaced), so `--meta` is only where a node
+    /// starts looking.
+    pub fn meta_members(&self) -> Vec<MetaMember> {
+        if let Some(v) = self.groups.read().get(&META_GROUP) {
+            if v.failed.is_none() && !v.route.replicas.is_empty() {
+                return v
+                    .route
+                    .replicas
+                    .iter()
+                    .map(|r| MetaMember {
+                        id: r.node_id,
+                        addr: if r.addr.is_empty() {
+                            self.addr_of(r.node_id).unwrap_or_default()
+                        } else {
+                            r.addr.clone()
+                        },
+                    })
+                    .collect();
+            }
+        }
+        let learned = self.learned_meta.read();
+        if !learned.is_empty() {
+            return learned.clone();
+        }
+        self.cfg.meta.clone()
+    }
+
+    /// The ids of [`meta_members`](Self::meta_members).
+    pub fn meta_member_ids(&self) -> Vec<u64> {
+        self.meta_members().into_iter().map(|m| m.id).collect()
+    }
+
+    /// Where to look for the meta leader: the [`meta_members`](Self::meta_members),
+    /// then the `--meta` members not among them (a list learned before a restart may
+    /// be stale; the first list given may still hold a member).
+    pub fn meta_addrs(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for m in self.meta_members().into_iter().chain(self.cfg.meta.clone()) {
+            if !m.addr.is_empty() && !out.contains(&m.addr) {
+                out.push(m.addr);
+            }
+        }
+        out
     }
 }
 

@@ -2269,6 +2269,174 @@ async fn the_replicas_of_a_node_down_too_long_are_replaced() {
     assert_eq!(group_left_on_disk(&dead_dir, g), (0, false));
 }
 
+/// The meta group as the meta leader of the first of `addrs` that answers reports it.
+async fn meta_group(addrs: &[String]) -> Option<proto::GroupInfo> {
+    for a in addrs {
+        let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await else {
+            continue;
+        };
+        let Ok(c) = m
+            .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
+            .await
+        else {
+            continue;
+        };
+        let c = c.into_inner();
+        if c.error.is_none() {
+            if let Some(g) = c.meta_group {
+                return Some(g);
+            }
+        }
+    }
+    None
+}
+
+/// The voters of a group as its route lists them, sorted.
+fn voters_of(g: &proto::GroupInfo) -> Vec<u64> {
+    let route = g.route.as_ref().unwrap();
+    let mut v: Vec<u64> = route
+        .replicas
+        .iter()
+        .map(|r| r.node_id)
+        .filter(|n| !route.learners.contains(n))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Waits up to 60 s until the meta group, as reported, satisfies `ok`.
+async fn wait_meta_group(
+    addrs: &[String],
+    what: &str,
+    ok: impl Fn(&proto::GroupInfo) -> bool,
+) -> proto::GroupInfo {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let g = meta_group(addrs).await;
+        if let Some(g) = g.as_ref().filter(|g| ok(g)) {
+            return g.clone();
+        }
+        assert!(Instant::now() < deadline, "{what} not within 60 s: {g:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The meta group replaces a dead member as any group does: with `--down-after`, a
+/// meta member down for good is replaced on the fourth node (a learner told to create
+/// its replica, caught up from the meta leader, promoted; then the dead one removed),
+/// which learns it is a member. The new member counts in the quorum: with a second
+/// first member stopped, the meta group still commits (a split is planned and
+/// recorded). The dead member, back with the flags it was first started with, drops
+/// its old meta replica and starts no new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_meta_member_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(4);
+    let meta: Vec<MetaMember> = meta[..3].to_vec();
+    let cfg = |i: usize| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        c.down_after = phoenix_meta::ALIVE_WITHIN;
+        c
+    };
+    let mut nodes: Vec<Option<Node>> = (0..4).map(|i| Some(start(cfg(i)))).collect();
+    let route = wait_route(&addrs).await;
+    put(&addrs, &route, b"k1", b"v1").await;
+    let first = wait_meta_group(&addrs, "the first meta members", |g| {
+        voters_of(g) == [1, 2, 3] && g.replicas.len() == 3
+    })
+    .await;
+    let leader = first.route.as_ref().unwrap().leader_node_id;
+    // A meta member that does not lead the meta group goes down for good.
+    let dead = (1..=3u64).find(|&n| n != leader).unwrap();
+    if let Some(n) = nodes[dead as usize - 1].take() {
+        n.stop().await;
+    }
+    let live: Vec<String> = (1..=4u64)
+        .filter(|&n| n != dead)
+        .map(|n| addrs[n as usize - 1].clone())
+        .collect();
+    let mut want: Vec<u64> = (1..=4u64).filter(|&n| n != dead).collect();
+    want.sort_unstable();
+    let t = Instant::now();
+    let after = wait_meta_group(&live, "the meta member replaced", |g| {
+        let route = g.route.as_ref().unwrap();
+        voters_of(g) == want
+            && route.learners.is_empty()
+            && g.replicas
+                .iter()
+                .any(|r| r.node_id == 4 && r.applied_index > 0)
+    })
+    .await;
+    eprintln!(
+        "meta member {dead} down: replaced on node 4 within {:?}",
+        t.elapsed()
+    );
+    let after_route = after.route.clone().unwrap();
+    assert!(after_route.conf_version > first.route.as_ref().unwrap().conf_version);
+    // The data group is repaired too (its replica on the dead node, if any, moved).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let data = loop {
+        let r = wait_route(&live).await;
+        if r.replicas.len() == 3
+            && r.learners.is_empty()
+            && r.replicas.iter().all(|x| x.node_id != dead)
+        {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "group not repaired: {r:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // A second first member stops (not the meta leader): the meta group is down to its
+    // leader and node 4, which must vote for anything to commit.
+    let leader = after_route.leader_node_id;
+    let second = (1..=3u64).find(|&n| n != dead && n != leader).unwrap();
+    if let Some(n) = nodes[second as usize - 1].take() {
+        n.stop().await;
+    }
+    let live: Vec<String> = [leader, 4]
+        .iter()
+        .map(|&n| addrs[n as usize - 1].clone())
+        .collect();
+    let mut m = proto::meta_client::MetaClient::connect(format!("http://{}", live[0]))
+        .await
+        .unwrap();
+    let split = m
+        .split_group(proto::SplitGroupRequest {
+            group_id: data.group_id,
+            split_key: b"m".to_vec().into(),
+            timeout_ms: 30_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(split.error.is_none(), "{:?}", split.error);
+    let left = split.left.unwrap();
+    assert_eq!(left.epoch, data.epoch + 1);
+    assert_eq!(get(&live, &left, b"k1").await, Some(b"v1".to_vec()));
+    // The dead member comes back with its first flags: told the meta group left it out,
+    // it drops its old replica, and does not start a new one.
+    nodes[dead as usize - 1] = Some(start(cfg(dead as usize - 1)));
+    let dead_dir = dir.path().join(format!("node-{dead}"));
+    let tomb = wait_dropped(&dead_dir, phoenix_meta::META_GROUP).await;
+    assert_eq!(tomb.conf_version, after_route.conf_version);
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+    assert_eq!(
+        group_left_on_disk(&dead_dir, phoenix_meta::META_GROUP),
+        (0, false)
+    );
+    // Started again alone with `--meta` naming it, it starts no meta replica of the
+    // first membership: its tombstone stands.
+    let alone = start(cfg(dead as usize - 1));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    alone.stop().await;
+    assert_eq!(
+        group_left_on_disk(&dead_dir, phoenix_meta::META_GROUP),
+        (0, false)
+    );
+}
+
 /// Two nodes join a 3-node cluster of 6 groups: the replica balancer moves replicas to
 /// them (each an addition, then a trim from the most loaded node) until every node
 /// hosts 3 or 4 of the 18 replicas; every group keeps 3 voters and serves every write.

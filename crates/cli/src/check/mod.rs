@@ -1075,6 +1075,7 @@ mod tests {
         };
         let whole = ClusterStatus {
             meta_leader: Some(1),
+            meta_group: None,
             nodes: (1..=4).map(|i| node(i, true)).collect(),
             groups: vec![GroupStatus {
                 group_id: 7,

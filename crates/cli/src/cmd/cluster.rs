@@ -591,12 +591,29 @@ pub fn to_json(s: &ClusterStatus, bytes: Bytes) -> Value {
         .iter()
         .map(|m| json!({ "group_id": m.group_id, "index": m.index, "replicas": scrubs_json(&m.replicas) }))
         .collect();
+    let (meta_members, meta_learners) = meta_members(s);
     json!({
         "meta_leader": s.meta_leader,
+        "meta_members": meta_members,
+        "meta_learners": meta_learners,
         "nodes": nodes,
         "groups": groups,
         "operators": operators,
         "scrub_mismatches": mismatches,
+    })
+}
+
+/// The meta group's voters and learners, by node id (empty from a meta leader that
+/// does not report them).
+fn meta_members(s: &ClusterStatus) -> (Vec<u64>, Vec<u64>) {
+    s.meta_group.as_ref().map_or((Vec::new(), Vec::new()), |g| {
+        let voters = g
+            .replicas
+            .iter()
+            .copied()
+            .filter(|n| !g.learners.contains(n))
+            .collect();
+        (voters, g.learners.clone())
     })
 }
 
@@ -682,6 +699,20 @@ pub fn render(s: &ClusterStatus) -> String {
         s.meta_leader
             .map_or("unknown".to_string(), |l| format!("node {l}"))
     );
+    let (voters, learners) = meta_members(s);
+    if !voters.is_empty() {
+        let list = |v: &[u64]| {
+            v.iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = write!(out, "meta members: {}", list(&voters));
+        if !learners.is_empty() {
+            let _ = write!(out, " (learners: {})", list(&learners));
+        }
+        let _ = writeln!(out);
+    }
     let _ = writeln!(out, "\nNODES ({})", s.nodes.len());
     let _ = writeln!(
         out,
@@ -805,6 +836,16 @@ mod tests {
     fn sample() -> ClusterStatus {
         ClusterStatus {
             meta_leader: Some(2),
+            meta_group: Some(GroupStatus {
+                group_id: 0,
+                start: vec![],
+                end: vec![],
+                epoch: 1,
+                leader: Some(2),
+                replicas: vec![1, 2, 3, 4],
+                learners: vec![4],
+                replica_status: vec![],
+            }),
             nodes: vec![NodeStatus {
                 node_id: 1,
                 addr: "127.0.0.1:7001".into(),
@@ -885,6 +926,7 @@ mod tests {
         let s = sample();
         let t = render(&s);
         assert!(t.contains("meta leader: node 2"), "{t}");
+        assert!(t.contains("meta members: 1, 2, 3 (learners: 4)"), "{t}");
         assert!(
             t.contains("127.0.0.1:7001") && t.contains("3.0 MiB") && t.contains("512 B"),
             "{t}"
@@ -923,6 +965,8 @@ mod tests {
     fn json_has_every_field() {
         let v = to_json(&sample(), Bytes::Text);
         assert_eq!(v["meta_leader"], 2);
+        assert_eq!(v["meta_members"], json!([1, 2, 3]));
+        assert_eq!(v["meta_learners"], json!([4]));
         assert_eq!(v["nodes"][0]["addr"], "127.0.0.1:7001");
         assert_eq!(v["nodes"][0]["engine_bytes"], 3 * 1024 * 1024);
         assert_eq!(v["nodes"][0]["disk_free_bytes"], 100 << 20);
