@@ -1306,8 +1306,8 @@ fn replica_stats(shared: &Shared, g: u64, v: &GroupView) -> proto::ReplicaStats 
 }
 
 /// Takes the meta members a heartbeat answer names (none from a meta leader that
-/// predates them: what is known stands).
-fn learn_meta_members(shared: &Shared, members: &[proto::Replica]) {
+/// predates them: what is known stands); returns whether they changed.
+fn learn_meta_members(shared: &Shared, members: &[proto::Replica]) -> bool {
     let learned: Vec<MetaMember> = members
         .iter()
         .filter(|m| m.node_id != 0 && !m.addr.is_empty())
@@ -1317,15 +1317,36 @@ fn learn_meta_members(shared: &Shared, members: &[proto::Replica]) {
         })
         .collect();
     if learned.is_empty() {
-        return;
+        return false;
     }
     let mut known = shared.learned_meta.write();
-    if *known != learned {
-        tracing::info!(
-            members = ?learned.iter().map(|m| m.id).collect::<Vec<_>>(),
-            "meta members named by the meta leader"
-        );
-        *known = learned;
+    if *known == learned {
+        return false;
+    }
+    tracing::info!(
+        members = ?learned.iter().map(|m| m.id).collect::<Vec<_>>(),
+        "meta members named by the meta leader"
+    );
+    *known = learned;
+    true
+}
+
+/// Keeps the learned meta members for the next start (`known_meta`); false if that
+/// failed (the next heartbeat tries again; the members in memory serve meanwhile).
+async fn save_meta_members(shared: &Arc<Shared>) -> bool {
+    let members = shared.learned_meta.read().clone();
+    let dir = shared.cfg.data_dir.clone();
+    let saved = tokio::task::spawn_blocking(move || crate::known_meta::save(&dir, &members)).await;
+    match saved {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::warn!("keeping the meta members for the next start: {e}");
+            false
+        }
+        Err(e) => {
+            tracing::warn!("keeping the meta members for the next start: {e}");
+            false
+        }
     }
 }
 
@@ -1333,6 +1354,8 @@ fn learn_meta_members(shared: &Shared, members: &[proto::Replica]) {
 pub async fn heartbeat_loop(shared: Arc<Shared>) {
     let mut target: Option<String> = None;
     let mut next_member = 0usize;
+    // Whether the learned meta members are on disk as they are in memory.
+    let mut meta_saved = true;
     let interval = shared.cfg.heartbeat_interval;
     // Reports are numbered from a random start (a restarted node must not reuse a number
     // a meta leader holds); `held` is the report the meta leader last said it holds
@@ -1405,7 +1428,9 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
             Ok(r) => match r.error {
                 None => {
                     shared.disk.set_full_nodes(r.disk_full_nodes);
-                    learn_meta_members(&shared, &r.meta_members);
+                    if learn_meta_members(&shared, &r.meta_members) || !meta_saved {
+                        meta_saved = save_meta_members(&shared).await;
+                    }
                     if !r.nodes.is_empty() {
                         let mut a = shared.addrs.write();
                         for n in &r.nodes {

@@ -34,6 +34,7 @@ pub mod failpoint;
 pub mod faults;
 pub mod forward;
 pub mod keys;
+pub mod known_meta;
 pub mod meta;
 pub mod metrics;
 pub mod node;
@@ -41,6 +42,7 @@ pub mod registry;
 pub mod scrub;
 pub mod service;
 pub mod shared;
+pub mod small_file;
 pub mod snapshot;
 pub mod split_check;
 pub mod status_page;
@@ -119,6 +121,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     );
 
     let mut registry = registry::Registry::open(&data)?;
+    let learned_meta = known_meta::load(&data)?;
     // A member removed from the meta group keeps its tombstone: `--meta` naming it
     // again (the flags it was first started with) must not bring back a replica of the
     // first membership.
@@ -185,7 +188,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         started: Instant::now(),
         runtime,
         report_soon: tokio::sync::Notify::new(),
-        learned_meta: RwLock::default(),
+        learned_meta: RwLock::new(learned_meta),
         split: split_check::SplitCheck::default(),
         scrubs: Arc::default(),
         snapshots_staged: Arc::new(tokio::sync::Semaphore::new(snapshot::STAGED_MAX)),

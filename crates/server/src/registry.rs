@@ -14,7 +14,6 @@
 //! is being dropped (redone at every start).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use phoenix_proto::{LocalReplica, LocalReplicas, ReplicaTombstone, Route};
@@ -161,28 +160,10 @@ pub fn load_tombstones(data_dir: &Path) -> Result<Vec<ReplicaTombstone>> {
 
 fn load_file(data_dir: &Path) -> Result<LocalReplicas> {
     let p = path(data_dir);
-    let bytes = match std::fs::read(&p) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LocalReplicas::default()),
-        Err(e) => return Err(Error::io(format!("reading {}", p.display()), e)),
+    let Some(payload) = crate::small_file::read(&p)? else {
+        return Ok(LocalReplicas::default());
     };
-    if bytes.len() < 4 {
-        return Err(Error::Corruption(format!(
-            "{}: {} bytes, shorter than its checksum",
-            p.display(),
-            bytes.len()
-        )));
-    }
-    let (crc, payload) = bytes.split_at(4);
-    let want = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
-    let got = crc32c::crc32c(payload);
-    if want != got {
-        return Err(Error::Corruption(format!(
-            "{}: checksum mismatch at offset 0 (stored {want:#x}, computed {got:#x})",
-            p.display()
-        )));
-    }
-    let list = LocalReplicas::decode(payload)
+    let list = LocalReplicas::decode(payload.as_slice())
         .map_err(|e| Error::Corruption(format!("{}: cannot decode: {e}", p.display())))?;
     if list.format > FORMAT {
         return Err(Error::Corruption(format!(
@@ -211,20 +192,7 @@ fn save_with(data_dir: &Path, routes: &[Route], tombstones: &[ReplicaTombstone])
         tombstones: tombstones.to_vec(),
     }
     .encode_to_vec();
-    let p = path(data_dir);
-    let tmp = data_dir.join("replicas.tmp");
-    let io = |what: &str, e| Error::io(format!("{what} {}", tmp.display()), e);
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io("creating", e))?;
-    f.write_all(&crc32c::crc32c(&payload).to_le_bytes())
-        .and_then(|()| f.write_all(&payload))
-        .and_then(|()| f.sync_all())
-        .map_err(|e| io("writing", e))?;
-    drop(f);
-    std::fs::rename(&tmp, &p).map_err(|e| io("renaming", e))?;
-    std::fs::File::open(data_dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(format!("syncing {}", data_dir.display()), e))?;
-    Ok(())
+    crate::small_file::write(data_dir, "replicas", &payload)
 }
 
 #[cfg(test)]

@@ -2373,6 +2373,22 @@ async fn a_dead_meta_member_is_replaced() {
     );
     let after_route = after.route.clone().unwrap();
     assert!(after_route.conf_version > first.route.as_ref().unwrap().conf_version);
+    // Every live node keeps the new members for its next start.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for &n in &want {
+        let node_dir = dir.path().join(format!("node-{n}"));
+        loop {
+            let known = phoenix_server::known_meta::load(&node_dir).unwrap();
+            let mut ids: Vec<u64> = known.iter().map(|m| m.id).collect();
+            ids.sort_unstable();
+            if ids == want {
+                assert!(known.iter().all(|m| m.addr == addrs[m.id as usize - 1]));
+                break;
+            }
+            assert!(Instant::now() < deadline, "node {n} keeps {known:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     // The data group is repaired too (its replica on the dead node, if any, moved).
     let deadline = Instant::now() + Duration::from_secs(60);
     let data = loop {
