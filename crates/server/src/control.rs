@@ -370,6 +370,8 @@ impl MetaService {
                     "no longer the meta leader (ask again)",
                 ));
             }
+            // (A meta leader new in office knows its own membership before any heartbeat.)
+            self.refresh_meta_view();
             let started = {
                 let meta = self.shared.meta.read();
                 let lv = self.shared.leader_view.lock();
@@ -531,9 +533,12 @@ impl MetaService {
         }
         tracing::info!(node, draining = !cancel, "node state set");
         let meta = self.shared.meta.read();
+        let lv = self.shared.leader_view.lock();
+        // (Its meta replica counts: repair replaces it too.)
         let replicas = meta
             .routes()
             .values()
+            .chain(lv.meta_route())
             .filter(|r| r.replicas.iter().any(|x| x.node_id == node))
             .count() as u64;
         Ok(proto::DrainNodeResponse {
@@ -972,14 +977,14 @@ impl MetaService {
             base: (r.report_base != 0).then_some(r.report_base),
             removed: r.removed_groups,
         };
-        let meta_route = self.meta_route();
+        let meta_route = self.refresh_meta_view();
         let (held, commands, disk_full_nodes, nodes) = {
             let meta = self.shared.meta.read();
             let mut lv = self.shared.leader_view.lock();
-            if let Some((route, term)) = &meta_route {
-                lv.set_meta_route(route.clone(), *term);
+            if r.node_id != self.shared.cfg.node_id {
+                // (This node's own is fresher: `refresh_meta_view`.)
+                lv.record_meta_replica(r.node_id, r.meta_replica);
             }
-            lv.record_meta_replica(r.node_id, r.meta_replica);
             let held = lv.record_report(
                 Instant::now(),
                 r.node_id,
@@ -1009,8 +1014,25 @@ impl MetaService {
             report_held: held,
             disk_full_nodes,
             nodes,
-            meta_members: meta_route.map(|(r, _)| r.replicas).unwrap_or_default(),
+            meta_members: meta_route.map(|r| r.replicas).unwrap_or_default(),
         })
+    }
+
+    /// Puts the meta group's membership and this node's meta replica, as they stand
+    /// now, in the meta leader's view (the operators' steps on the meta group follow
+    /// them at once, not at the next heartbeat); returns the membership.
+    fn refresh_meta_view(&self) -> Option<proto::Route> {
+        let (route, term) = self.meta_route()?;
+        let mine = {
+            let groups = self.shared.groups.read();
+            groups
+                .get(&META_GROUP)
+                .map(|v| replica_stats(&self.shared, META_GROUP, v))
+        };
+        let mut lv = self.shared.leader_view.lock();
+        lv.set_meta_route(route.clone(), term);
+        lv.record_meta_replica(self.shared.cfg.node_id, mine);
+        Some(route)
     }
 
     /// The meta group's membership as this node's meta replica applied it, with the
@@ -1586,6 +1608,7 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
                 *since = Some(Instant::now());
             }
         }
+        svc.refresh_meta_view();
         bootstrap(&svc).await;
         update_routes(&svc).await;
         plan_size_splits(&svc).await;

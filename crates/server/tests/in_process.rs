@@ -1790,7 +1790,9 @@ async fn a_leadership_moves_where_asked() {
     for (group, to, want) in [
         (g, 9, "holds no replica"),
         (99, 1, "not in the routing table"),
-        (0, 1, "data group"),
+        // The meta group's leadership moves too, to a member only.
+        (0, 9, "holds no replica"),
+        (g, 0, "node id"),
     ] {
         let r = transfer(&addrs[1], group, to).await;
         let e = r
@@ -1918,12 +1920,13 @@ async fn a_replica_added_on_another_node_catches_up_and_votes() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Refusals first: an unknown node, the meta group.
+    // Refusals first: an unknown node, node 0.
     let r = add_replica(&addrs[0], g, 9).await;
     let e = r.error.expect("node 9 accepted");
     assert!(e.to_string().contains("not registered"), "{e}");
-    let r = add_replica(&addrs[0], 0, new).await;
-    assert!(r.error.is_some());
+    let r = add_replica(&addrs[0], g, 0).await;
+    let e = r.error.expect("node 0 accepted");
+    assert!(e.to_string().contains("node id"), "{e}");
 
     let t = Instant::now();
     let r = add_replica(&addrs[3], g, new).await;
@@ -2449,6 +2452,65 @@ async fn a_dead_meta_member_is_replaced() {
     alone.stop().await;
     assert_eq!(
         group_left_on_disk(&dead_dir, phoenix_meta::META_GROUP),
+        (0, false)
+    );
+}
+
+/// The meta leader's own meta replica moves by hand (`cluster move 0 LEADER 4`): the
+/// addition on node 4, then the removal, which moves the meta leadership away first
+/// (the operator goes with the old leader; the client's retry carries the removal on at
+/// the new one). The old leader's node drops its meta replica and still serves as a
+/// data node: it follows the new members for its heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_meta_leaders_replica_moves_by_hand() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(4);
+    let meta: Vec<MetaMember> = meta[..3].to_vec();
+    let nodes: Vec<Node> = (0..4)
+        .map(|i| start(config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3)))
+        .collect();
+    let route = wait_route(&addrs).await;
+    put(&addrs, &route, b"k1", b"v1").await;
+    let first = wait_meta_group(&addrs, "the first meta members", |g| {
+        voters_of(g) == [1, 2, 3] && g.replicas.len() == 3
+    })
+    .await;
+    let leader = first.route.as_ref().unwrap().leader_node_id;
+    let c = workload::client(&addrs).await;
+    let voters = c
+        .move_replica(phoenix_meta::META_GROUP, leader, 4)
+        .await
+        .unwrap();
+    let mut want: Vec<u64> = (1..=4u64).filter(|&n| n != leader).collect();
+    want.sort_unstable();
+    let mut got = voters.clone();
+    got.sort_unstable();
+    assert_eq!(got, want);
+    let after = wait_meta_group(&addrs, "the meta replica moved", |g| {
+        voters_of(g) == want && g.route.as_ref().unwrap().learners.is_empty()
+    })
+    .await;
+    assert_ne!(after.route.as_ref().unwrap().leader_node_id, leader);
+    let old_dir = dir.path().join(format!("node-{leader}"));
+    let tomb = wait_dropped(&old_dir, phoenix_meta::META_GROUP).await;
+    assert_eq!(
+        tomb.conf_version,
+        after.route.as_ref().unwrap().conf_version
+    );
+    // The meta group, with node 4 in it, takes a split; the old leader's node still
+    // serves the data group's keys.
+    let (left, _) = c.split_group(route.group_id, b"m").await.unwrap();
+    assert_eq!(left.group_id, route.group_id);
+    assert_eq!(c.get(b"k1").await.unwrap(), Some(b"v1".to_vec()));
+    c.put(b"z-after-move", b"v").await.unwrap();
+    let status = c.cluster_status().await.unwrap();
+    let old = status.nodes.iter().find(|n| n.node_id == leader).unwrap();
+    assert!(old.alive, "{status:?}");
+    for n in nodes {
+        n.stop().await;
+    }
+    assert_eq!(
+        group_left_on_disk(&old_dir, phoenix_meta::META_GROUP),
         (0, false)
     );
 }

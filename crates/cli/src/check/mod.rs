@@ -38,7 +38,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::bench::nemesis;
-use crate::cmd::playground::{ClusterSpec, LocalCluster};
+use crate::cmd::playground::{ClusterSpec, LocalCluster, META_MEMBERS};
 use crate::cmd::{BoxError, CmdError, Outcome};
 use crate::output::{self, Format};
 use model::{Input, Op, Output, Value};
@@ -863,7 +863,30 @@ fn unhealed(s: &phoenix_client::ClusterStatus, replication: usize) -> Option<Str
     if s.groups.is_empty() {
         return Some("no group in the routing table".into());
     }
-    for g in &s.groups {
+    // The meta group heals too: a dead member replaced, back to as many as it started
+    // with (a meta leader that predates reporting it says nothing of it).
+    let meta = s
+        .meta_group
+        .as_ref()
+        .map(|g| (g, META_MEMBERS.min(s.nodes.len())));
+    for (g, want) in meta
+        .into_iter()
+        .chain(s.groups.iter().map(|g| (g, replication)))
+    {
+        if let Some(why) = group_unhealed(g, want, &alive) {
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// What keeps group `g` from being whole with `want` voters on the `alive` nodes.
+fn group_unhealed(
+    g: &phoenix_client::GroupStatus,
+    replication: usize,
+    alive: &std::collections::HashSet<u64>,
+) -> Option<String> {
+    {
         let id = g.group_id;
         // A leader: a voter's own report, of the highest term any replica reports (the
         // meta leader's last word on the leader is not cleared when it steps down).
@@ -1102,6 +1125,18 @@ mod tests {
         s.groups[0].replica_status[2].term = 2;
         assert!(unhealed(&s, 3).is_some_and(|w| w.contains("no leader")));
         assert!(unhealed(&whole, 5).is_some_and(|w| w.contains("replicas [1, 2, 3]")));
+        // The meta group: whole with 3 voters on live nodes, not with a member down.
+        let mut s = whole.clone();
+        s.meta_group = Some(GroupStatus {
+            group_id: 0,
+            ..whole.groups[0].clone()
+        });
+        assert_eq!(unhealed(&s, 3), None);
+        s.nodes[1].alive = false;
+        s.groups[0].replicas = vec![1, 3, 4];
+        s.groups[0].replica_status = [1, 3, 4].map(rep).to_vec();
+        assert!(unhealed(&s, 3)
+            .is_some_and(|w| w.contains("group 0 has a replica on node 2, not alive")));
         assert_eq!(replication(&["--replication=5".into()]), 5);
         assert_eq!(replication(&["--replication".into(), "1".into()]), 1);
         assert_eq!(replication(&["--down-after=5s".into()]), 3);
