@@ -28,11 +28,17 @@ impl Cluster {
 
     /// Starts `n` servers with `extra` arguments each.
     fn with_args(n: usize, extra: &[&str]) -> Cluster {
+        Cluster::with_meta(n, n, extra)
+    }
+
+    /// `n` nodes, the first `meta` of them meta members.
+    fn with_meta(n: usize, meta: usize, extra: &[&str]) -> Cluster {
         let addrs: Vec<String> = (0..n)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
         let meta = addrs
             .iter()
+            .take(meta)
             .enumerate()
             .map(|(i, a)| format!("{}@{a}", i + 1))
             .collect::<Vec<_>>()
@@ -404,10 +410,11 @@ async fn voters(addrs: &[String], g: u64) -> Vec<u64> {
 /// a script runs it: JSON out, exit 0) moves a replica off one node onto the spare
 /// fourth; then a node of the group is killed -9 for good and, past `--down-after`, the
 /// meta leader gives the group a replica on the live node it lacks and removes the dead
-/// one. Every acknowledged write stays readable throughout.
+/// one. Every acknowledged write stays readable throughout. The dead node was a meta
+/// member: the meta group, too, gets a member on the fourth node in its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_move_on_request_and_away_from_a_dead_node() {
-    let mut c = Cluster::with_args(4, &["--down-after", "5s"]);
+    let mut c = Cluster::with_meta(4, 3, &["--down-after", "5s"]);
     let r = current_route(&c.addrs).await;
     let g = r.group_id;
     let mut acked = Vec::new();
@@ -476,4 +483,40 @@ async fn replicas_move_on_request_and_away_from_a_dead_node() {
     );
     check_all(&c.live(), &r, &acked).await;
     put(&c.live(), &r, "after-repair", "v").await;
+
+    // The dead node was a meta member (the first three nodes are; it is one of the two
+    // lowest ids): the meta group is repaired too, on node 4, and `cluster status`
+    // names the members.
+    assert!(dead <= 3);
+    let want: Vec<u64> = (1..=4u64).filter(|&n| n != dead).collect();
+    let t = Instant::now();
+    loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_phoenix"))
+            .args(["--output", "json", "cluster", "status", "--endpoints"])
+            .arg(c.live().join(","))
+            .output()
+            .unwrap();
+        let members = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .ok()
+            .filter(|j| j["meta_learners"].as_array().is_some_and(|l| l.is_empty()))
+            .and_then(|j| {
+                let mut m: Vec<u64> = j["meta_members"]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|v| v.as_u64())
+                    .collect();
+                m.sort_unstable();
+                Some(m)
+            });
+        if members.as_deref() == Some(&want[..]) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "meta group not repaired 60 s after node {dead} died: {members:?}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!("meta member {dead} replaced in {:?}", t.elapsed());
 }

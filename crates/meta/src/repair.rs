@@ -200,6 +200,60 @@ pub fn repair_replicas(
     moves
 }
 
+/// The removal that brings the meta group back to `meta_replication` voters when it
+/// has more (a replacement made a voter, then the member it replaced came back before
+/// its removal; data groups get the same from the replica balancer): the voter, not the
+/// meta leader, on a node not fit for work (down, full, stopping) first, else on the
+/// node hosting the most replicas (ties: the highest id). None while an operator is
+/// under way on the meta group or a user's addition or removal on it ended lately
+/// ([`Operators::asked_lately`]: a `cluster move`'s removal comes next), or while the
+/// rest would lack a live quorum.
+pub fn trim_meta(
+    state: &MetaState,
+    view: &LeaderView,
+    ops: &Operators,
+    now: Instant,
+    meta_replication: usize,
+) -> Option<ReplicaMove> {
+    let route = view.meta_route()?;
+    let leader = view.leader(META_GROUP)?;
+    let voters: Vec<u64> = route
+        .replicas
+        .iter()
+        .map(|r| r.node_id)
+        .filter(|n| !route.learners.contains(n))
+        .collect();
+    // (A user's move is an addition, then a removal: not cut in between.)
+    if voters.len() <= meta_replication.max(1)
+        || ops.busy(META_GROUP)
+        || ops.asked_lately(META_GROUP, now)
+    {
+        return None;
+    }
+    let fit = eligible_nodes(state, view, now, |_| false);
+    let hosted = |n: u64| {
+        state
+            .routes()
+            .values()
+            .filter(|r| r.replicas.iter().any(|x| x.node_id == n))
+            .count()
+    };
+    let node = voters
+        .iter()
+        .copied()
+        .filter(|&n| n != leader)
+        .max_by_key(|&n| (!fit.contains(&n), hosted(n), n))?;
+    // (The operator checks the quorum again when it starts.)
+    let live = voters
+        .iter()
+        .filter(|&&n| n != node && view.is_alive(n, now))
+        .count();
+    (live > (voters.len() - 1) / 2).then_some(ReplicaMove::Remove {
+        group: META_GROUP,
+        node,
+    })
+}
+
 /// Whether node `n`'s binary reports a meta replica (one that does not cannot be
 /// followed as it catches up).
 fn reports_meta(state: &MetaState, n: u64) -> bool {
@@ -437,6 +491,25 @@ mod tests {
         let v = view_of(&route, &[(1, 500), (2, 500), (4, 500)]);
         let ended = ops.settle(&st, &v, now);
         assert!(ended.contains(&(META_GROUP, crate::Outcome::Done)));
+        // Had node 3 come back before its removal, the meta group would hold a voter
+        // too many: the trim takes it from a non-leader on a node unfit for work first
+        // (node 3, down, here), else on the node hosting the most replicas (group 1 is
+        // on nodes 1, 2 and 5: node 2); at the wanted size, from none.
+        let trim = |v: &LeaderView, want| trim_meta(&st, v, &ops, now, want);
+        let remove = |node| {
+            Some(ReplicaMove::Remove {
+                group: META_GROUP,
+                node,
+            })
+        };
+        assert_eq!(trim(&v, 3), remove(3));
+        let mut back = view_with_down(&st, now, &[], |_| 1);
+        back.set_meta_route(route.clone(), 1);
+        for n in [1, 2, 3, 4] {
+            back.record_meta_replica(n, Some(meta_report(&route, n, 500)));
+        }
+        assert_eq!(trim(&back, 3), remove(2));
+        assert_eq!(trim(&back, 4), None);
         let moves = repair_replicas(&st, &v, &ops, now, &[3], 3, 3, 10);
         assert_eq!(
             moves[0],

@@ -1929,6 +1929,10 @@ fn move_replicas(shared: &Shared) {
         );
         moves.extend(repairs.into_iter().map(|m| (m, Origin::Repair)));
     }
+    // The meta group trimmed back to its size (not left to the optional balancer).
+    if let Some(m) = phoenix_meta::trim_meta(&meta, &lv, &ops, now, cfg.meta.len()) {
+        moves.push((m, Origin::Repair));
+    }
     if cfg.balance_replicas {
         let room = phoenix_meta::REPLICA_BALANCE_INFLIGHT_MAX
             .saturating_sub(ops.changing(Origin::Balance));
