@@ -263,7 +263,7 @@ impl Operators {
             return Err(OperatorError::UnknownNode(to));
         }
         if group == META_GROUP {
-            meta_change_allowed(state, route, to)?;
+            meta_change_allowed(state, view, route, to, true, now)?;
         }
         if let Some(a) = self.adds.get(&group) {
             return if a.to == to {
@@ -362,7 +362,7 @@ impl Operators {
         }
         let route = route_of(state, view, group).ok_or(OperatorError::UnknownGroup(group))?;
         if group == META_GROUP {
-            meta_change_allowed(state, route, node)?;
+            meta_change_allowed(state, view, route, node, false, now)?;
         }
         if let Some(r) = self.removes.get(&group) {
             return if r.node == node {
@@ -655,15 +655,25 @@ pub fn route_of<'a>(
     }
 }
 
-/// Refuses a membership change of the meta group while `node` (the one added) or a
-/// member runs a binary that does not report its meta replica: the operator would
-/// never see it catch up, nor the member's removal done.
+/// Refuses a membership change of the meta group while the node added (`added`), or a
+/// live member that stays, runs a binary that does not report its meta replica: the
+/// operator would never see it catch up, nor the change done. The member removed, and
+/// a member down, are not asked (a member that died before its upgrade must still be
+/// replaceable).
 fn meta_change_allowed(
     state: &MetaState,
+    view: &LeaderView,
     route: &phoenix_proto::Route,
     node: u64,
+    added: bool,
+    now: Instant,
 ) -> Result<(), OperatorError> {
-    let nodes = route.replicas.iter().map(|r| r.node_id).chain([node]);
+    let staying = route
+        .replicas
+        .iter()
+        .map(|r| r.node_id)
+        .filter(|&n| n != node && view.is_alive(n, now));
+    let nodes = staying.chain(added.then_some(node));
     for n in nodes {
         if state
             .nodes()

@@ -547,6 +547,59 @@ mod tests {
         assert_eq!(repair_replicas(&st, &v, &ops, now, &[3], 3, 3, 10), vec![]);
     }
 
+    /// A meta member that died before its node was upgraded is still replaced: the
+    /// binary of a member removed, or down, is not asked; a live member's is.
+    #[test]
+    fn a_dead_member_on_an_older_binary_is_still_replaced() {
+        let now = Instant::now();
+        let mut st = cluster(4, 1, |_| vec![1, 2, 4]);
+        // Node 3 died on the binary before this one.
+        for (id, protocol) in [(1u64, 5), (2, 5), (3, 4), (4, 5)] {
+            let cmd = phoenix_proto::MetaCommand {
+                cmd: Some(phoenix_proto::meta_command::Cmd::RegisterNode(
+                    phoenix_proto::Replica {
+                        protocol,
+                        node_id: id,
+                        addr: format!("h:{id}"),
+                    },
+                )),
+            };
+            st.apply(st.applied() + 1, &cmd).unwrap();
+        }
+        let route = meta_route(&[1, 2, 3], &[], 10);
+        let mut v = view_with_down(&st, now, &[3], |_| 1);
+        v.set_meta_route(route.clone(), 1);
+        let mut ops = Operators::default();
+        let members = [1, 2, 3];
+        assert_eq!(
+            ops.add_replica(&st, &v, &members, META_GROUP, 4, now, Origin::Repair),
+            Ok(true)
+        );
+        let route = meta_route(&[1, 2, 3, 4], &[], 12);
+        v.set_meta_route(route.clone(), 1);
+        ops.settle(&st, &v, now);
+        assert_eq!(
+            ops.remove_replica(&st, &v, &members, META_GROUP, 3, now, Origin::Repair),
+            Ok(true)
+        );
+        // Alive, the same node would be asked (it would never report its meta replica).
+        let alive = view_with_down(&st, now, &[], |_| 1);
+        let mut alive = alive;
+        alive.set_meta_route(route, 1);
+        assert_eq!(
+            Operators::default().remove_replica(
+                &st,
+                &alive,
+                &members,
+                META_GROUP,
+                2,
+                now,
+                Origin::Repair
+            ),
+            Err(crate::OperatorError::OldMetaNode(3))
+        );
+    }
+
     /// A draining node's replicas are replaced as a down node's are, though it leads:
     /// it takes no new replica, and its groups may keep their leader there meanwhile.
     #[test]

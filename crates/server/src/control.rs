@@ -127,13 +127,17 @@ impl MetaService {
     fn forward_targets(&self) -> Vec<String> {
         let me = &self.shared.cfg.advertise;
         if let Some(v) = self.shared.groups.read().get(&META_GROUP) {
-            // A meta member forwards only to the leader it knows (no forwarding loops).
-            return self
-                .shared
-                .addr_of(v.leader)
-                .into_iter()
-                .filter(|a| a != me)
-                .collect();
+            // A meta member forwards only to the leader it knows (no forwarding loops:
+            // members that know none do not ask each other); one whose replica is
+            // stopped asks the members as a non-member does.
+            if v.failed.is_none() {
+                return self
+                    .shared
+                    .addr_of(v.leader)
+                    .into_iter()
+                    .filter(|a| a != me)
+                    .collect();
+            }
         }
         self.shared
             .meta_addrs()
@@ -969,6 +973,14 @@ impl MetaService {
                     return Err(PErr::invalid_argument(format!("node {}: {why}", r.node_id)))
                 }
                 _ => tracing::info!(node = r.node_id, addr = %r.addr, "node registered"),
+            }
+            // Deposed while the registration committed: the view below would be an
+            // old leader's (its membership could tell a re-added member to drop).
+            if !self.is_meta_leader() {
+                return Err(PErr::group_unavailable(
+                    META_GROUP,
+                    "no longer the meta leader (ask again)",
+                ));
             }
         }
         self.shared.addrs.write().insert(r.node_id, r.addr.clone());
@@ -1924,13 +1936,13 @@ fn move_replicas(shared: &Shared) {
             now,
             &down,
             cfg.replication,
-            cfg.meta.len(),
+            meta_size(cfg),
             room,
         );
         moves.extend(repairs.into_iter().map(|m| (m, Origin::Repair)));
     }
     // The meta group trimmed back to its size (not left to the optional balancer).
-    if let Some(m) = phoenix_meta::trim_meta(&meta, &lv, &ops, now, cfg.meta.len()) {
+    if let Some(m) = phoenix_meta::trim_meta(&meta, &lv, &ops, now, meta_size(cfg)) {
         moves.push((m, Origin::Repair));
     }
     if cfg.balance_replicas {
@@ -1957,6 +1969,61 @@ fn move_replicas(shared: &Shared) {
             Err(e) => tracing::debug!(?m, ?origin, "not moving a replica: {e}"),
         }
     }
+}
+
+/// Whether a meta group already runs elsewhere without this node: the members it last
+/// learned (`learned`, kept across restarts) leave it out, or else it asks the other
+/// `--meta` members and the learned ones for the cluster, all at once, within a
+/// second and a half. Some(why) if one answers with a meta membership that leaves
+/// this node out (a member replaced while it was away, its disk since wiped: starting a
+/// replica of the first membership would start a second meta group). None if none
+/// answers (the cluster's first start) or the membership lists it (a member that
+/// starts late joins the group it is part of).
+pub(crate) async fn meta_group_without_me(
+    cfg: &crate::Config,
+    learned: &[MetaMember],
+) -> Option<String> {
+    let me = cfg.node_id;
+    if !learned.is_empty() && !learned.iter().any(|m| m.id == me) {
+        let ids: Vec<u64> = learned.iter().map(|m| m.id).collect();
+        return Some(format!("the meta members it last learned are {ids:?}"));
+    }
+    let mut addrs: Vec<String> = Vec::new();
+    for m in learned.iter().chain(&cfg.meta) {
+        if m.id != me && !addrs.contains(&m.addr) {
+            addrs.push(m.addr.clone());
+        }
+    }
+    let probes = addrs.into_iter().map(|addr| async move {
+        let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .ok()?
+            .connect_timeout(Duration::from_millis(500))
+            .timeout(Duration::from_secs(1));
+        let mut c = MetaClient::new(ep.connect().await.ok()?);
+        let r = c
+            .get_cluster(proto::GetClusterRequest { timeout_ms: 800 })
+            .await
+            .ok()?
+            .into_inner();
+        let route = r.meta_group?.route?;
+        let listed = route.replicas.iter().any(|x| x.node_id == me);
+        (!listed).then(|| {
+            let ids: Vec<u64> = route.replicas.iter().map(|x| x.node_id).collect();
+            format!("{addr} answers with meta members {ids:?}")
+        })
+    });
+    let all = futures::future::join_all(probes);
+    match tokio::time::timeout(Duration::from_millis(1500), all).await {
+        Ok(found) => found.into_iter().flatten().next(),
+        Err(_) => None,
+    }
+}
+
+/// The number of voters the meta group is kept at: as many as `--meta` lists, at least
+/// 3 (a meta leader started with a shorter list, e.g. one seed address, must not trim
+/// the group to no fault tolerance). Every node should be given the same `--meta`.
+fn meta_size(cfg: &crate::Config) -> usize {
+    cfg.meta.len().max(3)
 }
 
 /// Proposes the bootstrap of the data groups once its plan says so.

@@ -125,10 +125,21 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     // A member removed from the meta group keeps its tombstone: `--meta` naming it
     // again (the flags it was first started with) must not bring back a replica of the
     // first membership.
-    if cfg.is_meta_member()
+    let bootstrap_meta = cfg.is_meta_member()
         && !registry.contains(META_GROUP)
-        && registry.tombstone(META_GROUP).is_none()
-    {
+        && registry.tombstone(META_GROUP).is_none();
+    let meta_elsewhere = if bootstrap_meta {
+        control::meta_group_without_me(&cfg, &learned_meta).await
+    } else {
+        None
+    };
+    if let Some(why) = &meta_elsewhere {
+        tracing::warn!(
+            "not starting a meta replica of --meta's first membership: {why}; the meta \
+             leader creates one here if the meta group takes this node in"
+        );
+    }
+    if bootstrap_meta && meta_elsewhere.is_none() {
         registry.add(&[proto::Route {
             group_id: META_GROUP,
             start_key: Default::default(),

@@ -181,11 +181,18 @@ impl Shared {
     }
 
     /// Where to look for the meta leader: the [`meta_members`](Self::meta_members),
-    /// then the `--meta` members not among them (a list learned before a restart may
-    /// be stale; the first list given may still hold a member).
+    /// then the members last named and the `--meta` members not among them (a list may
+    /// be stale: a removed member's own replica until it is dropped, a list learned
+    /// before a restart; another may still hold a member).
     pub fn meta_addrs(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for m in self.meta_members().into_iter().chain(self.cfg.meta.clone()) {
+        let learned = self.learned_meta.read().clone();
+        let all = self
+            .meta_members()
+            .into_iter()
+            .chain(learned)
+            .chain(self.cfg.meta.clone());
+        for m in all {
             if !m.addr.is_empty() && !out.contains(&m.addr) {
                 out.push(m.addr);
             }

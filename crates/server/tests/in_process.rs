@@ -2330,7 +2330,7 @@ async fn wait_meta_group(
 /// which learns it is a member. The new member counts in the quorum: with a second
 /// first member stopped, the meta group still commits (a split is planned and
 /// recorded). The dead member, back with the flags it was first started with, drops
-/// its old meta replica and starts no new one.
+/// its old meta replica and starts no new one, nor does it once its disk is wiped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_meta_member_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
@@ -2438,6 +2438,32 @@ async fn a_dead_meta_member_is_replaced() {
     let dead_dir = dir.path().join(format!("node-{dead}"));
     let tomb = wait_dropped(&dead_dir, phoenix_meta::META_GROUP).await;
     assert_eq!(tomb.conf_version, after_route.conf_version);
+    // Its disk wiped (the tombstone gone with it) and started again with its first
+    // flags, it starts no meta replica of the first membership either (that would be a
+    // second meta group): the members it asks name a meta group without it.
+    if let Some(n) = nodes[dead as usize - 1].take() {
+        n.stop().await;
+    }
+    std::fs::remove_dir_all(&dead_dir).unwrap();
+    nodes[dead as usize - 1] = Some(start(cfg(dead as usize - 1)));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while phoenix_server::known_meta::load(&dead_dir)
+        .map(|k| k.len() != want.len())
+        .unwrap_or(true)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the wiped node learned no members"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let hosted = phoenix_server::registry::load(&dead_dir).unwrap();
+    assert!(
+        hosted
+            .iter()
+            .all(|r| r.group_id != phoenix_meta::META_GROUP),
+        "{hosted:?}"
+    );
     for n in nodes.into_iter().flatten() {
         n.stop().await;
     }
@@ -2445,8 +2471,8 @@ async fn a_dead_meta_member_is_replaced() {
         group_left_on_disk(&dead_dir, phoenix_meta::META_GROUP),
         (0, false)
     );
-    // Started again alone with `--meta` naming it, it starts no meta replica of the
-    // first membership: its tombstone stands.
+    // Started again alone with `--meta` naming it, it starts none: the members it
+    // learned leave it out.
     let alone = start(cfg(dead as usize - 1));
     tokio::time::sleep(Duration::from_secs(1)).await;
     alone.stop().await;
