@@ -4,7 +4,8 @@
 # (3 replicas each), filled with KEYS keys of VALUE bytes, then node KILL is killed -9
 # for good. Prints, every 2 s and at the end, how many of the groups that had a replica
 # on it have 3 voters on live nodes again, and the time until all have (from the kill,
-# and from when the node counts as down: --down-after).
+# and from when the node counts as down: --down-after). With KILL in 1-3 a meta member
+# dies: the time until the meta group is whole again (3 members on live nodes) too.
 #
 # Usage: crates/cli/scripts/repair.sh [OUT_DIR]
 # Settings (environment): NGROUPS (256), KEYS (100000), VALUE (256), KILL (4),
@@ -63,8 +64,16 @@ echo "node $kill_node hosts $affected of $groups groups; killing it (down after 
 kill -KILL "${pids[$((kill_node - 1))]}"
 t0=$(date +%s.%N)
 last=-1
+meta_s=
 while true; do
   s=$(status) || { sleep 0.5; continue; }
+  # The meta group too (KILL in 1-3 kills a meta member): 3 voters, none the killed node.
+  if [ -z "$meta_s" ] && jq -e --argjson k "$kill_node" \
+    '(.meta_members | index($k)) == null and (.meta_members | length) == 3 and (.meta_learners | length) == 0' \
+    <<<"$s" >/dev/null; then
+    meta_s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}')
+    echo "t=${meta_s}s meta group whole: members $(jq -c .meta_members <<<"$s")"
+  fi
   # Repaired: 3 voters, none of them the killed node.
   done_n=$(jq --argjson k "$kill_node" \
     '[.groups[] | select((.replicas | index($k)) == null and ((.replicas - .learners) | length) == 3)] | length' <<<"$s")
@@ -76,9 +85,9 @@ while true; do
     echo "t=${el}s repaired $((affected - left)) of $affected (operators under way: $ops)"
     last=$left
   fi
-  [ "$left" -eq 0 ] && break
+  [ "$left" -eq 0 ] && [ -n "$meta_s" ] && break
   awk -v e="$el" 'BEGIN{exit !(e > 900)}' && { echo "not repaired within 900 s" >&2; exit 1; }
   sleep 0.5
 done
 da=$(awk -v d="$down_after" 'BEGIN{sub(/s$/, "", d); print d + 0}')
-echo "RESULT groups=$groups affected=$affected keys=$keys value=$value down_after=$down_after repair_s=$el after_down_s=$(awk -v e="$el" -v d="$da" 'BEGIN{printf "%.1f", e - d}')"
+echo "RESULT groups=$groups affected=$affected keys=$keys value=$value down_after=$down_after repair_s=$el after_down_s=$(awk -v e="$el" -v d="$da" 'BEGIN{printf "%.1f", e - d}') meta_whole_s=$meta_s"

@@ -686,6 +686,16 @@ fn meta_change_allowed(
     Ok(())
 }
 
+/// The voters `route` lists (its replicas but the learners), in its order.
+pub(crate) fn voters_of(route: &phoenix_proto::Route) -> Vec<u64> {
+    route
+        .replicas
+        .iter()
+        .map(|r| r.node_id)
+        .filter(|n| !route.learners.contains(n))
+        .collect()
+}
+
 /// Whether `route` lists `node` as a voter.
 fn is_voter(route: &phoenix_proto::Route, node: u64) -> bool {
     route.replicas.iter().any(|r| r.node_id == node) && !route.learners.contains(&node)
@@ -1016,20 +1026,24 @@ pub(crate) mod tests {
     use rand_chacha::ChaCha8Rng;
 
     /// A meta state with nodes 1..=n and `groups` routes, each on the nodes `place` gives.
+    /// Registers node `id` (again: a new record) with the binary level `protocol`.
+    pub(crate) fn register(st: &mut MetaState, id: u64, protocol: u32) {
+        let cmd = MetaCommand {
+            cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                protocol,
+                node_id: id,
+                addr: format!("h:{id}"),
+            })),
+        };
+        st.apply(st.applied() + 1, &cmd).unwrap();
+    }
+
     pub(crate) fn cluster(n: u64, groups: u64, place: impl Fn(u64) -> Vec<u64>) -> MetaState {
         let mut st = MetaState::default();
-        let mut index = 0;
         for id in 1..=n {
-            index += 1;
-            let cmd = MetaCommand {
-                cmd: Some(meta_command::Cmd::RegisterNode(Replica {
-                    protocol: 0,
-                    node_id: id,
-                    addr: format!("h:{id}"),
-                })),
-            };
-            st.apply(index, &cmd).unwrap();
+            register(&mut st, id, 0);
         }
+        let index = st.applied();
         let routes = (0..groups)
             .map(|i| Route {
                 group_id: i + 1,

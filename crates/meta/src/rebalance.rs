@@ -136,12 +136,7 @@ pub fn balance_replicas(
         if !movable(g) {
             continue;
         }
-        let voters: Vec<u64> = route
-            .replicas
-            .iter()
-            .map(|r| r.node_id)
-            .filter(|n| !route.learners.contains(n))
-            .collect();
+        let voters: Vec<u64> = crate::operator::voters_of(route);
         let m = if let Some(&learner) = route.learners.iter().min() {
             if voters.len() < replication && eligible.contains(&learner) {
                 ReplicaMove::Add {

@@ -217,12 +217,7 @@ pub fn trim_meta(
 ) -> Option<ReplicaMove> {
     let route = view.meta_route()?;
     let leader = view.leader(META_GROUP)?;
-    let voters: Vec<u64> = route
-        .replicas
-        .iter()
-        .map(|r| r.node_id)
-        .filter(|n| !route.learners.contains(n))
-        .collect();
+    let voters: Vec<u64> = crate::operator::voters_of(route);
     // (A user's move is an addition, then a removal: not cut in between.)
     if voters.len() <= meta_replication.max(1)
         || ops.busy(META_GROUP)
@@ -266,7 +261,7 @@ fn reports_meta(state: &MetaState, n: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::tests::{cluster, report, set_route, view};
+    use crate::operator::tests::{cluster, register, report, set_route, view};
     use crate::operator::Origin;
     use phoenix_proto::NodeStats;
     use rand::{Rng, SeedableRng};
@@ -424,16 +419,7 @@ mod tests {
         let mut st = cluster(5, 1, |_| vec![1, 2, 5]);
         // Nodes 1-4 run this binary; node 5 an older one.
         for id in 1..=4u64 {
-            let cmd = phoenix_proto::MetaCommand {
-                cmd: Some(phoenix_proto::meta_command::Cmd::RegisterNode(
-                    phoenix_proto::Replica {
-                        protocol: crate::PROTOCOL,
-                        node_id: id,
-                        addr: format!("h:{id}"),
-                    },
-                )),
-            };
-            st.apply(st.applied() + 1, &cmd).unwrap();
+            register(&mut st, id, crate::PROTOCOL);
         }
         let mut ops = Operators::default();
         let view_of = |route: &phoenix_proto::Route, reporting: &[(u64, u64)]| {
@@ -555,16 +541,7 @@ mod tests {
         let mut st = cluster(4, 1, |_| vec![1, 2, 4]);
         // Node 3 died on the binary before this one.
         for (id, protocol) in [(1u64, 5), (2, 5), (3, 4), (4, 5)] {
-            let cmd = phoenix_proto::MetaCommand {
-                cmd: Some(phoenix_proto::meta_command::Cmd::RegisterNode(
-                    phoenix_proto::Replica {
-                        protocol,
-                        node_id: id,
-                        addr: format!("h:{id}"),
-                    },
-                )),
-            };
-            st.apply(st.applied() + 1, &cmd).unwrap();
+            register(&mut st, id, protocol);
         }
         let route = meta_route(&[1, 2, 3], &[], 10);
         let mut v = view_with_down(&st, now, &[3], |_| 1);

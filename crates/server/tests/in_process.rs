@@ -2274,24 +2274,19 @@ async fn the_replicas_of_a_node_down_too_long_are_replaced() {
 
 /// The meta group as the meta leader of the first of `addrs` that answers reports it.
 async fn meta_group(addrs: &[String]) -> Option<proto::GroupInfo> {
-    for a in addrs {
-        let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await else {
-            continue;
-        };
-        let Ok(c) = m
-            .get_cluster(proto::GetClusterRequest { timeout_ms: 2000 })
-            .await
-        else {
-            continue;
-        };
-        let c = c.into_inner();
-        if c.error.is_none() {
-            if let Some(g) = c.meta_group {
-                return Some(g);
-            }
-        }
-    }
-    None
+    cluster(addrs).await.and_then(|c| c.meta_group)
+}
+
+/// Writes `k1` through the first data group and waits for the meta group's first
+/// members, nodes 1-3 (of `addrs`' nodes, all started).
+async fn meta_on_the_first_three(addrs: &[String]) -> (proto::Route, proto::GroupInfo) {
+    let route = wait_route(addrs).await;
+    put(addrs, &route, b"k1", b"v1").await;
+    let first = wait_meta_group(addrs, "the first meta members", |g| {
+        voters_of(g) == [1, 2, 3] && g.replicas.len() == 3
+    })
+    .await;
+    (route, first)
 }
 
 /// The voters of a group as its route lists them, sorted.
@@ -2342,12 +2337,7 @@ async fn a_dead_meta_member_is_replaced() {
         c
     };
     let mut nodes: Vec<Option<Node>> = (0..4).map(|i| Some(start(cfg(i)))).collect();
-    let route = wait_route(&addrs).await;
-    put(&addrs, &route, b"k1", b"v1").await;
-    let first = wait_meta_group(&addrs, "the first meta members", |g| {
-        voters_of(g) == [1, 2, 3] && g.replicas.len() == 3
-    })
-    .await;
+    let (_, first) = meta_on_the_first_three(&addrs).await;
     let leader = first.route.as_ref().unwrap().leader_node_id;
     // A meta member that does not lead the meta group goes down for good.
     let dead = (1..=3u64).find(|&n| n != leader).unwrap();
@@ -2495,12 +2485,7 @@ async fn the_meta_leaders_replica_moves_by_hand() {
     let nodes: Vec<Node> = (0..4)
         .map(|i| start(config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3)))
         .collect();
-    let route = wait_route(&addrs).await;
-    put(&addrs, &route, b"k1", b"v1").await;
-    let first = wait_meta_group(&addrs, "the first meta members", |g| {
-        voters_of(g) == [1, 2, 3] && g.replicas.len() == 3
-    })
-    .await;
+    let (route, first) = meta_on_the_first_three(&addrs).await;
     let leader = first.route.as_ref().unwrap().leader_node_id;
     let c = workload::client(&addrs).await;
     let voters = c
@@ -2608,8 +2593,9 @@ async fn replicas_spread_over_nodes_that_join() {
 
 /// A drained node (here the group's leader) loses its replica: the group gets one on
 /// the spare node, the leadership moves off, the table leaves the drained node out and
-/// it drops the group; the cluster view says it is draining until the drain is
-/// cancelled; every write is there. Unknown nodes are refused.
+/// it drops the group (and its meta replica, if it is a meta member, goes to the spare
+/// node too); the cluster view says it is draining until the drain is cancelled; every
+/// write is there. Unknown nodes are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_drained_node_is_emptied() {
     let dir = tempfile::tempdir().unwrap();
@@ -2644,7 +2630,9 @@ async fn a_drained_node_is_emptied() {
     assert!(r.error.is_some(), "draining an unknown node: {r:?}");
     let r = drain(drained, false).await;
     assert!(r.error.is_none(), "{:?}", r.error);
-    assert_eq!(r.replicas, 1);
+    // Its data replica, and its meta replica if it is a meta member (nodes 1-3).
+    let meta_member = drained <= 3;
+    assert_eq!(r.replicas, 1 + u64::from(meta_member));
     let t = Instant::now();
     let mut want: Vec<u64> = on.iter().copied().filter(|&n| n != drained).collect();
     want.push(spare);
@@ -2664,6 +2652,20 @@ async fn a_drained_node_is_emptied() {
     };
     eprintln!("node {drained} drained in {:?}", t.elapsed());
     assert_ne!(after.leader_node_id, drained);
+    if meta_member {
+        // Its meta replica goes to the spare node as well.
+        let mut want: Vec<u64> = (1..=4u64).filter(|&n| n != drained).collect();
+        want.sort_unstable();
+        wait_meta_group(&addrs, "the meta replica drained", |g| {
+            voters_of(g) == want && g.route.as_ref().unwrap().learners.is_empty()
+        })
+        .await;
+        wait_dropped(
+            &dir.path().join(format!("node-{drained}")),
+            phoenix_meta::META_GROUP,
+        )
+        .await;
+    }
     wait_dropped(&dir.path().join(format!("node-{drained}")), g).await;
     let draining = |resp: &proto::GetClusterResponse| {
         resp.nodes

@@ -205,9 +205,8 @@ pub async fn get(addrs: &[String], route: &proto::Route, key: &[u8]) -> Option<V
     }
 }
 
-/// The groups with their replicas' stats as the meta service last heard of them, from
-/// the first of `addrs` that answers (empty if none does).
-pub async fn cluster_groups(addrs: &[String]) -> Vec<proto::GroupInfo> {
+/// The cluster as the meta leader sees it, from the first of `addrs` that answers.
+pub async fn cluster(addrs: &[String]) -> Option<proto::GetClusterResponse> {
     for a in addrs {
         let Ok(mut m) = proto::meta_client::MetaClient::connect(format!("http://{a}")).await else {
             continue;
@@ -220,10 +219,16 @@ pub async fn cluster_groups(addrs: &[String]) -> Vec<proto::GroupInfo> {
         };
         let c = c.into_inner();
         if c.error.is_none() {
-            return c.groups;
+            return Some(c);
         }
     }
-    Vec::new()
+    None
+}
+
+/// The groups with their replicas' stats as the meta service last heard of them, from
+/// the first of `addrs` that answers (empty if none does).
+pub async fn cluster_groups(addrs: &[String]) -> Vec<proto::GroupInfo> {
+    cluster(addrs).await.map(|c| c.groups).unwrap_or_default()
 }
 
 /// What a stopped node (data directory `node_dir`) still holds of group `g`: the
