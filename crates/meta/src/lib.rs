@@ -42,7 +42,7 @@ pub use operator::{
     BALANCE_INFLIGHT_MAX,
 };
 pub use rebalance::{balance_replicas, REPLICA_BALANCE_INFLIGHT_MAX};
-pub use repair::{down_nodes, repair_replicas, trim_meta, ReplicaMove, REPAIR_INFLIGHT_MAX};
+pub use repair::{down_nodes, repair_replicas, resize_meta, ReplicaMove, REPAIR_INFLIGHT_MAX};
 pub use schedule::{
     bootstrap_plan, cluster_view, even_split_keys, place, placement_commands, registration,
     route_table, route_updates, routes_view, split_ranges, INITIAL_GROUPS_MAX,

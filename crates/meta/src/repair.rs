@@ -200,32 +200,63 @@ pub fn repair_replicas(
     moves
 }
 
-/// The removal that brings the meta group back to `meta_replication` voters when it
-/// has more (a replacement made a voter, then the member it replaced came back before
-/// its removal; data groups get the same from the replica balancer): the voter, not the
-/// meta leader, on a node not fit for work (down, full, stopping) first, else on the
-/// node hosting the most replicas (ties: the highest id). None while an operator is
-/// under way on the meta group or a user's addition or removal on it ended lately
-/// ([`Operators::asked_lately`]: a `cluster move`'s removal comes next), or while the
-/// rest would lack a live quorum.
-pub fn trim_meta(
+/// The change that brings the meta group back to `meta_replication` voters when nothing
+/// is down or draining in it (those are [`repair_replicas`]'s): data groups get the same
+/// from the replica balancer, which leaves the meta group alone.
+/// - A learner left by an addition that gave up is promoted if the group lacks a voter
+///   and its node is fit for work, else removed.
+/// - Too few voters (a user's removal, or a trim that cut a user's move in two when the
+///   meta leadership moved): a replica is added on the fit node hosting the fewest
+///   replicas whose binary reports a meta replica (none in a cluster with no such node).
+/// - More than `max(meta_replication, 3)` voters (a replacement made a voter, then the
+///   member it replaced came back before its removal): the voter, not the meta leader,
+///   on a node not fit for work first, else on the node hosting the most replicas
+///   (ties: the highest id), if the rest keep a live quorum. Never below 3: a meta
+///   leader started with a shorter `--meta` must not trim the group to no fault
+///   tolerance.
+///
+/// None while an operator is under way on the meta group, a user's addition or
+/// removal on it ended lately ([`Operators::asked_lately`]: a `cluster move`'s removal
+/// comes next), or this meta leader has been in office (since `since`) for less than
+/// `ASKED_GRACE` (a user's move under the last leader may be between its steps).
+#[allow(clippy::too_many_arguments)] // what is known, since when, what is wanted
+pub fn resize_meta(
     state: &MetaState,
     view: &LeaderView,
     ops: &Operators,
     now: Instant,
+    since: Instant,
+    down: &[u64],
     meta_replication: usize,
 ) -> Option<ReplicaMove> {
     let route = view.meta_route()?;
     let leader = view.leader(META_GROUP)?;
     let voters: Vec<u64> = crate::operator::voters_of(route);
-    // (A user's move is an addition, then a removal: not cut in between.)
-    if voters.len() <= meta_replication.max(1)
-        || ops.busy(META_GROUP)
+    let draining = state.draining_nodes();
+    let leaving = |n: &u64| down.contains(n) || draining.contains(n);
+    if ops.busy(META_GROUP)
         || ops.asked_lately(META_GROUP, now)
+        || now.saturating_duration_since(since) < crate::operator::ASKED_GRACE
+        || route.replicas.iter().any(|r| leaving(&r.node_id))
     {
         return None;
     }
     let fit = eligible_nodes(state, view, now, |_| false);
+    let want = meta_replication.max(1);
+    if let Some(&learner) = route.learners.iter().min() {
+        let promote = voters.len() < want && fit.contains(&learner);
+        return Some(if promote {
+            ReplicaMove::Add {
+                group: META_GROUP,
+                to: learner,
+            }
+        } else {
+            ReplicaMove::Remove {
+                group: META_GROUP,
+                node: learner,
+            }
+        });
+    }
     let hosted = |n: u64| {
         state
             .routes()
@@ -233,6 +264,20 @@ pub fn trim_meta(
             .filter(|r| r.replicas.iter().any(|x| x.node_id == n))
             .count()
     };
+    if voters.len() < want {
+        let to = fit
+            .iter()
+            .copied()
+            .filter(|n| !voters.contains(n) && reports_meta(state, *n))
+            .min_by_key(|&n| (hosted(n), n))?;
+        return Some(ReplicaMove::Add {
+            group: META_GROUP,
+            to,
+        });
+    }
+    if voters.len() <= want.max(3) {
+        return None;
+    }
     let node = voters
         .iter()
         .copied()
@@ -481,7 +526,8 @@ mod tests {
         // too many: the trim takes it from a non-leader on a node unfit for work first
         // (node 3, down, here), else on the node hosting the most replicas (group 1 is
         // on nodes 1, 2 and 5: node 2); at the wanted size, from none.
-        let trim = |v: &LeaderView, want| trim_meta(&st, v, &ops, now, want);
+        let long_ago = now - Duration::from_secs(60);
+        let trim = |v: &LeaderView, want| resize_meta(&st, v, &ops, now, long_ago, &[], want);
         let remove = |node| {
             Some(ReplicaMove::Remove {
                 group: META_GROUP,
@@ -496,6 +542,29 @@ mod tests {
         }
         assert_eq!(trim(&back, 3), remove(2));
         assert_eq!(trim(&back, 4), None);
+        // Not while a member is down (repair's), nor for a meta leader new in office.
+        assert_eq!(resize_meta(&st, &v, &ops, now, long_ago, &[3], 3), None);
+        assert_eq!(resize_meta(&st, &back, &ops, now, now, &[], 3), None);
+        // Too few voters (a move cut in two by a trim): grown back on the fit node
+        // hosting the fewest replicas that reports a meta replica (node 5 hosts least
+        // but runs an older binary): node 3.
+        let add = |to| {
+            Some(ReplicaMove::Add {
+                group: META_GROUP,
+                to,
+            })
+        };
+        let two = meta_route(&[1, 2], &[], 14);
+        let mut short = view_with_down(&st, now, &[], |_| 1);
+        short.set_meta_route(two, 1);
+        assert_eq!(trim(&short, 3), add(3));
+        assert_eq!(trim(&short, 2), None);
+        // A learner left by an addition that gave up: promoted if a voter is missing,
+        // else removed.
+        short.set_meta_route(meta_route(&[1, 2], &[4], 15), 1);
+        assert_eq!(trim(&short, 3), add(4));
+        short.set_meta_route(meta_route(&[1, 2, 3], &[4], 16), 1);
+        assert_eq!(trim(&short, 3), remove(4));
         let moves = repair_replicas(&st, &v, &ops, now, &[3], 3, 3, 10);
         assert_eq!(
             moves[0],

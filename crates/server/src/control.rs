@@ -128,16 +128,13 @@ impl MetaService {
         let me = &self.shared.cfg.advertise;
         if let Some(v) = self.shared.groups.read().get(&META_GROUP) {
             // A meta member forwards only to the leader it knows (no forwarding loops:
-            // members that know none do not ask each other); one whose replica is
-            // stopped asks the members as a non-member does.
-            if v.failed.is_none() {
-                return self
-                    .shared
-                    .addr_of(v.leader)
-                    .into_iter()
-                    .filter(|a| a != me)
-                    .collect();
-            }
+            // members, even with a stopped replica, never ask each other at random).
+            return self
+                .shared
+                .addr_of(v.leader)
+                .into_iter()
+                .filter(|a| a != me)
+                .collect();
         }
         self.shared
             .meta_addrs()
@@ -1936,13 +1933,14 @@ fn move_replicas(shared: &Shared) {
             now,
             &down,
             cfg.replication,
-            meta_size(cfg),
+            cfg.meta.len(),
             room,
         );
         moves.extend(repairs.into_iter().map(|m| (m, Origin::Repair)));
     }
-    // The meta group trimmed back to its size (not left to the optional balancer).
-    if let Some(m) = phoenix_meta::trim_meta(&meta, &lv, &ops, now, meta_size(cfg)) {
+    // The meta group kept at its size (not left to the optional balancer).
+    let resize = phoenix_meta::resize_meta(&meta, &lv, &ops, now, since, &down, cfg.meta.len());
+    if let Some(m) = resize {
         moves.push((m, Origin::Repair));
     }
     if cfg.balance_replicas {
@@ -2012,18 +2010,22 @@ pub(crate) async fn meta_group_without_me(
             format!("{addr} answers with meta members {ids:?}")
         })
     });
-    let all = futures::future::join_all(probes);
-    match tokio::time::timeout(Duration::from_millis(1500), all).await {
-        Ok(found) => found.into_iter().flatten().next(),
-        Err(_) => None,
-    }
-}
-
-/// The number of voters the meta group is kept at: as many as `--meta` lists, at least
-/// 3 (a meta leader started with a shorter list, e.g. one seed address, must not trim
-/// the group to no fault tolerance). Every node should be given the same `--meta`.
-fn meta_size(cfg: &crate::Config) -> usize {
-    cfg.meta.len().max(3)
+    // The first answer that leaves this node out decides; the deadline only ends the
+    // wait for the others.
+    let mut pending: futures::stream::FuturesUnordered<_> = probes.collect();
+    let first = async {
+        use futures::StreamExt as _;
+        while let Some(found) = pending.next().await {
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    };
+    tokio::time::timeout(Duration::from_millis(1500), first)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Proposes the bootstrap of the data groups once its plan says so.

@@ -445,9 +445,11 @@ fn drain(args: DrainArgs, format: Format) -> Result<Outcome, CmdError> {
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             // (A status that fails to come is asked for again until the deadline.)
             if let Ok(s) = client.cluster_status().await {
+                // (Its meta replica counts: it is replaced too.)
                 left = s
                     .groups
                     .iter()
+                    .chain(&s.meta_group)
                     .filter(|g| g.replicas.contains(&args.node))
                     .count() as u64;
             }
