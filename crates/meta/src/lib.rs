@@ -36,7 +36,9 @@ pub mod state;
 
 pub use error::{Error, OperatorError, Refusal, Result};
 pub use liveness::{LeaderView, Report, ALIVE_WITHIN};
-pub use merge::{merge_commands, merge_steps, settled_leader, small_merges, MERGE_INFLIGHT_MAX};
+pub use merge::{
+    merge_alignment, merge_commands, merge_steps, settled_leader, small_merges, MERGE_INFLIGHT_MAX,
+};
 pub use operator::{
     balance_leaders, route_of, AddStep, Operators, Origin, Outcome, RemoveStep,
     BALANCE_INFLIGHT_MAX,

@@ -17,14 +17,20 @@
 //! S's leader proposes `RollbackMerge` (S thaws, or if it never froze, its epoch moves
 //! on so a late `PrepareMerge` is refused), and `FinishMerge` without a route ends the
 //! plan once S's leader reports it thawed. [`small_merges`] picks neighbours to merge
-//! by size.
+//! by size; [`merge_alignment`] first brings small neighbours on different voters onto
+//! the same ones, a membership change at a time.
 
 use phoenix_proto::{
     meta_command, placement_command, MergeDone, MergeGroup, MergePhase, MergePlan, MetaCommand,
     OperatorOrigin, PlacementCommand, ReplicaStats, Route,
 };
 
+use std::collections::BTreeSet;
+use std::time::Instant;
+
 use crate::liveness::LeaderView;
+use crate::operator::eligible_nodes;
+use crate::repair::ReplicaMove;
 use crate::state::{joined_range, MetaState};
 
 /// Merges planned by size at most at once, over the cluster.
@@ -205,18 +211,17 @@ pub fn merged_leftovers(state: &MetaState, view: &LeaderView, node: u64) -> Vec<
         .collect()
 }
 
-/// Neighbours to merge by size: both under `max_bytes` together with their keys under
-/// `max_keys` (each as its leader reports, at the route's epoch), the same voters and no
-/// learners, neither in a split or merge plan, nor `busy` (an operator changing its
-/// membership). The smaller group goes into its neighbour. At most
-/// [`MERGE_INFLIGHT_MAX`] planned at once; `max_bytes` 0 turns it off.
-pub fn small_merges(
-    state: &MetaState,
+/// Neighbours small enough to merge, as (source, target): both under `max_bytes`
+/// together with their keys under `max_keys` (each as its leader reports, at the
+/// route's epoch), no learners, neither in a split or merge plan, nor `busy`; the
+/// smaller group is the source. In key order. Their voters may differ.
+fn small_pairs<'a>(
+    state: &'a MetaState,
     view: &LeaderView,
     max_bytes: u64,
     max_keys: u64,
     busy: impl Fn(u64) -> bool,
-) -> Vec<MergePlan> {
+) -> Vec<(&'a Route, &'a Route)> {
     if max_bytes == 0 || state.merges().len() >= MERGE_INFLIGHT_MAX {
         return Vec::new();
     }
@@ -230,16 +235,12 @@ pub fn small_merges(
             && state.merge_of(r.group_id).is_none()
             && !busy(r.group_id)
     };
-    let voters = |r: &Route| {
-        let mut v: Vec<u64> = r.replicas.iter().map(|x| x.node_id).collect();
-        v.sort_unstable();
-        v
-    };
     let mut by_start: Vec<&Route> = state.routes().values().collect();
     by_start.sort_by(|a, b| a.start_key.cmp(&b.start_key));
+    let mut out = Vec::new();
     for w in by_start.windows(2) {
         let (a, b) = (w[0], w[1]);
-        if !free(a) || !free(b) || voters(a) != voters(b) {
+        if !free(a) || !free(b) {
             continue;
         }
         let (Some((ab, ak)), Some((bb, bk))) = (size(a), size(b)) else {
@@ -248,8 +249,30 @@ pub fn small_merges(
         if ab + bb >= max_bytes || ak + bk >= max_keys {
             continue;
         }
-        let (s, t) = if ab <= bb { (a, b) } else { (b, a) };
-        return vec![MergePlan {
+        out.push(if ab <= bb { (a, b) } else { (b, a) });
+    }
+    out
+}
+
+fn voter_set(r: &Route) -> BTreeSet<u64> {
+    r.replicas.iter().map(|x| x.node_id).collect()
+}
+
+/// Neighbours to merge by size: a pair of [`small_pairs`] with the same voters (`busy`:
+/// an operator changing the membership, or a range not settled). The smaller group
+/// goes into its neighbour. At most [`MERGE_INFLIGHT_MAX`] planned at once;
+/// `max_bytes` 0 turns it off.
+pub fn small_merges(
+    state: &MetaState,
+    view: &LeaderView,
+    max_bytes: u64,
+    max_keys: u64,
+    busy: impl Fn(u64) -> bool,
+) -> Vec<MergePlan> {
+    small_pairs(state, view, max_bytes, max_keys, busy)
+        .into_iter()
+        .find(|(s, t)| voter_set(s) == voter_set(t))
+        .map(|(s, t)| MergePlan {
             source: s.group_id,
             target: t.group_id,
             source_epoch: s.epoch,
@@ -257,9 +280,73 @@ pub fn small_merges(
             phase: MergePhase::Prepare as i32,
             prepare_index: 0,
             origin: OperatorOrigin::MergeCheck as i32,
-        }];
+        })
+        .into_iter()
+        .collect()
+}
+
+/// The next membership change that brings two small neighbours onto the same voters so
+/// they can merge (PD's merge checker does the same before a merge): neighbours placed
+/// apart by repair or the replica balancer would otherwise never merge. None while a
+/// pair could merge already, or none is small enough.
+///
+/// Of the [`small_pairs`] whose voters differ, all of them alive on nodes fit for
+/// work (alive, not full, stopping or draining), the pair whose voters differ least
+/// (a pair half aligned goes first: ties to key order) takes one step:
+/// - a group with more voters than the other and than `replication` loses one the
+///   other lacks (a follower first);
+/// - else the source gains one of the target's voters it lacks, moved from one the
+///   target lacks (a follower first; an addition alone when there is none).
+///
+/// The steps end: each brings the two voter sets one node closer. Returns the step and
+/// the pair (source, target).
+#[allow(clippy::too_many_arguments)] // the limits of small_pairs, and the change's context
+pub fn merge_alignment(
+    state: &MetaState,
+    view: &LeaderView,
+    now: Instant,
+    replication: usize,
+    max_bytes: u64,
+    max_keys: u64,
+    busy: impl Fn(u64) -> bool,
+) -> Option<(ReplicaMove, [u64; 2])> {
+    let pairs = small_pairs(state, view, max_bytes, max_keys, busy);
+    if pairs.iter().any(|(s, t)| voter_set(s) == voter_set(t)) {
+        return None;
     }
-    Vec::new()
+    let draining = state.draining_nodes();
+    let fit: BTreeSet<u64> = eligible_nodes(state, view, now, |n| draining.contains(&n))
+        .into_iter()
+        .collect();
+    let (s, t) = pairs
+        .into_iter()
+        .filter(|(s, t)| voter_set(s).union(&voter_set(t)).all(|n| fit.contains(n)))
+        .min_by_key(|(s, t)| voter_set(s).symmetric_difference(&voter_set(t)).count())?;
+    let (vs, vt) = (voter_set(s), voter_set(t));
+    // A follower of `g` among `nodes` if there is one, else the lowest.
+    let pick = |g: u64, nodes: Vec<u64>| {
+        let leader = view.leader(g);
+        nodes
+            .iter()
+            .copied()
+            .find(|&n| Some(n) != leader)
+            .or_else(|| nodes.first().copied())
+    };
+    let pair = [s.group_id, t.group_id];
+    for (x, vx, vy) in [(s, &vs, &vt), (t, &vt, &vs)] {
+        if vx.len() > vy.len().max(replication) {
+            let node = pick(x.group_id, vx.difference(vy).copied().collect())?;
+            let group = x.group_id;
+            return Some((ReplicaMove::Remove { group, node }, pair));
+        }
+    }
+    let to = vt.difference(&vs).copied().next()?;
+    let group = s.group_id;
+    let step = match pick(group, vs.difference(&vt).copied().collect()) {
+        Some(from) => ReplicaMove::Move { group, from, to },
+        None => ReplicaMove::Add { group, to },
+    };
+    Some((step, pair))
 }
 
 #[cfg(test)]
@@ -317,6 +404,16 @@ mod tests {
 
     /// Every node hosting a group of `st` reports it: node 1 leads, with `bytes`.
     fn view(st: &MetaState, bytes: &[(u64, u64)], tweak: impl Fn(&mut ReplicaStats)) -> LeaderView {
+        view_with(st, bytes, tweak, |_| NodeStats::default())
+    }
+
+    /// [`view`], each node's own stats from `stats`.
+    fn view_with(
+        st: &MetaState,
+        bytes: &[(u64, u64)],
+        tweak: impl Fn(&mut ReplicaStats),
+        stats: impl Fn(u64) -> NodeStats,
+    ) -> LeaderView {
         let mut v = LeaderView::default();
         for n in 1..=4u64 {
             let reps: Vec<ReplicaStats> = st
@@ -342,9 +439,81 @@ mod tests {
                     rep
                 })
                 .collect();
-            v.record(Instant::now(), n, NodeStats::default(), &reps);
+            v.record(Instant::now(), n, stats(n), &reps);
         }
         v
+    }
+
+    /// Small neighbours on different voters are brought onto the same ones a step at a
+    /// time, the smaller moving: a voter moved over (from a follower), then an extra
+    /// voter trimmed; nothing once they could merge, nor while a node of theirs is unfit,
+    /// a group busy, or merging off.
+    #[test]
+    fn small_neighbours_on_other_voters_are_aligned_a_step_at_a_time() {
+        let now = Instant::now();
+        let routes = |two: &[u64]| {
+            vec![
+                route(1, "", "f", &[1, 2, 3]),
+                route(2, "f", "m", two),
+                route(3, "m", "", &[4, 3, 2]),
+            ]
+        };
+        let bytes = [(1, 5 << 20), (2, 3 << 20), (3, 40 << 20)];
+        let align = |st: &MetaState, v: &LeaderView| {
+            merge_alignment(st, v, now, 3, 20 << 20, 1000, |_| false).map(|(m, _)| m)
+        };
+        // Group 2 (node 2 leads) is the smaller of the pair it can merge with (3 is too
+        // big): its replica on 4 moves to 1.
+        let st = state(routes(&[2, 3, 4]));
+        let v = view(&st, &bytes, |_| {});
+        assert_eq!(
+            align(&st, &v),
+            Some(ReplicaMove::Move {
+                group: 2,
+                from: 4,
+                to: 1
+            })
+        );
+        // Node 1 voting in group 2 too: the extra voter on 4 goes.
+        let st = state(routes(&[2, 3, 4, 1]));
+        let v = view(&st, &bytes, |_| {});
+        assert_eq!(
+            align(&st, &v),
+            Some(ReplicaMove::Remove { group: 2, node: 4 })
+        );
+        // The target with the extra voter: it loses it.
+        let st = state(vec![
+            route(1, "", "f", &[1, 2, 3, 4]),
+            route(2, "f", "", &[1, 2, 3]),
+        ]);
+        let v = view(&st, &bytes, |_| {});
+        assert_eq!(
+            align(&st, &v),
+            Some(ReplicaMove::Remove { group: 1, node: 4 })
+        );
+        // A source short of a voter gains one.
+        let st = state(routes(&[2, 3]));
+        let v = view(&st, &bytes, |_| {});
+        assert_eq!(align(&st, &v), Some(ReplicaMove::Add { group: 2, to: 1 }));
+        // On the same voters: a merge, no alignment.
+        let st = state(routes(&[3, 2, 1]));
+        let v = view(&st, &bytes, |_| {});
+        assert_eq!(align(&st, &v), None);
+        assert_eq!(small_merges(&st, &v, 20 << 20, 1000, |_| false).len(), 1);
+        // A node of the pair full, a busy group, merges off: nothing.
+        let st = state(routes(&[2, 3, 4]));
+        let full = |n: u64| NodeStats {
+            disk_full: n == 4,
+            ..NodeStats::default()
+        };
+        let v = view_with(&st, &bytes, |_| {}, full);
+        assert_eq!(align(&st, &v), None);
+        let v = view(&st, &bytes, |_| {});
+        assert_eq!(
+            merge_alignment(&st, &v, now, 3, 20 << 20, 1000, |g| g == 1),
+            None
+        );
+        assert_eq!(merge_alignment(&st, &v, now, 3, 0, 1000, |_| false), None);
     }
 
     /// Small neighbours with the same replicas merge, the smaller into the other; not

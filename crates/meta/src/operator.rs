@@ -39,6 +39,7 @@ use phoenix_proto::{
 
 use crate::error::OperatorError;
 use crate::liveness::LeaderView;
+use crate::repair::ReplicaMove;
 use crate::state::{MetaState, META_GROUP};
 
 /// An operator not done within this is given up.
@@ -149,6 +150,9 @@ pub enum Origin {
     Balance,
     /// Replica repair ([`crate::repair_replicas`]).
     Repair,
+    /// The merge check bringing two neighbours onto the same voters
+    /// ([`crate::merge_alignment`]).
+    Merge,
 }
 
 impl Origin {
@@ -157,6 +161,7 @@ impl Origin {
             Origin::Request => OperatorOrigin::Request,
             Origin::Balance => OperatorOrigin::Balance,
             Origin::Repair => OperatorOrigin::Repair,
+            Origin::Merge => OperatorOrigin::MergeCheck,
         }
     }
 }
@@ -195,6 +200,10 @@ pub struct Operators {
     /// Groups whose move made its new voter lately: the node the extra voter is to be
     /// trimmed from, and when (kept [`TRIM_HINT_FOR`]).
     trims: HashMap<u64, (u64, Instant)>,
+    /// The two neighbours the merge check is bringing onto the same voters
+    /// ([`crate::merge_alignment`]): the replica balancer leaves them where they are, or
+    /// it would move back what the alignment moved, and neither would ever finish.
+    merge_pair: Option<[u64; 2]>,
 }
 
 impl Operators {
@@ -326,6 +335,41 @@ impl Operators {
             a.trim = Some(from);
         }
         Ok(started)
+    }
+
+    /// Starts the operator for `m` (an addition, a removal or a move, as
+    /// [`add_replica`](Operators::add_replica), [`remove_replica`](Operators::remove_replica)
+    /// and [`move_replica`](Operators::move_replica) do).
+    pub fn start(
+        &mut self,
+        state: &MetaState,
+        view: &LeaderView,
+        meta_members: &[u64],
+        m: ReplicaMove,
+        now: Instant,
+        origin: Origin,
+    ) -> Result<bool, OperatorError> {
+        match m {
+            ReplicaMove::Add { group, to } => {
+                self.add_replica(state, view, meta_members, group, to, now, origin)
+            }
+            ReplicaMove::Remove { group, node } => {
+                self.remove_replica(state, view, meta_members, group, node, now, origin)
+            }
+            ReplicaMove::Move { group, from, to } => {
+                self.move_replica(state, view, meta_members, group, from, to, now, origin)
+            }
+        }
+    }
+
+    /// Names the pair of groups the merge check aligns now (None: none).
+    pub fn set_merge_pair(&mut self, pair: Option<[u64; 2]>) {
+        self.merge_pair = pair;
+    }
+
+    /// Whether `group` is one of the pair the merge check aligns now.
+    pub fn held_for_merge(&self, group: u64) -> bool {
+        self.merge_pair.is_some_and(|p| p.contains(&group))
     }
 
     /// Whether an addition or removal of a replica of `group` is under way (a merge is

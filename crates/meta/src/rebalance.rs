@@ -29,6 +29,10 @@
 //! without that hint (a meta leader change), from its most loaded node. Adding first
 //! keeps every group at its number of voters throughout.
 //!
+//! The two groups the merge check is bringing onto the same voters
+//! ([`crate::merge_alignment`]) are not moved for balance (their extra voter is still
+//! trimmed): the balancer would undo the alignment, and the two would chase each other.
+//!
 //! A group under an operator, whose leader is not known to be live, or whose replica
 //! addition or removal asked for by a user ended within
 //! [`crate::operator::ASKED_GRACE`] (so the removal half of a `cluster move` comes
@@ -195,6 +199,7 @@ pub fn balance_replicas(
             && route.learners.is_empty()
             && route.replicas.len() <= replication
             && !touched.contains(&g)
+            && !ops.held_for_merge(g)
             && movable(g)
     };
     while moves.len() < max && !within_band(&load.count) {
@@ -442,6 +447,15 @@ mod tests {
                 to: 4
             }]
         );
+        // Group 1 held for a merge's alignment: the other big one goes instead; both
+        // held, nothing big moves.
+        let mut held = Operators::default();
+        held.set_merge_pair(Some([1, 3]));
+        let moves = balance_replicas(&st, &v, &held, now, &[], 3, 1);
+        assert_eq!(moves[0].group(), 2, "{moves:?}");
+        held.set_merge_pair(Some([1, 2]));
+        let moves = balance_replicas(&st, &v, &held, now, &[], 3, 1);
+        assert!(moves.iter().all(|m| m.group() > 2), "{moves:?}");
         // Without sizes nothing moves: the counts are balanced.
         let flat = view(&st, now, |_| 1);
         assert_eq!(

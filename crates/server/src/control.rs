@@ -1736,7 +1736,7 @@ async fn step_merges(svc: &MetaService) {
         let members: Vec<u64> = shared.meta_member_ids();
         let meta = shared.meta.read();
         let lv = shared.leader_view.lock();
-        let ops = shared.operators.lock();
+        let mut ops = shared.operators.lock();
         let mut clocks = shared.merge_clocks.lock();
         if meta
             .member_behind(&members, phoenix_meta::PROTOCOL_MERGE)
@@ -1784,13 +1784,42 @@ async fn step_merges(svc: &MetaService) {
                 now.saturating_duration_since(*since) >= shared.cfg.merge_after
             })
         };
+        let busy = |g: u64| ops.changes_membership(g) || !settled(g);
         let plans = phoenix_meta::small_merges(
             &meta,
             &lv,
             shared.cfg.group_merge_bytes,
             shared.cfg.group_merge_keys,
-            |g| ops.changes_membership(g) || !settled(g),
+            busy,
         );
+        // None to merge yet: bring a small pair onto the same voters, a change at a time.
+        // Alignment is the last of the replica changes: it waits for repair and the
+        // replica balancer to have none under way (a merge can wait; it only adds
+        // changes to a cluster already changing). While a step is under way the pair
+        // stays named: the replica balancer leaves it alone.
+        let calm = ops.changing(Origin::Repair) == 0 && ops.changing(Origin::Balance) == 0;
+        let align = if plans.is_empty() && ops.changing(Origin::Merge) == 0 && calm {
+            phoenix_meta::merge_alignment(
+                &meta,
+                &lv,
+                now,
+                shared.cfg.replication,
+                shared.cfg.group_merge_bytes,
+                shared.cfg.group_merge_keys,
+                busy,
+            )
+        } else {
+            None
+        };
+        if plans.is_empty() && ops.changing(Origin::Merge) == 0 && calm {
+            ops.set_merge_pair(align.map(|(_, pair)| pair));
+        }
+        if let Some((m, _)) = align {
+            match ops.start(&meta, &lv, &members, m, now, Origin::Merge) {
+                Ok(_) => tracing::info!(?m, "aligning replicas for a merge"),
+                Err(e) => tracing::debug!(?m, "not aligning replicas for a merge: {e}"),
+            }
+        }
         for plan in plans {
             let nodes: Vec<u64> = meta
                 .routes()
@@ -1908,7 +1937,6 @@ fn balance(shared: &Shared) {
 /// `--down-after` and the draining ones, then the replica balancer's moves (`phoenix_meta::balance_replicas`,
 /// which waits while repair has work), each up to its in-flight limit.
 fn move_replicas(shared: &Shared) {
-    use phoenix_meta::ReplicaMove;
     let now = Instant::now();
     let Some(since) = *shared.meta_leader_since.lock() else {
         return;
@@ -1951,18 +1979,7 @@ fn move_replicas(shared: &Shared) {
         moves.extend(balance.into_iter().map(|m| (m, Origin::Balance)));
     }
     for (m, origin) in moves {
-        let started = match m {
-            ReplicaMove::Add { group, to } => {
-                ops.add_replica(&meta, &lv, &members, group, to, now, origin)
-            }
-            ReplicaMove::Remove { group, node } => {
-                ops.remove_replica(&meta, &lv, &members, group, node, now, origin)
-            }
-            ReplicaMove::Move { group, from, to } => {
-                ops.move_replica(&meta, &lv, &members, group, from, to, now, origin)
-            }
-        };
-        match started {
+        match ops.start(&meta, &lv, &members, m, now, origin) {
             Ok(_) => tracing::info!(?m, ?origin, down = ?down, "moving a replica"),
             Err(e) => tracing::debug!(?m, ?origin, "not moving a replica: {e}"),
         }

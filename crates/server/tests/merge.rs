@@ -173,3 +173,68 @@ async fn a_merge_that_cannot_prepare_everywhere_is_rolled_back() {
         n.stop().await;
     }
 }
+
+/// Two small neighbours on different voters (one replica moved by hand while merges
+/// were off) are merged once merges are on: the merge check first moves the smaller
+/// group's replicas onto its neighbour's voters, a change at a time, then merges the
+/// two; every write is kept and the merged group's replicas agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn neighbours_on_different_voters_are_aligned_then_merged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, members) = loopback_members(4);
+    let meta = members[..3].to_vec();
+    let cfg = |i: usize, merge: bool| {
+        let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+        c.split_keys = vec![key(KEYS / 2)];
+        if merge {
+            c.group_merge_bytes = 64 << 20;
+            c.merge_after = Duration::from_secs(1);
+        }
+        c
+    };
+    // Both groups start on nodes 1-3 (node 4 is not up at the bootstrap); the right one
+    // then moves its replica on 3 to 4.
+    let mut nodes: Vec<Node> = (0..3).map(|i| start(cfg(i, false))).collect();
+    let routes = routes_with_leaders_at_least(&addrs[..3], 2).await;
+    nodes.push(start(cfg(3, false)));
+    let right = routes
+        .iter()
+        .find(|r| r.start_key.as_ref() == key(KEYS / 2).as_slice())
+        .unwrap()
+        .group_id;
+    let c = client(&addrs).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !c
+        .cluster_status()
+        .await
+        .is_ok_and(|s| s.nodes.iter().any(|n| n.node_id == 4 && n.alive))
+    {
+        assert!(std::time::Instant::now() < deadline, "node 4 not up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let voters = c.move_replica(right, 3, 4).await.unwrap();
+    assert_eq!(voters, vec![1, 2, 4]);
+    let mut acked = BTreeMap::new();
+    for i in 0..KEYS {
+        c.put(&key(i), &value(i, 0)).await.unwrap();
+        acked.insert(i, 0u32);
+    }
+    for n in nodes {
+        n.stop().await;
+    }
+    // Merges on: the two become one, on one set of voters.
+    let nodes: Vec<Node> = (0..4).map(|i| start(cfg(i, true))).collect();
+    let merged = wait_routes(&addrs, "the two groups merged", |rs| {
+        rs.len() == 1 && rs[0].leader_node_id != 0
+    })
+    .await;
+    let c = client(&addrs).await;
+    check_all(&c, &acked).await;
+    let g = merged[0].group_id;
+    let scrub = c.scrub_group(g).await.unwrap();
+    assert!(scrub.consistent, "{scrub:?}");
+    assert_eq!(merged[0].replicas.len(), 3, "{merged:?}");
+    for n in nodes {
+        n.stop().await;
+    }
+}
