@@ -59,7 +59,8 @@ pub struct ClusterSpec {
     pub addrs: Vec<SocketAddr>,
     /// Extra arguments for every server.
     pub server_args: Vec<String>,
-    /// Give every node a metrics port (and its status page), picked free at each start.
+    /// Give every node a metrics port (and its status page) and a Redis-protocol port,
+    /// picked free at each start.
     pub status_pages: bool,
 }
 
@@ -328,6 +329,9 @@ pub struct LocalCluster {
     /// asks for status pages, or when the server arguments name their own
     /// `--metrics-listen`).
     pub metrics: Vec<Option<SocketAddr>>,
+    /// Node N's Redis-protocol port (None unless the spec asks for status pages, or when
+    /// the server arguments name their own `--resp-listen`).
+    pub resp: Vec<Option<SocketAddr>>,
 }
 
 impl LocalCluster {
@@ -346,21 +350,24 @@ impl LocalCluster {
                 }
             }
         }
-        // Each node's metrics port (and status page), picked while the nodes' own ports
-        // are held so that none is picked twice.
-        let metrics: Vec<Option<SocketAddr>> = if !spec.status_pages
-            || spec
-                .server_args
-                .iter()
-                .any(|a| a.starts_with("--metrics-listen"))
-        {
-            vec![None; spec.addrs.len()]
-        } else {
-            free_ports(spec.addrs.len())?
-                .into_iter()
-                .map(Some)
-                .collect()
+        // Each node's metrics port (and status page) and Redis-protocol port, picked at
+        // once while the nodes' own ports are held, so that none is picked twice.
+        let n = spec.addrs.len();
+        let wanted =
+            |flag: &str| spec.status_pages && !spec.server_args.iter().any(|a| a.starts_with(flag));
+        let (want_metrics, want_resp) = (wanted("--metrics-listen"), wanted("--resp-listen"));
+        let mut picked = free_ports(n * (usize::from(want_metrics) + usize::from(want_resp)))?
+            .into_iter()
+            .map(Some);
+        let mut take = |want: bool| -> Vec<Option<SocketAddr>> {
+            if want {
+                picked.by_ref().take(n).collect()
+            } else {
+                vec![None; n]
+            }
         };
+        let metrics = take(want_metrics);
+        let resp = take(want_resp);
         drop(held);
         let exe = std::env::current_exe().map_err(|e| format!("locate the phoenix binary: {e}"))?;
         let meta = spec.meta_arg();
@@ -383,6 +390,9 @@ impl LocalCluster {
             if let Some(m) = metrics[i] {
                 cmd.arg("--metrics-listen").arg(m.to_string());
             }
+            if let Some(r) = resp[i] {
+                cmd.arg("--resp-listen").arg(r.to_string());
+            }
             nodes.push(Proc::spawn(
                 format!("node {id}"),
                 cmd,
@@ -393,6 +403,7 @@ impl LocalCluster {
             spec,
             nodes,
             metrics,
+            resp,
         })
     }
 
@@ -549,6 +560,14 @@ fn ready_text(cluster: &LocalCluster, routes: &[Route]) -> String {
             "  status page: http://{m}/  (metrics: http://{m}/metrics)"
         );
     }
+    if let Some(Some(r)) = cluster.resp.first() {
+        let _ = writeln!(
+            out,
+            "  Redis protocol: redis-cli -h {} -p {} (every node: --output json lists them)",
+            r.ip(),
+            r.port()
+        );
+    }
     for r in routes {
         let leader = r
             .leader
@@ -587,6 +606,7 @@ fn ready_json(cluster: &LocalCluster, routes: &[Route], reused: bool) -> serde_j
                 "data_dir": cluster.spec.dir.join(format!("node-{}", i + 1)).display().to_string(),
                 "log": p.log.display().to_string(),
                 "status_page": cluster.metrics.get(i).copied().flatten().map(|m| format!("http://{m}/")),
+                "resp": cluster.resp.get(i).copied().flatten().map(|r| r.to_string()),
             })
         })
         .collect();

@@ -63,6 +63,11 @@ pub struct Args {
     /// docs/metrics.md), e.g. 127.0.0.1:9101. Off unless given.
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    /// Address to serve the Redis protocol on (RESP2/RESP3: redis-cli, redis-benchmark,
+    /// Redis client libraries), e.g. 127.0.0.1:6379. Requests go to each key's group
+    /// leader wherever it is. Commands in docs/resp.md. Off unless given.
+    #[arg(long)]
+    pub resp_listen: Option<String>,
     /// Free disk space to keep, in MiB: under it the node refuses client writes with a
     /// DiskFull error (reads go on) and takes them again once space returns. 0: never.
     #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_RESERVE_SPACE >> 20)]
@@ -179,6 +184,15 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.snapshot_bytes_per_sec = args.snapshot_mb_per_sec.max(1) << 20;
     cfg.reserve_space = args.reserve_space_mb.saturating_mul(1 << 20);
     cfg.metrics_listen = args.metrics_listen;
+    let resp_listen = args.resp_listen;
+    let node_id = cfg.node_id;
+    // This node first, then the meta members: the client finds the rest.
+    let mut resp_endpoints = vec![cfg.advertise.clone()];
+    for m in &cfg.meta {
+        if !resp_endpoints.contains(&m.addr) {
+            resp_endpoints.push(m.addr.clone());
+        }
+    }
     cfg.balance_leaders = !args.no_balance_leaders;
     cfg.balance_replicas = !args.no_balance_replicas;
     cfg.down_after = args.down_after;
@@ -201,6 +215,32 @@ pub fn run(args: Args) -> Result<(), BoxError> {
         .thread_name("phoenix-io")
         .build()?;
     rt.block_on(async move {
+        // The Redis front end listens before the node starts, so a port taken fails the
+        // start; it reaches the cluster as any client does, through this node first.
+        let resp = match &resp_listen {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| format!("--resp-listen {addr}: {e}"))?;
+                tracing::info!(addr = %addr, "serving the Redis protocol");
+                let client = phoenix_client::Client::new_lazy(
+                    resp_endpoints,
+                    phoenix_client::ClientOptions::default(),
+                )?;
+                let store = std::sync::Arc::new(phoenix_resp::ClusterStore::new(client));
+                let info = phoenix_resp::ServerInfo {
+                    node_id,
+                    ..phoenix_resp::ServerInfo::default()
+                };
+                Some(tokio::spawn(phoenix_resp::serve(
+                    listener,
+                    store,
+                    info,
+                    std::future::pending(),
+                )))
+            }
+            None => None,
+        };
         let shutdown = async {
             let mut term =
                 match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -217,7 +257,11 @@ pub fn run(args: Args) -> Result<(), BoxError> {
             }
             tracing::info!("stopping");
         };
-        phoenix_server::run(cfg, shutdown).await
+        let ran = phoenix_server::run(cfg, shutdown).await;
+        if let Some(task) = resp {
+            task.abort();
+        }
+        ran.map_err(BoxError::from)
     })?;
     Ok(())
 }

@@ -1,0 +1,420 @@
+//! The Redis serialization protocol (RESP2 and RESP3) on the wire: requests in, replies
+//! out.
+//!
+//! A request is an array of bulk strings (`*2\r\n$3\r\nGET\r\n$1\r\nk\r\n`), or an
+//! inline command (`GET k\r\n`, as typed into telnet). [`parse_request`] takes a buffer
+//! that may hold less than one request (it asks for more), one, or several (pipelining:
+//! it returns the first and how many bytes it used). A request breaking the protocol or
+//! the limits is an error after which the connection is closed, as Redis does: nothing
+//! after it can be framed.
+//!
+//! [`Reply`] encodes itself for the protocol version the connection chose with HELLO:
+//! RESP3 has a null, maps, doubles and verbatim-free simple types; in RESP2 a null is
+//! the null bulk string (or null array) and a map is a flat array.
+
+use std::fmt;
+
+/// Sizes a request may not exceed.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Most arguments in one request.
+    pub max_args: usize,
+    /// Longest argument, in bytes.
+    pub max_bulk: usize,
+    /// Longest inline command line, in bytes.
+    pub max_inline: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            // Redis's own limit on a multibulk's length.
+            max_args: 1024 * 1024,
+            // A value at the cluster's limit, with room for the key and framing of
+            // MSET's pairs being separate arguments.
+            max_bulk: phoenix_proto::limits::VALUE_BYTES_MAX + 1024,
+            // Redis's PROTO_INLINE_MAX_SIZE.
+            max_inline: 64 * 1024,
+        }
+    }
+}
+
+/// A request that breaks the protocol; the connection is closed after its error reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProtocolError(pub String);
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Protocol error: {}", self.0)
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+/// A request's arguments and the bytes it took, None if the buffer holds less than one.
+pub type Parsed = Result<Option<(Vec<Vec<u8>>, usize)>, ProtocolError>;
+
+fn err<T>(why: impl Into<String>) -> Result<T, ProtocolError> {
+    Err(ProtocolError(why.into()))
+}
+
+/// The position of the `\r\n` ending the line that starts at `from`, if it is in `buf`.
+fn line_end(buf: &[u8], from: usize) -> Option<usize> {
+    buf.get(from..)?
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .map(|p| from + p)
+}
+
+/// A decimal integer as RESP writes lengths: optional `-`, digits, nothing else.
+fn parse_int(s: &[u8]) -> Option<i64> {
+    let (neg, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let v = digits
+        .iter()
+        .fold(0i64, |acc, d| acc * 10 + i64::from(d - b'0'));
+    Some(if neg { -v } else { v })
+}
+
+/// The first request in `buf`: its arguments and the bytes it took, or None if `buf`
+/// does not hold a whole one yet. An empty request (a blank inline line, `*0`) is
+/// returned with no arguments; the caller skips it.
+pub fn parse_request(buf: &[u8], limits: &Limits) -> Parsed {
+    match buf.first() {
+        None => Ok(None),
+        Some(b'*') => parse_multibulk(buf, limits),
+        Some(_) => parse_inline(buf, limits),
+    }
+}
+
+fn parse_multibulk(buf: &[u8], limits: &Limits) -> Parsed {
+    let Some(end) = line_end(buf, 1) else {
+        if buf.len() > limits.max_inline {
+            return err("too big mbulk count string");
+        }
+        return Ok(None);
+    };
+    let count = match parse_int(&buf[1..end]) {
+        Some(n) if n <= limits.max_args as i64 => n,
+        _ => return err("invalid multibulk length"),
+    };
+    let mut pos = end + 2;
+    if count <= 0 {
+        return Ok(Some((Vec::new(), pos)));
+    }
+    let mut args = Vec::with_capacity((count as usize).min(1024));
+    for _ in 0..count {
+        match buf.get(pos) {
+            None => return Ok(None),
+            Some(b'$') => {}
+            Some(&c) => return err(format!("expected '$', got '{}'", c as char)),
+        }
+        let Some(end) = line_end(buf, pos + 1) else {
+            if buf.len() - pos > 32 {
+                return err("invalid bulk length");
+            }
+            return Ok(None);
+        };
+        let len = match parse_int(&buf[pos + 1..end]) {
+            Some(n) if n >= 0 && n as usize <= limits.max_bulk => n as usize,
+            _ => return err("invalid bulk length"),
+        };
+        let start = end + 2;
+        let Some(data) = buf.get(start..start + len) else {
+            return Ok(None);
+        };
+        match buf.get(start + len..start + len + 2) {
+            None => return Ok(None),
+            Some(b"\r\n") => {}
+            Some(_) => return err("bulk string not terminated by CRLF"),
+        }
+        args.push(data.to_vec());
+        pos = start + len + 2;
+    }
+    Ok(Some((args, pos)))
+}
+
+fn parse_inline(buf: &[u8], limits: &Limits) -> Parsed {
+    let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
+        if buf.len() > limits.max_inline {
+            return err("too big inline request");
+        }
+        return Ok(None);
+    };
+    if nl > limits.max_inline {
+        return err("too big inline request");
+    }
+    let line = buf[..nl].strip_suffix(b"\r").unwrap_or(&buf[..nl]);
+    Ok(Some((split_inline(line)?, nl + 1)))
+}
+
+/// Splits an inline command line into arguments as Redis's `sdssplitargs` does:
+/// whitespace between them, double quotes with `\n`, `\xHH`-style escapes, or single
+/// quotes taken literally (but for `\'`).
+fn split_inline(line: &[u8]) -> Result<Vec<Vec<u8>>, ProtocolError> {
+    let mut args = Vec::new();
+    let mut i = 0;
+    while i < line.len() {
+        while i < line.len() && line[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i >= line.len() {
+            break;
+        }
+        let mut cur = Vec::new();
+        match line[i] {
+            b'"' => {
+                i += 1;
+                loop {
+                    let Some(&c) = line.get(i) else {
+                        return err("unbalanced quotes in request");
+                    };
+                    i += 1;
+                    match c {
+                        b'"' => break,
+                        b'\\' => {
+                            let Some(&e) = line.get(i) else {
+                                return err("unbalanced quotes in request");
+                            };
+                            i += 1;
+                            let hex = |b: u8| (b as char).to_digit(16);
+                            match e {
+                                b'n' => cur.push(b'\n'),
+                                b'r' => cur.push(b'\r'),
+                                b't' => cur.push(b'\t'),
+                                b'b' => cur.push(8),
+                                b'a' => cur.push(7),
+                                b'x' => match (
+                                    line.get(i).copied().and_then(hex),
+                                    line.get(i + 1).copied().and_then(hex),
+                                ) {
+                                    (Some(h), Some(l)) => {
+                                        cur.push((h * 16 + l) as u8);
+                                        i += 2;
+                                    }
+                                    _ => cur.push(b'x'),
+                                },
+                                other => cur.push(other),
+                            }
+                        }
+                        other => cur.push(other),
+                    }
+                }
+                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+                    return err("unbalanced quotes in request");
+                }
+            }
+            b'\'' => {
+                i += 1;
+                loop {
+                    let Some(&c) = line.get(i) else {
+                        return err("unbalanced quotes in request");
+                    };
+                    i += 1;
+                    match c {
+                        b'\'' => break,
+                        b'\\' if line.get(i) == Some(&b'\'') => {
+                            cur.push(b'\'');
+                            i += 1;
+                        }
+                        other => cur.push(other),
+                    }
+                }
+                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+                    return err("unbalanced quotes in request");
+                }
+            }
+            _ => {
+                while i < line.len() && !line[i].is_ascii_whitespace() {
+                    cur.push(line[i]);
+                    i += 1;
+                }
+            }
+        }
+        args.push(cur);
+    }
+    Ok(args)
+}
+
+/// A reply, encoded for the connection's protocol version by [`Reply::encode`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// `+OK`.
+    Simple(String),
+    /// `-ERR …`: the text includes its code (`ERR`, `WRONGTYPE`, `CROSSSLOT`, …).
+    Error(String),
+    /// `:42`.
+    Int(i64),
+    /// A bulk string.
+    Bulk(Vec<u8>),
+    /// Nothing (a missing key): RESP2's null bulk string, RESP3's null.
+    Null,
+    /// Nothing where an array was expected: RESP2's null array, RESP3's null.
+    NullArray,
+    /// An array.
+    Array(Vec<Reply>),
+    /// A map (RESP3); a flat array of keys and values in RESP2.
+    Map(Vec<(Reply, Reply)>),
+}
+
+impl Reply {
+    /// `+OK`.
+    pub fn ok() -> Reply {
+        Reply::Simple("OK".into())
+    }
+
+    /// An error reply; `msg` starts with its code.
+    pub fn error(msg: impl Into<String>) -> Reply {
+        Reply::Error(msg.into())
+    }
+
+    /// A bulk string from text.
+    pub fn text(s: impl AsRef<str>) -> Reply {
+        Reply::Bulk(s.as_ref().as_bytes().to_vec())
+    }
+
+    /// Appends the reply to `out` in protocol `version` (2 or 3).
+    pub fn encode(&self, version: u8, out: &mut Vec<u8>) {
+        match self {
+            Reply::Simple(s) => line(out, b'+', s.as_bytes()),
+            Reply::Error(s) => line(out, b'-', s.as_bytes()),
+            Reply::Int(n) => line(out, b':', n.to_string().as_bytes()),
+            Reply::Bulk(b) => {
+                line(out, b'$', b.len().to_string().as_bytes());
+                out.extend_from_slice(b);
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Null if version >= 3 => out.extend_from_slice(b"_\r\n"),
+            Reply::Null => out.extend_from_slice(b"$-1\r\n"),
+            Reply::NullArray if version >= 3 => out.extend_from_slice(b"_\r\n"),
+            Reply::NullArray => out.extend_from_slice(b"*-1\r\n"),
+            Reply::Array(items) => {
+                line(out, b'*', items.len().to_string().as_bytes());
+                for r in items {
+                    r.encode(version, out);
+                }
+            }
+            Reply::Map(pairs) => {
+                if version >= 3 {
+                    line(out, b'%', pairs.len().to_string().as_bytes());
+                } else {
+                    line(out, b'*', (pairs.len() * 2).to_string().as_bytes());
+                }
+                for (k, v) in pairs {
+                    k.encode(version, out);
+                    v.encode(version, out);
+                }
+            }
+        }
+    }
+}
+
+/// `<kind><text>\r\n`; CR and LF inside a simple string or error are replaced by spaces
+/// (they would end the line early).
+fn line(out: &mut Vec<u8>, kind: u8, text: &[u8]) {
+    out.push(kind);
+    out.extend(
+        text.iter()
+            .map(|&c| if c == b'\r' || c == b'\n' { b' ' } else { c }),
+    );
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(buf: &[u8]) -> Parsed {
+        parse_request(buf, &Limits::default())
+    }
+
+    fn args(v: &[&[u8]]) -> Vec<Vec<u8>> {
+        v.iter().map(|a| a.to_vec()).collect()
+    }
+
+    #[test]
+    fn a_multibulk_request_is_parsed_whole_or_waited_for() {
+        let req = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\na\r\nb\0\r\n";
+        let (a, used) = parse(req).unwrap().unwrap();
+        assert_eq!(a, args(&[b"SET", b"k", b"a\r\nb\0"]));
+        assert_eq!(used, req.len());
+        // Every shorter prefix asks for more.
+        for n in 0..req.len() {
+            assert_eq!(parse(&req[..n]).unwrap(), None, "prefix of {n} bytes");
+        }
+        // Pipelined: the first, then the rest.
+        let two = [&req[..], b"*1\r\n$4\r\nPING\r\n"].concat();
+        let (a, used) = parse(&two).unwrap().unwrap();
+        assert_eq!((a.len(), used), (3, req.len()));
+        let (a, _) = parse(&two[used..]).unwrap().unwrap();
+        assert_eq!(a, args(&[b"PING"]));
+        // Empty requests.
+        assert_eq!(parse(b"*0\r\n").unwrap(), Some((vec![], 4)));
+        assert_eq!(parse(b"*-1\r\n").unwrap(), Some((vec![], 5)));
+    }
+
+    #[test]
+    fn requests_that_break_the_protocol_or_the_limits_are_errors() {
+        for bad in [
+            &b"*x\r\n"[..],
+            b"*1\r\n:5\r\n",
+            b"*1\r\n$-2\r\n",
+            b"*1\r\n$abc\r\n",
+            b"*1\r\n$1\r\nab\r\n",
+            b"*99999999999\r\n",
+            b"*1\r\n$2000000\r\n",
+            b"\"unbalanced\r\n",
+            b"'x'y\r\n",
+        ] {
+            assert!(parse(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        // Over a smaller limit.
+        let small = Limits {
+            max_args: 2,
+            max_bulk: 4,
+            max_inline: 8,
+        };
+        assert!(parse_request(b"*3\r\n", &small).is_err());
+        assert!(parse_request(b"*1\r\n$5\r\n", &small).is_err());
+        assert!(parse_request(b"GET aaaaaaaaa", &small).is_err());
+        assert!(parse_request(b"*1\r\n$4\r\nPING\r\n", &small).is_ok());
+    }
+
+    #[test]
+    fn inline_commands_split_as_redis_does() {
+        let (a, used) = parse(b"SET  k \"a b\\x41\\n\" 'c\\'d'\r\nGET k\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(a, args(&[b"SET", b"k", b"a bA\n", b"c'd"]));
+        assert_eq!(used, 27);
+        assert_eq!(parse(b"PING\n").unwrap(), Some((args(&[b"PING"]), 5)));
+        assert_eq!(parse(b"   \r\n").unwrap(), Some((vec![], 5)));
+        assert_eq!(parse(b"PING").unwrap(), None);
+    }
+
+    #[test]
+    fn replies_encode_for_either_protocol() {
+        let enc = |r: &Reply, v: u8| {
+            let mut out = Vec::new();
+            r.encode(v, &mut out);
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(enc(&Reply::ok(), 2), "+OK\r\n");
+        assert_eq!(enc(&Reply::error("ERR a\r\nb"), 2), "-ERR a  b\r\n");
+        assert_eq!(enc(&Reply::Int(-3), 3), ":-3\r\n");
+        assert_eq!(enc(&Reply::Bulk(b"a\r\n".to_vec()), 2), "$3\r\na\r\n\r\n");
+        assert_eq!(enc(&Reply::Null, 2), "$-1\r\n");
+        assert_eq!(enc(&Reply::Null, 3), "_\r\n");
+        assert_eq!(enc(&Reply::NullArray, 2), "*-1\r\n");
+        let arr = Reply::Array(vec![Reply::Int(1), Reply::Null]);
+        assert_eq!(enc(&arr, 2), "*2\r\n:1\r\n$-1\r\n");
+        let map = Reply::Map(vec![(Reply::text("a"), Reply::Int(1))]);
+        assert_eq!(enc(&map, 2), "*2\r\n$1\r\na\r\n:1\r\n");
+        assert_eq!(enc(&map, 3), "%1\r\n$1\r\na\r\n:1\r\n");
+    }
+}

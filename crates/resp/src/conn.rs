@@ -1,0 +1,487 @@
+//! A client connection: reads requests (pipelined or not), runs each command against
+//! the [`Store`] in order, and writes the replies back in order, flushed once the
+//! requests at hand are answered.
+//!
+//! Commands that read and then write (SET with NX, XX or GET, SETNX, GETSET, DEL,
+//! INCR…) are compare-and-swaps on the key, retried while another client changes it in
+//! between: each is atomic. A write whose outcome is unknown (a leader lost mid-way) is
+//! answered with an error saying so, never guessed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::codec::{parse_request, Limits, Reply};
+use crate::command::{self, Command, CommandInfo, CommandQuery, Pattern, SetCond, COMMANDS};
+use crate::store::{Store, StoreError};
+
+/// Compare-and-swap attempts a read-modify-write command makes before it gives up on a
+/// key other clients keep changing.
+pub const SWAP_ATTEMPTS_MAX: usize = 64;
+
+/// SCAN cursors a connection keeps at once (the oldest are forgotten).
+pub const CURSORS_MAX: usize = 1024;
+
+/// Keys one scan page asks the cluster for at most (KEYS and DBSIZE page through).
+const PAGE: u32 = 1000;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What the server says of itself in HELLO and INFO.
+#[derive(Debug, Clone)]
+pub struct ServerInfo {
+    /// This node's id.
+    pub node_id: u64,
+    /// The Redis version it answers like (clients check it for features).
+    pub redis_version: &'static str,
+}
+
+impl Default for ServerInfo {
+    fn default() -> ServerInfo {
+        ServerInfo {
+            node_id: 0,
+            redis_version: "7.2.0",
+        }
+    }
+}
+
+/// A connection's own state.
+pub struct Conn<S> {
+    store: Arc<S>,
+    limits: Limits,
+    info: Arc<ServerInfo>,
+    id: u64,
+    version: u8,
+    name: Option<Vec<u8>>,
+    /// SCAN cursor → the key the scan goes on from (`cursors_order`: oldest first).
+    cursors: HashMap<u64, Vec<u8>>,
+    cursors_order: VecDeque<u64>,
+    next_cursor: u64,
+}
+
+/// What to do after a reply.
+enum Then {
+    Go,
+    Close,
+}
+
+fn store_err(e: StoreError) -> Reply {
+    match e {
+        StoreError::CrossGroup(_) => Reply::error(format!("CROSSSLOT {e}")),
+        other => Reply::error(format!("ERR {other}")),
+    }
+}
+
+fn contended(what: &str) -> Reply {
+    Reply::error(format!(
+        "ERR {what}: the key changed under {SWAP_ATTEMPTS_MAX} attempts in a row; try again"
+    ))
+}
+
+fn bulk_or_null(v: Option<Vec<u8>>) -> Reply {
+    v.map_or(Reply::Null, Reply::Bulk)
+}
+
+impl<S: Store> Conn<S> {
+    /// A new connection's state.
+    pub fn new(store: Arc<S>, limits: Limits, info: Arc<ServerInfo>) -> Conn<S> {
+        Conn {
+            store,
+            limits,
+            info,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            version: 2,
+            name: None,
+            cursors: HashMap::new(),
+            cursors_order: VecDeque::new(),
+            next_cursor: 1,
+        }
+    }
+
+    /// Serves requests from `io` until the client leaves, sends QUIT, or breaks the
+    /// protocol (answered with an error, then closed).
+    pub async fn serve<IO: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        mut io: IO,
+    ) -> std::io::Result<()> {
+        let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+        let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let n = io.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            let mut used = 0;
+            let mut close = false;
+            loop {
+                match parse_request(&buf[used..], &self.limits) {
+                    Ok(None) => break,
+                    Ok(Some((args, took))) => {
+                        used += took;
+                        if args.is_empty() {
+                            continue;
+                        }
+                        let (reply, then) = self.run(args).await;
+                        reply.encode(self.version, &mut out);
+                        if let Then::Close = then {
+                            close = true;
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        Reply::error(format!("ERR {e}")).encode(self.version, &mut out);
+                        close = true;
+                        break;
+                    }
+                }
+                // Answer a long pipeline in pieces rather than holding every reply.
+                if out.len() >= 1 << 20 {
+                    io.write_all(&out).await?;
+                    out.clear();
+                }
+            }
+            buf.drain(..used);
+            if !out.is_empty() {
+                io.write_all(&out).await?;
+                out.clear();
+            }
+            if close {
+                io.flush().await?;
+                return Ok(());
+            }
+        }
+    }
+
+    /// Runs one request.
+    async fn run(&mut self, args: Vec<Vec<u8>>) -> (Reply, Then) {
+        let cmd = match command::parse(args) {
+            Ok(c) => c,
+            Err(reply) => return (reply, Then::Go),
+        };
+        if let Command::Quit = cmd {
+            return (Reply::ok(), Then::Close);
+        }
+        let reply = self.execute(cmd).await.unwrap_or_else(store_err);
+        (reply, Then::Go)
+    }
+
+    async fn execute(&mut self, cmd: Command) -> Result<Reply, StoreError> {
+        let store = Arc::clone(&self.store);
+        Ok(match cmd {
+            Command::Ping(None) => Reply::Simple("PONG".into()),
+            Command::Ping(Some(m)) | Command::Echo(m) => Reply::Bulk(m),
+            Command::Quit => Reply::ok(),
+            Command::Hello {
+                version,
+                auth,
+                name,
+            } => {
+                if auth {
+                    return Ok(no_auth());
+                }
+                if let Some(v) = version {
+                    self.version = v;
+                }
+                if name.is_some() {
+                    self.name = name;
+                }
+                self.hello()
+            }
+            Command::Auth => no_auth(),
+            Command::ClientSetName(n) => {
+                self.name = (!n.is_empty()).then_some(n);
+                Reply::ok()
+            }
+            Command::ClientGetName => bulk_or_null(self.name.clone()),
+            Command::ClientId => Reply::Int(self.id as i64),
+            Command::ClientSetInfo => Reply::ok(),
+            Command::Command(q) => command_reply(q),
+            Command::Select(0) => Reply::ok(),
+            Command::Select(_) => Reply::error("ERR DB index is out of range"),
+            Command::Info => Reply::Bulk(self.info_text().into_bytes()),
+            Command::ConfigGet => Reply::Map(Vec::new()),
+            Command::Get(k) => bulk_or_null(store.get(&k).await?),
+            Command::Set {
+                key,
+                value,
+                cond: SetCond::Always,
+                get: false,
+            } => {
+                store.put(&key, &value).await?;
+                Reply::ok()
+            }
+            Command::Set {
+                key,
+                value,
+                cond,
+                get,
+            } => set_swapped(&*store, &key, &value, cond, get).await?,
+            Command::SetNx(k, v) => {
+                let r = store.cas(&k, None, Some(&v)).await?;
+                Reply::Int(i64::from(r.succeeded))
+            }
+            Command::GetSet(k, v) => set_swapped(&*store, &k, &v, SetCond::Always, true).await?,
+            Command::Del(keys) => {
+                let mut n = 0;
+                for k in keys {
+                    n += i64::from(delete_swapped(&*store, &k).await?);
+                }
+                Reply::Int(n)
+            }
+            Command::Exists(keys) => {
+                let vals = store.get_many(&keys).await?;
+                Reply::Int(vals.iter().filter(|v| v.is_some()).count() as i64)
+            }
+            Command::MGet(keys) => {
+                let vals = store.get_many(&keys).await?;
+                Reply::Array(vals.into_iter().map(bulk_or_null).collect())
+            }
+            Command::MSet(pairs) => {
+                // A key given twice keeps its last value, as in Redis.
+                let mut ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(pairs.len());
+                for (k, v) in pairs.into_iter().rev() {
+                    if !ops.iter().any(|(o, _)| *o == k) {
+                        ops.push((k, Some(v)));
+                    }
+                }
+                ops.reverse();
+                store.write(&ops).await?;
+                Reply::ok()
+            }
+            Command::IncrBy(k, by) => incr_swapped(&*store, &k, by).await?,
+            Command::Scan {
+                cursor,
+                pattern,
+                count,
+            } => self.scan(cursor, &pattern, count).await?,
+            Command::Keys(pattern) => {
+                let mut keys = Vec::new();
+                each_key(&*store, &pattern, |k| keys.push(Reply::Bulk(k))).await?;
+                Reply::Array(keys)
+            }
+            Command::DbSize => {
+                let mut n = 0;
+                each_key(&*store, &Pattern::Prefix(Vec::new()), |_| n += 1).await?;
+                Reply::Int(n)
+            }
+            Command::Ttl(k) => Reply::Int(if store.get(&k).await?.is_some() {
+                -1
+            } else {
+                -2
+            }),
+        })
+    }
+
+    fn hello(&self) -> Reply {
+        Reply::Map(vec![
+            (Reply::text("server"), Reply::text("redis")),
+            (Reply::text("version"), Reply::text(self.info.redis_version)),
+            (Reply::text("proto"), Reply::Int(i64::from(self.version))),
+            (Reply::text("id"), Reply::Int(self.id as i64)),
+            (Reply::text("mode"), Reply::text("standalone")),
+            (Reply::text("role"), Reply::text("master")),
+            (Reply::text("modules"), Reply::Array(Vec::new())),
+        ])
+    }
+
+    fn info_text(&self) -> String {
+        format!(
+            "# Server\r\nredis_version:{}\r\nredis_mode:standalone\r\nserver_name:phoenixkv\r\n\
+             phoenixkv_version:{}\r\nphoenixkv_node_id:{}\r\n\r\n# Replication\r\nrole:master\r\n",
+            self.info.redis_version,
+            env!("CARGO_PKG_VERSION"),
+            self.info.node_id
+        )
+    }
+
+    /// One SCAN step: up to `count` keys from where `cursor` left off.
+    async fn scan(
+        &mut self,
+        cursor: u64,
+        pattern: &Pattern,
+        count: usize,
+    ) -> Result<Reply, StoreError> {
+        let from = if cursor == 0 {
+            pattern.start().to_vec()
+        } else {
+            match self.cursors.remove(&cursor) {
+                Some(k) => k,
+                None => return Ok(Reply::error("ERR invalid cursor")),
+            }
+        };
+        let end = range_end(pattern);
+        let limit = count.min(phoenix_proto::limits::SCAN_LIMIT_MAX as usize) as u32;
+        let page = self.store.scan(&from, &end, limit).await?;
+        let keys: Vec<Reply> = page
+            .pairs
+            .into_iter()
+            .filter(|(k, _)| pattern.matches(k))
+            .map(|(k, _)| Reply::Bulk(k))
+            .collect();
+        let next = match page.next {
+            Some(k) => {
+                let id = self.next_cursor;
+                self.next_cursor += 1;
+                self.cursors.insert(id, k);
+                self.cursors_order.push_back(id);
+                while self.cursors_order.len() > CURSORS_MAX {
+                    if let Some(old) = self.cursors_order.pop_front() {
+                        self.cursors.remove(&old);
+                    }
+                }
+                id
+            }
+            None => 0,
+        };
+        Ok(Reply::Array(vec![
+            Reply::text(next.to_string()),
+            Reply::Array(keys),
+        ]))
+    }
+}
+
+fn no_auth() -> Reply {
+    Reply::error(
+        "ERR AUTH <password> called without any password configured for the default user. \
+         Are you sure your configuration is correct?",
+    )
+}
+
+/// The end of the range a pattern's keys lie in (empty: unbounded).
+fn range_end(pattern: &Pattern) -> Vec<u8> {
+    match pattern {
+        Pattern::Prefix(p) => phoenix_client::prefix_end(p),
+        Pattern::Exact(k) => {
+            let mut e = k.clone();
+            e.push(0);
+            e
+        }
+    }
+}
+
+/// Calls `f` with every key matching `pattern`, page by page.
+async fn each_key<S: Store>(
+    store: &S,
+    pattern: &Pattern,
+    mut f: impl FnMut(Vec<u8>),
+) -> Result<(), StoreError> {
+    let end = range_end(pattern);
+    let mut from = pattern.start().to_vec();
+    loop {
+        let page = store.scan(&from, &end, PAGE).await?;
+        for (k, _) in page.pairs {
+            if pattern.matches(&k) {
+                f(k);
+            }
+        }
+        match page.next {
+            Some(n) => from = n,
+            None => return Ok(()),
+        }
+    }
+}
+
+/// SET with NX, XX or GET (and GETSET): a compare-and-swap on what was read.
+async fn set_swapped<S: Store>(
+    store: &S,
+    key: &[u8],
+    value: &[u8],
+    cond: SetCond,
+    get: bool,
+) -> Result<Reply, StoreError> {
+    let mut cur = store.get(key).await?;
+    for _ in 0..SWAP_ATTEMPTS_MAX {
+        let allowed = match cond {
+            SetCond::Always => true,
+            SetCond::IfAbsent => cur.is_none(),
+            SetCond::IfPresent => cur.is_some(),
+        };
+        if !allowed {
+            return Ok(if get { bulk_or_null(cur) } else { Reply::Null });
+        }
+        let r = store.cas(key, cur.as_deref(), Some(value)).await?;
+        if r.succeeded {
+            return Ok(if get { bulk_or_null(cur) } else { Reply::ok() });
+        }
+        cur = r.previous;
+    }
+    Ok(contended("SET"))
+}
+
+/// Deletes `key` if present; whether it was.
+async fn delete_swapped<S: Store>(store: &S, key: &[u8]) -> Result<bool, StoreError> {
+    let mut cur = store.get(key).await?;
+    for _ in 0..SWAP_ATTEMPTS_MAX {
+        let Some(v) = cur else {
+            return Ok(false);
+        };
+        let r = store.cas(key, Some(&v), None).await?;
+        if r.succeeded {
+            return Ok(true);
+        }
+        cur = r.previous;
+    }
+    Err(StoreError::Unavailable(format!(
+        "DEL: the key changed under {SWAP_ATTEMPTS_MAX} attempts in a row; try again"
+    )))
+}
+
+/// INCRBY: the value read as a decimal i64 (absent: 0), plus `by`, swapped in.
+async fn incr_swapped<S: Store>(store: &S, key: &[u8], by: i64) -> Result<Reply, StoreError> {
+    let mut cur = store.get(key).await?;
+    for _ in 0..SWAP_ATTEMPTS_MAX {
+        let n = match cur.as_deref() {
+            None => 0,
+            Some(v) => match command::parse_i64(v) {
+                Some(n) => n,
+                None => return Ok(Reply::error("ERR value is not an integer or out of range")),
+            },
+        };
+        let Some(next) = n.checked_add(by) else {
+            return Ok(Reply::error("ERR increment or decrement would overflow"));
+        };
+        let text = next.to_string();
+        let r = store
+            .cas(key, cur.as_deref(), Some(text.as_bytes()))
+            .await?;
+        if r.succeeded {
+            return Ok(Reply::Int(next));
+        }
+        cur = r.previous;
+    }
+    Ok(contended("INCRBY"))
+}
+
+/// COMMAND's replies.
+fn command_reply(q: CommandQuery) -> Reply {
+    let info = |&(name, arity, flags, first, last, step): &CommandInfo| {
+        Reply::Array(vec![
+            Reply::text(name),
+            Reply::Int(arity),
+            Reply::Array(flags.iter().map(|f| Reply::Simple((*f).into())).collect()),
+            Reply::Int(first),
+            Reply::Int(last),
+            Reply::Int(step),
+        ])
+    };
+    match q {
+        CommandQuery::All => Reply::Array(COMMANDS.iter().map(info).collect()),
+        CommandQuery::Count => Reply::Int(COMMANDS.len() as i64),
+        CommandQuery::Docs => Reply::Map(Vec::new()),
+        CommandQuery::Info(names) => Reply::Array(
+            names
+                .iter()
+                .map(|n| {
+                    COMMANDS
+                        .iter()
+                        .find(|c| c.0.eq_ignore_ascii_case(n))
+                        .map_or(Reply::NullArray, info)
+                })
+                .collect(),
+        ),
+    }
+}

@@ -1,0 +1,73 @@
+//! PhoenixKV's Redis-protocol front end: redis-cli, redis-benchmark and Redis client
+//! libraries talk to the cluster through any node.
+//!
+//! - [`codec`]: RESP2 and RESP3 framing (requests in, [`Reply`] out), with limits;
+//! - [`command`]: the commands served, checked for arity and options;
+//! - [`conn`]: a connection running its commands in order against a [`Store`];
+//! - [`store`]: what the commands need from the cluster, over `phoenix-client`
+//!   ([`ClusterStore`]: routing, leader cache, retries and client sessions), or in
+//!   memory ([`MemoryStore`]).
+//!
+//! [`serve`] accepts connections on a listener until told to stop.
+
+pub mod codec;
+pub mod command;
+pub mod conn;
+pub mod store;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+pub use codec::{Limits, ProtocolError, Reply};
+pub use conn::{Conn, ServerInfo};
+pub use store::{ClusterStore, MemoryStore, Store, StoreError};
+
+/// Connections served at once; past it a new one is told so and closed.
+pub const CONNECTIONS_MAX: usize = 10_000;
+
+/// Serves Redis clients on `listener` against `store` until `shutdown` completes.
+pub async fn serve<S: Store>(
+    listener: TcpListener,
+    store: Arc<S>,
+    info: ServerInfo,
+    shutdown: impl Future<Output = ()>,
+) {
+    let info = Arc::new(info);
+    let permits = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut shutdown => return,
+            a = listener.accept() => a,
+        };
+        let (mut sock, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // (Out of file descriptors, say: wait a moment rather than spin.)
+                tracing::warn!("resp: accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = sock.set_nodelay(true);
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt as _;
+                let _ = sock
+                    .write_all(b"-ERR max number of clients reached\r\n")
+                    .await;
+            });
+            continue;
+        };
+        let mut conn = Conn::new(Arc::clone(&store), Limits::default(), Arc::clone(&info));
+        tokio::spawn(async move {
+            if let Err(e) = conn.serve(sock).await {
+                tracing::debug!(%peer, "resp: connection ended: {e}");
+            }
+            drop(permit);
+        });
+    }
+}

@@ -1,0 +1,225 @@
+//! What the front end needs from the cluster ([`Store`]), and its implementation over
+//! `phoenix-client` ([`ClusterStore`]): routing by key, the leader cache, retries within
+//! the deadline and client sessions (a retried write applies once) all come from the
+//! client.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use phoenix_client::{CasOutcome, Client, ClientError, ScanPage, WriteOp};
+
+/// Why a store call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// An atomic write names keys of more than one group.
+    #[error("keys in request lie in more than one group ({0})")]
+    CrossGroup(String),
+    /// A write whose outcome is unknown: it may or may not have been applied.
+    #[error("outcome unknown, the write may or may not have been applied: {0}")]
+    Unknown(String),
+    /// The request is malformed (a key or value over its limit, say).
+    #[error("{0}")]
+    Invalid(String),
+    /// The cluster could not serve it (no leader within the deadline, a node down…).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// The key-value operations the Redis commands are built from. Every call is
+/// linearizable; `write` is atomic and refused across groups.
+pub trait Store: Send + Sync + 'static {
+    /// The value of `key`.
+    fn get(&self, key: &[u8]) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send;
+    /// Sets `key` to `value`.
+    fn put(&self, key: &[u8], value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// If `key` holds `expected` (None: absent), sets it to `new` (None: deletes it).
+    fn cas(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> impl Future<Output = Result<CasOutcome, StoreError>> + Send;
+    /// The values of `keys`, in order.
+    fn get_many(
+        &self,
+        keys: &[Vec<u8>],
+    ) -> impl Future<Output = Result<Vec<Option<Vec<u8>>>, StoreError>> + Send;
+    /// Sets each key to its value (None: deletes it), all or none.
+    fn write(
+        &self,
+        ops: &[(Vec<u8>, Option<Vec<u8>>)],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Up to `limit` pairs of `[start, end)` (empty `end`: unbounded).
+    fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: u32,
+    ) -> impl Future<Output = Result<ScanPage, StoreError>> + Send;
+}
+
+/// The cluster, through a [`Client`].
+#[derive(Clone)]
+pub struct ClusterStore {
+    client: Client,
+}
+
+impl ClusterStore {
+    /// A store over `client`.
+    pub fn new(client: Client) -> ClusterStore {
+        ClusterStore { client }
+    }
+}
+
+fn from_client(e: ClientError) -> StoreError {
+    match e {
+        ClientError::CrossGroup { groups } => StoreError::CrossGroup(format!("groups {groups:?}")),
+        ClientError::Ambiguous { .. } => StoreError::Unknown(e.to_string()),
+        ClientError::KeyTooLarge { .. }
+        | ClientError::ValueTooLarge { .. }
+        | ClientError::InvalidArgument(_) => StoreError::Invalid(e.to_string()),
+        other => StoreError::Unavailable(other.to_string()),
+    }
+}
+
+impl Store for ClusterStore {
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.client.get(key).await.map_err(from_client)
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.client.put(key, value).await.map_err(from_client)
+    }
+
+    async fn cas(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<CasOutcome, StoreError> {
+        self.client
+            .cas(key, expected, new)
+            .await
+            .map_err(from_client)
+    }
+
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.client.batch_get(keys).await.map_err(from_client)
+    }
+
+    async fn write(&self, ops: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StoreError> {
+        let ops: Vec<WriteOp> = ops
+            .iter()
+            .map(|(k, v)| match v {
+                Some(v) => WriteOp::Put(k.clone(), v.clone()),
+                None => WriteOp::Delete(k.clone()),
+            })
+            .collect();
+        self.client.batch_write(&ops).await.map_err(from_client)
+    }
+
+    async fn scan(&self, start: &[u8], end: &[u8], limit: u32) -> Result<ScanPage, StoreError> {
+        self.client
+            .scan_page(start, end, limit)
+            .await
+            .map_err(from_client)
+    }
+}
+
+/// A store in memory, cut into "groups" at `split_keys` so atomic writes across them are
+/// refused as the cluster refuses them: the model the front end's tests compare it with,
+/// and a way to try the protocol without a cluster.
+#[derive(Debug, Default, Clone)]
+pub struct MemoryStore {
+    map: Arc<Mutex<BTreeMap<Vec<u8>, Vec<u8>>>>,
+    split_keys: Vec<Vec<u8>>,
+}
+
+impl MemoryStore {
+    /// An empty store whose groups start at `split_keys` (sorted).
+    pub fn with_split_keys(mut split_keys: Vec<Vec<u8>>) -> MemoryStore {
+        split_keys.sort();
+        MemoryStore {
+            map: Arc::default(),
+            split_keys,
+        }
+    }
+
+    fn group_of(&self, key: &[u8]) -> usize {
+        self.split_keys.partition_point(|s| s.as_slice() <= key)
+    }
+}
+
+impl Store for MemoryStore {
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.map.lock().get(key).cloned())
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.map.lock().insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+
+    async fn cas(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<CasOutcome, StoreError> {
+        let mut map = self.map.lock();
+        let previous = map.get(key).cloned();
+        let succeeded = previous.as_deref() == expected;
+        if succeeded {
+            match new {
+                Some(v) => map.insert(key.to_vec(), v.to_vec()),
+                None => map.remove(key),
+            };
+        }
+        Ok(CasOutcome {
+            succeeded,
+            previous,
+        })
+    }
+
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let map = self.map.lock();
+        Ok(keys.iter().map(|k| map.get(k).cloned()).collect())
+    }
+
+    async fn write(&self, ops: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StoreError> {
+        let mut groups: Vec<usize> = ops.iter().map(|(k, _)| self.group_of(k)).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        if groups.len() > 1 {
+            return Err(StoreError::CrossGroup(format!("groups {groups:?}")));
+        }
+        let mut map = self.map.lock();
+        for (k, v) in ops {
+            match v {
+                Some(v) => map.insert(k.clone(), v.clone()),
+                None => map.remove(k),
+            };
+        }
+        Ok(())
+    }
+
+    async fn scan(&self, start: &[u8], end: &[u8], limit: u32) -> Result<ScanPage, StoreError> {
+        let map = self.map.lock();
+        let limit = limit.max(1) as usize;
+        let mut pairs = Vec::new();
+        let mut next = None;
+        for (k, v) in map.range(start.to_vec()..) {
+            if !end.is_empty() && k.as_slice() >= end {
+                break;
+            }
+            if pairs.len() == limit {
+                next = Some(k.clone());
+                break;
+            }
+            pairs.push((k.clone(), v.clone()));
+        }
+        Ok(ScanPage { pairs, next })
+    }
+}

@@ -1,0 +1,218 @@
+//! The Redis front end over a real three-node cluster (two groups, split at "m"):
+//! binary keys and values at the size limit, errors that leave the connection usable,
+//! INCR from several connections at once adding up exactly (each a compare-and-swap),
+//! MSET refused across groups and atomic within one, SCAN and DBSIZE over both groups.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{pipeline, req, R};
+use phoenix_client::{Client, ClientOptions};
+use phoenix_resp::{ClusterStore, ServerInfo};
+use phoenix_server::{Config, MetaMember};
+use tokio::net::TcpStream;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_commands_run_against_a_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let meta: Vec<MetaMember> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| MetaMember {
+            id: i as u64 + 1,
+            addr: a.clone(),
+        })
+        .collect();
+    let mut stops = Vec::new();
+    let mut nodes = Vec::new();
+    for (i, a) in addrs.iter().enumerate() {
+        let mut c = Config::new(
+            i as u64 + 1,
+            a,
+            dir.path().join(format!("n{i}")),
+            meta.clone(),
+        );
+        c.tick = Duration::from_millis(10);
+        c.reserve_space = 0;
+        c.split_keys = vec![b"m".to_vec()];
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        stops.push(tx);
+        nodes.push(tokio::spawn(phoenix_server::run(c, async move {
+            let _ = rx.await;
+        })));
+    }
+    let opts = ClientOptions {
+        timeout: Duration::from_secs(20),
+        ..ClientOptions::default()
+    };
+    let client = Client::connect(addrs.clone(), opts).await.unwrap();
+    // Both groups serve before the front end is tried.
+    client.put(b"a-ready", b"1").await.unwrap();
+    client.put(b"z-ready", b"1").await.unwrap();
+    client.delete(b"a-ready").await.unwrap();
+    client.delete(b"z-ready").await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (stop_resp, resp_stopped) = tokio::sync::oneshot::channel::<()>();
+    let gateway = tokio::spawn(phoenix_resp::serve(
+        listener,
+        Arc::new(ClusterStore::new(client)),
+        ServerInfo::default(),
+        async move {
+            let _ = resp_stopped.await;
+        },
+    ));
+    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+
+    // Binary keys and values; the largest value the cluster takes, and one byte more.
+    let big = vec![b'\x07'; phoenix_proto::limits::VALUE_BYTES_MAX];
+    let too_big = vec![0u8; phoenix_proto::limits::VALUE_BYTES_MAX + 1];
+    let r = pipeline(
+        &mut c,
+        &[
+            req(&[b"SET", b"bin\x00\r\nkey", b"v\r\n\x00"]),
+            req(&[b"GET", b"bin\x00\r\nkey"]),
+            req(&[b"SET", b"big", &big]),
+            req(&[b"SET", b"big2", &too_big]),
+            req(&[b"STRLEN-NOT-A-COMMAND", b"big"]),
+            req(&[b"GET", b"missing"]),
+        ],
+    )
+    .await;
+    assert_eq!(r[0], R::Simple("OK".into()));
+    assert_eq!(r[1], R::Bulk(Some(b"v\r\n\x00".to_vec())));
+    assert_eq!(r[2], R::Simple("OK".into()));
+    assert!(
+        matches!(&r[3], R::Error(e) if e.contains("exceeds the limit")),
+        "{:?}",
+        r[3]
+    );
+    assert!(matches!(&r[4], R::Error(e) if e.starts_with("ERR unknown command")));
+    assert_eq!(r[5], R::Bulk(None));
+    let r = pipeline(&mut c, &[req(&[b"GET", b"big"])]).await;
+    assert_eq!(r[0], R::Bulk(Some(big)));
+
+    // INCR from four connections at once: every increment counts once.
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        workers.push(tokio::spawn(async move {
+            let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            for _ in 0..25 {
+                let r = pipeline(&mut c, &[req(&[b"INCR", b"counter"])]).await;
+                assert!(matches!(r[0], R::Int(_)), "{r:?}");
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let r = pipeline(&mut c, &[req(&[b"GET", b"counter"])]).await;
+    assert_eq!(r[0], R::Bulk(Some(b"100".to_vec())));
+
+    // MSET: refused across the two groups (nothing written), atomic within one.
+    let r = pipeline(
+        &mut c,
+        &[
+            req(&[b"MSET", b"a1", b"x", b"z1", b"y"]),
+            req(&[b"MGET", b"a1", b"z1"]),
+            req(&[b"MSET", b"a1", b"x", b"a2", b"y", b"a1", b"x2"]),
+            req(&[b"MGET", b"a1", b"a2", b"z1"]),
+            req(&[b"MSET", b"z1", b"1", b"z2", b"2"]),
+            req(&[b"EXISTS", b"a1", b"z1", b"nope", b"a1"]),
+            req(&[b"DEL", b"a1", b"z2", b"nope"]),
+            req(&[b"SET", b"a2", b"n", b"XX", b"GET"]),
+            req(&[b"SETNX", b"a2", b"again"]),
+            req(&[b"INCR", b"a2"]),
+        ],
+    )
+    .await;
+    assert!(
+        matches!(&r[0], R::Error(e) if e.starts_with("CROSSSLOT")),
+        "{:?}",
+        r[0]
+    );
+    assert_eq!(r[1], R::Array(Some(vec![R::Bulk(None), R::Bulk(None)])));
+    assert_eq!(r[2], R::Simple("OK".into()));
+    assert_eq!(
+        r[3],
+        R::Array(Some(vec![
+            R::Bulk(Some(b"x2".to_vec())),
+            R::Bulk(Some(b"y".to_vec())),
+            R::Bulk(None)
+        ]))
+    );
+    assert_eq!(r[4], R::Simple("OK".into()));
+    assert_eq!(r[5], R::Int(3));
+    assert_eq!(r[6], R::Int(2));
+    assert_eq!(r[7], R::Bulk(Some(b"y".to_vec())));
+    assert_eq!(r[8], R::Int(0));
+    assert!(
+        matches!(&r[9], R::Error(e) if e.contains("not an integer")),
+        "{:?}",
+        r[9]
+    );
+
+    // SCAN and DBSIZE see the keys of both groups.
+    let r = pipeline(&mut c, &[req(&[b"DBSIZE"]), req(&[b"KEYS", b"*"])]).await;
+    let R::Array(Some(keys)) = &r[1] else {
+        panic!("{r:?}")
+    };
+    let keys: Vec<Vec<u8>> = keys
+        .iter()
+        .map(|k| match k {
+            R::Bulk(Some(k)) => k.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        vec![
+            b"a2".to_vec(),
+            b"big".to_vec(),
+            b"bin\x00\r\nkey".to_vec(),
+            b"counter".to_vec(),
+            b"z1".to_vec()
+        ]
+    );
+    assert_eq!(r[0], R::Int(5));
+    let mut cursor = b"0".to_vec();
+    let mut scanned = Vec::new();
+    loop {
+        let r = pipeline(&mut c, &[req(&[b"SCAN", &cursor, b"COUNT", b"2"])]).await;
+        let R::Array(Some(parts)) = &r[0] else {
+            panic!("{r:?}")
+        };
+        let (R::Bulk(Some(next)), R::Array(Some(page))) = (&parts[0], &parts[1]) else {
+            panic!("{r:?}")
+        };
+        scanned.extend(page.iter().cloned());
+        if next == b"0" {
+            break;
+        }
+        cursor = next.clone();
+    }
+    assert_eq!(scanned.len(), 5, "{scanned:?}");
+
+    let _ = stop_resp.send(());
+    gateway.await.unwrap();
+    for s in stops {
+        let _ = s.send(());
+    }
+    for n in nodes {
+        n.await.unwrap().unwrap();
+    }
+}
