@@ -31,7 +31,7 @@ use std::time::Instant;
 use crate::liveness::LeaderView;
 use crate::operator::eligible_nodes;
 use crate::repair::ReplicaMove;
-use crate::state::{joined_range, MetaState};
+use crate::state::{joined_range, MetaState, PROTOCOL_MERGE};
 
 /// Merges planned by size at most at once, over the cluster.
 pub const MERGE_INFLIGHT_MAX: usize = 1;
@@ -298,8 +298,9 @@ pub fn small_merges(
 /// - else the source gains one of the target's voters it lacks, moved from one the
 ///   target lacks (a follower first; an addition alone when there is none).
 ///
-/// The steps end: each brings the two voter sets one node closer. Returns the step and
-/// the pair (source, target).
+/// The steps end: each brings the two voter sets one node closer. `held` (the pair
+/// aligned last) is taken again while it has a step, whatever the others. Nodes must
+/// also run a binary that merges. Returns the step and the pair (source, target).
 #[allow(clippy::too_many_arguments)] // the limits of small_pairs, and the change's context
 pub fn merge_alignment(
     state: &MetaState,
@@ -309,20 +310,19 @@ pub fn merge_alignment(
     max_bytes: u64,
     max_keys: u64,
     busy: impl Fn(u64) -> bool,
+    held: Option<[u64; 2]>,
 ) -> Option<(ReplicaMove, [u64; 2])> {
     let pairs = small_pairs(state, view, max_bytes, max_keys, busy);
     if pairs.iter().any(|(s, t)| voter_set(s) == voter_set(t)) {
         return None;
     }
     let draining = state.draining_nodes();
+    // Fit for work, and able to take part in a merge (else the aligned pair could never
+    // merge, and would hold the merge check on it).
     let fit: BTreeSet<u64> = eligible_nodes(state, view, now, |n| draining.contains(&n))
         .into_iter()
+        .filter(|&n| state.member_behind(&[n], PROTOCOL_MERGE).is_none())
         .collect();
-    let (s, t) = pairs
-        .into_iter()
-        .filter(|(s, t)| voter_set(s).union(&voter_set(t)).all(|n| fit.contains(n)))
-        .min_by_key(|(s, t)| voter_set(s).symmetric_difference(&voter_set(t)).count())?;
-    let (vs, vt) = (voter_set(s), voter_set(t));
     // A follower of `g` among `nodes` if there is one, else the lowest.
     let pick = |g: u64, nodes: Vec<u64>| {
         let leader = view.leader(g);
@@ -332,21 +332,41 @@ pub fn merge_alignment(
             .find(|&n| Some(n) != leader)
             .or_else(|| nodes.first().copied())
     };
-    let pair = [s.group_id, t.group_id];
-    for (x, vx, vy) in [(s, &vs, &vt), (t, &vt, &vs)] {
-        if vx.len() > vy.len().max(replication) {
-            let node = pick(x.group_id, vx.difference(vy).copied().collect())?;
-            let group = x.group_id;
-            return Some((ReplicaMove::Remove { group, node }, pair));
+    let step = |s: &Route, t: &Route| -> Option<ReplicaMove> {
+        let (vs, vt) = (voter_set(s), voter_set(t));
+        if !vs.union(&vt).all(|n| fit.contains(n)) {
+            return None;
         }
-    }
-    let to = vt.difference(&vs).copied().next()?;
-    let group = s.group_id;
-    let step = match pick(group, vs.difference(&vt).copied().collect()) {
-        Some(from) => ReplicaMove::Move { group, from, to },
-        None => ReplicaMove::Add { group, to },
+        for (x, vx, vy) in [(s, &vs, &vt), (t, &vt, &vs)] {
+            if vx.len() > vy.len().max(replication) {
+                let node = pick(x.group_id, vx.difference(vy).copied().collect())?;
+                let group = x.group_id;
+                return Some(ReplicaMove::Remove { group, node });
+            }
+        }
+        let to = vt.difference(&vs).copied().next()?;
+        let group = s.group_id;
+        Some(match pick(group, vs.difference(&vt).copied().collect()) {
+            Some(from) => ReplicaMove::Move { group, from, to },
+            None => ReplicaMove::Add { group, to },
+        })
     };
-    Some((step, pair))
+    // (Pairs with no step, e.g. a target short of a voter the source has no spare for,
+    // are left to repair and the balancer.)
+    let candidates: Vec<(ReplicaMove, [u64; 2], usize)> = pairs
+        .into_iter()
+        .filter_map(|(s, t)| {
+            let diff = voter_set(s).symmetric_difference(&voter_set(t)).count();
+            step(s, t).map(|m| (m, [s.group_id, t.group_id], diff))
+        })
+        .collect();
+    let same = |a: [u64; 2], b: [u64; 2]| a == b || a == [b[1], b[0]];
+    // The pair aligned last goes on while it can (another pair taking its place half
+    // way would leave it for the balancer to undo).
+    let (m, pair, _) = held
+        .and_then(|h| candidates.iter().find(|c| same(c.1, h)))
+        .or_else(|| candidates.iter().min_by_key(|c| c.2))?;
+    Some((*m, *pair))
 }
 
 #[cfg(test)]
@@ -460,7 +480,7 @@ mod tests {
         };
         let bytes = [(1, 5 << 20), (2, 3 << 20), (3, 40 << 20)];
         let align = |st: &MetaState, v: &LeaderView| {
-            merge_alignment(st, v, now, 3, 20 << 20, 1000, |_| false).map(|(m, _)| m)
+            merge_alignment(st, v, now, 3, 20 << 20, 1000, |_| false, None).map(|(m, _)| m)
         };
         // Group 2 (node 2 leads) is the smaller of the pair it can merge with (3 is too
         // big): its replica on 4 moves to 1.
@@ -509,11 +529,54 @@ mod tests {
         let v = view_with(&st, &bytes, |_| {}, full);
         assert_eq!(align(&st, &v), None);
         let v = view(&st, &bytes, |_| {});
+        let one_busy = |g: u64| g == 1;
         assert_eq!(
-            merge_alignment(&st, &v, now, 3, 20 << 20, 1000, |g| g == 1),
+            merge_alignment(&st, &v, now, 3, 20 << 20, 1000, one_busy, None),
             None
         );
-        assert_eq!(merge_alignment(&st, &v, now, 3, 0, 1000, |_| false), None);
+        assert_eq!(
+            merge_alignment(&st, &v, now, 3, 0, 1000, |_| false, None),
+            None
+        );
+        // Two pairs as far apart: the first in key order, named source first; the pair
+        // aligned last is kept while it has a step.
+        let st = state(vec![
+            route(1, "", "f", &[1, 2, 3]),
+            route(2, "f", "m", &[2, 3, 4]),
+            route(3, "m", "", &[1, 2, 4]),
+        ]);
+        let v = view(&st, &[(1, 5 << 20), (2, 3 << 20), (3, 1 << 20)], |_| {});
+        let first = merge_alignment(&st, &v, now, 3, 20 << 20, 1000, |_| false, None);
+        assert_eq!(first.map(|(_, p)| p), Some([2, 1]));
+        let held = merge_alignment(&st, &v, now, 3, 20 << 20, 1000, |_| false, Some([2, 3]));
+        assert_eq!(
+            held,
+            Some((
+                ReplicaMove::Move {
+                    group: 3,
+                    from: 1,
+                    to: 3
+                },
+                [3, 2]
+            ))
+        );
+        // A node too old to merge is no place to align onto.
+        let mut st = st;
+        st.apply(
+            100,
+            &MetaCommand {
+                cmd: Some(meta_command::Cmd::RegisterNode(Replica {
+                    protocol: PROTOCOL_MERGE - 1,
+                    node_id: 4,
+                    addr: "h:4".into(),
+                })),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            merge_alignment(&st, &v, now, 3, 20 << 20, 1000, |_| false, None),
+            None
+        );
     }
 
     /// Small neighbours with the same replicas merge, the smaller into the other; not

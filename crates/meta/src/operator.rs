@@ -367,6 +367,11 @@ impl Operators {
         self.merge_pair = pair;
     }
 
+    /// The pair of groups the merge check aligns now.
+    pub fn merge_pair(&self) -> Option<[u64; 2]> {
+        self.merge_pair
+    }
+
     /// Whether `group` is one of the pair the merge check aligns now.
     pub fn held_for_merge(&self, group: u64) -> bool {
         self.merge_pair.is_some_and(|p| p.contains(&group))

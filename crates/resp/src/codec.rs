@@ -23,18 +23,22 @@ pub struct Limits {
     pub max_bulk: usize,
     /// Longest inline command line, in bytes.
     pub max_inline: usize,
+    /// Largest request, in bytes (all its arguments and their framing): a request the
+    /// cluster could not take in one message is refused before it is buffered whole.
+    pub max_request: usize,
 }
 
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
-            // Redis's own limit on a multibulk's length.
-            max_args: 1024 * 1024,
+            // MSET of the most keys one batch takes, with its name.
+            max_args: 2 * phoenix_proto::limits::BATCH_KEYS_MAX + 1,
             // A value at the cluster's limit, with room for the key and framing of
             // MSET's pairs being separate arguments.
             max_bulk: phoenix_proto::limits::VALUE_BYTES_MAX + 1024,
             // Redis's PROTO_INLINE_MAX_SIZE.
             max_inline: 64 * 1024,
+            max_request: phoenix_proto::limits::MESSAGE_BYTES_MAX,
         }
     }
 }
@@ -107,8 +111,13 @@ fn parse_multibulk(buf: &[u8], limits: &Limits) -> Parsed {
     if count <= 0 {
         return Ok(Some((Vec::new(), pos)));
     }
-    let mut args = Vec::with_capacity((count as usize).min(1024));
+    // First the framing alone (nothing copied, so a request arriving in many reads costs
+    // a walk over its headers per read, not a copy of its arguments), then the copies.
+    let mut spans: Vec<(usize, usize)> = Vec::with_capacity((count as usize).min(1024));
     for _ in 0..count {
+        if pos > limits.max_request {
+            return err("request too big");
+        }
         match buf.get(pos) {
             None => return Ok(None),
             Some(b'$') => {}
@@ -125,17 +134,21 @@ fn parse_multibulk(buf: &[u8], limits: &Limits) -> Parsed {
             _ => return err("invalid bulk length"),
         };
         let start = end + 2;
-        let Some(data) = buf.get(start..start + len) else {
-            return Ok(None);
-        };
+        if start + len > limits.max_request {
+            return err("request too big");
+        }
         match buf.get(start + len..start + len + 2) {
             None => return Ok(None),
             Some(b"\r\n") => {}
             Some(_) => return err("bulk string not terminated by CRLF"),
         }
-        args.push(data.to_vec());
+        spans.push((start, len));
         pos = start + len + 2;
     }
+    let args = spans
+        .into_iter()
+        .map(|(start, len)| buf[start..start + len].to_vec())
+        .collect();
     Ok(Some((args, pos)))
 }
 
@@ -260,6 +273,8 @@ pub enum Reply {
     Array(Vec<Reply>),
     /// A map (RESP3); a flat array of keys and values in RESP2.
     Map(Vec<(Reply, Reply)>),
+    /// Nothing at all on the wire (a connection closed without an answer).
+    Silent,
 }
 
 impl Reply {
@@ -299,6 +314,7 @@ impl Reply {
                     r.encode(version, out);
                 }
             }
+            Reply::Silent => {}
             Reply::Map(pairs) => {
                 if version >= 3 {
                     line(out, b'%', pairs.len().to_string().as_bytes());
@@ -378,11 +394,15 @@ mod tests {
             max_args: 2,
             max_bulk: 4,
             max_inline: 8,
+            max_request: 20,
         };
         assert!(parse_request(b"*3\r\n", &small).is_err());
         assert!(parse_request(b"*1\r\n$5\r\n", &small).is_err());
         assert!(parse_request(b"GET aaaaaaaaa", &small).is_err());
         assert!(parse_request(b"*1\r\n$4\r\nPING\r\n", &small).is_ok());
+        // Arguments within their limit, the whole over the request's: refused as soon
+        // as the framing shows it, before the data is there.
+        assert!(parse_request(b"*2\r\n$4\r\nPING\r\n$4\r\n", &small).is_err());
     }
 
     #[test]

@@ -179,6 +179,11 @@ pub fn parse_i64(a: &[u8]) -> Option<i64> {
     s.parse().ok()
 }
 
+/// An argument as an error shows it: at most 128 bytes (as Redis cuts it).
+fn shown_arg(a: &[u8]) -> String {
+    String::from_utf8_lossy(&a[..a.len().min(128)]).into_owned()
+}
+
 fn upper(a: &[u8]) -> String {
     String::from_utf8_lossy(a).to_ascii_uppercase()
 }
@@ -446,11 +451,11 @@ pub fn parse(args: Vec<Vec<u8>>) -> Result<Command, Reply> {
         _ => {
             let shown: Vec<String> = std::iter::repeat_with(&mut next)
                 .take(n.min(3))
-                .map(|a| format!("'{}'", String::from_utf8_lossy(&a)))
+                .map(|a| format!("'{}'", shown_arg(&a)))
                 .collect();
             return Err(Reply::error(format!(
                 "ERR unknown command '{}', with args beginning with: {}",
-                String::from_utf8_lossy(&name_raw),
+                shown_arg(&name_raw),
                 shown.join(" ")
             )));
         }

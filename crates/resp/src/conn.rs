@@ -27,7 +27,15 @@ pub const CURSORS_MAX: usize = 1024;
 /// Keys one scan page asks the cluster for at most (KEYS and DBSIZE page through).
 const PAGE: u32 = 1000;
 
+/// Read buffer a connection keeps between requests.
+const BUF_KEEP: usize = 64 * 1024;
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// SCAN cursors are numbered over the process, not the connection: a client library
+/// that sends a cursor on another pooled connection gets `invalid cursor`, never
+/// another scan's keys.
+static NEXT_CURSOR: AtomicU64 = AtomicU64::new(1);
 
 /// What the server says of itself in HELLO and INFO.
 #[derive(Debug, Clone)]
@@ -58,7 +66,6 @@ pub struct Conn<S> {
     /// SCAN cursor → the key the scan goes on from (`cursors_order`: oldest first).
     cursors: HashMap<u64, Vec<u8>>,
     cursors_order: VecDeque<u64>,
-    next_cursor: u64,
 }
 
 /// What to do after a reply.
@@ -96,7 +103,6 @@ impl<S: Store> Conn<S> {
             name: None,
             cursors: HashMap::new(),
             cursors_order: VecDeque::new(),
-            next_cursor: 1,
         }
     }
 
@@ -145,6 +151,13 @@ impl<S: Store> Conn<S> {
                 }
             }
             buf.drain(..used);
+            // A big request's room is given back once it is served.
+            if buf.capacity() > BUF_KEEP && buf.len() < BUF_KEEP / 2 {
+                buf.shrink_to(BUF_KEEP);
+            }
+            if out.capacity() > BUF_KEEP {
+                out.shrink_to(BUF_KEEP);
+            }
             if !out.is_empty() {
                 io.write_all(&out).await?;
                 out.clear();
@@ -158,6 +171,13 @@ impl<S: Store> Conn<S> {
 
     /// Runs one request.
     async fn run(&mut self, args: Vec<Vec<u8>>) -> (Reply, Then) {
+        // An HTTP request sent here (a web page making the browser post to this port
+        // could otherwise have each line of its body run as a command): closed without a
+        // word, as Redis does.
+        if args[0].eq_ignore_ascii_case(b"POST") || args[0].eq_ignore_ascii_case(b"HOST:") {
+            tracing::warn!("resp: an HTTP request on the Redis port; connection closed");
+            return (Reply::Silent, Then::Close);
+        }
         let cmd = match command::parse(args) {
             Ok(c) => c,
             Err(reply) => return (reply, Then::Go),
@@ -243,8 +263,9 @@ impl<S: Store> Conn<S> {
             Command::MSet(pairs) => {
                 // A key given twice keeps its last value, as in Redis.
                 let mut ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(pairs.len());
+                let mut seen = std::collections::HashSet::with_capacity(pairs.len());
                 for (k, v) in pairs.into_iter().rev() {
-                    if !ops.iter().any(|(o, _)| *o == k) {
+                    if seen.insert(k.clone()) {
                         ops.push((k, Some(v)));
                     }
                 }
@@ -308,8 +329,9 @@ impl<S: Store> Conn<S> {
         let from = if cursor == 0 {
             pattern.start().to_vec()
         } else {
-            match self.cursors.remove(&cursor) {
-                Some(k) => k,
+            // (Kept after use: a SCAN sent again after a lost answer goes on.)
+            match self.cursors.get(&cursor) {
+                Some(k) => k.clone(),
                 None => return Ok(Reply::error("ERR invalid cursor")),
             }
         };
@@ -324,8 +346,7 @@ impl<S: Store> Conn<S> {
             .collect();
         let next = match page.next {
             Some(k) => {
-                let id = self.next_cursor;
-                self.next_cursor += 1;
+                let id = NEXT_CURSOR.fetch_add(1, Ordering::Relaxed);
                 self.cursors.insert(id, k);
                 self.cursors_order.push_back(id);
                 while self.cursors_order.len() > CURSORS_MAX {

@@ -326,6 +326,25 @@ async fn inline_commands_resp3_and_connection_commands_work() {
         err(&replies[5], "ERR DB index is out of range"),
         "{replies:?}"
     );
+    // An HTTP request (a browser made to post here): closed without a word, nothing run.
+    let mut web = connect(&store).await;
+    web.write_all(b"POST / HTTP/1.1\r\nHost: localhost:6379\r\n\r\nSET k evil\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    loop {
+        let n = web.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    let r = pipeline(&mut io, &[vec![b"GET".to_vec(), b"k".to_vec()]]).await;
+    assert_eq!(r[0], R::Bulk(Some(b"a b".to_vec())));
+    // An unknown command's arguments are cut in its error.
+    let r = pipeline(&mut io, &[vec![b"NOPE".to_vec(), vec![b'x'; 10_000]]]).await;
+    assert!(matches!(&r[0], R::Error(e) if e.len() < 300), "{r:?}");
     // QUIT: OK, then closed.
     io.write_all(b"QUIT\r\n").await.unwrap();
     let mut got = Vec::new();
@@ -393,11 +412,37 @@ async fn scan_pages_through_a_prefix() {
     let want: Vec<String> = (0..95).map(|i| format!("user:{i:03}")).collect();
     assert_eq!(seen, want);
     assert_eq!(steps, 10);
-    let r = pipeline(&mut io, &[vec![b"SCAN".to_vec(), b"77".to_vec()]]).await;
+    let r = pipeline(&mut io, &[vec![b"SCAN".to_vec(), b"77777777".to_vec()]]).await;
     assert!(
         matches!(&r[0], R::Error(e) if e == "ERR invalid cursor"),
         "{r:?}"
     );
+    // A cursor is its connection's: another connection is told it is invalid, and the
+    // connection that has it may send it again (an answer lost).
+    let first = pipeline(&mut io, &[vec![b"SCAN".to_vec(), b"0".to_vec()]]).await;
+    let R::Array(Some(parts)) = &first[0] else {
+        panic!("{first:?}")
+    };
+    let R::Bulk(Some(cursor)) = &parts[0] else {
+        panic!("{first:?}")
+    };
+    let mut other = connect(&store).await;
+    let r = pipeline(&mut other, &[vec![b"SCAN".to_vec(), cursor.clone()]]).await;
+    assert!(
+        matches!(&r[0], R::Error(e) if e == "ERR invalid cursor"),
+        "{r:?}"
+    );
+    let again = [vec![b"SCAN".to_vec(), cursor.clone()]];
+    let (a, b) = (
+        pipeline(&mut io, &again).await,
+        pipeline(&mut io, &again).await,
+    );
+    // The same keys (the cursor to go on with is a new one).
+    let keys = |r: &[R]| match &r[0] {
+        R::Array(Some(parts)) => parts[1].clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(keys(&a), keys(&b));
 }
 
 /// Garbage after good requests: the good ones are answered, then a protocol error,

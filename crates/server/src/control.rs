@@ -1784,7 +1784,19 @@ async fn step_merges(svc: &MetaService) {
                 now.saturating_duration_since(*since) >= shared.cfg.merge_after
             })
         };
-        let busy = |g: u64| ops.changes_membership(g) || !settled(g);
+        // (Not a group a user changed lately: the second half of a `cluster move` comes
+        // next. Nor one with a replica on a node that cannot merge: its plan would be
+        // dropped below at every pass, and hold up every other.)
+        let old_replica = |g: u64| {
+            meta.routes().get(&g).is_some_and(|r| {
+                let nodes: Vec<u64> = r.replicas.iter().map(|x| x.node_id).collect();
+                meta.member_behind(&nodes, phoenix_meta::PROTOCOL_MERGE)
+                    .is_some()
+            })
+        };
+        let busy = |g: u64| {
+            ops.changes_membership(g) || ops.asked_lately(g, now) || !settled(g) || old_replica(g)
+        };
         let plans = phoenix_meta::small_merges(
             &meta,
             &lv,
@@ -1807,6 +1819,7 @@ async fn step_merges(svc: &MetaService) {
                 shared.cfg.group_merge_bytes,
                 shared.cfg.group_merge_keys,
                 busy,
+                ops.merge_pair(),
             )
         } else {
             None

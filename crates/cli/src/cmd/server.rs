@@ -216,7 +216,9 @@ pub fn run(args: Args) -> Result<(), BoxError> {
         .build()?;
     rt.block_on(async move {
         // The Redis front end listens before the node starts, so a port taken fails the
-        // start; it reaches the cluster as any client does, through this node first.
+        // start; it reaches the cluster as any client does, through this node first. It
+        // stops taking connections when the node starts stopping.
+        let (stopping, stop_seen) = tokio::sync::watch::channel(false);
         let resp = match &resp_listen {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)
@@ -232,16 +234,19 @@ pub fn run(args: Args) -> Result<(), BoxError> {
                     node_id,
                     ..phoenix_resp::ServerInfo::default()
                 };
+                let mut stop_seen = stop_seen;
                 Some(tokio::spawn(phoenix_resp::serve(
                     listener,
                     store,
                     info,
-                    std::future::pending(),
+                    async move {
+                        let _ = stop_seen.wait_for(|s| *s).await;
+                    },
                 )))
             }
             None => None,
         };
-        let shutdown = async {
+        let signal = async {
             let mut term =
                 match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                     Ok(s) => s,
@@ -256,6 +261,10 @@ pub fn run(args: Args) -> Result<(), BoxError> {
                 _ = term.recv() => {}
             }
             tracing::info!("stopping");
+        };
+        let shutdown = async move {
+            signal.await;
+            let _ = stopping.send(true);
         };
         let ran = phoenix_server::run(cfg, shutdown).await;
         if let Some(task) = resp {
