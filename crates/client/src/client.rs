@@ -49,6 +49,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::backoff::BackoffPolicy;
 use crate::batch_link::BatchLink;
 use crate::error::{ClientError, Result};
+use crate::local::LocalNode;
 use crate::routing::{NodeId, Route, RouteTable};
 
 /// How long a call keeps resending a write refused with `DiskFull` before it returns
@@ -92,6 +93,9 @@ pub struct ClientOptions {
     pub batch_stream: bool,
     /// Seed of the backoff jitter (0 = from the OS).
     pub seed: u64,
+    /// A node in this process: single-key calls to its address are served by its
+    /// request layer directly, not over the network (see [`LocalNode`]).
+    pub local_node: Option<Arc<dyn LocalNode>>,
 }
 
 impl Default for ClientOptions {
@@ -110,6 +114,7 @@ impl Default for ClientOptions {
             retry_ambiguous_writes: false,
             batch_stream: true,
             seed: 0,
+            local_node: None,
         }
     }
 }
@@ -430,6 +435,8 @@ fn route_from_wire(r: &pb::Route) -> Route {
 struct Conn {
     channel: Channel,
     link: BatchLink,
+    /// The node behind this address runs in this process.
+    local: Option<Arc<dyn LocalNode>>,
 }
 
 type Req = pb::batch_request_item::Request;
@@ -617,17 +624,29 @@ impl Client {
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5));
         let channel = endpoint.connect_lazy();
+        let local = self
+            .inner
+            .opts
+            .local_node
+            .as_ref()
+            .filter(|l| l.addr() == addr)
+            .cloned();
         let conn = Conn {
             link: BatchLink::new(channel.clone()),
             channel,
+            local,
         };
         map.insert(addr.to_string(), conn.clone());
         Ok(conn)
     }
 
-    /// Runs a single-key call on the node's batch stream when allowed (small enough,
-    /// the option on, the node serving it), else as the unary call.
+    /// Runs a single-key call in this process when the node is [local](LocalNode), on
+    /// the node's batch stream when allowed (small enough, the option on, the node
+    /// serving it), else as the unary call.
     async fn single(&self, conn: Conn, request: Req) -> std::result::Result<Resp, tonic::Status> {
+        if let Some(local) = conn.local.as_ref().filter(|l| l.ready()) {
+            return Ok(local.call(request).await);
+        }
         let small = request_len(&request) <= BATCH_ITEM_BYTES_MAX;
         if self.inner.opts.batch_stream && small && conn.link.supported() {
             match conn.link.call(request.clone()).await {

@@ -21,6 +21,7 @@ pub mod backoff;
 mod batch_link;
 mod client;
 mod error;
+mod local;
 pub mod routing;
 
 pub use crate::client::{
@@ -29,3 +30,4 @@ pub use crate::client::{
     WriteOp, DISK_FULL_PATIENCE,
 };
 pub use crate::error::{ClientError, Result};
+pub use crate::local::{LocalCall, LocalNode, LocalRequest, LocalResponse};

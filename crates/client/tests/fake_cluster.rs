@@ -1310,3 +1310,96 @@ async fn a_stream_broken_after_a_write_makes_it_ambiguous() {
     plain.put(b"k", b"4").await.unwrap();
     assert_eq!(client.get(b"k").await.unwrap(), Some(b"4".to_vec()));
 }
+
+/// A node of a fake cluster as if it ran in the client's process.
+struct InProcess {
+    addr: String,
+    node: Node,
+    ready: std::sync::atomic::AtomicBool,
+    calls: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for InProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node {} in the process", self.node.id)
+    }
+}
+
+impl phoenix_client::LocalNode for InProcess {
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    fn call(&self, request: phoenix_client::LocalRequest) -> phoenix_client::LocalCall {
+        use phoenix_client::{LocalRequest as Req, LocalResponse as Resp};
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let node = self.node.clone();
+        Box::pin(async move {
+            match request {
+                Req::Get(r) => Resp::Get(node.get(Request::new(r)).await.unwrap().into_inner()),
+                Req::Put(r) => Resp::Put(node.put(Request::new(r)).await.unwrap().into_inner()),
+                Req::Delete(r) => {
+                    Resp::Delete(node.delete(Request::new(r)).await.unwrap().into_inner())
+                }
+                Req::Cas(r) => Resp::Cas(node.cas(Request::new(r)).await.unwrap().into_inner()),
+            }
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_to_a_node_in_the_process_stay_in_the_process() {
+    let c = Cluster::start(&[("", "")], true, 100).await;
+    let local = Arc::new(InProcess {
+        addr: c.addrs[0].clone(),
+        node: Node {
+            id: 1,
+            st: c.st.clone(),
+        },
+        ready: std::sync::atomic::AtomicBool::new(false),
+        calls: Arc::default(),
+    });
+    let opts = ClientOptions {
+        timeout: Duration::from_secs(5),
+        seed: 42,
+        local_node: Some(local.clone()),
+        ..ClientOptions::default()
+    };
+    let client = Client::connect(vec![c.addrs[0].clone()], opts)
+        .await
+        .unwrap();
+    // Not serving yet: over the network.
+    client.put(b"a", b"1").await.unwrap();
+    assert_eq!(local.calls.load(Ordering::Relaxed), 0);
+    assert_eq!(c.st.batch_streams.load(Ordering::Relaxed), 1);
+    // Serving: node 1 (the leader) is called in the process, every kind of call.
+    local.ready.store(true, Ordering::Relaxed);
+    for i in 0..5u8 {
+        client.put(&[i], b"v").await.unwrap();
+        assert_eq!(client.get(&[i]).await.unwrap(), Some(b"v".to_vec()));
+        assert!(
+            client
+                .cas(&[i], Some(b"v"), Some(b"w"))
+                .await
+                .unwrap()
+                .succeeded
+        );
+        client.delete(&[i]).await.unwrap();
+    }
+    assert_eq!(local.calls.load(Ordering::Relaxed), 20);
+    assert_eq!(c.hits(), HashMap::from([(1, 21)]));
+    // Another node leads: the node in the process refuses with the hint, and the call
+    // goes over the network to the leader, as it would from any client.
+    c.set_leader(1, 3);
+    client.put(b"b", b"2").await.unwrap();
+    assert_eq!(local.calls.load(Ordering::Relaxed), 21);
+    assert_eq!(c.hits(), HashMap::from([(1, 22), (3, 1)]));
+    assert_eq!(
+        c.st.data.lock().unwrap().get(&b"b"[..]),
+        Some(&b"2".to_vec())
+    );
+}

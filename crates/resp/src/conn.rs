@@ -30,6 +30,9 @@ const PAGE: u32 = 1000;
 /// Read buffer a connection keeps between requests.
 const BUF_KEEP: usize = 64 * 1024;
 
+/// Room a connection's buffers start with, and the least room a read is given.
+const READ_ROOM: usize = 4 * 1024;
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// SCAN cursors are numbered over the process, not the connection: a client library
@@ -112,15 +115,24 @@ impl<S: Store> Conn<S> {
         &mut self,
         mut io: IO,
     ) -> std::io::Result<()> {
-        let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
-        let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
-        let mut chunk = vec![0u8; 64 * 1024];
+        // Small to start: a node may hold thousands of idle connections. A request
+        // bigger than the room left makes it grow (parse_request bounds it).
+        let mut buf: Vec<u8> = Vec::with_capacity(READ_ROOM);
+        let mut out: Vec<u8> = Vec::with_capacity(READ_ROOM);
         loop {
-            let n = io.read(&mut chunk).await?;
+            if buf.capacity() - buf.len() < READ_ROOM / 4 {
+                buf.reserve(buf.capacity().max(READ_ROOM));
+            }
+            // Read straight into the request buffer: no copy between buffers.
+            let room = buf.capacity() - buf.len();
+            let n = io.read_buf(&mut buf).await?;
             if n == 0 {
                 return Ok(());
             }
-            buf.extend_from_slice(&chunk[..n]);
+            if n >= room && buf.capacity() < BUF_KEEP {
+                // A read that filled the room: a pipelining client has more waiting.
+                buf.reserve(buf.capacity());
+            }
             let mut used = 0;
             let mut close = false;
             loop {

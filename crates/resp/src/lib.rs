@@ -5,7 +5,8 @@
 //! - [`command`]: the commands served, checked for arity and options;
 //! - [`conn`]: a connection running its commands in order against a [`Store`];
 //! - [`store`]: what the commands need from the cluster, over `phoenix-client`
-//!   ([`ClusterStore`]: routing, leader cache, retries and client sessions), or in
+//!   ([`ClusterStore`]: routing, leader cache, retries and client sessions; inside a
+//!   node, its calls to that node are served in the process: [`InNode`]), or in
 //!   memory ([`MemoryStore`]).
 //!
 //! [`serve`] accepts connections on a listener until told to stop.
@@ -23,7 +24,7 @@ use tokio::sync::Semaphore;
 
 pub use codec::{Limits, ProtocolError, Reply};
 pub use conn::{Conn, ServerInfo};
-pub use store::{ClusterStore, MemoryStore, Store, StoreError};
+pub use store::{ClusterStore, InNode, MemoryStore, Store, StoreError};
 
 /// Connections served at once; past it a new one is told so and closed.
 pub const CONNECTIONS_MAX: usize = 10_000;

@@ -128,6 +128,37 @@ impl Store for ClusterStore {
     }
 }
 
+/// The request layer of the node the front end runs in, for its [`Client`]
+/// ([`phoenix_client::ClientOptions::local_node`]): the client's calls to this node's
+/// groups are served in the process, not over a connection to itself.
+#[derive(Debug)]
+pub struct InNode {
+    addr: String,
+    requests: phoenix_server::Requests,
+}
+
+impl InNode {
+    /// The node advertised at `addr`, serving through `requests`.
+    pub fn new(addr: String, requests: phoenix_server::Requests) -> InNode {
+        InNode { addr, requests }
+    }
+}
+
+impl phoenix_client::LocalNode for InNode {
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn ready(&self) -> bool {
+        self.requests.ready()
+    }
+
+    fn call(&self, request: phoenix_client::LocalRequest) -> phoenix_client::LocalCall {
+        let requests = self.requests.clone();
+        Box::pin(async move { requests.serve(request).await })
+    }
+}
+
 /// A store in memory, cut into "groups" at `split_keys` so atomic writes across them are
 /// refused as the cluster refuses them: the model the front end's tests compare it with,
 /// and a way to try the protocol without a cluster.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{pipeline, req, R};
 use phoenix_client::{Client, ClientOptions};
-use phoenix_resp::{ClusterStore, ServerInfo};
+use phoenix_resp::{ClusterStore, InNode, ServerInfo};
 use phoenix_server::{Config, MetaMember};
 use tokio::net::TcpStream;
 
@@ -39,6 +39,9 @@ async fn redis_commands_run_against_a_cluster() {
         .collect();
     let mut stops = Vec::new();
     let mut nodes = Vec::new();
+    // The front end runs "inside" node 1: its calls to node 1 take node 1's request
+    // layer in the process.
+    let in_node_1 = phoenix_server::Requests::default();
     for (i, a) in addrs.iter().enumerate() {
         let mut c = Config::new(
             i as u64 + 1,
@@ -49,28 +52,58 @@ async fn redis_commands_run_against_a_cluster() {
         c.tick = Duration::from_millis(10);
         c.reserve_space = 0;
         c.split_keys = vec![b"m".to_vec()];
+        // Leaders stay where the test puts them.
+        c.balance_leaders = false;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         stops.push(tx);
-        nodes.push(tokio::spawn(phoenix_server::run(c, async move {
-            let _ = rx.await;
-        })));
+        let requests = if i == 0 {
+            in_node_1.clone()
+        } else {
+            phoenix_server::Requests::default()
+        };
+        nodes.push(tokio::spawn(phoenix_server::run_with(
+            c,
+            async move {
+                let _ = rx.await;
+            },
+            requests,
+        )));
     }
     let opts = ClientOptions {
         timeout: Duration::from_secs(20),
         ..ClientOptions::default()
     };
-    let client = Client::connect(addrs.clone(), opts).await.unwrap();
+    let client = Client::connect(addrs.clone(), opts.clone()).await.unwrap();
     // Both groups serve before the front end is tried.
     client.put(b"a-ready", b"1").await.unwrap();
     client.put(b"z-ready", b"1").await.unwrap();
     client.delete(b"a-ready").await.unwrap();
     client.delete(b"z-ready").await.unwrap();
+    // Node 1 leads both groups, so the front end's calls are its own to serve.
+    for route in client.cached_routes() {
+        // (An election in between can refuse a transfer: ask again.)
+        let mut tries = 0;
+        while let Err(e) = client.transfer_leader(route.group_id, 1).await {
+            tries += 1;
+            assert!(tries < 20, "group {} to node 1: {e}", route.group_id);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (stop_resp, resp_stopped) = tokio::sync::oneshot::channel::<()>();
+    let gateway_client = Client::connect(
+        vec![addrs[0].clone()],
+        ClientOptions {
+            local_node: Some(Arc::new(InNode::new(addrs[0].clone(), in_node_1.clone()))),
+            ..opts
+        },
+    )
+    .await
+    .unwrap();
     let gateway = tokio::spawn(phoenix_resp::serve(
         listener,
-        Arc::new(ClusterStore::new(client)),
+        Arc::new(ClusterStore::new(gateway_client)),
         ServerInfo::default(),
         async move {
             let _ = resp_stopped.await;
@@ -207,6 +240,10 @@ async fn redis_commands_run_against_a_cluster() {
     }
     assert_eq!(scanned.len(), 5, "{scanned:?}");
 
+    // The single-key calls (GET, SET, INCR's compare-and-swap…) took node 1's request
+    // layer in the process.
+    let served = in_node_1.served();
+    assert!(served >= 20, "{served} calls served in the process");
     let _ = stop_resp.send(());
     gateway.await.unwrap();
     for s in stops {
@@ -215,4 +252,24 @@ async fn redis_commands_run_against_a_cluster() {
     for n in nodes {
         n.await.unwrap().unwrap();
     }
+    // A stopped node's request layer refuses, unserved, so a client goes elsewhere.
+    assert!(!in_node_1.ready());
+    let answer = in_node_1
+        .serve(phoenix_client::LocalRequest::Get(
+            phoenix_proto::GetRequest {
+                header: Some(phoenix_proto::RequestHeader {
+                    group_id: 1,
+                    timeout_ms: 1000,
+                    ..Default::default()
+                }),
+                key: b"a".to_vec().into(),
+            },
+        ))
+        .await;
+    let phoenix_client::LocalResponse::Get(get) = answer else {
+        panic!("a get answered with {answer:?}");
+    };
+    let error = get.error.expect("refused");
+    assert!(error.is_retryable(), "{error:?}");
+    assert_eq!(in_node_1.served(), served);
 }

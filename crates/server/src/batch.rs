@@ -128,34 +128,44 @@ async fn read_items(
 
 /// The answer to an item refused without serving it: the method's response with `err`.
 fn refuse(item: proto::BatchRequestItem, err: proto::Error) -> proto::BatchResponseItem {
-    let response = match item.request {
-        Some(Req::Get(_)) => Resp::Get(proto::GetResponse {
-            error: Some(err),
-            ..Default::default()
-        }),
-        Some(Req::Put(_)) => Resp::Put(proto::PutResponse { error: Some(err) }),
-        Some(Req::Delete(_)) => Resp::Delete(proto::DeleteResponse { error: Some(err) }),
-        Some(Req::Cas(_)) => Resp::Cas(proto::CasResponse {
-            error: Some(err),
-            ..Default::default()
-        }),
-        None => return not_served(item.id),
+    let Some(request) = item.request else {
+        return not_served(item.id);
     };
     proto::BatchResponseItem {
         id: item.id,
         error: None,
-        response: Some(response),
+        response: Some(refusal(&request, err)),
+    }
+}
+
+/// The response of `request`'s method carrying `err`.
+pub(crate) fn refusal(request: &Req, err: proto::Error) -> Resp {
+    match request {
+        Req::Get(_) => Resp::Get(proto::GetResponse {
+            error: Some(err),
+            ..Default::default()
+        }),
+        Req::Put(_) => Resp::Put(proto::PutResponse { error: Some(err) }),
+        Req::Delete(_) => Resp::Delete(proto::DeleteResponse { error: Some(err) }),
+        Req::Cas(_) => Resp::Cas(proto::CasResponse {
+            error: Some(err),
+            ..Default::default()
+        }),
     }
 }
 
 /// The group an item names (0 if none).
 fn group_of(item: &proto::BatchRequestItem) -> u64 {
-    let header = match &item.request {
-        Some(Req::Get(r)) => r.header.as_ref(),
-        Some(Req::Put(r)) => r.header.as_ref(),
-        Some(Req::Delete(r)) => r.header.as_ref(),
-        Some(Req::Cas(r)) => r.header.as_ref(),
-        None => None,
+    item.request.as_ref().map_or(0, group_of_request)
+}
+
+/// The group a request names (0 if none).
+pub(crate) fn group_of_request(request: &Req) -> u64 {
+    let header = match request {
+        Req::Get(r) => r.header.as_ref(),
+        Req::Put(r) => r.header.as_ref(),
+        Req::Delete(r) => r.header.as_ref(),
+        Req::Cas(r) => r.header.as_ref(),
     };
     header.map_or(0, |h| h.group_id)
 }
@@ -174,8 +184,19 @@ fn not_served(id: u64) -> proto::BatchResponseItem {
 /// Serves one item with the unary method it names. `error` is set only when the item
 /// was not served at all; every other failure is inside the method's response.
 async fn serve_item(svc: &Services, item: proto::BatchRequestItem) -> proto::BatchResponseItem {
+    let Some(request) = item.request else {
+        return not_served(item.id);
+    };
+    proto::BatchResponseItem {
+        id: item.id,
+        error: None,
+        response: Some(serve_request(svc, request).await),
+    }
+}
+
+/// Serves a single-key request with the unary method of its kind.
+pub(crate) async fn serve_request(svc: &Services, request: Req) -> Resp {
     use proto::kv_server::Kv;
-    let id = item.id;
     // The unary methods answer every failure inside their response; a `Status` from
     // one would be a bug, answered as an internal error of the method (after a
     // propose, perhaps: never as "not served").
@@ -185,35 +206,29 @@ async fn serve_item(svc: &Services, item: proto::BatchRequestItem) -> proto::Bat
             s.message()
         )))
     };
-    let response = match item.request {
-        Some(Req::Get(r)) => Resp::Get(match svc.get(Request::new(r)).await {
+    match request {
+        Req::Get(r) => Resp::Get(match svc.get(Request::new(r)).await {
             Ok(r) => r.into_inner(),
             Err(s) => proto::GetResponse {
                 error: internal(s),
                 ..Default::default()
             },
         }),
-        Some(Req::Put(r)) => Resp::Put(match svc.put(Request::new(r)).await {
+        Req::Put(r) => Resp::Put(match svc.put(Request::new(r)).await {
             Ok(r) => r.into_inner(),
             Err(s) => proto::PutResponse { error: internal(s) },
         }),
-        Some(Req::Delete(r)) => Resp::Delete(match svc.delete(Request::new(r)).await {
+        Req::Delete(r) => Resp::Delete(match svc.delete(Request::new(r)).await {
             Ok(r) => r.into_inner(),
             Err(s) => proto::DeleteResponse { error: internal(s) },
         }),
-        Some(Req::Cas(r)) => Resp::Cas(match svc.cas(Request::new(r)).await {
+        Req::Cas(r) => Resp::Cas(match svc.cas(Request::new(r)).await {
             Ok(r) => r.into_inner(),
             Err(s) => proto::CasResponse {
                 error: internal(s),
                 ..Default::default()
             },
         }),
-        None => return not_served(id),
-    };
-    proto::BatchResponseItem {
-        id,
-        error: None,
-        response: Some(response),
     }
 }
 

@@ -35,6 +35,7 @@ pub mod faults;
 pub mod forward;
 pub mod keys;
 pub mod known_meta;
+mod local;
 pub mod meta;
 pub mod metrics;
 pub mod node;
@@ -61,6 +62,7 @@ use phoenix_proto as proto;
 
 pub use config::{parse_meta_members, Config, DropMode, MetaMember};
 pub use error::{Error, Result};
+pub use local::Requests;
 pub use phoenix_meta::{even_split_keys, INITIAL_GROUPS_MAX};
 
 use crate::meta::{LeaderView, MetaState, META_GROUP};
@@ -68,6 +70,16 @@ use crate::shared::Shared;
 
 /// Runs a node until `shutdown` completes, then stops it cleanly.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+    run_with(cfg, shutdown, Requests::default()).await
+}
+
+/// [`run`], with `requests` serving the node's request layer to a front end in this
+/// process while the node serves.
+pub async fn run_with(
+    cfg: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    requests: Requests,
+) -> Result<()> {
     cfg.validate()?;
     let data = cfg.data_dir.clone();
     std::fs::create_dir_all(&data)
@@ -263,6 +275,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
         forward: Arc::default(),
         stop: stop_rx.clone(),
     };
+    requests.set(Some(kv.clone())).await;
     let max = proto::limits::MESSAGE_BYTES_MAX;
     tracing::info!(node = cfg.node_id, listen = %cfg.listen, data = %data.display(), engine_wal = cfg.engine_wal, "node serving");
     let served = tonic::transport::Server::builder()
@@ -325,6 +338,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     if !matches!(joined, Ok(Ok(()))) {
         tracing::error!("the raft thread ended abnormally");
     }
+    requests.set(None).await;
     drop(shared);
     served.map_err(|e| Error::Transport(format!("serving {}: {e}", cfg.listen)))?;
     if let Err(e) = engine.close() {

@@ -186,6 +186,8 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.metrics_listen = args.metrics_listen;
     let resp_listen = args.resp_listen;
     let node_id = cfg.node_id;
+    let advertise = cfg.advertise.clone();
+    let requests = phoenix_server::Requests::default();
     // This node first, then the meta members: the client finds the rest.
     let mut resp_endpoints = vec![cfg.advertise.clone()];
     for m in &cfg.meta {
@@ -216,8 +218,9 @@ pub fn run(args: Args) -> Result<(), BoxError> {
         .build()?;
     rt.block_on(async move {
         // The Redis front end listens before the node starts, so a port taken fails the
-        // start; it reaches the cluster as any client does, through this node first. It
-        // stops taking connections when the node starts stopping.
+        // start. It reaches the cluster as any client does (routing, retries, sessions),
+        // but its calls to this node's groups are served in the process, not over a
+        // connection. It stops taking connections when the node starts stopping.
         let (stopping, stop_seen) = tokio::sync::watch::channel(false);
         let resp = match &resp_listen {
             Some(addr) => {
@@ -227,7 +230,13 @@ pub fn run(args: Args) -> Result<(), BoxError> {
                 tracing::info!(addr = %addr, "serving the Redis protocol");
                 let client = phoenix_client::Client::new_lazy(
                     resp_endpoints,
-                    phoenix_client::ClientOptions::default(),
+                    phoenix_client::ClientOptions {
+                        local_node: Some(std::sync::Arc::new(phoenix_resp::InNode::new(
+                            advertise.clone(),
+                            requests.clone(),
+                        ))),
+                        ..phoenix_client::ClientOptions::default()
+                    },
                 )?;
                 let store = std::sync::Arc::new(phoenix_resp::ClusterStore::new(client));
                 let info = phoenix_resp::ServerInfo {
@@ -266,7 +275,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
             signal.await;
             let _ = stopping.send(true);
         };
-        let ran = phoenix_server::run(cfg, shutdown).await;
+        let ran = phoenix_server::run_with(cfg, shutdown, requests).await;
         if let Some(task) = resp {
             task.abort();
         }
