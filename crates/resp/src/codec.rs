@@ -179,79 +179,71 @@ fn split_inline(line: &[u8]) -> Result<Vec<Vec<u8>>, ProtocolError> {
         if i >= line.len() {
             break;
         }
-        let mut cur = Vec::new();
-        match line[i] {
-            b'"' => {
-                i += 1;
-                loop {
-                    let Some(&c) = line.get(i) else {
-                        return err("unbalanced quotes in request");
-                    };
-                    i += 1;
-                    match c {
-                        b'"' => break,
-                        b'\\' => {
-                            let Some(&e) = line.get(i) else {
-                                return err("unbalanced quotes in request");
-                            };
-                            i += 1;
-                            let hex = |b: u8| (b as char).to_digit(16);
-                            match e {
-                                b'n' => cur.push(b'\n'),
-                                b'r' => cur.push(b'\r'),
-                                b't' => cur.push(b'\t'),
-                                b'b' => cur.push(8),
-                                b'a' => cur.push(7),
-                                b'x' => match (
-                                    line.get(i).copied().and_then(hex),
-                                    line.get(i + 1).copied().and_then(hex),
-                                ) {
-                                    (Some(h), Some(l)) => {
-                                        cur.push((h * 16 + l) as u8);
-                                        i += 2;
-                                    }
-                                    _ => cur.push(b'x'),
-                                },
-                                other => cur.push(other),
-                            }
-                        }
-                        other => cur.push(other),
-                    }
-                }
-                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
-                    return err("unbalanced quotes in request");
-                }
-            }
-            b'\'' => {
-                i += 1;
-                loop {
-                    let Some(&c) = line.get(i) else {
-                        return err("unbalanced quotes in request");
-                    };
-                    i += 1;
-                    match c {
-                        b'\'' => break,
-                        b'\\' if line.get(i) == Some(&b'\'') => {
-                            cur.push(b'\'');
-                            i += 1;
-                        }
-                        other => cur.push(other),
-                    }
-                }
-                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
-                    return err("unbalanced quotes in request");
-                }
-            }
+        let (arg, end) = match line[i] {
+            q @ (b'"' | b'\'') => quoted(line, i + 1, q)?,
             _ => {
-                while i < line.len() && !line[i].is_ascii_whitespace() {
-                    cur.push(line[i]);
-                    i += 1;
-                }
+                let end = line[i..]
+                    .iter()
+                    .position(u8::is_ascii_whitespace)
+                    .map_or(line.len(), |n| i + n);
+                (line[i..end].to_vec(), end)
             }
-        }
-        args.push(cur);
+        };
+        args.push(arg);
+        i = end;
     }
     Ok(args)
+}
+
+/// The argument quoted by `quote` whose text starts at `line[i]`, and where it ends (past
+/// the closing quote), as redis-cli splits it: in double quotes `\n`, `\r`, `\t`, `\b`,
+/// `\a`, `\xHH` and `\<any>` are escapes; in single quotes only `\'`. The closing quote
+/// must end the argument.
+fn quoted(line: &[u8], mut i: usize, quote: u8) -> Result<(Vec<u8>, usize), ProtocolError> {
+    let unbalanced = || ProtocolError("unbalanced quotes in request".into());
+    let hex = |b: Option<&u8>| b.and_then(|&b| (b as char).to_digit(16));
+    let mut arg = Vec::new();
+    loop {
+        let &c = line.get(i).ok_or_else(unbalanced)?;
+        i += 1;
+        if c == quote {
+            break;
+        }
+        if c != b'\\' {
+            arg.push(c);
+            continue;
+        }
+        if quote == b'\'' {
+            if line.get(i) == Some(&b'\'') {
+                arg.push(b'\'');
+                i += 1;
+            } else {
+                arg.push(c);
+            }
+            continue;
+        }
+        let &e = line.get(i).ok_or_else(unbalanced)?;
+        i += 1;
+        arg.push(match e {
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'b' => 8,
+            b'a' => 7,
+            b'x' => match (hex(line.get(i)), hex(line.get(i + 1))) {
+                (Some(h), Some(l)) => {
+                    i += 2;
+                    (h * 16 + l) as u8
+                }
+                _ => b'x',
+            },
+            other => other,
+        });
+    }
+    if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+        return Err(unbalanced());
+    }
+    Ok((arg, i))
 }
 
 /// A reply, encoded for the connection's protocol version by [`Reply::encode`].
