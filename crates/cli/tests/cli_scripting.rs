@@ -28,16 +28,24 @@ struct Playground {
     dir: tempfile::TempDir,
     /// Keeps the pipe open: the playground may print again when it stops.
     _stdout: BufReader<ChildStdout>,
+    /// The playground's ready document.
+    ready: Value,
 }
 
 impl Playground {
     fn start() -> Playground {
+        Self::start_with(&[])
+    }
+
+    /// A playground whose servers also get `server_args`.
+    fn start_with(server_args: &[String]) -> Playground {
         let dir = tempfile::tempdir().unwrap();
         let stderr = std::fs::File::create(dir.path().join("playground.err")).unwrap();
         let mut child = Command::new(PHOENIX)
             .args(["playground", "--base-port", "0", "--output", "json"])
             .arg("--data-dir")
             .arg(dir.path().join("data"))
+            .args(server_args.iter().map(|a| format!("--server-arg={a}")))
             .env_remove("PHOENIX_ENDPOINTS")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -54,6 +62,7 @@ impl Playground {
             endpoints: String::new(),
             dir,
             _stdout: stdout,
+            ready: Value::Null,
         };
         let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| {
             panic!(
@@ -64,6 +73,7 @@ impl Playground {
         assert_eq!(ready["ready"], true, "{ready}");
         assert_eq!(ready["nodes"].as_array().unwrap().len(), 3, "{ready}");
         pg.endpoints = ready["endpoints"].as_str().unwrap().to_string();
+        pg.ready = ready;
         pg
     }
 
@@ -398,4 +408,38 @@ fn exit_codes_json_closed_pipes_and_completions() {
     let mut c = Command::new(PHOENIX);
     c.args(["completions", "bash"]);
     closed_pipe(c, false, 0, dir);
+}
+
+/// `phoenix server --resp-password-file`: the Redis port serves nothing until the
+/// password is given (checked over a raw connection, as any Redis client talks).
+#[test]
+fn the_redis_port_asks_for_the_password_in_its_file() {
+    use std::io::Write as _;
+    let secrets = tempfile::tempdir().unwrap();
+    let file = secrets.path().join("resp-password");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let pg = Playground::start_with(&[format!("--resp-password-file={}", file.display())]);
+    let port = pg.ready["nodes"][0]["resp"].as_str().unwrap().to_string();
+    let mut conn = std::net::TcpStream::connect(&port).unwrap();
+    conn.set_read_timeout(Some(COMMAND_TIMEOUT)).unwrap();
+    let mut ask = |request: &[u8], want: &str| {
+        conn.write_all(request).unwrap();
+        let mut got = Vec::new();
+        let mut byte = [0u8; 1];
+        while !got.ends_with(b"\r\n") {
+            conn.read_exact(&mut byte).unwrap();
+            got.push(byte[0]);
+        }
+        let got = String::from_utf8_lossy(&got).into_owned();
+        assert!(
+            got.starts_with(want),
+            "{:?}: got {got:?}, want {want:?}",
+            String::from_utf8_lossy(request)
+        );
+    };
+    ask(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n", "-NOAUTH");
+    ask(b"*2\r\n$4\r\nAUTH\r\n$5\r\nwrong\r\n", "-WRONGPASS");
+    // The trailing newline of the file is not part of the password.
+    ask(b"*2\r\n$4\r\nAUTH\r\n$6\r\ns3cret\r\n", "+OK");
+    ask(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n", "+OK");
 }

@@ -79,13 +79,18 @@ pub enum Command {
     Hello {
         /// The protocol version asked for (None: keep the current one).
         version: Option<u8>,
-        /// AUTH was given.
-        auth: bool,
+        /// AUTH's user and password, if given.
+        auth: Option<(Vec<u8>, Vec<u8>)>,
         /// SETNAME's name.
         name: Option<Vec<u8>>,
     },
     /// AUTH [user] password.
-    Auth,
+    Auth {
+        /// The user (None: the default user).
+        user: Option<Vec<u8>>,
+        /// The password.
+        password: Vec<u8>,
+    },
     /// CLIENT SETNAME name.
     ClientSetName(Vec<u8>),
     /// CLIENT GETNAME.
@@ -215,7 +220,7 @@ pub fn parse(args: Vec<Vec<u8>>) -> Result<Command, Reply> {
         "QUIT" => Command::Quit,
         "HELLO" => {
             let mut version = None;
-            let mut auth = false;
+            let mut auth = None;
             let mut name_opt = None;
             if n > 0 {
                 let v = next();
@@ -237,10 +242,9 @@ pub fn parse(args: Vec<Vec<u8>>) -> Result<Command, Reply> {
                     left -= 1;
                     match opt.as_str() {
                         "AUTH" if left >= 2 => {
-                            next();
-                            next();
+                            let user = next();
+                            auth = Some((user, next()));
                             left -= 2;
-                            auth = true;
                         }
                         "SETNAME" if left >= 1 => {
                             name_opt = Some(next());
@@ -260,7 +264,18 @@ pub fn parse(args: Vec<Vec<u8>>) -> Result<Command, Reply> {
             if n == 0 || n > 2 {
                 return Err(arity(&name));
             }
-            Command::Auth
+            let first = next();
+            if n == 2 {
+                Command::Auth {
+                    user: Some(first),
+                    password: next(),
+                }
+            } else {
+                Command::Auth {
+                    user: None,
+                    password: first,
+                }
+            }
         }
         "CLIENT" => {
             at_least(1)?;

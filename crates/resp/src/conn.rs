@@ -40,13 +40,16 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// another scan's keys.
 static NEXT_CURSOR: AtomicU64 = AtomicU64::new(1);
 
-/// What the server says of itself in HELLO and INFO.
+/// What the server says of itself in HELLO and INFO, and the password it asks for.
 #[derive(Debug, Clone)]
 pub struct ServerInfo {
     /// This node's id.
     pub node_id: u64,
     /// The Redis version it answers like (clients check it for features).
     pub redis_version: &'static str,
+    /// The password of the default user (Redis' `requirepass`): a connection must give
+    /// it (AUTH, or HELLO … AUTH) before any other command. None: no password.
+    pub password: Option<Password>,
 }
 
 impl Default for ServerInfo {
@@ -54,9 +57,47 @@ impl Default for ServerInfo {
         ServerInfo {
             node_id: 0,
             redis_version: "7.2.0",
+            password: None,
         }
     }
 }
+
+/// A password, never printed.
+#[derive(Clone)]
+pub struct Password(Vec<u8>);
+
+impl Password {
+    /// The password `bytes` (refused if empty: an empty password would let anyone in).
+    pub fn new(bytes: Vec<u8>) -> Option<Password> {
+        (!bytes.is_empty()).then_some(Password(bytes))
+    }
+
+    /// Whether `given` is the password, in time that does not depend on where they
+    /// differ.
+    fn matches(&self, given: &[u8]) -> bool {
+        let differ = self
+            .0
+            .iter()
+            .zip(given)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        differ == 0 && self.0.len() == given.len()
+    }
+}
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Password(…)")
+    }
+}
+
+/// The limits of a connection not yet authenticated (as Redis bounds them): small, so
+/// a client without the password cannot make the node hold big requests.
+const UNAUTHENTICATED: Limits = Limits {
+    max_args: 10,
+    max_bulk: 16 * 1024,
+    max_inline: 16 * 1024,
+    max_request: 64 * 1024,
+};
 
 /// A connection's own state.
 pub struct Conn<S> {
@@ -65,6 +106,10 @@ pub struct Conn<S> {
     info: Arc<ServerInfo>,
     id: u64,
     version: u8,
+    /// Whether the connection gave the password (or none is asked for).
+    authenticated: bool,
+    /// `limits`, no larger than [`UNAUTHENTICATED`]: what a request may be before then.
+    unauthenticated_limits: Limits,
     name: Option<Vec<u8>>,
     /// SCAN cursor → the key the scan goes on from (`cursors_order`: oldest first).
     cursors: HashMap<u64, Vec<u8>>,
@@ -99,6 +144,13 @@ impl<S: Store> Conn<S> {
     pub fn new(store: Arc<S>, limits: Limits, info: Arc<ServerInfo>) -> Conn<S> {
         Conn {
             store,
+            authenticated: info.password.is_none(),
+            unauthenticated_limits: Limits {
+                max_args: limits.max_args.min(UNAUTHENTICATED.max_args),
+                max_bulk: limits.max_bulk.min(UNAUTHENTICATED.max_bulk),
+                max_inline: limits.max_inline.min(UNAUTHENTICATED.max_inline),
+                max_request: limits.max_request.min(UNAUTHENTICATED.max_request),
+            },
             limits,
             info,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -136,7 +188,12 @@ impl<S: Store> Conn<S> {
             let mut used = 0;
             let mut close = false;
             loop {
-                match parse_request(&buf[used..], &self.limits) {
+                let limits = if self.authenticated {
+                    &self.limits
+                } else {
+                    &self.unauthenticated_limits
+                };
+                match parse_request(&buf[used..], limits) {
                     Ok(None) => break,
                     Ok(Some((args, took))) => {
                         used += took;
@@ -197,6 +254,9 @@ impl<S: Store> Conn<S> {
         if let Command::Quit = cmd {
             return (Reply::ok(), Then::Close);
         }
+        if !self.authenticated && !matches!(cmd, Command::Auth { .. } | Command::Hello { .. }) {
+            return (Reply::error("NOAUTH Authentication required."), Then::Go);
+        }
         let reply = self.execute(cmd).await.unwrap_or_else(store_err);
         (reply, Then::Go)
     }
@@ -212,8 +272,21 @@ impl<S: Store> Conn<S> {
                 auth,
                 name,
             } => {
-                if auth {
-                    return Ok(no_auth());
+                match auth {
+                    Some((user, password)) => {
+                        if let Err(reply) = self.authenticate(Some(&user), &password) {
+                            return Ok(reply);
+                        }
+                    }
+                    None if !self.authenticated => {
+                        return Ok(Reply::error(
+                            "NOAUTH HELLO must be called with the client already authenticated, \
+                             otherwise the HELLO <proto> AUTH <user> <pass> option can be used \
+                             to authenticate the client and select the RESP protocol version at \
+                             the same time",
+                        ));
+                    }
+                    None => {}
                 }
                 if let Some(v) = version {
                     self.version = v;
@@ -223,7 +296,9 @@ impl<S: Store> Conn<S> {
                 }
                 self.hello()
             }
-            Command::Auth => no_auth(),
+            Command::Auth { user, password } => self
+                .authenticate(user.as_deref(), &password)
+                .map_or_else(|reply| reply, |()| Reply::ok()),
             Command::ClientSetName(n) => {
                 self.name = (!n.is_empty()).then_some(n);
                 Reply::ok()
@@ -374,6 +449,26 @@ impl<S: Store> Conn<S> {
             Reply::text(next.to_string()),
             Reply::Array(keys),
         ]))
+    }
+}
+
+impl<S> Conn<S> {
+    /// Checks a password given by AUTH or HELLO: the connection is authenticated if it
+    /// is the default user's; else the refusal (and the connection stays as it was).
+    fn authenticate(&mut self, user: Option<&[u8]>, password: &[u8]) -> Result<(), Reply> {
+        let Some(want) = &self.info.password else {
+            return Err(no_auth());
+        };
+        let default_user = user.is_none_or(|u| u == b"default");
+        if default_user && want.matches(password) {
+            self.authenticated = true;
+            Ok(())
+        } else {
+            tracing::info!(conn = self.id, "resp: a wrong password");
+            Err(Reply::error(
+                "WRONGPASS invalid username-password pair or user is disabled.",
+            ))
+        }
     }
 }
 

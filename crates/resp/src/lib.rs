@@ -23,7 +23,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 pub use codec::{Limits, ProtocolError, Reply};
-pub use conn::{Conn, ServerInfo};
+pub use conn::{Conn, Password, ServerInfo};
 pub use store::{ClusterStore, InNode, MemoryStore, Store, StoreError};
 
 /// Connections served at once; past it a new one is told so and closed.

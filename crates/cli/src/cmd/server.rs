@@ -68,6 +68,12 @@ pub struct Args {
     /// leader wherever it is. Commands in docs/resp.md. Off unless given.
     #[arg(long)]
     pub resp_listen: Option<String>,
+    /// File holding the password Redis clients must give (AUTH, or HELLO … AUTH; Redis'
+    /// `requirepass`) before any other command on the --resp-listen port; one trailing
+    /// newline is ignored. Without it the port asks for none: bind it to loopback or a
+    /// private network then.
+    #[arg(long, requires = "resp_listen")]
+    pub resp_password_file: Option<std::path::PathBuf>,
     /// Free disk space to keep, in MiB: under it the node refuses client writes with a
     /// DiskFull error (reads go on) and takes them again once space returns. 0: never.
     #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_RESERVE_SPACE >> 20)]
@@ -185,6 +191,10 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.reserve_space = args.reserve_space_mb.saturating_mul(1 << 20);
     cfg.metrics_listen = args.metrics_listen;
     let resp_listen = args.resp_listen;
+    let resp_password = match &args.resp_password_file {
+        Some(f) => Some(read_password(f)?),
+        None => None,
+    };
     let node_id = cfg.node_id;
     let advertise = cfg.advertise.clone();
     let requests = phoenix_server::Requests::default();
@@ -241,6 +251,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
                 let store = std::sync::Arc::new(phoenix_resp::ClusterStore::new(client));
                 let info = phoenix_resp::ServerInfo {
                     node_id,
+                    password: resp_password.clone(),
                     ..phoenix_resp::ServerInfo::default()
                 };
                 let mut stop_seen = stop_seen;
@@ -282,4 +293,18 @@ pub fn run(args: Args) -> Result<(), BoxError> {
         ran.map_err(BoxError::from)
     })?;
     Ok(())
+}
+
+/// The Redis password in `file` (one trailing newline dropped; empty is refused).
+fn read_password(file: &std::path::Path) -> Result<phoenix_resp::Password, BoxError> {
+    let mut bytes =
+        std::fs::read(file).map_err(|e| format!("--resp-password-file {}: {e}", file.display()))?;
+    if bytes.ends_with(b"\n") {
+        bytes.pop();
+        if bytes.ends_with(b"\r") {
+            bytes.pop();
+        }
+    }
+    phoenix_resp::Password::new(bytes)
+        .ok_or_else(|| format!("--resp-password-file {}: the file is empty", file.display()).into())
 }
