@@ -261,8 +261,11 @@ pub fn parse(args: Vec<Vec<u8>>) -> Result<Command, Reply> {
             }
         }
         "AUTH" => {
-            if n == 0 || n > 2 {
+            if n == 0 {
                 return Err(arity(&name));
+            }
+            if n > 2 {
+                return Err(syntax());
             }
             let first = next();
             if n == 2 {

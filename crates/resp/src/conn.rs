@@ -72,15 +72,15 @@ impl Password {
         (!bytes.is_empty()).then_some(Password(bytes))
     }
 
-    /// Whether `given` is the password, in time that does not depend on where they
-    /// differ.
+    /// Whether `given` is the password, in time that depends on the length of `given`
+    /// only: not on where they differ, nor on the password's length.
     fn matches(&self, given: &[u8]) -> bool {
-        let differ = self
-            .0
-            .iter()
-            .zip(given)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        differ == 0 && self.0.len() == given.len()
+        let want = &self.0;
+        let mut differ = u64::from(want.len() != given.len());
+        for (i, b) in given.iter().enumerate() {
+            differ |= u64::from(b ^ want[i % want.len()]);
+        }
+        std::hint::black_box(differ) == 0
     }
 }
 
@@ -456,15 +456,20 @@ impl<S> Conn<S> {
     /// Checks a password given by AUTH or HELLO: the connection is authenticated if it
     /// is the default user's; else the refusal (and the connection stays as it was).
     fn authenticate(&mut self, user: Option<&[u8]>, password: &[u8]) -> Result<(), Reply> {
-        let Some(want) = &self.info.password else {
-            return Err(no_auth());
-        };
         let default_user = user.is_none_or(|u| u == b"default");
-        if default_user && want.matches(password) {
+        let right = match &self.info.password {
+            Some(want) => default_user && want.matches(password),
+            // No password: the default user takes any (as Redis' `nopass` user does),
+            // but a password alone is a mistake worth saying.
+            None if user.is_none() => return Err(no_auth()),
+            None => default_user,
+        };
+        if right {
             self.authenticated = true;
             Ok(())
         } else {
-            tracing::info!(conn = self.id, "resp: a wrong password");
+            // (Debug only: a client may send thousands of these in one write.)
+            tracing::debug!(conn = self.id, "resp: a wrong password");
             Err(Reply::error(
                 "WRONGPASS invalid username-password pair or user is disabled.",
             ))

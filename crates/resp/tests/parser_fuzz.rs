@@ -95,6 +95,8 @@ fn parse_in_pieces(stream: &[u8], cuts: &[usize]) -> Result<Vec<Vec<Vec<u8>>>, S
 #[test]
 fn the_parser_survives_random_input_and_frames_pipelines_whatever_the_cuts() {
     let seed = seed();
+    // (Printed first: a panic inside the parser would not reach the asserts below.)
+    eprintln!("replay with PHOENIX_SEED={seed}");
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let l = limits();
     let ctx = |what: &str, round: usize| {
@@ -198,6 +200,11 @@ fn quoted_inline_arguments_split_as_redis_cli_does() {
     assert_eq!(
         parse(b"SET k \"\"\r\n").unwrap(),
         words(&[b"SET", b"k", b""])
+    );
+    // Every escape in double quotes (a one-digit \x is no escape), \' in single quotes.
+    assert_eq!(
+        parse(b"X \"\\x41\\x4\\n\\r\\t\\b\\a\\\\\\\"\" 'it\\'s'\r\n").unwrap(),
+        words(&[b"X", b"Ax4\n\r\t\x08\x07\\\"", b"it's"])
     );
     for bad in [
         &b"SET k \"abc\r\n"[..],
