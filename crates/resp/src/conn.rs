@@ -165,7 +165,17 @@ impl<S: Store> Conn<S> {
     /// protocol (answered with an error, then closed).
     pub async fn serve<IO: AsyncRead + AsyncWrite + Unpin>(
         &mut self,
+        io: IO,
+    ) -> std::io::Result<()> {
+        self.serve_until(io, None).await
+    }
+
+    /// [`serve`](Self::serve), and closes the connection once `stop` turns true: at
+    /// once if it waits for a request, else after answering the requests it has read.
+    pub async fn serve_until<IO: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
         mut io: IO,
+        mut stop: Option<tokio::sync::watch::Receiver<bool>>,
     ) -> std::io::Result<()> {
         // Small to start: a node may hold thousands of idle connections. A request
         // bigger than the room left makes it grow (parse_request bounds it).
@@ -177,7 +187,17 @@ impl<S: Store> Conn<S> {
             }
             // Read straight into the request buffer: no copy between buffers.
             let room = buf.capacity() - buf.len();
-            let n = io.read_buf(&mut buf).await?;
+            let read = match stop.as_mut() {
+                Some(stop) => tokio::select! {
+                    n = io.read_buf(&mut buf) => Some(n?),
+                    _ = stop.wait_for(|s| *s) => None,
+                },
+                None => Some(io.read_buf(&mut buf).await?),
+            };
+            let Some(n) = read else {
+                io.flush().await?;
+                return Ok(());
+            };
             if n == 0 {
                 return Ok(());
             }

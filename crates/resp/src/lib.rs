@@ -9,7 +9,8 @@
 //!   node, its calls to that node are served in the process: [`InNode`]), or in
 //!   memory ([`MemoryStore`]).
 //!
-//! [`serve`] accepts connections on a listener until told to stop.
+//! [`serve`] accepts connections on a listener until told to stop, then closes them
+//! once they have answered what they read.
 
 pub mod codec;
 pub mod command;
@@ -38,10 +39,15 @@ pub async fn serve<S: Store>(
 ) {
     let info = Arc::new(info);
     let permits = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    // The connections' tasks, told to close when the listener stops.
+    let mut conns = tokio::task::JoinSet::new();
+    let (stop_conns, stop_seen) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => break,
+            // (Reaps the tasks of connections that ended.)
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             a = listener.accept() => a,
         };
         let (mut sock, peer) = match accepted {
@@ -64,11 +70,26 @@ pub async fn serve<S: Store>(
             continue;
         };
         let mut conn = Conn::new(Arc::clone(&store), Limits::default(), Arc::clone(&info));
-        tokio::spawn(async move {
-            if let Err(e) = conn.serve(sock).await {
+        let stop = stop_seen.clone();
+        conns.spawn(async move {
+            if let Err(e) = conn.serve_until(sock, Some(stop)).await {
                 tracing::debug!(%peer, "resp: connection ended: {e}");
             }
             drop(permit);
         });
     }
+    // Stopping: no more connections; those open finish what they have read and close.
+    // One stuck on a write to a client that does not read is dropped past the grace.
+    drop(listener);
+    let _ = stop_conns.send(true);
+    let drained = tokio::time::timeout(CLOSE_GRACE, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::info!(left = conns.len(), "resp: connections dropped at stop");
+    }
 }
+
+/// How long a stopping front end waits for its connections to finish their requests.
+pub const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);

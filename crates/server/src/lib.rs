@@ -276,6 +276,9 @@ pub async fn run_with(
         stop: stop_rx.clone(),
     };
     requests.set(Some(kv.clone())).await;
+    // Should this future be dropped or panic before the end, the handle stops serving
+    // a node that is gone (the normal end clears it below, after the drain).
+    let _clear = requests.clear_on_drop();
     let max = proto::limits::MESSAGE_BYTES_MAX;
     tracing::info!(node = cfg.node_id, listen = %cfg.listen, data = %data.display(), engine_wal = cfg.engine_wal, "node serving");
     let served = tonic::transport::Server::builder()

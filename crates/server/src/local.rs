@@ -70,4 +70,28 @@ impl Requests {
     pub(crate) async fn set(&self, services: Option<Services>) {
         *self.services.write().await = services;
     }
+
+    /// A guard that ends serving when dropped, if it has not ended by then.
+    pub(crate) fn clear_on_drop(&self) -> ClearOnDrop {
+        ClearOnDrop(self.clone())
+    }
+}
+
+/// See [`Requests::clear_on_drop`].
+pub(crate) struct ClearOnDrop(Requests);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.services.try_write() {
+            *s = None;
+            return;
+        }
+        // Calls under way: clear once they end, if a runtime is there to wait.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let services = Arc::clone(&self.0.services);
+            rt.spawn(async move {
+                *services.write().await = None;
+            });
+        }
+    }
 }

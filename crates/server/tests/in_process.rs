@@ -2731,3 +2731,67 @@ async fn snapshot_files_left_by_a_crash_are_removed_at_start() {
     }
     node.stop().await;
 }
+
+/// A front end in the node's process (`phoenix_server::Requests`): it serves a put and a
+/// get as the gRPC methods would, and stops serving the moment the node's future is
+/// dropped without a clean stop (cancelled), so nothing calls a node that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_request_layer_in_the_process_serves_and_stops_with_the_node() {
+    use proto::batch_request_item::Request as Req;
+    use proto::batch_response_item::Response as Resp;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let meta = vec![MetaMember {
+        id: 1,
+        addr: addr.clone(),
+    }];
+    let requests = phoenix_server::Requests::default();
+    assert!(!requests.ready());
+    let node = tokio::spawn(phoenix_server::run_with(
+        config(1, &addr, dir.path(), &meta, 1),
+        std::future::pending(),
+        requests.clone(),
+    ));
+    let route = wait_route(std::slice::from_ref(&addr)).await;
+    assert!(requests.ready());
+    let put = Req::Put(proto::PutRequest {
+        header: header(&route),
+        key: b"k".to_vec().into(),
+        value: b"v".to_vec().into(),
+    });
+    // The group's leader may still be elected: ask until it serves.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let Resp::Put(r) = requests.serve(put.clone()).await else {
+            panic!("a put answered with another method's response");
+        };
+        match r.error {
+            None => break,
+            Some(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Some(e) => panic!("put refused: {e:?}"),
+        }
+    }
+    let Resp::Get(g) = requests
+        .serve(Req::Get(proto::GetRequest {
+            header: header(&route),
+            key: b"k".to_vec().into(),
+        }))
+        .await
+    else {
+        panic!("a get answered with another method's response");
+    };
+    assert_eq!((g.error, g.found, &g.value[..]), (None, true, &b"v"[..]));
+    assert!(requests.served() >= 2);
+    node.abort();
+    let _ = node.await;
+    assert!(
+        !requests.ready(),
+        "serving after the node's future was dropped"
+    );
+    let Resp::Put(r) = requests.serve(put).await else {
+        panic!("a put answered with another method's response");
+    };
+    assert!(r.error.is_some_and(|e| e.is_retryable()));
+}
