@@ -30,6 +30,10 @@ const PAGE: u32 = 1000;
 /// Read buffer a connection keeps between requests.
 const BUF_KEEP: usize = 64 * 1024;
 
+/// How long a stopping connection takes (and drops) what its client still sends, after
+/// its last reply.
+const STOP_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Room a connection's buffers start with, and the least room a read is given.
 const READ_ROOM: usize = 4 * 1024;
 
@@ -189,13 +193,23 @@ impl<S: Store> Conn<S> {
             let room = buf.capacity() - buf.len();
             let read = match stop.as_mut() {
                 Some(stop) => tokio::select! {
-                    n = io.read_buf(&mut buf) => Some(n?),
+                    // (The stop first: nothing more is read once it is asked.)
+                    biased;
                     _ = stop.wait_for(|s| *s) => None,
+                    n = io.read_buf(&mut buf) => Some(n?),
                 },
                 None => Some(io.read_buf(&mut buf).await?),
             };
             let Some(n) = read else {
-                io.flush().await?;
+                // Every reply owed is written. End the sending side, then take what the
+                // client still sends for a moment, unread: closing with bytes unread
+                // would reset the connection and could lose replies it has not read.
+                io.shutdown().await?;
+                let _ = tokio::time::timeout(STOP_DRAIN, async {
+                    let mut sink = [0u8; 4096];
+                    while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {}
+                })
+                .await;
                 return Ok(());
             };
             if n == 0 {

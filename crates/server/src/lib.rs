@@ -278,7 +278,7 @@ pub async fn run_with(
     requests.set(Some(kv.clone())).await;
     // Should this future be dropped or panic before the end, the handle stops serving
     // a node that is gone (the normal end clears it below, after the drain).
-    let _clear = requests.clear_on_drop();
+    let clear = requests.clear_on_drop();
     let max = proto::limits::MESSAGE_BYTES_MAX;
     tracing::info!(node = cfg.node_id, listen = %cfg.listen, data = %data.display(), engine_wal = cfg.engine_wal, "node serving");
     let served = tonic::transport::Server::builder()
@@ -342,6 +342,7 @@ pub async fn run_with(
         tracing::error!("the raft thread ended abnormally");
     }
     requests.set(None).await;
+    clear.disarm();
     drop(shared);
     served.map_err(|e| Error::Transport(format!("serving {}: {e}", cfg.listen)))?;
     if let Err(e) = engine.close() {

@@ -71,24 +71,36 @@ impl Requests {
         *self.services.write().await = services;
     }
 
-    /// A guard that ends serving when dropped, if it has not ended by then.
+    /// A guard that ends serving when dropped, unless [disarmed](ClearOnDrop::disarm)
+    /// (the node ended serving itself).
     pub(crate) fn clear_on_drop(&self) -> ClearOnDrop {
-        ClearOnDrop(self.clone())
+        ClearOnDrop(Some(self.clone()))
     }
 }
 
 /// See [`Requests::clear_on_drop`].
-pub(crate) struct ClearOnDrop(Requests);
+pub(crate) struct ClearOnDrop(Option<Requests>);
+
+impl ClearOnDrop {
+    /// Serving ended cleanly: the drop leaves the handle alone (it may serve a node
+    /// started again by then).
+    pub(crate) fn disarm(mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for ClearOnDrop {
     fn drop(&mut self) {
-        if let Ok(mut s) = self.0.services.try_write() {
+        let Some(requests) = self.0.take() else {
+            return;
+        };
+        if let Ok(mut s) = requests.services.try_write() {
             *s = None;
             return;
         }
         // Calls under way: clear once they end, if a runtime is there to wait.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let services = Arc::clone(&self.0.services);
+            let services = Arc::clone(&requests.services);
             rt.spawn(async move {
                 *services.write().await = None;
             });

@@ -288,7 +288,10 @@ pub fn run(args: Args) -> Result<(), BoxError> {
         };
         let ran = phoenix_server::run_with(cfg, shutdown, requests).await;
         if let Some(task) = resp {
-            task.abort();
+            // The front end was told to stop with the node: its connections answer what
+            // they have read, then close (within its own grace).
+            let grace = phoenix_resp::CLOSE_GRACE + std::time::Duration::from_secs(1);
+            let _ = tokio::time::timeout(grace, task).await;
         }
         ran.map_err(BoxError::from)
     })?;
