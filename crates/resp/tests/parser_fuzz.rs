@@ -9,6 +9,9 @@
 //!   answer from any prefix that holds what the whole input frames.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::encode;
 use phoenix_resp::codec::parse_request;
 use phoenix_resp::Limits;
 use rand::{Rng, SeedableRng};
@@ -29,16 +32,6 @@ fn limits() -> Limits {
         max_inline: 128,
         max_request: 512,
     }
-}
-
-fn array(args: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
 }
 
 /// Random arguments within `limits()`; `inline`: plain words only.
@@ -138,7 +131,7 @@ fn the_parser_survives_random_input_and_frames_pipelines_whatever_the_cuts() {
                 want.push(args);
             } else {
                 let args = random_args(&mut rng, false);
-                stream.extend_from_slice(&array(&args));
+                stream.extend_from_slice(&encode(&args));
                 want.push(args);
             }
         }
@@ -159,7 +152,7 @@ fn the_parser_survives_random_input_and_frames_pipelines_whatever_the_cuts() {
     // framed the same from any prefix that holds it, and a shorter prefix needs more;
     // no prefix of refused input frames a request.
     for round in 0..5_000 {
-        let mut req = array(&random_args(&mut rng, false));
+        let mut req = encode(&random_args(&mut rng, false));
         for _ in 0..rng.gen_range(1..4) {
             let i = rng.gen_range(0..req.len());
             req[i] = rng.gen();
