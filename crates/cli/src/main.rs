@@ -47,7 +47,7 @@ enum Command {
         which: cmd::cluster::ClusterCmd,
     },
     /// Run one PhoenixKV node (see docs/cluster.md).
-    Server(cmd::server::Args),
+    Server(Box<cmd::server::Args>),
     /// Check linearizability of a spawned 3-node cluster under faults (kill -9, pause,
     /// partition, disk errors, power loss); exit code 1 if the history is not
     /// linearizable or the cluster stopped serving.
@@ -76,7 +76,7 @@ fn run(cli: Cli) -> Result<Outcome, CmdError> {
         Command::Cluster { which } => cmd::cluster::run(which, format),
         Command::Check(args) => check::run(args, format),
         Command::Playground(args) => done(cmd::playground::run(args, report)),
-        Command::Server(args) => done(cmd::server::run(args)),
+        Command::Server(args) => done(cmd::server::run(*args)),
         Command::Completions { shell } => completions(shell),
     }
 }

@@ -39,10 +39,16 @@ impl Playground {
 
     /// A playground whose servers also get `server_args`.
     fn start_with(server_args: &[String]) -> Playground {
+        Self::launch(&[], server_args)
+    }
+
+    /// A playground started with `flags`, its servers with `server_args`.
+    fn launch(flags: &[&str], server_args: &[String]) -> Playground {
         let dir = tempfile::tempdir().unwrap();
         let stderr = std::fs::File::create(dir.path().join("playground.err")).unwrap();
         let mut child = Command::new(PHOENIX)
             .args(["playground", "--base-port", "0", "--output", "json"])
+            .args(flags)
             .arg("--data-dir")
             .arg(dir.path().join("data"))
             .args(server_args.iter().map(|a| format!("--server-arg={a}")))
@@ -86,8 +92,16 @@ impl Playground {
         let mut c = Command::new(PHOENIX);
         c.args(args)
             .args(["--endpoints", &self.endpoints])
-            .env_remove("PHOENIX_ENDPOINTS")
             .stdin(Stdio::null());
+        for v in [
+            "PHOENIX_ENDPOINTS",
+            "PHOENIX_TLS_CA",
+            "PHOENIX_TLS_CERT",
+            "PHOENIX_TLS_KEY",
+            "PHOENIX_TOKEN_FILE",
+        ] {
+            c.env_remove(v);
+        }
         c
     }
 
@@ -442,4 +456,65 @@ fn the_redis_port_asks_for_the_password_in_its_file() {
     // The trailing newline of the file is not part of the password.
     ask(b"*2\r\n$4\r\nAUTH\r\n$6\r\ns3cret\r\n", "+OK");
     ask(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n", "+OK");
+}
+
+/// `playground --tls`: every port speaks TLS and asks for the token it made. The CLI
+/// gets in with the CA and the token (flags or environment) or with the client
+/// certificate, and is refused without them, with a message saying what is missing.
+#[test]
+fn a_tls_playground_takes_the_cli_with_its_token_or_certificate_only() {
+    let pg = Playground::launch(&["--tls"], &[]);
+    let tls = &pg.ready["tls"];
+    let path = |k: &str| {
+        tls[k]
+            .as_str()
+            .unwrap_or_else(|| panic!("{k} in {tls}"))
+            .to_string()
+    };
+    let (ca, token_file) = (path("ca"), path("token_file"));
+    let (cert, key) = (path("client_cert"), path("client_key"));
+
+    let mut put = pg.cmd(&["put", "tls-key", "tls-value"]);
+    put.env("PHOENIX_TLS_CA", &ca)
+        .env("PHOENIX_TOKEN_FILE", &token_file);
+    let put = finish(put);
+    assert_eq!(put.status.code(), Some(0), "{}", stderr(&put));
+    let get = pg.run(&[
+        "get",
+        "tls-key",
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ]);
+    assert_eq!(get.status.code(), Some(0), "{}", stderr(&get));
+    assert_eq!(String::from_utf8_lossy(&get.stdout).trim(), "tls-value");
+
+    // The CA alone: the node says a token or a certificate is needed.
+    let no_token = pg.run(&["get", "tls-key", "--tls-ca", &ca]);
+    assert_eq!(no_token.status.code(), Some(4), "{}", stderr(&no_token));
+    assert!(
+        stderr(&no_token).contains("authentication with node"),
+        "{}",
+        stderr(&no_token)
+    );
+    // Plaintext: the node closes the connection; the message says TLS may be why.
+    let plain = pg.run(&["get", "tls-key", "--timeout-ms", "1500"]);
+    assert_eq!(plain.status.code(), Some(3), "{}", stderr(&plain));
+    assert!(stderr(&plain).contains("--tls-ca"), "{}", stderr(&plain));
+    // A token file without a token is a usage error, said before anything is sent.
+    let empty = pg.dir.path().join("empty-tokens");
+    std::fs::write(&empty, "# none\n").unwrap();
+    let bad = pg.run(&[
+        "get",
+        "tls-key",
+        "--tls-ca",
+        &ca,
+        "--token-file",
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("holds no token"), "{}", stderr(&bad));
 }

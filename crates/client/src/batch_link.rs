@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use pb::batch_request_item::Request as Req;
 use phoenix_proto::kv_client::KvClient;
+use phoenix_proto::security::AuthChannel;
 use phoenix_proto::{self as pb, limits};
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// Items sent in one request message at most (also bounded by bytes).
@@ -57,7 +57,7 @@ pub(crate) struct BatchLink {
 }
 
 struct LinkInner {
-    channel: Channel,
+    channel: AuthChannel,
     /// Queue of the stream's task; None until the first call (a task needs a runtime,
     /// and an idle client holds no stream), replaced when the task has ended.
     queue: std::sync::Mutex<Option<mpsc::UnboundedSender<Queued>>>,
@@ -75,7 +75,7 @@ impl LinkInner {
 }
 
 impl BatchLink {
-    pub(crate) fn new(channel: Channel) -> BatchLink {
+    pub(crate) fn new(channel: AuthChannel) -> BatchLink {
         BatchLink {
             inner: Arc::new(LinkInner {
                 channel,

@@ -40,11 +40,11 @@ use phoenix_proto::error::Kind;
 use phoenix_proto::kv_client::KvClient;
 use phoenix_proto::limits;
 use phoenix_proto::meta_client::MetaClient;
+use phoenix_proto::security::{AuthChannel, Credentials};
 use phoenix_proto::{self as pb, RequestHeader};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::backoff::BackoffPolicy;
 use crate::batch_link::BatchLink;
@@ -96,6 +96,9 @@ pub struct ClientOptions {
     /// A node in this process: single-key calls to its address are served by its
     /// request layer directly, not over the network (see [`LocalNode`]).
     pub local_node: Option<Arc<dyn LocalNode>>,
+    /// TLS (the cluster's CA, and a certificate if the client has one) and the token
+    /// the client presents; default: plaintext, no token.
+    pub credentials: Credentials,
 }
 
 impl Default for ClientOptions {
@@ -115,6 +118,7 @@ impl Default for ClientOptions {
             batch_stream: true,
             seed: 0,
             local_node: None,
+            credentials: Credentials::default(),
         }
     }
 }
@@ -433,7 +437,7 @@ fn route_from_wire(r: &pb::Route) -> Route {
 /// A connection to one node: the channel for unary calls and the batch stream over it.
 #[derive(Clone)]
 struct Conn {
-    channel: Channel,
+    channel: AuthChannel,
     link: BatchLink,
     /// The node behind this address runs in this process.
     local: Option<Arc<dyn LocalNode>>,
@@ -481,6 +485,94 @@ fn never_sent(status: &tonic::Status) -> bool {
     msg.contains("error trying to connect") || msg.contains("tcp connect error")
 }
 
+/// Why a node refused this client's credentials, if it did: its gate answered
+/// `Unauthenticated` (no token, a wrong one, no certificate), or the TLS handshake
+/// failed (a certificate one side does not trust). Nothing was served, and asking again
+/// cannot help.
+fn refused_credentials(status: &tonic::Status) -> Option<String> {
+    if status.code() == tonic::Code::Unauthenticated {
+        return Some(status.message().to_string());
+    }
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = src {
+        if let Some(tls) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(format!("TLS handshake failed: {tls}"));
+        }
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(format!("TLS handshake failed: {tls}"));
+        }
+        // A client certificate the node refuses shows after the handshake (TLS 1.3),
+        // as the node's alert, in text. Only the alerts of a refused certificate count:
+        // another alert may end a connection whose requests were served.
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            let text = io.to_string();
+            if io.kind() == std::io::ErrorKind::InvalidData
+                && text.contains("received fatal alert")
+                && CERTIFICATE_ALERTS.iter().any(|a| text.ends_with(a))
+            {
+                return Some(format!("the node ended TLS: {text}"));
+            }
+        }
+        src = e.source();
+    }
+    None
+}
+
+/// The TLS alerts a node sends when it refuses the client's certificate, as rustls
+/// names them.
+const CERTIFICATE_ALERTS: &[&str] = &[
+    "BadCertificate",
+    "UnsupportedCertificate",
+    "CertificateRevoked",
+    "CertificateExpired",
+    "CertificateUnknown",
+    "UnknownCA",
+    "AccessDenied",
+    "CertificateRequired",
+    "HandshakeFailure",
+];
+
+/// Why a route refresh found no table.
+#[derive(Debug)]
+enum Refresh {
+    /// No node gave it in time; the last failure.
+    Failed(String),
+    /// The deadline passed before any node answered, even with a failure.
+    NoAnswer,
+    /// A node refused this client's credentials.
+    Refused {
+        /// The node.
+        addr: String,
+        /// What it said.
+        why: String,
+    },
+}
+
+impl std::fmt::Display for Refresh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refresh::Failed(s) => f.write_str(s),
+            Refresh::NoAnswer => f.write_str("no node answered before the deadline"),
+            Refresh::Refused { addr, why } => write!(f, "{addr} refused the credentials: {why}"),
+        }
+    }
+}
+
+impl Refresh {
+    /// The error a call returns for it, if it ends the call.
+    fn fatal(self) -> std::result::Result<String, ClientError> {
+        match self {
+            Refresh::Failed(s) => Ok(s),
+            Refresh::NoAnswer => Ok(Refresh::NoAnswer.to_string()),
+            Refresh::Refused { addr, why } => Err(ClientError::Unauthenticated { addr, why }),
+        }
+    }
+}
+
 /// Smallest key greater than every key starting with `prefix` (empty = unbounded).
 pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -503,20 +595,26 @@ impl Client {
         // again until the deadline, as any request would.
         let mut attempts = 0u32;
         let mut backoffs = 0u32;
+        // The last failure a node answered with: a last attempt cut short by the
+        // deadline says less.
+        let mut last: Option<String> = None;
         loop {
             attempts += 1;
             match client.refresh_routes(deadline).await {
                 Ok(()) => return Ok(client),
-                Err(last) if Instant::now() >= deadline => {
-                    return Err(ClientError::DeadlineExceeded {
-                        op: "connect",
-                        timeout: client.timeout,
-                        attempts,
-                        last,
-                    })
-                }
-                Err(_) => client.backoff(&mut backoffs, deadline).await,
+                Err(Refresh::Failed(why)) => last = Some(why),
+                Err(Refresh::NoAnswer) => {}
+                Err(refused) => refused.fatal().map(drop)?,
             }
+            if Instant::now() >= deadline {
+                return Err(ClientError::DeadlineExceeded {
+                    op: "connect",
+                    timeout: client.timeout,
+                    attempts,
+                    last: last.unwrap_or_else(|| Refresh::NoAnswer.to_string()),
+                });
+            }
+            client.backoff(&mut backoffs, deadline).await;
         }
     }
 
@@ -603,7 +701,7 @@ impl Client {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel> {
+    fn channel(&self, addr: &str) -> Result<AuthChannel> {
         Ok(self.conn(addr)?.channel)
     }
 
@@ -617,13 +715,15 @@ impl Client {
             endpoint: addr.to_string(),
             why,
         };
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| bad(e.to_string()))?
+        let creds = &self.inner.opts.credentials;
+        let endpoint = creds
+            .endpoint(addr)
+            .map_err(bad)?
             .connect_timeout(self.inner.opts.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5));
-        let channel = endpoint.connect_lazy();
+        let channel = creds.authorize(endpoint.connect_lazy());
         let local = self
             .inner
             .opts
@@ -688,13 +788,13 @@ impl Client {
         })
     }
 
-    fn kv(&self, channel: Channel) -> KvClient<Channel> {
+    fn kv(&self, channel: AuthChannel) -> KvClient<AuthChannel> {
         KvClient::new(channel)
             .max_decoding_message_size(limits::MESSAGE_BYTES_MAX)
             .max_encoding_message_size(limits::MESSAGE_BYTES_MAX)
     }
 
-    fn meta(&self, channel: Channel) -> MetaClient<Channel> {
+    fn meta(&self, channel: AuthChannel) -> MetaClient<AuthChannel> {
         MetaClient::new(channel)
             .max_decoding_message_size(limits::MESSAGE_BYTES_MAX)
             .max_encoding_message_size(limits::MESSAGE_BYTES_MAX)
@@ -722,11 +822,15 @@ impl Client {
 
     /// Reloads the routing table from the first node that answers. Concurrent callers
     /// share one refresh. Errs with the last failure if no node answered in time.
-    async fn refresh_routes(&self, deadline: Instant) -> std::result::Result<(), String> {
+    async fn refresh_routes(&self, deadline: Instant) -> std::result::Result<(), Refresh> {
         let gen_before = self.inner.table_gen.load(Ordering::Acquire);
         let _guard = match tokio::time::timeout_at(deadline, self.inner.refresh_lock.lock()).await {
             Ok(g) => g,
-            Err(_) => return Err("timed out waiting for a route refresh".into()),
+            Err(_) => {
+                return Err(Refresh::Failed(
+                    "timed out waiting for a route refresh".into(),
+                ))
+            }
         };
         if self.inner.table_gen.load(Ordering::Acquire) != gen_before {
             return Ok(()); // another task refreshed while we waited
@@ -740,12 +844,12 @@ impl Client {
         // at once when one fails; the first table wins.
         let mut candidates = self.meta_candidates().into_iter();
         let mut asking = tokio::task::JoinSet::new();
-        let mut last = String::from("no node asked");
+        let mut last: Option<String> = None;
         loop {
             if asking.is_empty() {
                 match candidates.next() {
                     Some(addr) => self.ask_routes(&mut asking, addr, deadline),
-                    None => return Err(last),
+                    None => return Err(last.map_or(Refresh::NoAnswer, Refresh::Failed)),
                 }
             }
             let more = candidates.len() > 0;
@@ -755,8 +859,10 @@ impl Client {
                         self.install_routes(&routes);
                         return Ok(());
                     }
-                    Some(Ok(Err(e))) => last = e,
-                    Some(Err(e)) => last = format!("route look-up task: {e}"),
+                    Some(Ok(Err(Refresh::Failed(e)))) => last = Some(e),
+                    Some(Ok(Err(Refresh::NoAnswer))) => {}
+                    Some(Ok(Err(refused))) => return Err(refused),
+                    Some(Err(e)) => last = Some(format!("route look-up task: {e}")),
                     None => {}
                 },
                 () = tokio::time::sleep(HEDGE_AFTER), if more => {
@@ -765,7 +871,12 @@ impl Client {
                     }
                 }
                 () = tokio::time::sleep_until(deadline) => {
-                    return Err(format!("no node gave the routes in time (last: {last})"));
+                    return Err(match last {
+                        Some(last) => Refresh::Failed(format!(
+                            "no node gave the routes in time (last: {last})"
+                        )),
+                        None => Refresh::NoAnswer,
+                    });
                 }
             }
         }
@@ -775,7 +886,7 @@ impl Client {
     /// timeout).
     fn ask_routes(
         &self,
-        asking: &mut tokio::task::JoinSet<std::result::Result<Vec<pb::Route>, String>>,
+        asking: &mut tokio::task::JoinSet<std::result::Result<Vec<pb::Route>, Refresh>>,
         addr: String,
         deadline: Instant,
     ) {
@@ -784,23 +895,28 @@ impl Client {
             let per_try = deadline
                 .saturating_duration_since(Instant::now())
                 .min(client.inner.opts.attempt_timeout);
-            let channel = client.channel(&addr).map_err(|e| e.to_string())?;
+            let channel = client
+                .channel(&addr)
+                .map_err(|e| Refresh::Failed(e.to_string()))?;
             let req = pb::GetRoutesRequest {
                 timeout_ms: per_try.as_millis().max(1) as u64,
             };
             let mut meta = client.meta(channel);
             match tokio::time::timeout(per_try, meta.get_routes(req)).await {
-                Err(_) => Err(format!("{addr}: GetRoutes timed out")),
-                Ok(Err(status)) => Err(format!("{addr}: {}", status.message())),
+                Err(_) => Err(Refresh::Failed(format!("{addr}: GetRoutes timed out"))),
+                Ok(Err(status)) => Err(match refused_credentials(&status) {
+                    Some(why) => Refresh::Refused { addr, why },
+                    None => Refresh::Failed(format!("{addr}: {}", status.message())),
+                }),
                 Ok(Ok(resp)) => {
                     let resp = resp.into_inner();
                     if let Some(err) = resp.error {
-                        return Err(format!("{addr}: {err}"));
+                        return Err(Refresh::Failed(format!("{addr}: {err}")));
                     }
                     if resp.routes.is_empty() {
-                        return Err(format!(
+                        return Err(Refresh::Failed(format!(
                             "{addr}: the cluster has no routes yet (bootstrapping?)"
-                        ));
+                        )));
                     }
                     Ok(resp.routes)
                 }
@@ -946,7 +1062,7 @@ impl Client {
                 Some(r) => r,
                 None => {
                     if let Err(e) = self.refresh_routes(deadline).await {
-                        last = format!("no route for the key: {e}");
+                        last = format!("no route for the key: {}", e.fatal()?);
                         self.backoff(&mut backoffs, deadline).await;
                         continue;
                     }
@@ -1058,6 +1174,10 @@ impl Client {
                     }
                 }
                 Ok(Err(status)) => {
+                    if let Some(why) = refused_credentials(&status) {
+                        // Refused before anything was served: nothing was applied.
+                        return Err(ClientError::Unauthenticated { addr, why });
+                    }
                     last = format!("node {node} at {addr}: {}", status.message());
                     tracing::debug!(op, group, node, %addr, %status, "transport failure");
                     if !never_sent(&status) {
@@ -1860,7 +1980,7 @@ impl Client {
         call: F,
     ) -> Result<T>
     where
-        F: Fn(MetaClient<Channel>, u64) -> Fut,
+        F: Fn(MetaClient<AuthChannel>, u64) -> Fut,
         Fut: std::future::Future<
             Output = std::result::Result<(Option<pb::Error>, T), tonic::Status>,
         >,
@@ -1892,7 +2012,12 @@ impl Client {
                             ))),
                         })
                     }
-                    Ok(Err(status)) => last = format!("{addr}: {}", status.message()),
+                    Ok(Err(status)) => {
+                        if let Some(why) = refused_credentials(&status) {
+                            return Err(ClientError::Unauthenticated { addr, why });
+                        }
+                        last = format!("{addr}: {}", status.message());
+                    }
                     Ok(Ok((Some(e), _))) if e.is_retryable() => last = format!("{addr}: {e}"),
                     Ok(Ok((Some(e), _))) => {
                         return Err(ClientError::Refused {
@@ -1919,6 +2044,7 @@ impl Client {
     pub async fn ready_probe(&self) -> Result<()> {
         let deadline = self.deadline();
         if let Err(last) = self.refresh_routes(deadline).await {
+            let last = last.fatal()?;
             return Err(ClientError::DeadlineExceeded {
                 op: "ready_probe",
                 timeout: self.timeout,

@@ -72,6 +72,15 @@ pub enum ClientError {
         /// Why it is unusable.
         why: String,
     },
+    /// A node refused this client's credentials (a missing or wrong token, no
+    /// certificate), or the client refused the node's certificate: nothing was served.
+    #[error("authentication with node {addr} failed: {why}")]
+    Unauthenticated {
+        /// The node.
+        addr: String,
+        /// What it said.
+        why: String,
+    },
     /// A server answered something that breaks the protocol.
     #[error("protocol violation by node {addr}: {why}")]
     Protocol {

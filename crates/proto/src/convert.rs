@@ -174,7 +174,8 @@ pub fn message_from_wire(
     let mut entries = Vec::with_capacity(m.entries.len());
     for (i, e) in m.entries.into_iter().enumerate() {
         let e = entry_from_wire(e)?;
-        if e.index != m.index + 1 + i as u64 {
+        // (Checked: a peer's index near u64::MAX must be refused, not overflow.)
+        if Some(e.index) != m.index.checked_add(1 + i as u64) {
             return Err(DecodeError::Malformed("entries not contiguous after index"));
         }
         entries.push(e);

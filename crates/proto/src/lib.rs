@@ -12,7 +12,7 @@
 //! Errors travel inside responses as [`Error`] (a typed `oneof`); gRPC statuses are
 //! reserved for transport failures. [`convert`] maps raft messages to and from the
 //! wire, validating everything that arrives. [`limits`] names the size limits both
-//! sides check.
+//! sides check. [`security`] holds TLS and tokens for every hop.
 
 #[allow(
     missing_docs,
@@ -28,5 +28,8 @@ mod generated {
 pub use generated::*;
 
 pub mod convert;
+#[cfg(feature = "dev-certs")]
+pub mod dev_certs;
 pub mod errors;
 pub mod limits;
+pub mod security;

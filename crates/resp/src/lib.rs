@@ -10,12 +10,13 @@
 //!   memory ([`MemoryStore`]).
 //!
 //! [`serve`] accepts connections on a listener until told to stop, then closes them
-//! once they have answered what they read.
+//! once they have answered what they read; with [`Tls`], over TLS.
 
 pub mod codec;
 pub mod command;
 pub mod conn;
 pub mod store;
+mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,17 +27,22 @@ use tokio::sync::Semaphore;
 pub use codec::{Limits, ProtocolError, Reply};
 pub use conn::{Conn, Password, ServerInfo};
 pub use store::{ClusterStore, InNode, MemoryStore, Store, StoreError};
+pub use tls::Tls;
 
 /// Connections served at once; past it a new one is told so and closed.
 pub const CONNECTIONS_MAX: usize = 10_000;
 
-/// Serves Redis clients on `listener` against `store` until `shutdown` completes.
+/// Serves Redis clients on `listener` against `store` until `shutdown` completes; over
+/// TLS only if `tls` is given.
 pub async fn serve<S: Store>(
     listener: TcpListener,
     store: Arc<S>,
     info: ServerInfo,
+    tls: Option<Tls>,
     shutdown: impl Future<Output = ()>,
 ) {
+    // With TLS and no password, only a certificate can let a client in: ask for one.
+    let certificate_required = info.password.is_none();
     let info = Arc::new(info);
     let permits = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     // The connections' tasks, told to close when the listener stops.
@@ -71,8 +77,24 @@ pub async fn serve<S: Store>(
         };
         let mut conn = Conn::new(Arc::clone(&store), Limits::default(), Arc::clone(&info));
         let stop = stop_seen.clone();
+        let tls = tls.clone();
         conns.spawn(async move {
-            if let Err(e) = conn.serve_until(sock, Some(stop)).await {
+            let ended = match tls {
+                None => conn.serve_until(sock, Some(stop)).await,
+                Some(tls) => match tls.accept(sock, certificate_required).await {
+                    Ok((stream, by_certificate)) => {
+                        if by_certificate {
+                            conn.authenticated_by_certificate();
+                        }
+                        conn.serve_until(stream, Some(stop)).await
+                    }
+                    Err(e) => {
+                        tracing::debug!(%peer, "resp: TLS handshake failed: {e}");
+                        Ok(())
+                    }
+                },
+            };
+            if let Err(e) = ended {
                 tracing::debug!(%peer, "resp: connection ended: {e}");
             }
             drop(permit);

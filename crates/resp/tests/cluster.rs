@@ -105,6 +105,7 @@ async fn redis_commands_run_against_a_cluster() {
         listener,
         Arc::new(ClusterStore::new(gateway_client)),
         ServerInfo::default(),
+        None,
         async move {
             let _ = resp_stopped.await;
         },

@@ -28,6 +28,7 @@ async fn stopping_closes_every_connection_after_its_answers() {
         listener,
         Arc::new(store.clone()),
         ServerInfo::default(),
+        None,
         async move {
             let _ = stopped.await;
         },

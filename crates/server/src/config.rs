@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use phoenix_proto::security::{Credentials, Gate, TlsFiles};
+
 use crate::error::{Error, Result};
 
 /// One member of the meta group: `id@host:port`.
@@ -135,6 +137,42 @@ pub struct Config {
     /// How a replica's old data leaves the engine when the replica is dropped or a
     /// snapshot replaces it.
     pub drop_mode: DropMode,
+    /// TLS and tokens for client, peer and Redis-protocol traffic.
+    pub security: Security,
+}
+
+/// How a node secures its traffic (`phoenix_proto::security`): with `tls`, its port
+/// speaks TLS only, with its certificate, and peers check each other against the CA;
+/// with `tokens`, callers may come in by one of them. The node presents the first token
+/// to its peers (they take it when no certificate lets it in).
+#[derive(Clone, Default)]
+pub struct Security {
+    /// The CA, and this node's certificate and key.
+    pub tls: Option<TlsFiles>,
+    /// Tokens callers may present.
+    pub tokens: Vec<String>,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Security")
+            .field("tls", &self.tls)
+            .field("tokens", &self.tokens.len())
+            .finish()
+    }
+}
+
+impl Security {
+    /// What this node presents to the nodes it calls.
+    pub fn credentials(&self) -> Result<Credentials> {
+        Credentials::new(self.tls.as_ref(), self.tokens.first().map(String::as_str))
+            .map_err(|e| Error::Config(e.to_string()))
+    }
+
+    /// What this node asks of its callers.
+    pub fn gate(&self) -> Gate {
+        Gate::new(self.tokens.clone(), self.tls.is_some())
+    }
 }
 
 /// How a replica's old data leaves the engine (seed 000, §5.3).
@@ -226,6 +264,7 @@ impl Config {
             fault_injection: false,
             unsynced_in_memory: false,
             drop_mode: DropMode::Files,
+            security: Security::default(),
         }
     }
 
@@ -265,6 +304,14 @@ impl Config {
         }
         if self.value_bytes_max == 0 || self.value_bytes_max > (64 << 20) {
             return bad("value limit must be in 1..=64 MiB");
+        }
+        if self
+            .security
+            .tls
+            .as_ref()
+            .is_some_and(|t| !t.has_identity())
+        {
+            return bad("a node serving TLS needs --tls-cert and --tls-key next to --tls-ca");
         }
         // A node missing a heartbeat or two (a pause, a slow disk, a slow meta leader)
         // is not down: at least as long as a node counts as alive after its last one,

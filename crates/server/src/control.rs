@@ -27,7 +27,6 @@ use phoenix_meta::Origin;
 use phoenix_proto as proto;
 use prost::Message as _;
 use tokio::sync::oneshot;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::config::MetaMember;
@@ -36,7 +35,7 @@ use crate::node::{ApplyResult, Event};
 use crate::shared::{GroupView, Shared};
 
 type PErr = proto::Error;
-type MetaClient = proto::meta_client::MetaClient<Channel>;
+type MetaClient = proto::meta_client::MetaClient<phoenix_proto::security::AuthChannel>;
 
 /// The `Meta` gRPC service.
 #[derive(Clone)]
@@ -96,15 +95,17 @@ async fn connect_meta(shared: &Shared, addr: &str, timeout: Duration) -> Result<
             format!("cannot reach {addr}: link cut (fault injection)"),
         ));
     }
-    let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| PErr::invalid_argument(format!("bad address {addr}: {e}")))?
+    let ep = shared
+        .creds
+        .endpoint(addr)
+        .map_err(PErr::invalid_argument)?
         .connect_timeout(timeout.min(Duration::from_secs(2)))
         .timeout(timeout);
     let ch = ep
         .connect()
         .await
         .map_err(|e| PErr::group_unavailable(META_GROUP, format!("cannot reach {addr}: {e}")))?;
-    Ok(MetaClient::new(ch))
+    Ok(MetaClient::new(shared.creds.authorize(ch)))
 }
 
 impl MetaService {
@@ -2001,6 +2002,7 @@ fn move_replicas(shared: &Shared) {
 /// starts late joins the group it is part of).
 pub(crate) async fn meta_group_without_me(
     cfg: &crate::Config,
+    creds: &phoenix_proto::security::Credentials,
     learned: &[MetaMember],
 ) -> Option<String> {
     let me = cfg.node_id;
@@ -2015,16 +2017,27 @@ pub(crate) async fn meta_group_without_me(
         }
     }
     let probes = addrs.into_iter().map(|addr| async move {
-        let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        let ep = creds
+            .endpoint(&addr)
             .ok()?
             .connect_timeout(Duration::from_millis(500))
             .timeout(Duration::from_secs(1));
-        let mut c = MetaClient::new(ep.connect().await.ok()?);
-        let r = c
+        let mut c = MetaClient::new(creds.authorize(ep.connect().await.ok()?));
+        let r = match c
             .get_cluster(proto::GetClusterRequest { timeout_ms: 800 })
             .await
-            .ok()?
-            .into_inner();
+        {
+            Ok(r) => r.into_inner(),
+            // (A member that refuses this node must not count as "nobody answered":
+            // this node would start a meta group of its own.)
+            Err(s) if s.code() == tonic::Code::Unauthenticated => {
+                return Some(format!(
+                    "{addr} refused this node's credentials ({})",
+                    s.message()
+                ))
+            }
+            Err(_) => return None,
+        };
         let route = r.meta_group?.route?;
         let listed = route.replicas.iter().any(|x| x.node_id == me);
         (!listed).then(|| {

@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use phoenix_proto as proto;
-use tonic::transport::{Channel, Endpoint};
+use phoenix_proto::security::Credentials;
 use tonic::{Request, Response, Status};
 
 type PErr = proto::Error;
 /// A connection to another node's `Kv` service.
-pub type KvClient = proto::kv_client::KvClient<Channel>;
+pub type KvClient = proto::kv_client::KvClient<phoenix_proto::security::AuthChannel>;
 
 /// Longest wait for a connection to a leader.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
@@ -89,18 +89,20 @@ pub struct Forwarder {
     clients: Mutex<HashMap<u64, (String, KvClient)>>,
     /// Forwards in flight ([`FORWARDS_MAX`]).
     slots: tokio::sync::Semaphore,
-}
-
-impl Default for Forwarder {
-    fn default() -> Self {
-        Forwarder {
-            clients: Mutex::default(),
-            slots: tokio::sync::Semaphore::new(FORWARDS_MAX),
-        }
-    }
+    /// What this node presents to the leaders it forwards to.
+    creds: Credentials,
 }
 
 impl Forwarder {
+    /// A forwarder presenting `creds` to the other nodes.
+    pub fn new(creds: Credentials) -> Forwarder {
+        Forwarder {
+            clients: Mutex::default(),
+            slots: tokio::sync::Semaphore::new(FORWARDS_MAX),
+            creds,
+        }
+    }
+
     fn client(&self, node: u64, addr: &str) -> Result<KvClient, PErr> {
         let mut clients = self.clients.lock();
         if let Some((a, c)) = clients.get(&node) {
@@ -108,11 +110,13 @@ impl Forwarder {
                 return Ok(c.clone());
             }
         }
-        let ep = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| PErr::internal(format!("node {node} has a bad address {addr:?}: {e}")))?
+        let ep = self
+            .creds
+            .endpoint(addr)
+            .map_err(|e| PErr::internal(format!("node {node}: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true);
-        let c = proto::kv_client::KvClient::new(ep.connect_lazy())
+        let c = proto::kv_client::KvClient::new(self.creds.authorize(ep.connect_lazy()))
             .max_decoding_message_size(proto::limits::MESSAGE_BYTES_MAX);
         clients.insert(node, (addr.to_string(), c.clone()));
         Ok(c)
@@ -186,6 +190,10 @@ impl Forwarder {
 /// not be made (refused, or the connector gave up).
 fn never_sent(s: &Status) -> bool {
     use std::error::Error as _;
+    // The leader's gate refused this node's credentials before serving anything.
+    if s.code() == tonic::Code::Unauthenticated {
+        return true;
+    }
     if s.code() != tonic::Code::Unavailable {
         return false;
     }

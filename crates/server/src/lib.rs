@@ -59,8 +59,9 @@ use parking_lot::{Mutex, RwLock};
 use phoenix_engine::{Db, Options as EngineOptions, WalMode};
 use phoenix_log::{LogOptions, LogStore};
 use phoenix_proto as proto;
+use tonic::service::interceptor::InterceptedService;
 
-pub use config::{parse_meta_members, Config, DropMode, MetaMember};
+pub use config::{parse_meta_members, Config, DropMode, MetaMember, Security};
 pub use error::{Error, Result};
 pub use local::Requests;
 pub use phoenix_meta::{even_split_keys, INITIAL_GROUPS_MAX};
@@ -81,6 +82,15 @@ pub async fn run_with(
     requests: Requests,
 ) -> Result<()> {
     cfg.validate()?;
+    let creds = cfg.security.credentials()?;
+    let server_tls = match &cfg.security.tls {
+        // Without tokens a caller can come in by its certificate only.
+        Some(t) => Some(
+            t.server_config(!cfg.security.tokens.is_empty())
+                .map_err(|e| Error::Config(e.to_string()))?,
+        ),
+        None => None,
+    };
     let data = cfg.data_dir.clone();
     std::fs::create_dir_all(&data)
         .map_err(|e| Error::io(format!("creating {}", data.display()), e))?;
@@ -130,6 +140,7 @@ pub async fn run_with(
         Arc::clone(&links),
         tx.clone(),
         runtime.clone(),
+        creds.clone(),
     );
 
     let mut registry = registry::Registry::open(&data)?;
@@ -141,7 +152,7 @@ pub async fn run_with(
         && !registry.contains(META_GROUP)
         && registry.tombstone(META_GROUP).is_none();
     let meta_elsewhere = if bootstrap_meta {
-        control::meta_group_without_me(&cfg, &learned_meta).await
+        control::meta_group_without_me(&cfg, &creds, &learned_meta).await
     } else {
         None
     };
@@ -203,6 +214,7 @@ pub async fn run_with(
         stopping: std::sync::atomic::AtomicBool::new(false),
         events: tx.clone(),
         transport,
+        creds,
         links,
         disk_faults,
         fs: Arc::clone(&fs),
@@ -272,7 +284,7 @@ pub async fn run_with(
     let kv = service::Services {
         shared: Arc::clone(&shared),
         inflight: Arc::new(tokio::sync::Semaphore::new(cfg.inflight_requests_max)),
-        forward: Arc::default(),
+        forward: Arc::new(forward::Forwarder::new(shared.creds.clone())),
         stop: stop_rx.clone(),
     };
     requests.set(Some(kv.clone())).await;
@@ -281,7 +293,16 @@ pub async fn run_with(
     let clear = requests.clear_on_drop();
     let max = proto::limits::MESSAGE_BYTES_MAX;
     tracing::info!(node = cfg.node_id, listen = %cfg.listen, data = %data.display(), engine_wal = cfg.engine_wal, "node serving");
-    let served = tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = server_tls {
+        server = server
+            .tls_config(tls)
+            .map_err(|e| Error::Config(format!("TLS for {}: {e}", cfg.listen)))?;
+    }
+    // Every service, the peers' included, is behind the gate: a caller without a
+    // certificate the CA signed or a token gets nothing but `Unauthenticated`.
+    let served = server
+        .layer(tonic::service::InterceptorLayer::new(cfg.security.gate()))
         .tcp_nodelay(true)
         // A client that stops reading (paused, cut off) is dropped, so a long-lived
         // stream to it (`Kv.Batch`) cannot hold the node's shutdown drain.
@@ -298,17 +319,20 @@ pub async fn run_with(
             })
             .max_decoding_message_size(max),
         )
-        .add_service(
+        // What only peers call takes only what peers present.
+        .add_service(InterceptedService::new(
             proto::raft_transport_server::RaftTransportServer::new(transport::TransportService {
                 shared: Arc::clone(&shared),
                 stop: stop_rx,
             })
             .max_decoding_message_size(max),
-        )
-        .add_service(proto::faults_server::FaultsServer::new(
-            faults::FaultsService {
+            cfg.security.gate().for_peers(),
+        ))
+        .add_service(InterceptedService::new(
+            proto::faults_server::FaultsServer::new(faults::FaultsService {
                 shared: Arc::clone(&shared),
-            },
+            }),
+            cfg.security.gate().for_peers(),
         ))
         .serve_with_incoming_shutdown(
             // The builder's `tcp_nodelay` applies only to listeners it creates itself:

@@ -84,6 +84,8 @@ pub struct Shared {
     pub events: Sender<Event>,
     /// Outgoing raft messages.
     pub transport: Transport,
+    /// What this node presents to the nodes it calls (TLS, its token).
+    pub creds: phoenix_proto::security::Credentials,
     /// Peer links cut by fault injection.
     pub links: Arc<crate::faults::Links>,
     /// The disk's fault switches (they act only with fault injection on: the file

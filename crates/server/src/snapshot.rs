@@ -261,12 +261,14 @@ async fn send_files(
     let addr = shared
         .addr_of(msg.to)
         .ok_or_else(|| format!("no address for node {}", msg.to))?;
-    let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| e.to_string())?
+    let ep = shared
+        .creds
+        .endpoint(&addr)?
         .connect_timeout(Duration::from_secs(2));
     let ch = ep.connect().await.map_err(|e| format!("{addr}: {e}"))?;
-    let mut client = proto::raft_transport_client::RaftTransportClient::new(ch)
-        .max_encoding_message_size(proto::limits::MESSAGE_BYTES_MAX);
+    let mut client =
+        proto::raft_transport_client::RaftTransportClient::new(shared.creds.authorize(ch))
+            .max_encoding_message_size(proto::limits::MESSAGE_BYTES_MAX);
     let header = proto::SnapshotHeader {
         group_id: g,
         from_node: shared.cfg.node_id,

@@ -18,6 +18,7 @@ use crossbeam_channel::Sender;
 use parking_lot::{Mutex, RwLock};
 use phoenix_proto as proto;
 use phoenix_proto::convert;
+use phoenix_proto::security::{AuthChannel, Credentials};
 use phoenix_raft::Message;
 use prost::Message as _;
 use tokio::sync::mpsc;
@@ -41,6 +42,8 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_millis(1000);
 
 struct Inner {
     node_id: u64,
+    /// What this node presents to its peers.
+    creds: Credentials,
     addrs: Arc<RwLock<HashMap<u64, String>>>,
     links: Arc<crate::faults::Links>,
     peers: Mutex<HashMap<u64, mpsc::Sender<proto::GroupMessage>>>,
@@ -63,10 +66,12 @@ impl Transport {
         links: Arc<crate::faults::Links>,
         events: Sender<Event>,
         runtime: tokio::runtime::Handle,
+        creds: Credentials,
     ) -> Transport {
         Transport {
             inner: Arc::new(Inner {
                 node_id,
+                creds,
                 addrs,
                 links,
                 peers: Mutex::new(HashMap::new()),
@@ -121,7 +126,7 @@ async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::Gro
             // A cut link (fault injection) fails as a partitioned peer does: no
             // connection, so the driver hears `Unreachable` at every retry.
             _ if inner.links.is_cut(to) => Err(format!("link to node {to} cut (fault injection)")),
-            Some(a) => connect(&a).await,
+            Some(a) => connect(&inner.creds, &a).await,
             None => Err(format!("no address known for node {to}")),
         };
         let mut client = match client {
@@ -238,19 +243,22 @@ async fn peer_loop(inner: Arc<Inner>, to: u64, mut rx: mpsc::Receiver<proto::Gro
 }
 
 async fn connect(
+    creds: &Credentials,
     addr: &str,
-) -> Result<proto::raft_transport_client::RaftTransportClient<tonic::transport::Channel>, String> {
-    let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| format!("bad address {addr}: {e}"))?
+) -> Result<proto::raft_transport_client::RaftTransportClient<AuthChannel>, String> {
+    let ep = creds
+        .endpoint(addr)?
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true);
     let ch = ep.connect().await.map_err(|e| format!("{addr}: {e}"))?;
-    Ok(proto::raft_transport_client::RaftTransportClient::new(ch)
-        .max_decoding_message_size(proto::limits::MESSAGE_BYTES_MAX)
-        .max_encoding_message_size(proto::limits::MESSAGE_BYTES_MAX))
+    Ok(
+        proto::raft_transport_client::RaftTransportClient::new(creds.authorize(ch))
+            .max_decoding_message_size(proto::limits::MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(proto::limits::MESSAGE_BYTES_MAX),
+    )
 }
 
 /// The incoming side: the `RaftTransport` gRPC service.
@@ -401,7 +409,14 @@ mod tests {
         let addrs = Arc::new(RwLock::new(HashMap::from([(2u64, addr)])));
         let (events, _rx) = crossbeam_channel::unbounded();
         let links = Arc::new(crate::faults::Links::new(Arc::clone(&addrs), false));
-        let t = Transport::new(1, addrs, links, events, tokio::runtime::Handle::current());
+        let t = Transport::new(
+            1,
+            addrs,
+            links,
+            events,
+            tokio::runtime::Handle::current(),
+            Credentials::default(),
+        );
         let n = 40;
         for i in 0..n {
             let mut m = Message::new(phoenix_raft::MessageType::Append, 1, 2, 1);

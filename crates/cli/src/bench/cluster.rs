@@ -752,7 +752,7 @@ where
 
 /// A spawned cluster of one target, stopped on drop.
 enum Spawned {
-    Phoenix(LocalCluster),
+    Phoenix(Box<LocalCluster>),
     Etcd(Vec<Proc>),
 }
 
@@ -818,7 +818,7 @@ async fn spawn_target(
             let endpoints = spec.endpoints();
             let mut cluster = LocalCluster::start(spec)?;
             cluster.wait_ready(Duration::from_secs(60)).await?;
-            Ok((Spawned::Phoenix(cluster), endpoints))
+            Ok((Spawned::Phoenix(Box::new(cluster)), endpoints))
         }
         TargetKind::Etcd => {
             let client_ports = free_ports(3)?;

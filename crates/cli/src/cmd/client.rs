@@ -11,6 +11,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use phoenix_client::{Client, ClientError, ClientOptions};
+use phoenix_proto::security::Credentials;
 use serde_json::{json, Map, Value};
 
 use super::{CmdError, Outcome};
@@ -33,6 +34,21 @@ pub struct Conn {
     /// Keys and values on the command line (and in the output) are hex.
     #[arg(long, default_value_t = false)]
     pub hex: bool,
+    /// PEM certificate of the CA that signed the nodes' certificates: talk to the
+    /// cluster over TLS.
+    #[arg(long, env = "PHOENIX_TLS_CA")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate signed by that CA (with --tls-key): the nodes let the
+    /// client in by it, without a token.
+    #[arg(long, env = "PHOENIX_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "PHOENIX_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// File holding the token to present (its first token, as in a node's
+    /// --token-file).
+    #[arg(long, env = "PHOENIX_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 impl Conn {
@@ -153,16 +169,24 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, CmdError> {
 }
 
 /// The client options a command's flags ask for.
-pub(crate) fn options(conn: &Conn) -> ClientOptions {
-    ClientOptions {
+pub(crate) fn options(conn: &Conn) -> Result<ClientOptions, CmdError> {
+    let credentials = Credentials::from_files(
+        conn.tls_ca.as_deref(),
+        conn.tls_cert.as_deref(),
+        conn.tls_key.as_deref(),
+        conn.token_file.as_deref(),
+    )
+    .map_err(|e| CmdError::Usage(e.to_string()))?;
+    Ok(ClientOptions {
         timeout: Duration::from_millis(conn.timeout_ms),
+        credentials,
         ..ClientOptions::default()
-    }
+    })
 }
 
 /// A client that has the routing table, or the reason none of the endpoints gave it.
 async fn connect(conn: &Conn) -> Result<Client, CmdError> {
-    Client::connect(conn.endpoints.clone(), options(conn))
+    Client::connect(conn.endpoints.clone(), options(conn)?)
         .await
         .map_err(|e| unreachable_or(conn, e))
 }
@@ -170,8 +194,20 @@ async fn connect(conn: &Conn) -> Result<Client, CmdError> {
 /// A deadline passing while the cluster is first contacted means no endpoint answered.
 pub(crate) fn unreachable_or(conn: &Conn, e: ClientError) -> CmdError {
     match e {
-        ClientError::DeadlineExceeded { .. } => CmdError::Unreachable {
+        ClientError::DeadlineExceeded { ref last, .. } => CmdError::Unreachable {
             endpoints: conn.endpoints.join(","),
+            // A node serving TLS closes a plaintext connection without a word (the
+            // connection was made: not "refused").
+            hint: if conn.tls_ca.is_none()
+                && !last.contains("connect error")
+                && ["transport error", "h2 protocol error", "connection closed"]
+                    .iter()
+                    .any(|s| last.contains(s))
+            {
+                " (if the cluster serves TLS, give --tls-ca and a --token-file or client certificate)"
+            } else {
+                ""
+            },
             source: e,
         },
         e => CmdError::Client(e),
@@ -393,6 +429,10 @@ mod tests {
             endpoints: vec![],
             timeout_ms: 1,
             hex: true,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            token_file: None,
         };
         assert_eq!(c.decode("k", "00ff10").unwrap(), vec![0, 0xff, 0x10]);
         assert!(c.decode("k", "0").is_err());

@@ -198,7 +198,7 @@ fn scrub(args: ScrubArgs, format: Format) -> Result<Outcome, CmdError> {
     runtime()?.block_on(async {
         let opts = phoenix_client::ClientOptions {
             timeout: std::time::Duration::from_millis(args.wait_ms.max(1)),
-            ..options(&args.conn)
+            ..options(&args.conn)?
         };
         let client = Client::new_lazy(args.conn.endpoints.clone(), opts)?;
         let r = client
@@ -268,7 +268,7 @@ fn merge(args: MergeArgs, format: Format) -> Result<Outcome, CmdError> {
     runtime()?.block_on(async {
         let opts = phoenix_client::ClientOptions {
             timeout: std::time::Duration::from_millis(args.wait_ms.max(1)),
-            ..options(&args.conn)
+            ..options(&args.conn)?
         };
         let client = Client::new_lazy(args.conn.endpoints.clone(), opts)?;
         let r = client
@@ -312,7 +312,7 @@ fn split(args: SplitArgs, format: Format) -> Result<Outcome, CmdError> {
     runtime()?.block_on(async {
         let opts = phoenix_client::ClientOptions {
             timeout: std::time::Duration::from_millis(args.wait_ms.max(1)),
-            ..options(&args.conn)
+            ..options(&args.conn)?
         };
         let client = Client::new_lazy(args.conn.endpoints.clone(), opts)?;
         let (left, right) = client
@@ -374,7 +374,7 @@ where
     runtime()?.block_on(async {
         let opts = phoenix_client::ClientOptions {
             timeout: std::time::Duration::from_millis(wait_ms.max(1)),
-            ..options(conn)
+            ..options(conn)?
         };
         let client = Client::new_lazy(conn.endpoints.clone(), opts)?;
         let voters = change(client).await.map_err(|e| unreachable_or(conn, e))?;
@@ -435,7 +435,7 @@ fn operators(args: StatusArgs, format: Format) -> Result<Outcome, CmdError> {
 
 fn drain(args: DrainArgs, format: Format) -> Result<Outcome, CmdError> {
     runtime()?.block_on(async {
-        let client = Client::new_lazy(args.conn.endpoints.clone(), options(&args.conn))?;
+        let client = Client::new_lazy(args.conn.endpoints.clone(), options(&args.conn)?)?;
         let mut left = client
             .drain_node(args.node, args.cancel)
             .await
@@ -488,7 +488,7 @@ fn drain(args: DrainArgs, format: Format) -> Result<Outcome, CmdError> {
 
 fn transfer_leader(args: TransferLeaderArgs, format: Format) -> Result<Outcome, CmdError> {
     runtime()?.block_on(async {
-        let client = Client::new_lazy(args.conn.endpoints.clone(), options(&args.conn))?;
+        let client = Client::new_lazy(args.conn.endpoints.clone(), options(&args.conn)?)?;
         let leader = client
             .transfer_leader(args.group, args.node)
             .await
@@ -510,7 +510,7 @@ fn transfer_leader(args: TransferLeaderArgs, format: Format) -> Result<Outcome, 
 /// The cluster status from the nodes `conn` names.
 async fn fetch_status(conn: &Conn) -> Result<ClusterStatus, CmdError> {
     // Lazy: the status must work even while no data group has routes yet.
-    let client = Client::new_lazy(conn.endpoints.clone(), options(conn))?;
+    let client = Client::new_lazy(conn.endpoints.clone(), options(conn)?)?;
     client
         .cluster_status()
         .await

@@ -2,6 +2,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod local_tls;
 pub mod playground;
 pub mod server;
 
@@ -65,12 +66,14 @@ pub enum CmdError {
     #[error("{0}")]
     Usage(String),
     /// No node named by `--endpoints` gave the routing table within the deadline.
-    #[error("cannot reach the cluster at {endpoints}: {source}")]
+    #[error("cannot reach the cluster at {endpoints}: {source}{hint}")]
     Unreachable {
         /// The endpoints tried, comma separated.
         endpoints: String,
         /// What the client ran into.
         source: ClientError,
+        /// What the user may have left out (empty if nothing).
+        hint: &'static str,
     },
     /// A request to the cluster failed.
     #[error(transparent)]
@@ -105,7 +108,9 @@ pub fn client_exit_code(e: &ClientError) -> u8 {
         | ClientError::BadEndpoint { .. }
         | ClientError::CrossGroup { .. } => exit::USAGE,
         ClientError::DeadlineExceeded { .. } | ClientError::Ambiguous { .. } => exit::UNAVAILABLE,
-        ClientError::Refused { .. } | ClientError::Protocol { .. } => exit::FAILED,
+        ClientError::Refused { .. }
+        | ClientError::Protocol { .. }
+        | ClientError::Unauthenticated { .. } => exit::FAILED,
     }
 }
 

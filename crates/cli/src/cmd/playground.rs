@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use phoenix_client::routing::Route;
 use phoenix_client::{Client, ClientOptions};
 
+use super::local_tls::LocalTls;
 use super::BoxError;
 use crate::output::{self, Report};
 
@@ -39,6 +40,11 @@ pub struct Args {
     /// How long to wait for the cluster to elect leaders before giving up, in seconds.
     #[arg(long = "ready-timeout", default_value_t = 60)]
     pub ready_timeout_s: u64,
+    /// Serve TLS with a token on every port (client, peer, Redis): a CA, certificates
+    /// and a token are made under <data-dir>/tls on the first run (kept after), and the
+    /// ready message says how to connect.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 /// Number of nodes of a local cluster: the meta group needs three.
@@ -62,6 +68,8 @@ pub struct ClusterSpec {
     /// Give every node a metrics port (and its status page) and a Redis-protocol port,
     /// picked free at each start.
     pub status_pages: bool,
+    /// Serve TLS and ask for a token, with these files.
+    pub tls: Option<LocalTls>,
 }
 
 impl ClusterSpec {
@@ -98,6 +106,7 @@ impl ClusterSpec {
             addrs,
             server_args: Vec::new(),
             status_pages: false,
+            tls: None,
         })
     }
 
@@ -113,6 +122,7 @@ impl ClusterSpec {
             addrs: free_ports(n)?,
             server_args: Vec::new(),
             status_pages: false,
+            tls: None,
         })
     }
 
@@ -387,6 +397,9 @@ impl LocalCluster {
                 .arg("--meta")
                 .arg(&meta)
                 .args(&spec.server_args);
+            if let Some(t) = &spec.tls {
+                cmd.args(t.server_args());
+            }
             if let Some(m) = metrics[i] {
                 cmd.arg("--metrics-listen").arg(m.to_string());
             }
@@ -412,6 +425,10 @@ impl LocalCluster {
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<Client, BoxError> {
         let start = Instant::now();
         let mut last_err = String::from("no answer yet");
+        let credentials = match &self.spec.tls {
+            Some(t) => t.credentials()?,
+            None => Default::default(),
+        };
         while start.elapsed() < timeout {
             for node in &mut self.nodes {
                 if let Some(status) = node.exited() {
@@ -425,6 +442,7 @@ impl LocalCluster {
             }
             let opts = ClientOptions {
                 timeout: Duration::from_secs(2),
+                credentials: credentials.clone(),
                 ..ClientOptions::default()
             };
             match Client::connect(self.spec.endpoints(), opts).await {
@@ -476,6 +494,9 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
     let mut spec = ClusterSpec::load_or_create(&args.data_dir, args.base_port)?;
     spec.server_args = args.server_args.clone();
     spec.status_pages = true;
+    if args.tls {
+        spec.tls = Some(LocalTls::load_or_create(&args.data_dir)?);
+    }
     let mut cluster = LocalCluster::start(spec)?;
     report.line(format_args!(
         "Starting a PhoenixKV playground: {} nodes, data in {} ({})",
@@ -560,10 +581,14 @@ fn ready_text(cluster: &LocalCluster, routes: &[Route]) -> String {
             "  status page: http://{m}/  (metrics: http://{m}/metrics)"
         );
     }
+    let tls = cluster.spec.tls.as_ref();
     if let Some(Some(r)) = cluster.resp.first() {
+        let tls_flags = tls.map_or(String::new(), |t| {
+            format!(" --tls --cacert {} --askpass", t.ca.display())
+        });
         let _ = writeln!(
             out,
-            "  Redis protocol: redis-cli -h {} -p {} (every node: --output json lists them)",
+            "  Redis protocol: redis-cli -h {} -p {}{tls_flags} (every node: --output json lists them)",
             r.ip(),
             r.port()
         );
@@ -579,6 +604,14 @@ fn ready_text(cluster: &LocalCluster, routes: &[Route]) -> String {
         );
     }
     let _ = writeln!(out, "\nTry, in another terminal:");
+    if let Some(t) = tls {
+        let _ = writeln!(
+            out,
+            "  export PHOENIX_TLS_CA={} PHOENIX_TOKEN_FILE={}",
+            t.ca.display(),
+            t.token_file.display()
+        );
+    }
     let _ = writeln!(out, "  phoenix put --endpoints {first} hello world");
     let _ = writeln!(out, "  phoenix get --endpoints {first} hello");
     let _ = writeln!(out, "  phoenix scan --endpoints {first} --prefix h");
@@ -620,6 +653,14 @@ fn ready_json(cluster: &LocalCluster, routes: &[Route], reused: bool) -> serde_j
             })
         })
         .collect();
+    let tls = cluster.spec.tls.as_ref().map(|t| {
+        serde_json::json!({
+            "ca": t.ca.display().to_string(),
+            "token_file": t.token_file.display().to_string(),
+            "client_cert": t.client_cert.display().to_string(),
+            "client_key": t.client_key.display().to_string(),
+        })
+    });
     serde_json::json!({
         "ready": true,
         "data_dir": cluster.spec.dir.display().to_string(),
@@ -627,6 +668,7 @@ fn ready_json(cluster: &LocalCluster, routes: &[Route], reused: bool) -> serde_j
         "endpoints": cluster.spec.endpoints().join(","),
         "nodes": nodes,
         "groups": groups,
+        "tls": tls,
     })
 }
 

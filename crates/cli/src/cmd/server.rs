@@ -74,6 +74,27 @@ pub struct Args {
     /// private network then.
     #[arg(long, requires = "resp_listen")]
     pub resp_password_file: Option<std::path::PathBuf>,
+    /// PEM certificate of this node (with --tls-key and --tls-ca): its client, peer and
+    /// Redis ports then speak TLS only. It must name the host of --advertise (or
+    /// --listen) and serve for both server and client authentication (nodes present it
+    /// to each other).
+    #[arg(long, requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM certificate of the CA that signed every node's certificate: nodes check each
+    /// other against it, and a client showing a certificate it signed is let in.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    /// File of tokens (one a line; `#` comments; each at least 16 visible ASCII
+    /// characters): the first is the nodes' own (they present it to each other; it alone
+    /// opens the services only peers call), the others are clients' (over gRPC as
+    /// `authorization: Bearer <token>`, on the Redis port with AUTH). Calls without one
+    /// (or a CA-signed certificate) are refused. Without TLS a token crosses the network
+    /// in the clear.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
     /// Free disk space to keep, in MiB: under it the node refuses client writes with a
     /// DiskFull error (reads go on) and takes them again once space returns. 0: never.
     #[arg(long, default_value_t = phoenix_server::Config::DEFAULT_RESERVE_SPACE >> 20)]
@@ -190,11 +211,34 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.snapshot_bytes_per_sec = args.snapshot_mb_per_sec.max(1) << 20;
     cfg.reserve_space = args.reserve_space_mb.saturating_mul(1 << 20);
     cfg.metrics_listen = args.metrics_listen;
+    cfg.security = phoenix_server::Security {
+        tls: phoenix_proto::security::TlsFiles::from_flags(
+            args.tls_ca.as_deref(),
+            args.tls_cert.as_deref(),
+            args.tls_key.as_deref(),
+        )?,
+        tokens: match &args.token_file {
+            Some(f) => phoenix_proto::security::read_tokens(f)?,
+            None => Vec::new(),
+        },
+    };
     let resp_listen = args.resp_listen;
-    let resp_password = match &args.resp_password_file {
-        Some(f) => Some(read_password(f)?),
+    // The default user takes the password file's password and every token.
+    let mut resp_secrets: Vec<Vec<u8>> = cfg
+        .security
+        .tokens
+        .iter()
+        .map(|t| t.as_bytes().to_vec())
+        .collect();
+    if let Some(f) = &args.resp_password_file {
+        resp_secrets.push(read_password(f)?);
+    }
+    let resp_password = phoenix_resp::Password::any_of(resp_secrets);
+    let resp_tls = match &cfg.security.tls {
+        Some(t) => Some(phoenix_resp::Tls::new(t)?),
         None => None,
     };
+    let resp_credentials = cfg.security.credentials()?;
     let node_id = cfg.node_id;
     let advertise = cfg.advertise.clone();
     let requests = phoenix_server::Requests::default();
@@ -245,13 +289,14 @@ pub fn run(args: Args) -> Result<(), BoxError> {
                             advertise.clone(),
                             requests.clone(),
                         ))),
+                        credentials: resp_credentials,
                         ..phoenix_client::ClientOptions::default()
                     },
                 )?;
                 let store = std::sync::Arc::new(phoenix_resp::ClusterStore::new(client));
                 let info = phoenix_resp::ServerInfo {
                     node_id,
-                    password: resp_password.clone(),
+                    password: resp_password,
                     ..phoenix_resp::ServerInfo::default()
                 };
                 let mut stop_seen = stop_seen;
@@ -259,6 +304,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
                     listener,
                     store,
                     info,
+                    resp_tls,
                     async move {
                         let _ = stop_seen.wait_for(|s| *s).await;
                     },
@@ -299,7 +345,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
 }
 
 /// The Redis password in `file` (one trailing newline dropped; empty is refused).
-fn read_password(file: &std::path::Path) -> Result<phoenix_resp::Password, BoxError> {
+fn read_password(file: &std::path::Path) -> Result<Vec<u8>, BoxError> {
     let mut bytes =
         std::fs::read(file).map_err(|e| format!("--resp-password-file {}: {e}", file.display()))?;
     if bytes.ends_with(b"\n") {
@@ -308,6 +354,8 @@ fn read_password(file: &std::path::Path) -> Result<phoenix_resp::Password, BoxEr
             bytes.pop();
         }
     }
-    phoenix_resp::Password::new(bytes)
-        .ok_or_else(|| format!("--resp-password-file {}: the file is empty", file.display()).into())
+    if bytes.is_empty() {
+        return Err(format!("--resp-password-file {}: the file is empty", file.display()).into());
+    }
+    Ok(bytes)
 }

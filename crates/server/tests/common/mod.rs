@@ -9,6 +9,7 @@ use phoenix_proto as proto;
 use phoenix_server::{Config, MetaMember};
 use tokio::sync::oneshot;
 
+pub mod certs;
 pub mod workload;
 
 mod port;
