@@ -1420,68 +1420,12 @@ impl Inner {
         self.ingest_sequenced(&prepared, in_memtables, None)
     }
 
-    /// Opens and checks files to ingest: each built with `SstWriter` (sequence 0, keys in
-    /// order), not empty; the files must not overlap each other. Sorted by smallest key.
     fn prepare_ingest(&self, paths: &[PathBuf]) -> Result<Vec<Prepared>> {
-        let mut prepared = Vec::new();
-        for path in paths {
-            let file = self.fs.open(path)?;
-            let size = file.size();
-            let table = Arc::new(Table::open(file, 0, size, None)?);
-            validate_ingest_table(&table, path)?;
-            let p = table.properties();
-            if p.num_entries == 0 && p.num_range_deletions == 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "{} holds no entries",
-                    path.display()
-                )));
-            }
-            let meta = Arc::new(FileMeta {
-                number: 0,
-                size,
-                smallest: p.smallest_key.clone(),
-                largest: p.largest_key.clone(),
-                smallest_seq: 0,
-                largest_seq: 0,
-                min_group: p.min_group,
-                max_group: p.max_group,
-                num_entries: p.num_entries + p.num_range_deletions,
-                num_range_deletions: p.num_range_deletions,
-            });
-            prepared.push(Prepared {
-                path: path.clone(),
-                props_meta: meta,
-                table,
-            });
-        }
-        prepared.sort_by(|a, b| compare_internal(&a.props_meta.smallest, &b.props_meta.smallest));
-        for w in prepared.windows(2) {
-            if compare_internal(&w[0].props_meta.largest, &w[1].props_meta.smallest).is_ge() {
-                return Err(Error::InvalidArgument(format!(
-                    "ingested files {} and {} overlap",
-                    w[0].path.display(),
-                    w[1].path.display()
-                )));
-            }
-        }
-        Ok(prepared)
+        prepare_ingest(&self.fs, paths)
     }
 
-    /// Files to ingest (see `prepare_ingest`) that hold keys of group `g` only.
     fn prepare_group_ingest(&self, g: u64, paths: &[PathBuf]) -> Result<Vec<Prepared>> {
-        let prepared = self.prepare_ingest(paths)?;
-        if let Some(p) = prepared
-            .iter()
-            .find(|p| p.props_meta.min_group != g || p.props_meta.max_group != g)
-        {
-            return Err(Error::InvalidArgument(format!(
-                "{} holds keys outside group {g} (groups {}..={})",
-                p.path.display(),
-                p.props_meta.min_group,
-                p.props_meta.max_group
-            )));
-        }
-        Ok(prepared)
+        prepare_group_ingest(&self.fs, g, paths)
     }
 
     /// See [`Db::replace_group_by_tombstone`].
@@ -1979,7 +1923,86 @@ fn memtables_overlap(view: &View, lo: &[u8], hi: &[u8]) -> bool {
     false
 }
 
+/// Opens and checks files to ingest: each built with `SstWriter` (sequence 0, keys in
+/// order), not empty; the files must not overlap each other. Sorted by smallest key.
+fn prepare_ingest(fs: &SharedFs, paths: &[PathBuf]) -> Result<Vec<Prepared>> {
+    let mut prepared = Vec::new();
+    for path in paths {
+        let file = fs.open(path)?;
+        let size = file.size();
+        let table = Arc::new(Table::open(file, 0, size, None)?);
+        validate_ingest_table(&table, path)?;
+        let p = table.properties();
+        if p.num_entries == 0 && p.num_range_deletions == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{} holds no entries",
+                path.display()
+            )));
+        }
+        let meta = Arc::new(FileMeta {
+            number: 0,
+            size,
+            smallest: p.smallest_key.clone(),
+            largest: p.largest_key.clone(),
+            smallest_seq: 0,
+            largest_seq: 0,
+            min_group: p.min_group,
+            max_group: p.max_group,
+            num_entries: p.num_entries + p.num_range_deletions,
+            num_range_deletions: p.num_range_deletions,
+        });
+        prepared.push(Prepared {
+            path: path.clone(),
+            props_meta: meta,
+            table,
+        });
+    }
+    prepared.sort_by(|a, b| compare_internal(&a.props_meta.smallest, &b.props_meta.smallest));
+    for w in prepared.windows(2) {
+        if compare_internal(&w[0].props_meta.largest, &w[1].props_meta.smallest).is_ge() {
+            return Err(Error::InvalidArgument(format!(
+                "ingested files {} and {} overlap",
+                w[0].path.display(),
+                w[1].path.display()
+            )));
+        }
+    }
+    Ok(prepared)
+}
+
+/// Files to ingest (see `prepare_ingest`) that hold keys of group `g` only.
+fn prepare_group_ingest(fs: &SharedFs, g: u64, paths: &[PathBuf]) -> Result<Vec<Prepared>> {
+    let prepared = prepare_ingest(fs, paths)?;
+    if let Some(p) = prepared
+        .iter()
+        .find(|p| p.props_meta.min_group != g || p.props_meta.max_group != g)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{} holds keys outside group {g} (groups {}..={})",
+            p.path.display(),
+            p.props_meta.min_group,
+            p.props_meta.max_group
+        )));
+    }
+    Ok(prepared)
+}
+
+/// Checks files meant to replace group `g` (`Db::replace_group`) as the ingest will,
+/// without a database: each a whole table built with `SstWriter` (every block's
+/// checksum, sequence 0, keys in order, every key in group `g`), not empty, no two
+/// overlapping. Lets a caller refuse files received from elsewhere before it commits to
+/// ingesting them.
+pub fn check_group_files(fs: &SharedFs, g: u64, paths: &[PathBuf]) -> Result<()> {
+    prepare_group_ingest(fs, g, paths).map(drop)
+}
+
 fn validate_ingest_table(table: &Arc<Table>, path: &Path) -> Result<()> {
+    let props = table.properties();
+    // (The group properties decide where the file may go: they must not lie.)
+    let in_groups = |user_key: &[u8]| {
+        let g = crate::key::group_of(user_key);
+        g >= props.min_group && g <= props.max_group
+    };
     let mut it = table.iter();
     it.seek_to_first();
     let mut prev: Option<Vec<u8>> = None;
@@ -1987,6 +2010,13 @@ fn validate_ingest_table(table: &Arc<Table>, path: &Path) -> Result<()> {
         let k = it.key();
         let p = parse_internal_key(k)
             .ok_or_else(|| Error::corruption(path, 0, "malformed internal key"))?;
+        if !in_groups(p.user_key) {
+            return Err(Error::corruption(
+                path,
+                0,
+                "a key lies outside the groups the file's properties name",
+            ));
+        }
         if p.seq != 0 {
             return Err(Error::InvalidArgument(format!(
                 "{}: entries must carry sequence 0 (build the file with SstWriter)",
@@ -2007,6 +2037,19 @@ fn validate_ingest_table(table: &Arc<Table>, path: &Path) -> Result<()> {
             "{}: range tombstones must carry sequence 0",
             path.display()
         )));
+    }
+    let (_, groups_end) = crate::key::group_range(props.max_group);
+    if table.range_tombstones().iter().any(|t| {
+        !in_groups(&t.start)
+            || groups_end
+                .as_ref()
+                .is_some_and(|e| t.end.as_slice() > e.as_slice())
+    }) {
+        return Err(Error::corruption(
+            path,
+            0,
+            "a range tombstone reaches outside the groups the file's properties name",
+        ));
     }
     Ok(())
 }

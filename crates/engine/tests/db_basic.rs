@@ -323,6 +323,51 @@ fn open_deletes_files_the_manifest_does_not_name() {
     drop(m);
 }
 
+/// `check_group_files` takes the files a group's replacement is built from and refuses
+/// what the ingest would: a byte changed anywhere (checksum, naming the file), a key of
+/// another group, an empty file, two files that overlap.
+#[test]
+fn group_files_are_checked_as_the_ingest_checks_them() {
+    let (_m, fs) = fs();
+    let table = small_opts(WalMode::None).table;
+    let key = |g: u64, i: u32| {
+        let mut k = g.to_be_bytes().to_vec();
+        k.extend_from_slice(format!("k{i:04}").as_bytes());
+        k
+    };
+    let write = |name: &str, keys: &mut dyn Iterator<Item = Vec<u8>>| {
+        let path = Path::new("/").join(name);
+        let mut w = phoenix_engine::SstWriter::create(&fs, &path, &table).unwrap();
+        for k in keys {
+            w.put(&k, &[b'v'; 40]).unwrap();
+        }
+        w.finish().unwrap();
+        path
+    };
+    let a = write("a.sst", &mut (0..300).map(|i| key(7, i)));
+    let b = write("b.sst", &mut (300..600).map(|i| key(7, i)));
+    phoenix_engine::check_group_files(&fs, 7, &[a.clone(), b.clone()]).unwrap();
+    let refused = |paths: &[std::path::PathBuf], want: &str| {
+        let err = phoenix_engine::check_group_files(&fs, 7, paths).unwrap_err();
+        assert!(err.to_string().contains(want), "want {want:?}: {err}");
+    };
+    let other = write("other.sst", &mut (0..10).map(|i| key(8, i)));
+    refused(&[a.clone(), other], "outside group 7");
+    let overlap = write("overlap.sst", &mut (250..350).map(|i| key(7, i)));
+    refused(&[a.clone(), overlap], "overlap");
+    let empty = write("empty.sst", &mut std::iter::empty());
+    refused(&[empty], "no entries");
+    for at in [10usize, 4000, 12000] {
+        let mut data = fs.read_all(&a).unwrap();
+        data[at] ^= 0x5a;
+        let bad = Path::new("/bad.sst");
+        let mut f = fs.create(bad, Default::default()).unwrap();
+        f.append(&data).unwrap();
+        f.sync_all().unwrap();
+        refused(&[bad.to_path_buf()], "bad.sst");
+    }
+}
+
 #[test]
 fn corrupt_table_is_reported_with_file_and_offset() {
     let (m, fs) = fs();

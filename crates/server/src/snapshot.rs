@@ -2,8 +2,11 @@
 //! the group's whole key range (data and system keys, so the applied-index sentinel
 //! and membership travel with the data), streamed in rate-limited chunks over
 //! `RaftTransport.SendSnapshot`, written to `<data>/snap-recv/` by the receiver,
-//! checked (sizes, crc32c), and handed to the driver, which ingests them once raft
-//! accepts the snapshot (node.rs, `install_snapshot`).
+//! checked (sizes and crc32c as they arrive; then each file read whole as the engine's
+//! ingest would, its keys inside the group, the group's sentinel naming the snapshot),
+//! and handed to the
+//! driver, which ingests them once raft accepts the snapshot (node.rs,
+//! `install_snapshot`). A snapshot that fails a check is refused; the leader sends again.
 //!
 //! Chunk stream: first chunk = header (group, raft message, route, file list with
 //! sizes and crc32c); then each file's bytes in order, in chunks of at most
@@ -468,6 +471,21 @@ pub async fn receive(
         drop(staged);
         return refuse(why);
     }
+    // Every file is read whole before raft hears of the snapshot: one that is no table,
+    // holds keys of another group or lacks the snapshot's sentinel is refused here (the
+    // leader sends again later), where installing it would fail and stop the replica.
+    let term = msg.snapshot.as_ref().map_or(0, |s| s.meta.term);
+    let dir = r.dir.clone();
+    let checked = tokio::task::spawn_blocking(move || check_files(&dir, g, index, term)).await;
+    let why = match checked {
+        Ok(Ok(())) => None,
+        Ok(Err(why)) => Some(why),
+        Err(e) => Some(format!("checking the snapshot files: {e}")),
+    };
+    if let Some(why) = why {
+        drop(staged);
+        return refuse(why);
+    }
     let route = proto::Route {
         group_id: g,
         start_key: r.header.start_key.clone(),
@@ -518,6 +536,31 @@ pub async fn receive(
         accepted: true,
         reason: String::new(),
     }))
+}
+
+/// Checks the received files of group `g`'s snapshot at (`index`, `term`) as the install
+/// will: tables the engine would ingest into the group (`check_group_files`: every
+/// block's checksum, keys in order and in the group, no overlap), and the group's
+/// applied sentinel, in the first file that holds it, naming the snapshot.
+fn check_files(dir: &Path, g: u64, index: u64, term: u64) -> Result<(), String> {
+    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    let files = files_in(dir).map_err(|e| e.to_string())?;
+    phoenix_engine::check_group_files(&fs, g, &files).map_err(|e| e.to_string())?;
+    let mut sentinel = None;
+    for f in &files {
+        if let Some(v) =
+            phoenix_engine::sst_get(&fs, f, &keys::applied_key(g)).map_err(|e| e.to_string())?
+        {
+            sentinel = keys::decode_applied(&v);
+            break;
+        }
+    }
+    if sentinel != Some((index, term)) {
+        return Err(format!(
+            "snapshot files of group {g} say applied {sentinel:?}, the message says ({index}, {term})"
+        ));
+    }
+    Ok(())
 }
 
 fn finish_file(r: &mut Receiving) -> Result<(), String> {
