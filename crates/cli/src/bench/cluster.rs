@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use phoenix_client::{Client, ClientOptions};
+use phoenix_proto::security::Credentials;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::Distribution as _;
@@ -40,6 +41,7 @@ use rand_distr::Distribution as _;
 use super::common::{latency_histogram, progress};
 use super::nemesis::{Fault, Nemesis};
 use super::BenchError;
+use crate::cmd::local_tls::LocalTls;
 use crate::cmd::playground::{free_ports, ClusterSpec, LocalCluster, Proc};
 use crate::output::Report;
 
@@ -135,6 +137,11 @@ pub struct Args {
     /// script would).
     #[arg(long = "client-mode", value_enum, default_value = "grpc")]
     pub client_mode: ClientMode,
+    /// Spawned PhoenixKV clusters serve TLS and ask for a token (as `playground --tls`),
+    /// and the clients present them: the cost of TLS. Needs --spawn and --client-mode
+    /// grpc, no --nemesis; etcd targets stay plaintext.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 /// How operations reach the cluster.
@@ -254,6 +261,13 @@ impl Workload {
         }
         if args.scan_ratio > 0.0 && args.key_layout != KeyLayout::Listing {
             return Err("--scan_ratio needs --key-layout listing".into());
+        }
+        if args.tls
+            && (args.spawn.is_none()
+                || args.client_mode != ClientMode::Grpc
+                || !args.nemesis.is_empty())
+        {
+            return Err("--tls needs --spawn and --client-mode grpc, without --nemesis".into());
         }
         if args.scan_ratio > 0.0 && args.client_mode == ClientMode::Cli {
             return Err("--scan_ratio runs with --client-mode grpc only".into());
@@ -610,11 +624,13 @@ impl Target {
         kind: TargetKind,
         endpoints: &[String],
         timeout: Duration,
+        credentials: Credentials,
     ) -> Result<Self, BenchError> {
         match kind {
             TargetKind::Phoenix | TargetKind::PhoenixWal => {
                 let opts = ClientOptions {
                     timeout,
+                    credentials,
                     ..ClientOptions::default()
                 };
                 let client = Client::connect(endpoints.to_vec(), opts)
@@ -812,6 +828,9 @@ async fn spawn_target(
             if kind == TargetKind::PhoenixWal {
                 spec.server_args.push(ENGINE_WAL_FLAG.to_string());
             }
+            if args.tls {
+                spec.tls = Some(LocalTls::load_or_create(&dir)?);
+            }
             // The groups measured stay the groups spawned (a comparison with etcd's one
             // range must not split it half way).
             no_splits_unless_asked(&mut spec.server_args);
@@ -860,7 +879,13 @@ async fn spawn_target(
             let start = Instant::now();
             loop {
                 let probe = async {
-                    let mut t = Target::connect(kind, &endpoints, Duration::from_secs(2)).await?;
+                    let mut t = Target::connect(
+                        kind,
+                        &endpoints,
+                        Duration::from_secs(2),
+                        Credentials::default(),
+                    )
+                    .await?;
                     t.put(b"phoenix-bench-probe", b"1", Duration::from_secs(2))
                         .await
                         .map_err(|e| e.msg)?;
@@ -1550,12 +1575,18 @@ async fn run_all(args: Args, workload: Workload, report: Report) -> Result<(), B
             }
             None => (None, args.endpoints.clone()),
         };
+        let credentials = match (&args.spawn, kind) {
+            (Some(root), TargetKind::Phoenix | TargetKind::PhoenixWal) if args.tls => {
+                LocalTls::load_or_create(&root.join(kind.name()))?.credentials()?
+            }
+            _ => Credentials::default(),
+        };
         report.line(format_args!(
             "== {} at {}",
             kind.name(),
             endpoints.join(",")
         ));
-        let mut target = Target::connect(kind, &endpoints, timeout).await?;
+        let mut target = Target::connect(kind, &endpoints, timeout, credentials).await?;
         let run_target = match args.client_mode {
             ClientMode::Grpc => target.clone(),
             ClientMode::Cli => Target::cli(kind, &endpoints)?,
