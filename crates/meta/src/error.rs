@@ -43,9 +43,10 @@ pub enum Error {
     /// at one address, or routes that do not form a whole table).
     #[error("meta records break an invariant: {0}")]
     BrokenInvariant(String),
-    /// A heartbeat without the fields every heartbeat needs.
-    #[error("heartbeat without node id or address")]
-    BadHeartbeat,
+    /// A heartbeat without the fields every heartbeat needs, or with an address other
+    /// nodes could not dial.
+    #[error("bad heartbeat: {0}")]
+    BadHeartbeat(String),
     /// Split keys that cannot delimit ranges.
     #[error("split keys must be non-empty, sorted and distinct")]
     BadSplitKeys,

@@ -193,13 +193,47 @@ pub fn cluster_view(
     }
 }
 
+/// Whether `addr` is something other nodes and clients can dial: `host:port`, the host
+/// a name or an IP address (IPv6 in brackets), no scheme, no spaces, at most 255 bytes.
+fn check_addr(addr: &str) -> std::result::Result<(), &'static str> {
+    if addr.is_empty() {
+        return Err("is empty");
+    }
+    if addr.len() > 255 {
+        return Err("is longer than 255 bytes");
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err("is not host:port");
+    };
+    if port.parse::<u16>().is_err() {
+        return Err("has no port number");
+    }
+    let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+    let plain = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_');
+    if !(plain
+        || bracketed
+            && host[1..host.len() - 1]
+                .parse::<std::net::Ipv6Addr>()
+                .is_ok())
+    {
+        return Err("has no host name or IP address before the port");
+    }
+    Ok(())
+}
+
 /// Validates a heartbeat and says whether its node must be (re-)registered: the
 /// `RegisterNode` command to propose when the node is new, its address changed or it
 /// applies other meta commands than its record says (its `protocol` changed).
 pub fn registration(state: &MetaState, hb: &HeartbeatRequest) -> Result<Option<MetaCommand>> {
-    if hb.node_id == 0 || hb.addr.is_empty() {
-        return Err(Error::BadHeartbeat);
+    if hb.node_id == 0 {
+        return Err(Error::BadHeartbeat("node id 0".into()));
     }
+    check_addr(&hb.addr).map_err(|why| {
+        Error::BadHeartbeat(format!("node {}: address {:?} {why}", hb.node_id, hb.addr))
+    })?;
     let protocol = hb.stats.as_ref().map_or(0, |s| s.protocol);
     if let Some(n) = state.nodes().get(&hb.node_id) {
         // (A level that fell is a downgraded binary: recorded too, so that no command
@@ -633,12 +667,35 @@ mod tests {
         };
         assert!(matches!(
             registration(&st, &hb(0, "h:0")),
-            Err(Error::BadHeartbeat)
+            Err(Error::BadHeartbeat(_))
         ));
-        assert!(matches!(
-            registration(&st, &hb(4, "")),
-            Err(Error::BadHeartbeat)
-        ));
+        // An address no one could dial is refused, saying why; it is not registered.
+        for bad in [
+            "",
+            "h",
+            "h:",
+            "h:port",
+            "h:70000",
+            ":7001",
+            "http://h:7001",
+            "h h:7001",
+            "h/x:7001",
+            "[nope]:7001",
+        ] {
+            let e = registration(&st, &hb(4, bad)).unwrap_err();
+            assert!(
+                matches!(&e, Error::BadHeartbeat(why) if why.contains("address")),
+                "{bad:?}: {e}"
+            );
+        }
+        for good in [
+            "10.0.0.1:7001",
+            "node-4.example:7001",
+            "[::1]:7001",
+            "localhost:1",
+        ] {
+            assert!(registration(&st, &hb(4, good)).unwrap().is_some(), "{good}");
+        }
         assert!(registration(&st, &hb(1, "h:1")).unwrap().is_none());
         for (id, addr) in [(1, "moved:1"), (2, "h:2")] {
             let cmd = registration(&st, &hb(id, addr)).unwrap().unwrap();

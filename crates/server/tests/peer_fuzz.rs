@@ -4,9 +4,10 @@
 //! messages for groups the node does not host, messages whose sender is not the batch's,
 //! malformed raft messages; snapshot streams without a header, for another node, with a
 //! wrong raft message, a bad file name, files whose bytes do not match their sizes and
-//! checksums, or files that match them but hold no table. Each is refused or dropped: no
-//! snapshot is accepted, no node stops, no replica stops, every acknowledged write is
-//! still there, and the cluster serves on.
+//! checksums, or files that match them but hold no table; node heartbeats with node id
+//! 0 or an address no one could dial. Each is refused or dropped: no snapshot is
+//! accepted, no node is registered, no node stops, no replica stops, every acknowledged
+//! write is still there, and the cluster serves on.
 //!
 //! Well-formed messages that lie (a forged vote or acknowledgement in the name of a
 //! member) are outside Raft's fault model; the peers' gate (TLS, the nodes' token) is
@@ -199,6 +200,40 @@ fn nonsense_snapshot(rng: &mut ChaCha8Rng, to: u64, n: u64) -> Vec<proto::Snapsh
     out
 }
 
+/// A node heartbeat (from a node id past the cluster's `n`) with node id 0 or an address
+/// no one could dial.
+fn nonsense_heartbeat(rng: &mut ChaCha8Rng, n: u64) -> proto::HeartbeatRequest {
+    const BAD: &[&str] = &[
+        "",
+        "host",
+        "host:",
+        "host:port",
+        "host:70000",
+        ":7001",
+        "http://host:7001",
+    ];
+    let addr = if rng.gen_bool(0.5) {
+        BAD[rng.gen_range(0..BAD.len())].to_string()
+    } else {
+        // Random text with a space somewhere: never an address.
+        let mut s: String = (0..rng.gen_range(0..12))
+            .map(|_| char::from(rng.gen_range(b'!'..=b'~')))
+            .collect();
+        s.insert(rng.gen_range(0..=s.len()), ' ');
+        s
+    };
+    proto::HeartbeatRequest {
+        node_id: if rng.gen_bool(0.2) {
+            0
+        } else {
+            n + rng.gen_range(1..100)
+        },
+        addr,
+        timeout_ms: 1000,
+        ..Default::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peers_speaking_nonsense_are_refused_and_change_nothing() {
     let seed: u64 = std::env::var("PHOENIX_SEED")
@@ -248,6 +283,17 @@ async fn peers_speaking_nonsense_are_refused_and_change_nothing() {
                 "a snapshot with a defect was accepted (seed {seed}, round {round})"
             );
         }
+
+        let hb = nonsense_heartbeat(&mut rng, n);
+        let mut meta = proto::meta_client::MetaClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        if let Ok(r) = meta.heartbeat(hb.clone()).await {
+            assert!(
+                r.get_ref().error.is_some(),
+                "heartbeat {hb:?} taken (seed {seed}, round {round})"
+            );
+        }
     }
     // The cluster serves on, with everything acknowledged.
     for (k, v) in &acked {
@@ -259,6 +305,8 @@ async fn peers_speaking_nonsense_are_refused_and_change_nothing() {
     }
     client.put(b"after", b"nonsense").await.unwrap();
     let st = client.cluster_status().await.unwrap();
+    let registered: Vec<u64> = st.nodes.iter().map(|n| n.node_id).collect();
+    assert_eq!(registered, vec![1, 2, 3], "nodes registered (seed {seed})");
     for g in &st.groups {
         for r in &g.replica_status {
             assert!(
