@@ -195,7 +195,8 @@ pub fn cluster_view(
 
 /// Whether `addr` is something other nodes and clients can dial: `host:port`, the host
 /// a name or an IP address (IPv6 in brackets), no scheme, no spaces, at most 255 bytes.
-fn check_addr(addr: &str) -> std::result::Result<(), &'static str> {
+/// Checked on every heartbeat, and by a node on its own addresses at start.
+pub fn check_addr(addr: &str) -> std::result::Result<(), &'static str> {
     if addr.is_empty() {
         return Err("is empty");
     }
@@ -205,7 +206,7 @@ fn check_addr(addr: &str) -> std::result::Result<(), &'static str> {
     let Some((host, port)) = addr.rsplit_once(':') else {
         return Err("is not host:port");
     };
-    if port.parse::<u16>().is_err() {
+    if !port.bytes().all(|b| b.is_ascii_digit()) || port.parse::<u16>().is_err() {
         return Err("has no port number");
     }
     let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;

@@ -277,6 +277,15 @@ impl Config {
         if self.replication == 0 || self.replication > 7 {
             return bad("replication must be in 1..=7");
         }
+        // The meta leader refuses the heartbeats of a node whose address no one could
+        // dial: say so at start, not never.
+        for (what, addr) in std::iter::once(("--advertise (or --listen)", &self.advertise))
+            .chain(self.meta.iter().map(|m| ("--meta", &m.addr)))
+        {
+            if let Err(why) = phoenix_meta::check_addr(addr) {
+                return Err(Error::Config(format!("{what}: address {addr:?} {why}")));
+            }
+        }
         // Replicas coalesce messages (a follower may hear nothing for two heartbeat
         // intervals): the election timeout must be longer.
         if self.heartbeat_ticks == 0 || self.election_ticks <= 2 * self.heartbeat_ticks {
@@ -329,5 +338,27 @@ impl Config {
     /// Whether this node hosts a meta replica.
     pub fn is_meta_member(&self) -> bool {
         self.meta.iter().any(|m| m.id == self.node_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node whose own address, or a meta member's, no one could dial stops at start
+    /// with the flag and the reason (the meta leader would refuse its heartbeats).
+    #[test]
+    fn addresses_no_one_could_dial_are_refused_at_start() {
+        let meta = parse_meta_members("1@127.0.0.1:7001,2@127.0.0.1:7002").unwrap();
+        let ok = Config::new(1, "127.0.0.1:7001", PathBuf::from("data"), meta);
+        ok.validate().unwrap();
+        let mut c = ok.clone();
+        c.advertise = "127.0.0.1".into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--advertise") && e.contains("port"), "{e}");
+        let mut c = ok.clone();
+        c.meta = parse_meta_members("1@127.0.0.1:7001,2@http://h:7002").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--meta"), "{e}");
     }
 }

@@ -1524,6 +1524,11 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
                     target = Some(addr);
                 }
                 Some(e) => {
+                    if matches!(e.kind, Some(proto::error::Kind::InvalidArgument(_))) {
+                        // (Refused for what it says, not for where it went: asking again
+                        // will not help until the node is restarted right.)
+                        tracing::warn!("heartbeat refused by {addr}: {e}");
+                    }
                     let hint = match &e.kind {
                         Some(proto::error::Kind::NotLeader(nl)) => nl
                             .leader
