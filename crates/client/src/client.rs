@@ -495,14 +495,13 @@ fn refused_credentials(status: &tonic::Status) -> Option<String> {
     }
     let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
     while let Some(e) = src {
-        if let Some(tls) = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        {
-            return Some(format!("TLS handshake failed: {tls}"));
-        }
-        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+        // (Itself, or inside an I/O error.)
+        let tls = e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(tls) = tls {
             return Some(format!("TLS handshake failed: {tls}"));
         }
         // A client certificate the node refuses shows after the handshake (TLS 1.3),

@@ -5,7 +5,7 @@
 //!   checked when read (a bad file is refused at start, not at the first connection).
 //! - [`Credentials`]: what a caller presents — the CA it checks nodes against, its own
 //!   certificate (nodes always; clients if they have one) and a token. It makes the
-//!   [`Endpoint`] to a node and the [`Bearer`] interceptor that adds the token.
+//!   [`Endpoint`] to a node and the channel whose calls carry the token ([`Bearer`]).
 //! - [`Gate`]: what a node asks of every caller. With TLS, a caller is let in by a
 //!   certificate the CA signed, or else by a token; with tokens and no TLS, by a token.
 //!   Without either, everyone is let in (as before TLS existed). The services only
@@ -320,11 +320,6 @@ impl Credentials {
         Credentials::new(tls.as_ref(), token.as_deref())
     }
 
-    /// Whether calls go over TLS.
-    pub fn is_tls(&self) -> bool {
-        self.tls.is_some()
-    }
-
     /// The endpoint of the node at `addr` (host:port): `https` with these credentials'
     /// TLS, else `http`. The node's certificate must name `addr`'s host.
     pub fn endpoint(&self, addr: &str) -> Result<Endpoint, String> {
@@ -339,14 +334,9 @@ impl Credentials {
         }
     }
 
-    /// The interceptor that adds the token (if any) to every call.
-    pub fn bearer(&self) -> Bearer {
-        self.bearer.clone()
-    }
-
-    /// `channel` with the token added to every call.
+    /// `channel` with the token (if any) added to every call.
     pub fn authorize(&self, channel: Channel) -> AuthChannel {
-        InterceptedService::new(channel, self.bearer())
+        InterceptedService::new(channel, self.bearer.clone())
     }
 }
 

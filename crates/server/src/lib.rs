@@ -83,14 +83,18 @@ pub async fn run_with(
 ) -> Result<()> {
     cfg.validate()?;
     let creds = cfg.security.credentials()?;
-    let server_tls = match &cfg.security.tls {
+    // (Before anything starts: a TLS setup that fails must stop the start, not a node
+    // half up.)
+    let mut server = tonic::transport::Server::builder();
+    if let Some(t) = &cfg.security.tls {
         // Without tokens a caller can come in by its certificate only.
-        Some(t) => Some(
-            t.server_config(!cfg.security.tokens.is_empty())
-                .map_err(|e| Error::Config(e.to_string()))?,
-        ),
-        None => None,
-    };
+        let tls = t
+            .server_config(!cfg.security.tokens.is_empty())
+            .map_err(|e| Error::Config(e.to_string()))?;
+        server = server
+            .tls_config(tls)
+            .map_err(|e| Error::Config(format!("TLS for {}: {e}", cfg.listen)))?;
+    }
     let data = cfg.data_dir.clone();
     std::fs::create_dir_all(&data)
         .map_err(|e| Error::io(format!("creating {}", data.display()), e))?;
@@ -293,12 +297,6 @@ pub async fn run_with(
     let clear = requests.clear_on_drop();
     let max = proto::limits::MESSAGE_BYTES_MAX;
     tracing::info!(node = cfg.node_id, listen = %cfg.listen, data = %data.display(), engine_wal = cfg.engine_wal, "node serving");
-    let mut server = tonic::transport::Server::builder();
-    if let Some(tls) = server_tls {
-        server = server
-            .tls_config(tls)
-            .map_err(|e| Error::Config(format!("TLS for {}: {e}", cfg.listen)))?;
-    }
     // Every service, the peers' included, is behind the gate: a caller without a
     // certificate the CA signed or a token gets nothing but `Unauthenticated`.
     let served = server

@@ -2480,14 +2480,7 @@ fn install_files(
     let files = crate::snapshot::files_in(dir)?;
     // The files must hold the snapshot's sentinel before they replace the group's data:
     // the switch cannot be undone.
-    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
-    let mut sentinel = None;
-    for f in &files {
-        if let Some(v) = phoenix_engine::sst_get(&fs, f, &keys::applied_key(g))? {
-            sentinel = keys::decode_applied(&v);
-            break;
-        }
-    }
+    let sentinel = crate::snapshot::sentinel_in(&files, g)?;
     if sentinel != Some((meta.index, meta.term)) {
         return Err(crate::Error::Corruption(format!(
             "group {g}: snapshot files say applied {sentinel:?}, the message says ({}, {}); \
@@ -2555,16 +2548,15 @@ fn conf_version(db: &phoenix_engine::Db, g: u64) -> crate::Result<Option<u64>> {
 /// record, the group never split).
 fn snapshot_epoch(dir: &std::path::Path, g: u64) -> crate::Result<u64> {
     use prost::Message as _;
-    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
-    for f in crate::snapshot::files_in(dir)? {
-        if let Some(v) = phoenix_engine::sst_get(&fs, &f, &keys::range_key(g))? {
-            let r = proto::GroupRange::decode(v.as_slice()).map_err(|e| {
+    let files = crate::snapshot::files_in(dir)?;
+    match crate::snapshot::value_in(&files, &keys::range_key(g))? {
+        Some(v) => Ok(proto::GroupRange::decode(v.as_slice())
+            .map_err(|e| {
                 crate::Error::Corruption(format!("group {g}: undecodable range record: {e}"))
-            })?;
-            return Ok(r.epoch);
-        }
+            })?
+            .epoch),
+        None => Ok(1),
     }
-    Ok(1)
 }
 
 /// The range group `g` applied (None: it never split; its route's stands).

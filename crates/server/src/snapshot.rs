@@ -538,6 +538,22 @@ pub async fn receive(
     }))
 }
 
+/// The value of `key` in the first of a snapshot's `files` that holds it.
+pub fn value_in(files: &[PathBuf], key: &[u8]) -> crate::Result<Option<Vec<u8>>> {
+    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+    for f in files {
+        if let Some(v) = phoenix_engine::sst_get(&fs, f, key)? {
+            return Ok(Some(v));
+        }
+    }
+    Ok(None)
+}
+
+/// The applied sentinel (index, term) a snapshot's `files` of group `g` carry.
+pub fn sentinel_in(files: &[PathBuf], g: u64) -> crate::Result<Option<(u64, u64)>> {
+    Ok(value_in(files, &keys::applied_key(g))?.and_then(|v| keys::decode_applied(&v)))
+}
+
 /// Checks the received files of group `g`'s snapshot at (`index`, `term`) as the install
 /// will: tables the engine would ingest into the group (`check_group_files`: every
 /// block's checksum, keys in order and in the group, no overlap), and the group's
@@ -546,15 +562,7 @@ fn check_files(dir: &Path, g: u64, index: u64, term: u64) -> Result<(), String> 
     let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
     let files = files_in(dir).map_err(|e| e.to_string())?;
     phoenix_engine::check_group_files(&fs, g, &files).map_err(|e| e.to_string())?;
-    let mut sentinel = None;
-    for f in &files {
-        if let Some(v) =
-            phoenix_engine::sst_get(&fs, f, &keys::applied_key(g)).map_err(|e| e.to_string())?
-        {
-            sentinel = keys::decode_applied(&v);
-            break;
-        }
-    }
+    let sentinel = sentinel_in(&files, g).map_err(|e| e.to_string())?;
     if sentinel != Some((index, term)) {
         return Err(format!(
             "snapshot files of group {g} say applied {sentinel:?}, the message says ({index}, {term})"
