@@ -149,6 +149,30 @@ pub struct CasOutcome {
     pub previous: Option<Vec<u8>>,
 }
 
+/// What an increment did: the key's new value, or why the key stayed as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IncrOutcome {
+    /// The value the key holds now.
+    Value(i64),
+    /// The key holds something other than a decimal i64 (Redis' rules:
+    /// `phoenix_proto::counter::parse_i64`).
+    NotAnInteger,
+    /// The sum is out of i64's range.
+    Overflow,
+}
+
+impl IncrOutcome {
+    /// The outcome of `phoenix_proto::counter::incremented`.
+    pub fn of(r: std::result::Result<i64, pb::IncrFailure>) -> IncrOutcome {
+        match r {
+            Ok(n) => IncrOutcome::Value(n),
+            Err(pb::IncrFailure::Overflow) => IncrOutcome::Overflow,
+            // (`incremented` fails with the two others only.)
+            Err(pb::IncrFailure::NotAnInteger | pb::IncrFailure::None) => IncrOutcome::NotAnInteger,
+        }
+    }
+}
+
 /// One page of a scan.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ScanPage {
@@ -462,6 +486,7 @@ fn request_len(r: &Req) -> usize {
         Req::Put(r) => r.encoded_len(),
         Req::Delete(r) => r.encoded_len(),
         Req::Cas(r) => r.encoded_len(),
+        Req::Incr(r) => r.encoded_len(),
     }
 }
 
@@ -784,6 +809,7 @@ impl Client {
             Req::Put(r) => Resp::Put(kv.put(r).await?.into_inner()),
             Req::Delete(r) => Resp::Delete(kv.delete(r).await?.into_inner()),
             Req::Cas(r) => Resp::Cas(kv.cas(r).await?.into_inner()),
+            Req::Incr(r) => Resp::Incr(kv.incr(r).await?.into_inner()),
         })
     }
 
@@ -1177,6 +1203,14 @@ impl Client {
                         // Refused before anything was served: nothing was applied.
                         return Err(ClientError::Unauthenticated { addr, why });
                     }
+                    if status.code() == tonic::Code::Unimplemented {
+                        // A node whose binary predates the method: nothing was served.
+                        return Err(ClientError::Unsupported {
+                            op,
+                            addr,
+                            why: status.message().to_string(),
+                        });
+                    }
                     last = format!("node {node} at {addr}: {}", status.message());
                     tracing::debug!(op, group, node, %addr, %status, "transport failure");
                     if !never_sent(&status) {
@@ -1295,6 +1329,14 @@ impl Client {
                                 return Err(ClientError::Ambiguous { op, why: last });
                             }
                             self.backoff(&mut backoffs, deadline).await;
+                        }
+                        Some(Kind::Unsupported(_)) => {
+                            // Refused before proposing: nothing was applied by this one.
+                            return Err(ClientError::Unsupported {
+                                op,
+                                addr,
+                                why: err.message,
+                            });
                         }
                         Some(Kind::SessionExpired(_)) => {
                             // The group forgot this write's result: it may have applied.
@@ -1465,6 +1507,47 @@ impl Client {
                     let out = CasOutcome {
                         succeeded: r.succeeded,
                         previous: r.current_found.then(|| r.current_value.to_vec()),
+                    };
+                    Ok((r.error, out))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Adds `by` to the decimal i64 `key` holds (absent: 0) as one replicated command
+    /// (Redis' INCRBY), at most once however often it is resent (client sessions).
+    /// [`ClientError::Unsupported`] while a node of the cluster runs a binary that
+    /// predates it; nothing was applied then.
+    pub async fn incr(&self, key: &[u8], by: i64) -> Result<IncrOutcome> {
+        self.check_key(key)?;
+        let k = Bytes::copy_from_slice(key);
+        self.execute(
+            "incr",
+            Retry::Never,
+            key,
+            &[],
+            self.deadline(),
+            |conn, header| {
+                let req = pb::IncrRequest {
+                    header: Some(header),
+                    key: k.clone(),
+                    by,
+                };
+                async move {
+                    let Resp::Incr(r) = self.single(conn, Req::Incr(req)).await? else {
+                        return Err(mismatched());
+                    };
+                    let out = match pb::IncrFailure::try_from(r.failure) {
+                        Ok(pb::IncrFailure::None) => IncrOutcome::Value(r.value),
+                        Ok(pb::IncrFailure::NotAnInteger) => IncrOutcome::NotAnInteger,
+                        Ok(pb::IncrFailure::Overflow) => IncrOutcome::Overflow,
+                        Err(_) => {
+                            return Err(tonic::Status::internal(format!(
+                                "unknown increment failure {}",
+                                r.failure
+                            )))
+                        }
                     };
                     Ok((r.error, out))
                 }

@@ -81,6 +81,18 @@ pub enum ClientError {
         /// What it said.
         why: String,
     },
+    /// The cluster does not serve this operation yet: a node runs a binary that predates
+    /// it (the node refused it before proposing anything, or did not know the method).
+    /// Callers fall back to what older nodes serve.
+    #[error("{op}: not served by this cluster yet (node {addr}): {why}")]
+    Unsupported {
+        /// The operation.
+        op: &'static str,
+        /// The node that answered.
+        addr: String,
+        /// What it said.
+        why: String,
+    },
     /// A server answered something that breaks the protocol.
     #[error("protocol violation by node {addr}: {why}")]
     Protocol {

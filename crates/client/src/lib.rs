@@ -26,8 +26,8 @@ pub mod routing;
 
 pub use crate::client::{
     prefix_end, CasOutcome, Client, ClientOptions, ClientStats, ClusterStatus, GroupStatus,
-    NodeStatus, OperatorStatus, ReplicaStatus, ScanPage, ScrubMismatch, ScrubOutcome, ScrubReplica,
-    WriteOp, DISK_FULL_PATIENCE,
+    IncrOutcome, NodeStatus, OperatorStatus, ReplicaStatus, ScanPage, ScrubMismatch, ScrubOutcome,
+    ScrubReplica, WriteOp, DISK_FULL_PATIENCE,
 };
 pub use crate::error::{ClientError, Result};
 pub use crate::local::{LocalCall, LocalNode, LocalRequest, LocalResponse};

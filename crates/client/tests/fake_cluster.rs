@@ -184,6 +184,17 @@ impl Node {
             Q::Put(r) => A::Put(self.put(Request::new(r)).await.unwrap().into_inner()),
             Q::Delete(r) => A::Delete(self.delete(Request::new(r)).await.unwrap().into_inner()),
             Q::Cas(r) => A::Cas(self.cas(Request::new(r)).await.unwrap().into_inner()),
+            // These nodes predate `Incr`: the item is not served, as an older server
+            // answers an item whose kind it cannot decode.
+            Q::Incr(_) => {
+                return pb::BatchResponseItem {
+                    id: item.id,
+                    error: Some(pb::Error::invalid_argument(
+                        "batch item carries no request (or one this server does not know)",
+                    )),
+                    response: None,
+                }
+            }
         };
         pb::BatchResponseItem {
             id: item.id,
@@ -430,6 +441,10 @@ impl Kv for Node {
                 }
             }
         }))
+    }
+
+    async fn incr(&self, _req: Request<pb::IncrRequest>) -> R<pb::IncrResponse> {
+        Err(Status::unimplemented("this node predates Kv.Incr"))
     }
 }
 
@@ -1003,6 +1018,27 @@ async fn cas_retries_on_a_refused_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incr_on_nodes_that_predate_it_is_unsupported_at_once() {
+    // Over the batch stream (the item is not served, then the unary method is not
+    // known) and without it: a typed refusal, at once, not a retry until the deadline.
+    for batch in [true, false] {
+        let mut c = Cluster::start_with(&[("", "")], true, 100, batch).await;
+        c.set_leader(1, 2);
+        let client = c.client(Duration::from_secs(5)).await;
+        client.put(b"n", b"1").await.unwrap();
+        let started = Instant::now();
+        let e = client.incr(b"n", 1).await.unwrap_err();
+        assert!(
+            matches!(&e, ClientError::Unsupported { op: "incr", .. }),
+            "batch {batch}: {e}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2), "batch {batch}");
+        assert_eq!(client.get(b"n").await.unwrap(), Some(b"1".to_vec()));
+        c.kill(2).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scan_pages_across_groups() {
     let c = Cluster::start(&[("", "g"), ("g", "p"), ("p", "")], true, 3).await;
     c.set_leader(2, 2);
@@ -1346,6 +1382,11 @@ impl phoenix_client::LocalNode for InProcess {
                     Resp::Delete(node.delete(Request::new(r)).await.unwrap().into_inner())
                 }
                 Req::Cas(r) => Resp::Cas(node.cas(Request::new(r)).await.unwrap().into_inner()),
+                // A node of today whose cluster has an older node: the version gate.
+                Req::Incr(_) => Resp::Incr(pb::IncrResponse {
+                    error: Some(pb::Error::unsupported("incr", 6, 5)),
+                    ..Default::default()
+                }),
             }
         })
     }
@@ -1392,11 +1433,20 @@ async fn calls_to_a_node_in_the_process_stay_in_the_process() {
     }
     assert_eq!(local.calls.load(Ordering::Relaxed), 20);
     assert_eq!(c.hits(), HashMap::from([(1, 21)]));
+    // The version gate's refusal is typed, and not retried.
+    let e = client.incr(b"a", 1).await.unwrap_err();
+    assert!(matches!(&e, ClientError::Unsupported { .. }), "{e}");
+    assert!(e.to_string().contains("protocol level 6"), "{e}");
+    assert_eq!(local.calls.load(Ordering::Relaxed), 21);
+    let local_calls_after_incr = 21;
     // Another node leads: the node in the process refuses with the hint, and the call
     // goes over the network to the leader, as it would from any client.
     c.set_leader(1, 3);
     client.put(b"b", b"2").await.unwrap();
-    assert_eq!(local.calls.load(Ordering::Relaxed), 21);
+    assert_eq!(
+        local.calls.load(Ordering::Relaxed),
+        local_calls_after_incr + 1
+    );
     assert_eq!(c.hits(), HashMap::from([(1, 22), (3, 1)]));
     assert_eq!(
         c.st.data.lock().unwrap().get(&b"b"[..]),

@@ -236,6 +236,21 @@ pub fn registration(state: &MetaState, hb: &HeartbeatRequest) -> Result<Option<M
         Error::BadHeartbeat(format!("node {}: address {:?} {why}", hb.node_id, hb.addr))
     })?;
     let protocol = hb.stats.as_ref().map_or(0, |s| s.protocol);
+    // Once every other registered node applies increments, data groups may hold them:
+    // a binary that would take them for empty commands must not join (or come back
+    // downgraded) and host replicas. While some node is older, none were proposed.
+    let others = || state.nodes().values().filter(|n| n.node_id != hb.node_id);
+    if protocol < crate::state::PROTOCOL_INCR
+        && others().next().is_some()
+        && others().all(|n| n.protocol >= crate::state::PROTOCOL_INCR)
+    {
+        return Err(Error::BadHeartbeat(format!(
+            "node {}: its binary is at protocol level {protocol}, and every other node at \
+             {} or above (their groups may hold increments it cannot apply): upgrade it",
+            hb.node_id,
+            crate::state::PROTOCOL_INCR
+        )));
+    }
     if let Some(n) = state.nodes().get(&hb.node_id) {
         // (A level that fell is a downgraded binary: recorded too, so that no command
         // kind it cannot apply is proposed once it is heard from.)
@@ -709,6 +724,45 @@ mod tests {
                 }))
             );
         }
+    }
+
+    #[test]
+    fn older_binaries_stay_out_once_every_node_applies_increments() {
+        let hb = |id: u64, protocol: u32| HeartbeatRequest {
+            node_id: id,
+            addr: format!("h:{id}"),
+            stats: Some(NodeStats {
+                protocol,
+                ..NodeStats::default()
+            }),
+            ..HeartbeatRequest::default()
+        };
+        let register = |st: &mut MetaState, index: u64, id: u64, protocol: u32| {
+            let cmd = registration(st, &hb(id, protocol)).unwrap().unwrap();
+            st.apply(index, &cmd).unwrap();
+        };
+        let mut st = MetaState::default();
+        // The first node of a cluster is welcome at any level; so is any node while
+        // some other is older than increments (none can have been proposed).
+        register(&mut st, 1, 1, crate::PROTOCOL_INCR - 1);
+        register(&mut st, 2, 2, crate::PROTOCOL_INCR);
+        register(&mut st, 3, 3, crate::PROTOCOL_INCR - 1);
+        // Node 1 and 3 upgraded: every node applies increments now.
+        register(&mut st, 4, 1, crate::PROTOCOL_INCR);
+        register(&mut st, 5, 3, crate::PROTOCOL_INCR);
+        for (id, protocol) in [(4, 0), (4, crate::PROTOCOL_INCR - 1), (2, 0)] {
+            let e = registration(&st, &hb(id, protocol)).unwrap_err();
+            assert!(
+                matches!(&e, Error::BadHeartbeat(why) if why.contains("upgrade")),
+                "node {id} at {protocol}: {e}"
+            );
+        }
+        assert!(registration(&st, &hb(4, crate::PROTOCOL))
+            .unwrap()
+            .is_some());
+        assert!(registration(&st, &hb(2, crate::PROTOCOL_INCR))
+            .unwrap()
+            .is_none());
     }
 
     #[test]

@@ -52,10 +52,18 @@ pub const META_GROUP: u64 = 0;
 /// `SetNodeState` (draining), 3 = `PlanSplit` and `FinishSplit` (and data nodes that
 /// apply splits), 4 = `PlanMerge` and `FinishMerge` (and data nodes that apply merges),
 /// 5 = nodes that report their meta replica and take the meta members from heartbeat
-/// answers (the meta group's own membership changes). Before 1, a command kind unknown to a replica was refused
+/// answers (the meta group's own membership changes), 6 = data nodes that apply
+/// `KvCommand.incr` (data-group commands are gated by the lowest level of all registered
+/// nodes, which heartbeat answers carry: [`PROTOCOL_INCR`]). Before 1, a command kind unknown to a replica was refused
 /// there and applied elsewhere: a kind is proposed only once every meta member's node
 /// record says it applies it ([`MetaState::member_behind`]).
-pub const PROTOCOL: u32 = 5;
+pub const PROTOCOL: u32 = 6;
+
+/// The protocol level that brought `Incr` (one replicated increment). A node proposes
+/// one only while every registered node is at this level or above; once they all are,
+/// a node below it is not registered (`schedule::registration`), so the level of the
+/// cluster does not fall back under the increments its logs may hold.
+pub const PROTOCOL_INCR: u32 = 6;
 
 /// The protocol level that brought the meta group's own membership changes: a node
 /// below it neither reports its meta replica nor learns the members from heartbeats.

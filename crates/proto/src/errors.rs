@@ -4,7 +4,7 @@ use crate::error::Kind;
 use crate::{
     DeadlineExceeded, DiskFull, Error, GroupUnavailable, Internal, InvalidArgument, KeyNotInGroup,
     KeyTooLarge, NotLeader, OutcomeUnknown, Replica, RequestTooLarge, Route, ServerBusy,
-    SessionExpired, StaleEpoch, ValueTooLarge,
+    SessionExpired, StaleEpoch, Unsupported, ValueTooLarge,
 };
 
 impl Error {
@@ -142,6 +142,28 @@ impl Error {
             format!(
                 "group {group_id}: write {seq} of client {client_id:#x} was resent after its \
                  result was forgotten; it may or may not have been applied"
+            ),
+        )
+    }
+
+    /// A request for `feature` (brought by protocol level `needed`) not proposed while
+    /// the lowest protocol level of the cluster's registered nodes is `cluster` (0: not
+    /// known yet).
+    pub fn unsupported(feature: &str, needed: u32, cluster: u32) -> Error {
+        let known = if cluster == 0 {
+            "the levels of the cluster's nodes are not known here yet".to_string()
+        } else {
+            format!("a registered node runs protocol level {cluster}")
+        };
+        Error::with(
+            Kind::Unsupported(Unsupported {
+                feature: feature.into(),
+                needed,
+                cluster,
+            }),
+            format!(
+                "{feature} needs every node at protocol level {needed} or above, and {known}; \
+                 nothing was proposed"
             ),
         )
     }

@@ -11,7 +11,8 @@
 //!
 //! Errors travel inside responses as [`Error`] (a typed `oneof`); gRPC statuses are
 //! reserved for transport failures. [`convert`] maps raft messages to and from the
-//! wire, validating everything that arrives. [`limits`] names the size limits both
+//! wire, validating everything that arrives. [`counter`] holds the integer rules of
+//! `Incr` (Redis' INCR), which every replica must apply alike. [`limits`] names the size limits both
 //! sides check. [`security`] holds TLS and tokens for every hop.
 
 #[allow(
@@ -28,6 +29,7 @@ mod generated {
 pub use generated::*;
 
 pub mod convert;
+pub mod counter;
 #[cfg(feature = "dev-certs")]
 pub mod dev_certs;
 pub mod errors;

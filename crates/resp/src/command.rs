@@ -171,18 +171,8 @@ fn not_integer() -> Reply {
 }
 
 /// An argument as an i64, as Redis reads integers (no spaces, no `+`, no leading
-/// zeros past a lone `0`).
-pub fn parse_i64(a: &[u8]) -> Option<i64> {
-    let s = std::str::from_utf8(a).ok()?;
-    if s.is_empty() || s.starts_with('+') || s.len() > 20 {
-        return None;
-    }
-    let digits = s.strip_prefix('-').unwrap_or(s);
-    if digits.len() > 1 && digits.starts_with('0') || digits == "0" && s.starts_with('-') {
-        return None;
-    }
-    s.parse().ok()
-}
+/// zeros past a lone `0`): the rules INCR applies to values too.
+pub use phoenix_proto::counter::parse_i64;
 
 /// An argument as an error shows it: at most 128 bytes (as Redis cuts it).
 fn shown_arg(a: &[u8]) -> String {

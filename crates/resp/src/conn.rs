@@ -2,9 +2,10 @@
 //! the [`Store`] in order, and writes the replies back in order, flushed once the
 //! requests at hand are answered.
 //!
-//! Commands that read and then write (SET with NX, XX or GET, SETNX, GETSET, DEL,
-//! INCR…) are compare-and-swaps on the key, retried while another client changes it in
-//! between: each is atomic. A write whose outcome is unknown (a leader lost mid-way) is
+//! Commands that read and then write (SET with NX, XX or GET, SETNX, GETSET, DEL) are
+//! compare-and-swaps on the key, retried while another client changes it in between:
+//! each is atomic. INCR and its kin are one replicated command (`Store::incr`), or the
+//! same compare-and-swap loop on a cluster with a node too old for it. A write whose outcome is unknown (a leader lost mid-way) is
 //! answered with an error saying so, never guessed.
 
 use std::collections::{HashMap, VecDeque};
@@ -16,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::codec::{parse_request, Limits, Reply};
 use crate::command::{self, Command, CommandInfo, CommandQuery, Pattern, SetCond, COMMANDS};
 use crate::store::{Store, StoreError};
+use phoenix_client::IncrOutcome;
 
 /// Compare-and-swap attempts a read-modify-write command makes before it gives up on a
 /// key other clients keep changing.
@@ -401,7 +403,11 @@ impl<S: Store> Conn<S> {
                 store.write(&ops).await?;
                 Reply::ok()
             }
-            Command::IncrBy(k, by) => incr_swapped(&*store, &k, by).await?,
+            Command::IncrBy(k, by) => match store.incr(&k, by).await {
+                Ok(outcome) => incr_reply(outcome),
+                Err(StoreError::Unsupported(_)) => incr_swapped(&*store, &k, by).await?,
+                Err(e) => return Err(e),
+            },
             Command::Scan {
                 cursor,
                 pattern,
@@ -604,19 +610,23 @@ async fn delete_swapped<S: Store>(store: &S, key: &[u8]) -> Result<bool, StoreEr
     )))
 }
 
-/// INCRBY: the value read as a decimal i64 (absent: 0), plus `by`, swapped in.
+/// The reply to an increment's outcome, in Redis' words.
+fn incr_reply(outcome: IncrOutcome) -> Reply {
+    match outcome {
+        IncrOutcome::Value(n) => Reply::Int(n),
+        IncrOutcome::NotAnInteger => Reply::error("ERR value is not an integer or out of range"),
+        IncrOutcome::Overflow => Reply::error("ERR increment or decrement would overflow"),
+    }
+}
+
+/// INCRBY on a cluster that does not serve increments yet: the value read as a decimal
+/// i64 (absent: 0), plus `by`, swapped in.
 async fn incr_swapped<S: Store>(store: &S, key: &[u8], by: i64) -> Result<Reply, StoreError> {
     let mut cur = store.get(key).await?;
     for _ in 0..SWAP_ATTEMPTS_MAX {
-        let n = match cur.as_deref() {
-            None => 0,
-            Some(v) => match command::parse_i64(v) {
-                Some(n) => n,
-                None => return Ok(Reply::error("ERR value is not an integer or out of range")),
-            },
-        };
-        let Some(next) = n.checked_add(by) else {
-            return Ok(Reply::error("ERR increment or decrement would overflow"));
+        let next = match phoenix_proto::counter::incremented(cur.as_deref(), by) {
+            Ok(n) => n,
+            Err(f) => return Ok(incr_reply(IncrOutcome::of(Err(f)))),
         };
         let text = next.to_string();
         let r = store

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use phoenix_client::{CasOutcome, Client, ClientError, ScanPage, WriteOp};
+use phoenix_client::{CasOutcome, Client, ClientError, IncrOutcome, ScanPage, WriteOp};
 
 /// Why a store call failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -25,6 +25,10 @@ pub enum StoreError {
     /// The cluster could not serve it (no leader within the deadline, a node down…).
     #[error("{0}")]
     Unavailable(String),
+    /// The cluster does not serve this call yet (a node runs an older binary): nothing
+    /// was applied, and the caller does what older clusters serve instead.
+    #[error("not served by this cluster yet: {0}")]
+    Unsupported(String),
 }
 
 /// The key-value operations the Redis commands are built from. Every call is
@@ -41,6 +45,14 @@ pub trait Store: Send + Sync + 'static {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> impl Future<Output = Result<CasOutcome, StoreError>> + Send;
+    /// Adds `by` to the decimal i64 `key` holds (absent: 0) in one atomic step
+    /// (`phoenix_proto::counter`'s rules); [`StoreError::Unsupported`] where that step is
+    /// not served yet.
+    fn incr(
+        &self,
+        key: &[u8],
+        by: i64,
+    ) -> impl Future<Output = Result<IncrOutcome, StoreError>> + Send;
     /// The values of `keys`, in order.
     fn get_many(
         &self,
@@ -76,6 +88,7 @@ impl ClusterStore {
 fn from_client(e: ClientError) -> StoreError {
     match e {
         ClientError::CrossGroup { groups } => StoreError::CrossGroup(format!("groups {groups:?}")),
+        ClientError::Unsupported { .. } => StoreError::Unsupported(e.to_string()),
         ClientError::Ambiguous { .. } => StoreError::Unknown(e.to_string()),
         ClientError::KeyTooLarge { .. }
         | ClientError::ValueTooLarge { .. }
@@ -103,6 +116,10 @@ impl Store for ClusterStore {
             .cas(key, expected, new)
             .await
             .map_err(from_client)
+    }
+
+    async fn incr(&self, key: &[u8], by: i64) -> Result<IncrOutcome, StoreError> {
+        self.client.incr(key, by).await.map_err(from_client)
     }
 
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
@@ -166,6 +183,8 @@ impl phoenix_client::LocalNode for InNode {
 pub struct MemoryStore {
     map: Arc<Mutex<BTreeMap<Vec<u8>, Vec<u8>>>>,
     split_keys: Vec<Vec<u8>>,
+    /// Refuse `incr` as a cluster with an older node does.
+    without_incr: bool,
 }
 
 impl MemoryStore {
@@ -175,7 +194,15 @@ impl MemoryStore {
         MemoryStore {
             map: Arc::default(),
             split_keys,
+            without_incr: false,
         }
+    }
+
+    /// This store, refusing `incr` as [`StoreError::Unsupported`] (as a cluster with a
+    /// node that predates it does), so callers fall back to what older clusters serve.
+    pub fn without_incr(mut self) -> MemoryStore {
+        self.without_incr = true;
+        self
     }
 
     fn group_of(&self, key: &[u8]) -> usize {
@@ -212,6 +239,18 @@ impl Store for MemoryStore {
             succeeded,
             previous,
         })
+    }
+
+    async fn incr(&self, key: &[u8], by: i64) -> Result<IncrOutcome, StoreError> {
+        if self.without_incr {
+            return Err(StoreError::Unsupported("incr (a store without it)".into()));
+        }
+        let mut map = self.map.lock();
+        let r = phoenix_proto::counter::incremented(map.get(key).map(Vec::as_slice), by);
+        if let Ok(n) = r {
+            map.insert(key.to_vec(), n.to_string().into_bytes());
+        }
+        Ok(IncrOutcome::of(r))
     }
 
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {

@@ -1,6 +1,7 @@
 //! The Redis front end over a real three-node cluster (two groups, split at "m"):
 //! binary keys and values at the size limit, errors that leave the connection usable,
-//! INCR from several connections at once adding up exactly (each a compare-and-swap),
+//! INCR from several connections at once adding up exactly (one replicated command each,
+//! or a compare-and-swap while a node has not said it applies increments yet),
 //! MSET refused across groups and atomic within one, SCAN and DBSIZE over both groups.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -228,10 +228,21 @@ async fn connect(store: &MemoryStore) -> DuplexStream {
 
 #[tokio::test]
 async fn pipelined_commands_answer_as_redis_would() {
+    pipelined_against_the_model(MemoryStore::with_split_keys(vec![b"m".to_vec()])).await;
+}
+
+/// As above on a store that does not serve increments (a cluster with an older node):
+/// INCR and its kin answer the same through their compare-and-swap fallback.
+#[tokio::test]
+async fn increments_fall_back_to_swaps_where_not_served() {
+    pipelined_against_the_model(MemoryStore::with_split_keys(vec![b"m".to_vec()]).without_incr())
+        .await;
+}
+
+async fn pipelined_against_the_model(store: MemoryStore) {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let split = b"m".to_vec();
-    let store = MemoryStore::with_split_keys(vec![split.clone()]);
     let mut model = Model {
         map: BTreeMap::new(),
         split,

@@ -52,6 +52,8 @@ pub enum ApplyResult {
         /// The value before, if any.
         current: Option<Vec<u8>>,
     },
+    /// An increment's outcome: the key's new value, or why it stayed as it was.
+    Incr(Result<i64, proto::IncrFailure>),
     /// The state machine refused the command (meta commands).
     Refused(String),
     /// The command was checked against another range epoch than the group's (a split
@@ -118,6 +120,7 @@ const SESSION_LAST_MS_AT: usize = 9;
 ///           ‖ runs: u32 BE ‖ (start: u64 BE ‖ end: u64 BE)* ‖ count: u32 BE ‖ (seq: u64 BE ‖ result)*
 /// result := 1 ‖ succeeded: u8 ‖ found: u8 ‖ len: u32 BE ‖ current (cas)
 ///         | 2 ‖ len: u32 BE ‖ utf-8 message (refused)
+///         | 3 ‖ failure: u8 (0 none, 1 not an integer, 2 overflow) ‖ value: i64 BE (incr)
 /// ```
 ///
 /// Every applied sequence at or above `low_water` is in a run `[start, end)` (runs are
@@ -128,7 +131,8 @@ const SESSION_LAST_MS_AT: usize = 9;
 /// `forgotten_below` (its result may have been dropped by the cap: a resend gets
 /// `SessionExpired`). Format 1 (`low_water ‖ last_ms ‖ count ‖ results`, `Done` as tag 0)
 /// is read too. A cluster must not mix builds that write format 2 with older ones, which
-/// refuse it.
+/// refuse it. Tag 3 (increments) is written only by entries the version gate let
+/// through, that is once every registered node reads it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Session {
     /// Every sequence below it is answered and forgotten.
@@ -306,6 +310,15 @@ impl Session {
                     out.extend_from_slice(&(why.len() as u32).to_be_bytes());
                     out.extend_from_slice(why.as_bytes());
                 }
+                ApplyResult::Incr(r) => {
+                    out.push(3);
+                    let (failure, value) = match r {
+                        Ok(v) => (proto::IncrFailure::None, *v),
+                        Err(f) => (*f, 0),
+                    };
+                    out.push(failure as i32 as u8);
+                    out.extend_from_slice(&value.to_be_bytes());
+                }
                 // Never listed (`Done` is a run; an expiry is not a result).
                 // (`StaleEpoch`, `Split`, `Scrub` and merges are decided before a session is
                 // looked at.)
@@ -392,6 +405,15 @@ impl Session {
                     let len = u32_of(&mut v)?;
                     let why = take(&mut v, len)?;
                     ApplyResult::Refused(String::from_utf8_lossy(why).into_owned())
+                }
+                3 => {
+                    let failure = take(&mut v, 1)?[0];
+                    let value = u64_of(&mut v)? as i64;
+                    ApplyResult::Incr(match proto::IncrFailure::try_from(i32::from(failure)) {
+                        Ok(proto::IncrFailure::None) => Ok(value),
+                        Ok(f) => Err(f),
+                        Err(_) => return Err(format!("increment failure {failure}")),
+                    })
                 }
                 t => return Err(format!("result tag {t}")),
             };
@@ -873,12 +895,16 @@ impl<'a> Applier<'a> {
             // Frozen for a merge: its data must stay as it was at the prepare.
             return !matches!(
                 cmd,
-                Some(Cmd::Batch(_)) | Some(Cmd::Cas(_)) | Some(Cmd::DeleteRange(_))
+                Some(Cmd::Batch(_))
+                    | Some(Cmd::Cas(_))
+                    | Some(Cmd::DeleteRange(_))
+                    | Some(Cmd::Incr(_))
             );
         }
         match cmd {
             Some(Cmd::Batch(b)) => b.mutations.iter().all(|m| self.in_range(&m.key)),
             Some(Cmd::Cas(c)) => self.in_range(&c.key),
+            Some(Cmd::Incr(c)) => self.in_range(&c.key),
             // An empty end means "to the group's end" as the proposer saw it: only
             // unambiguous while the group has no end either.
             Some(Cmd::DeleteRange(r)) => {
@@ -1162,6 +1188,17 @@ impl<'a> Applier<'a> {
                     succeeded: holds,
                     current,
                 }
+            }
+            Some(proto::kv_command::Cmd::Incr(c)) => {
+                let k = keys::data_key(g, &c.key);
+                let current = self.read(&k)?;
+                let r = phoenix_proto::counter::incremented(current.as_deref(), c.by);
+                if let Ok(n) = r {
+                    let text = n.to_string().into_bytes();
+                    self.wb.put(&k, &text);
+                    self.overlay.insert(k, Some(text));
+                }
+                ApplyResult::Incr(r)
             }
             // (`kv` hands splits, scrubs and merges to the node before this.)
             Some(proto::kv_command::Cmd::Split(_))
@@ -1703,6 +1740,149 @@ mod tests {
             engine.get(&keys::data_key(g, b"k")).unwrap(),
             Some(b"fresh".to_vec())
         );
+    }
+
+    fn incr_cmd(key: &str, by: i64, session: Option<(u64, u64)>) -> Vec<u8> {
+        proto::KvCommand {
+            epoch: 0,
+            session: session.map(|(client_id, seq)| proto::ClientSession {
+                client_id,
+                seq,
+                acked_below: 1,
+                time_ms: 1,
+            }),
+            cmd: Some(proto::kv_command::Cmd::Incr(proto::IncrCommand {
+                key: key.as_bytes().to_vec().into(),
+                by,
+            })),
+        }
+        .encode_to_vec()
+    }
+
+    /// An increment reads through the round (a put and a range delete before it in the
+    /// same round), leaves a failed key as it was, and a resend in its session is
+    /// answered with its first result, in a later round or after a restart (a fresh
+    /// cache), never applied twice.
+    #[test]
+    fn increments_apply_once_and_read_through_the_round() {
+        let engine = Recorder::default();
+        let g = 5;
+        let put = |k: &str, v: &str| {
+            proto::KvCommand {
+                epoch: 0,
+                session: None,
+                cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
+                    mutations: vec![proto::Mutation {
+                        op: proto::MutationOp::Put as i32,
+                        key: k.as_bytes().to_vec().into(),
+                        value: v.as_bytes().to_vec().into(),
+                    }],
+                })),
+            }
+            .encode_to_vec()
+        };
+        let del_range = proto::KvCommand {
+            epoch: 0,
+            session: None,
+            cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
+                start: b"a".to_vec().into(),
+                end: b"z".to_vec().into(),
+            })),
+        }
+        .encode_to_vec();
+        let value = |k: &str| engine.get(&keys::data_key(g, k.as_bytes())).unwrap();
+        let results = apply_rounds(
+            &engine,
+            g,
+            &[
+                put("n", "41"),
+                incr_cmd("n", 1, Some((7, 1))),
+                put("s", "text"),
+                incr_cmd("s", 1, Some((7, 2))),
+                put("m", "9223372036854775807"),
+                incr_cmd("m", 1, Some((7, 3))),
+                incr_cmd("fresh", -3, None),
+            ],
+            1,
+            &[7],
+        );
+        assert_eq!(results[1], ApplyResult::Incr(Ok(42)));
+        assert_eq!(
+            results[3],
+            ApplyResult::Incr(Err(proto::IncrFailure::NotAnInteger))
+        );
+        assert_eq!(
+            results[5],
+            ApplyResult::Incr(Err(proto::IncrFailure::Overflow))
+        );
+        assert_eq!(results[6], ApplyResult::Incr(Ok(-3)));
+        assert_eq!(engine.after_batch.borrow().len(), 1, "one batch per round");
+        assert_eq!(value("n"), Some(b"42".to_vec()));
+        assert_eq!(value("s"), Some(b"text".to_vec()));
+        assert_eq!(value("m"), Some(b"9223372036854775807".to_vec()));
+        assert_eq!(value("fresh"), Some(b"-3".to_vec()));
+        // Resends (a fresh cache: the records are read back from the engine), then a
+        // range delete and a new increment in one round: it starts from nothing.
+        let results = apply_rounds(
+            &engine,
+            g,
+            &[
+                incr_cmd("n", 1, Some((7, 1))),
+                incr_cmd("s", 1, Some((7, 2))),
+                put("s", "5"),
+                incr_cmd("s", 1, Some((7, 2))),
+                incr_cmd("m", 1, Some((7, 3))),
+                del_range,
+                incr_cmd("n", 10, Some((7, 4))),
+            ],
+            8,
+            &[2, 3, 2],
+        );
+        assert_eq!(results[0], ApplyResult::Incr(Ok(42)));
+        assert_eq!(
+            results[1],
+            ApplyResult::Incr(Err(proto::IncrFailure::NotAnInteger))
+        );
+        // (Its first outcome, although the key holds an integer now.)
+        assert_eq!(
+            results[3],
+            ApplyResult::Incr(Err(proto::IncrFailure::NotAnInteger))
+        );
+        assert_eq!(
+            results[4],
+            ApplyResult::Incr(Err(proto::IncrFailure::Overflow))
+        );
+        assert_eq!(results[6], ApplyResult::Incr(Ok(10)));
+        assert_eq!(value("n"), Some(b"10".to_vec()));
+        // (The range delete took the rest.)
+        assert_eq!(value("s"), None);
+    }
+
+    /// Increment results round-trip through the session record (tag 3), and a record
+    /// with an unknown failure code is corruption, not a guess.
+    #[test]
+    fn increment_results_in_the_session_record() {
+        let mut rec = Session::default();
+        rec.record(1, ApplyResult::Incr(Ok(i64::MIN)));
+        rec.record(2, ApplyResult::Incr(Err(proto::IncrFailure::Overflow)));
+        rec.record(3, ApplyResult::Incr(Err(proto::IncrFailure::NotAnInteger)));
+        rec.record(4, ApplyResult::Incr(Ok(7)));
+        let v = rec.encode();
+        let back = Session::decode(&v).unwrap();
+        assert_eq!(back, rec);
+        assert_eq!(back.result(1, 1), Some(ApplyResult::Incr(Ok(i64::MIN))));
+        assert_eq!(
+            back.result(1, 2),
+            Some(ApplyResult::Incr(Err(proto::IncrFailure::Overflow)))
+        );
+        // The failure byte of the last result (tag, failure, 8 value bytes at the end).
+        let mut bad = v.clone();
+        let at = bad.len() - 9;
+        assert_eq!(bad[at - 1], 3);
+        bad[at] = 9;
+        assert!(Session::decode(&bad)
+            .unwrap_err()
+            .contains("increment failure 9"));
     }
 
     /// A round whose batch fails to write leaves the session cache without its records:

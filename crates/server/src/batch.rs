@@ -151,6 +151,10 @@ pub(crate) fn refusal(request: &Req, err: proto::Error) -> Resp {
             error: Some(err),
             ..Default::default()
         }),
+        Req::Incr(_) => Resp::Incr(proto::IncrResponse {
+            error: Some(err),
+            ..Default::default()
+        }),
     }
 }
 
@@ -166,6 +170,7 @@ pub(crate) fn group_of_request(request: &Req) -> u64 {
         Req::Put(r) => r.header.as_ref(),
         Req::Delete(r) => r.header.as_ref(),
         Req::Cas(r) => r.header.as_ref(),
+        Req::Incr(r) => r.header.as_ref(),
     };
     header.map_or(0, |h| h.group_id)
 }
@@ -225,6 +230,13 @@ pub(crate) async fn serve_request(svc: &Services, request: Req) -> Resp {
         Req::Cas(r) => Resp::Cas(match svc.cas(Request::new(r)).await {
             Ok(r) => r.into_inner(),
             Err(s) => proto::CasResponse {
+                error: internal(s),
+                ..Default::default()
+            },
+        }),
+        Req::Incr(r) => Resp::Incr(match svc.incr(Request::new(r)).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => proto::IncrResponse {
                 error: internal(s),
                 ..Default::default()
             },

@@ -1470,6 +1470,10 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
                                 a.insert(n.node_id, n.addr.clone());
                             }
                         }
+                        let lowest = r.nodes.iter().map(|n| n.protocol).min().unwrap_or(0);
+                        shared
+                            .cluster_protocol
+                            .store(lowest, std::sync::atomic::Ordering::Release);
                     }
                     for c in r.commands {
                         use proto::placement_command::Cmd;

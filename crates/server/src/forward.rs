@@ -80,7 +80,8 @@ forwardable!(
     BatchWriteRequest,
     ScanRequest,
     DeleteRangeRequest,
-    CasRequest
+    CasRequest,
+    IncrRequest
 );
 
 /// Connections to the other nodes' `Kv` services, made on first use and kept.

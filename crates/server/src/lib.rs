@@ -228,6 +228,7 @@ pub async fn run_with(
         runtime,
         report_soon: tokio::sync::Notify::new(),
         learned_meta: RwLock::new(learned_meta),
+        cluster_protocol: std::sync::atomic::AtomicU32::new(0),
         split: split_check::SplitCheck::default(),
         scrubs: Arc::default(),
         snapshots_staged: Arc::new(tokio::sync::Semaphore::new(snapshot::STAGED_MAX)),

@@ -77,6 +77,7 @@ pub fn result_label(e: Option<&proto::Error>) -> &'static str {
         Some(Kind::OutcomeUnknown(_)) => "outcome_unknown",
         Some(Kind::SessionExpired(_)) => "session_expired",
         Some(Kind::DiskFull(_)) => "disk_full",
+        Some(Kind::Unsupported(_)) => "unsupported",
     }
 }
 

@@ -117,6 +117,11 @@ pub struct Shared {
     /// The meta group's members as the meta leader last named them in a heartbeat
     /// answer (empty until one does); the heartbeat loop is its one writer.
     pub learned_meta: RwLock<Vec<MetaMember>>,
+    /// The lowest protocol level of the registered nodes as the meta leader last named
+    /// them in a heartbeat answer (0 until one does): commands a replica of an older
+    /// binary would not apply (`Incr`) are proposed only at or above their level. The
+    /// heartbeat loop is its one writer.
+    pub cluster_protocol: std::sync::atomic::AtomicU32,
 }
 
 impl Shared {
@@ -175,6 +180,12 @@ impl Shared {
             return learned.clone();
         }
         self.cfg.meta.clone()
+    }
+
+    /// See [`Shared::cluster_protocol`].
+    pub fn cluster_protocol(&self) -> u32 {
+        self.cluster_protocol
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The ids of [`meta_members`](Self::meta_members).

@@ -623,6 +623,107 @@ async fn resent_writes_apply_once() {
     node.stop().await;
 }
 
+/// INCR is one replicated command: once the heartbeat answers say every node applies
+/// it, concurrent increments through every node (followers forward) add up exactly, a
+/// resend in its session is answered with its first result and not applied again, and
+/// the replicas agree (a new leader has the same count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn increments_are_one_replicated_command_applied_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let mut nodes: Vec<Option<Node>> = (0..3)
+        .map(|i| Some(start(config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3))))
+        .collect();
+    let route = wait_route(&addrs).await;
+    let opts = || phoenix_client::ClientOptions {
+        timeout: Duration::from_secs(20),
+        ..phoenix_client::ClientOptions::default()
+    };
+    let mut clients = Vec::new();
+    for a in &addrs {
+        clients.push(
+            phoenix_client::Client::connect(vec![a.clone()], opts())
+                .await
+                .unwrap(),
+        );
+    }
+    // The gate opens at the first heartbeat answer of every node.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        match clients[0].incr(b"ctr", 1).await {
+            Ok(o) => break o,
+            Err(phoenix_client::ClientError::Unsupported { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(first, phoenix_client::IncrOutcome::Value(1));
+    let mut tasks = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..30 {
+                match c.incr(b"ctr", 2).await {
+                    Ok(phoenix_client::IncrOutcome::Value(v)) => seen.push(v),
+                    other => panic!("client {i}: {other:?}"),
+                }
+            }
+            seen
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    // Every increment saw its own value: 3, 5, …, 181, each once.
+    all.sort_unstable();
+    assert_eq!(all, (1..=90).map(|i| 1 + 2 * i).collect::<Vec<i64>>());
+    assert_eq!(get(&addrs, &route, b"ctr").await, Some(b"181".to_vec()));
+    // Failures change nothing; a resend in its session is answered as the first time.
+    clients[1].put(b"text", b"abc").await.unwrap();
+    assert_eq!(
+        clients[1].incr(b"text", 1).await.unwrap(),
+        phoenix_client::IncrOutcome::NotAnInteger
+    );
+    let incr = |seq: u64, by: i64| proto::IncrRequest {
+        header: Some(proto::RequestHeader {
+            client_id: 0x77,
+            seq,
+            acked_below: 1,
+            ..header(&route).unwrap()
+        }),
+        key: b"ctr".to_vec().into(),
+        by,
+    };
+    let leader = route.leader_node_id as usize - 1;
+    let mut k = kv(&addrs[leader]).await;
+    for _ in 0..3 {
+        let r = k.incr(incr(1, 100)).await.unwrap().into_inner();
+        assert!(r.error.is_none(), "{:?}", r.error);
+        assert_eq!(r.value, 281);
+    }
+    let r = k.incr(incr(2, 1)).await.unwrap().into_inner();
+    assert_eq!(r.value, 282);
+    // The leader goes; the new one counts the same.
+    nodes[leader].take().unwrap().stop().await;
+    let live: Vec<String> = (0..3)
+        .filter(|&i| i != leader)
+        .map(|i| addrs[i].clone())
+        .collect();
+    let c = phoenix_client::Client::connect(live.clone(), opts())
+        .await
+        .unwrap();
+    assert_eq!(
+        c.incr(b"ctr", -282).await.unwrap(),
+        phoenix_client::IncrOutcome::Value(0)
+    );
+    for n in nodes.into_iter().flatten() {
+        n.stop().await;
+    }
+}
+
 /// A put that must succeed.
 async fn put_ok(
     c: &mut proto::kv_client::KvClient<tonic::transport::Channel>,

@@ -109,6 +109,7 @@ pub fn client_exit_code(e: &ClientError) -> u8 {
         | ClientError::CrossGroup { .. } => exit::USAGE,
         ClientError::DeadlineExceeded { .. } | ClientError::Ambiguous { .. } => exit::UNAVAILABLE,
         ClientError::Refused { .. }
+        | ClientError::Unsupported { .. }
         | ClientError::Protocol { .. }
         | ClientError::Unauthenticated { .. } => exit::FAILED,
     }
