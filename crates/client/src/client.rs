@@ -1203,8 +1203,11 @@ impl Client {
                         // Refused before anything was served: nothing was applied.
                         return Err(ClientError::Unauthenticated { addr, why });
                     }
-                    if status.code() == tonic::Code::Unimplemented {
+                    if op == "incr" && status.code() == tonic::Code::Unimplemented {
                         // A node whose binary predates the method: nothing was served.
+                        // (Other methods are as old as the service: an `Unimplemented`
+                        // there comes from something else on the way, as a transport
+                        // failure.)
                         return Err(ClientError::Unsupported {
                             op,
                             addr,

@@ -237,10 +237,14 @@ pub fn registration(state: &MetaState, hb: &HeartbeatRequest) -> Result<Option<M
     })?;
     let protocol = hb.stats.as_ref().map_or(0, |s| s.protocol);
     // Once every other registered node applies increments, data groups may hold them:
-    // a binary that would take them for empty commands must not join (or come back
-    // downgraded) and host replicas. While some node is older, none were proposed.
+    // a new node whose binary would take them for empty commands must not join and host
+    // replicas. While some node is older, none were proposed. (A registered node keeps
+    // its record: one not upgraded yet is heard as before, and one downgraded has its
+    // fall recorded, which closes the gate at once — although what the logs already
+    // hold it cannot apply: docs/resp.md.)
     let others = || state.nodes().values().filter(|n| n.node_id != hb.node_id);
     if protocol < crate::state::PROTOCOL_INCR
+        && !state.nodes().contains_key(&hb.node_id)
         && others().next().is_some()
         && others().all(|n| n.protocol >= crate::state::PROTOCOL_INCR)
     {
@@ -747,10 +751,16 @@ mod tests {
         register(&mut st, 1, 1, crate::PROTOCOL_INCR - 1);
         register(&mut st, 2, 2, crate::PROTOCOL_INCR);
         register(&mut st, 3, 3, crate::PROTOCOL_INCR - 1);
-        // Node 1 and 3 upgraded: every node applies increments now.
         register(&mut st, 4, 1, crate::PROTOCOL_INCR);
+        // Node 3 is the last one not upgraded: it is heard as before (no new record,
+        // and not refused, which would make it look dead).
+        assert_eq!(
+            registration(&st, &hb(3, crate::PROTOCOL_INCR - 1)).unwrap(),
+            None
+        );
         register(&mut st, 5, 3, crate::PROTOCOL_INCR);
-        for (id, protocol) in [(4, 0), (4, crate::PROTOCOL_INCR - 1), (2, 0)] {
+        // Every node applies increments now: a new node below that is refused...
+        for (id, protocol) in [(4, 0), (4, crate::PROTOCOL_INCR - 1)] {
             let e = registration(&st, &hb(id, protocol)).unwrap_err();
             assert!(
                 matches!(&e, Error::BadHeartbeat(why) if why.contains("upgrade")),
@@ -763,6 +773,13 @@ mod tests {
         assert!(registration(&st, &hb(2, crate::PROTOCOL_INCR))
             .unwrap()
             .is_none());
+        // ...and a registered one downgraded has its fall recorded: the lowest level
+        // falls, and the nodes stop proposing increments.
+        register(&mut st, 6, 2, crate::PROTOCOL_INCR - 1);
+        assert_eq!(
+            st.nodes().values().map(|n| n.protocol).min(),
+            Some(crate::PROTOCOL_INCR - 1)
+        );
     }
 
     #[test]

@@ -141,7 +141,19 @@ async fn redis_commands_run_against_a_cluster() {
     let r = pipeline(&mut c, &[req(&[b"GET", b"big"])]).await;
     assert_eq!(r[0], R::Bulk(Some(big)));
 
-    // INCR from four connections at once: every increment counts once.
+    // INCR from four connections at once: every increment counts once. Once the
+    // nodes have heard every node's protocol level, each is one replicated command:
+    // one call to node 1's request layer (the compare-and-swap loop takes two or more).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while client.incr(b"a-gate", 1).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the INCR gate stayed shut"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    client.delete(b"a-gate").await.unwrap();
+    let served_before = in_node_1.served();
     let mut workers = Vec::new();
     for _ in 0..4 {
         workers.push(tokio::spawn(async move {
@@ -157,6 +169,11 @@ async fn redis_commands_run_against_a_cluster() {
     }
     let r = pipeline(&mut c, &[req(&[b"GET", b"counter"])]).await;
     assert_eq!(r[0], R::Bulk(Some(b"100".to_vec())));
+    let calls = in_node_1.served() - served_before - 1;
+    assert!(
+        (100..150).contains(&calls),
+        "{calls} calls for 100 INCRs (and one GET)"
+    );
 
     // MSET: refused across the two groups (nothing written), atomic within one.
     let r = pipeline(
@@ -242,7 +259,7 @@ async fn redis_commands_run_against_a_cluster() {
     }
     assert_eq!(scanned.len(), 5, "{scanned:?}");
 
-    // The single-key calls (GET, SET, INCR's compare-and-swap…) took node 1's request
+    // The single-key calls (GET, SET, INCR, SET NX's compare-and-swap…) took node 1's request
     // layer in the process.
     let served = in_node_1.served();
     assert!(served >= 20, "{served} calls served in the process");

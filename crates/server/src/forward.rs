@@ -181,6 +181,16 @@ impl Forwarder {
         match tokio::time::timeout(budget, call(client, Request::new(req))).await {
             Ok(Ok(resp)) => Ok(resp.into_inner()),
             Ok(Err(status)) if never_sent(&status) => Err(refused(status.to_string())),
+            // The leader's binary predates the method: it served nothing.
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                let mut e = PErr::unsupported("the request", 0, 0);
+                e.message = format!(
+                    "the leader, node {}, does not serve this request (an older binary): {}",
+                    to.leader,
+                    status.message()
+                );
+                Err(e)
+            }
             Ok(Err(status)) => Err(unanswered(status.to_string())),
             Err(_) => Err(unanswered(format!("no answer within {budget:?}"))),
         }

@@ -818,6 +818,19 @@ impl Services {
         // replica of an older binary would apply the command as an empty one, and the
         // replicas would part ways.
         let cluster = self.shared.cluster_protocol();
+        if cluster == 0 {
+            // Not heard yet since this node started (a heartbeat answer comes within
+            // a second or so): a refusal the client retries, not a verdict.
+            let g = r.header.as_ref().map_or(0, |h| h.group_id);
+            try_err!(
+                IncrResponse,
+                Err(PErr::group_unavailable(
+                    g,
+                    "increments wait for the cluster's protocol levels, not heard from the \
+                     meta leader yet since this node started"
+                ))
+            );
+        }
         if cluster < phoenix_meta::PROTOCOL_INCR {
             try_err!(
                 IncrResponse,

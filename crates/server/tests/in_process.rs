@@ -706,6 +706,67 @@ async fn increments_are_one_replicated_command_applied_once() {
     }
     let r = k.incr(incr(2, 1)).await.unwrap().into_inner();
     assert_eq!(r.value, 282);
+    // The version gate on real nodes: a node registered at this level, then heard
+    // downgraded, closes it (a typed refusal, nothing proposed); upgraded, it opens.
+    let heartbeat = |protocol: u32| proto::HeartbeatRequest {
+        node_id: 9,
+        addr: "127.0.0.1:1".into(),
+        stats: Some(proto::NodeStats {
+            protocol,
+            ..Default::default()
+        }),
+        timeout_ms: 3000,
+        ..Default::default()
+    };
+    let beat = |protocol: u32| {
+        let addrs = addrs.clone();
+        async move {
+            for a in &addrs {
+                let r = meta_client(a)
+                    .await
+                    .heartbeat(heartbeat(protocol))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                if r.error.is_none() {
+                    return;
+                }
+            }
+            panic!("no meta leader took the heartbeat");
+        }
+    };
+    let until = |want_served: bool| {
+        let c = clients[2].clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                match c.incr(b"gate", 1).await {
+                    Ok(_) if want_served => return,
+                    Err(phoenix_client::ClientError::Unsupported { why, .. }) if !want_served => {
+                        assert!(why.contains("protocol level"), "{why}");
+                        return;
+                    }
+                    other => assert!(
+                        Instant::now() < deadline,
+                        "gate {}: {other:?}",
+                        if want_served { "closed" } else { "open" }
+                    ),
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    beat(phoenix_meta::PROTOCOL).await;
+    beat(phoenix_meta::PROTOCOL_INCR - 1).await;
+    until(false).await;
+    let before = get(&addrs, &route, b"ctr").await;
+    assert!(matches!(
+        clients[0].incr(b"ctr", 1).await,
+        Err(phoenix_client::ClientError::Unsupported { .. })
+    ));
+    assert_eq!(get(&addrs, &route, b"ctr").await, before);
+    beat(phoenix_meta::PROTOCOL).await;
+    until(true).await;
     // The leader goes; the new one counts the same.
     nodes[leader].take().unwrap().stop().await;
     let live: Vec<String> = (0..3)
