@@ -645,6 +645,13 @@ impl Db {
         self.inner.stats()
     }
 
+    /// The background failure (flush, compaction, WAL append) that turned the engine
+    /// read-only, if one did: writes are refused from then on, and only reopening it
+    /// (from its manifest) clears it.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.state.lock().bg_error.clone()
+    }
+
     /// The last sequence number published.
     pub fn latest_sequence(&self) -> SequenceNumber {
         self.inner.last_seq.load(AtOrd::Acquire)

@@ -330,6 +330,12 @@ impl LogStore {
         self.inner.stats()
     }
 
+    /// The write or sync failure that stopped the store, if one did: it refuses every
+    /// write from then on, and only reopening it (from what reached the disk) clears it.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
+
     /// Flushes, syncs and stops the store's threads. Later calls fail with
     /// [`Error::Closed`]. Also done on drop (errors are then only logged).
     pub fn close(&self) -> Result<()> {

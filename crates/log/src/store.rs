@@ -347,6 +347,14 @@ impl Inner {
         Ok(())
     }
 
+    /// See [`crate::LogStore::failure`].
+    pub(crate) fn failure(&self) -> Option<String> {
+        if !self.poisoned_flag.load(Ordering::Acquire) {
+            return None;
+        }
+        self.poisoned.lock().as_ref().map(|e| e.to_string())
+    }
+
     /// Records the first write/sync failure; the store refuses work from now on.
     pub(crate) fn poison(&self, e: &Error) {
         let mut p = self.poisoned.lock();

@@ -3,8 +3,8 @@
 //! (`--reserve-space-mb`).
 //!
 //! A write that fails for lack of space poisons the log store or the engine (they cannot
-//! tell which of the bytes written made it), and the node's groups stop until a restart.
-//! So the node stops *taking* writes before that: while its free space is under the
+//! tell which of the bytes written made it), and the node's groups stop until its storage
+//! restarts (below). So the node stops *taking* writes before that: while its free space is under the
 //! reserve, its leaders refuse client writes with a typed `DiskFull`, its followers drop
 //! appends of data entries (node.rs), and every half second it hands the groups it leads
 //! to a follower on a node with room (node.rs `shed_leaders`; the meta service's
@@ -16,6 +16,15 @@
 //!
 //! Leaving the state needs 5% more than the reserve, so a disk hovering at the line does
 //! not flip the node's answer at every sample.
+//!
+//! Should a write or sync fail anyway (the disk filled faster than the watcher samples,
+//! or it returned an I/O error), the log store or the engine stops, and with it the
+//! node's replicas. The same watcher then probes the disk (a small file written, synced
+//! and deleted through the node's file system) every `disk_check_interval`; once a probe
+//! passes and the space is above the reserve, it asks the node to restart its storage
+//! (`Shared::storage_restart`): the node stops its services and runs again in the
+//! process, reopening the engine and the log store from what reached the disk, as a
+//! restart by hand would (lib.rs).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -153,6 +162,7 @@ impl DiskSpace {
 pub async fn watch(shared: Arc<Shared>) {
     let dir = shared.cfg.data_dir.clone();
     let mut failing = false;
+    let mut storage_failed: Option<(String, Instant)> = None;
     loop {
         // (statvfs blocks; on a hung network disk it must not hold a runtime worker.)
         let fs = Arc::clone(&shared.fs);
@@ -184,8 +194,67 @@ pub async fn watch(shared: Arc<Shared>) {
                 failing = true;
             }
         }
+        check_storage(&shared, &mut storage_failed).await;
         tokio::time::sleep(shared.cfg.disk_check_interval).await;
     }
+}
+
+/// How long a failed storage waits at least before the node restarts it: the failure
+/// is visible (stopped replicas, the log line) for that long, and a disk that fails
+/// again at once is not restarted in a tight loop (lib.rs backs off further).
+pub const STORAGE_RESTART_DELAY_MIN: Duration = Duration::from_secs(1);
+
+/// The name of the probe file in the data directory.
+const PROBE_FILE: &str = "storage-probe";
+
+/// Notices the log store's or the engine's failure, and once the disk takes a probe
+/// write again (and has room), asks the node to restart its storage.
+async fn check_storage(shared: &Arc<Shared>, failed: &mut Option<(String, Instant)>) {
+    if failed.is_none() {
+        let why = match (shared.log.failure(), shared.engine.failure()) {
+            (Some(l), _) => format!("the log store failed: {l}"),
+            (None, Some(e)) => format!("the engine failed: {e}"),
+            (None, None) => return,
+        };
+        tracing::error!(
+            "{why}; the node's replicas stop, and it restarts its storage by itself once \
+             the disk takes writes again"
+        );
+        *failed = Some((why, Instant::now()));
+    }
+    let Some((why, since)) = failed.as_ref() else {
+        return;
+    };
+    if since.elapsed() < STORAGE_RESTART_DELAY_MIN || shared.disk.is_full() {
+        return;
+    }
+    let fs = Arc::clone(&shared.fs);
+    let path = shared.cfg.data_dir.join(PROBE_FILE);
+    let probe = tokio::task::spawn_blocking(move || probe(&*fs, &path)).await;
+    match probe {
+        Ok(Ok(())) => {
+            tracing::warn!("the disk takes writes again: restarting the node's storage ({why})");
+            shared.storage_restart.send_replace(Some(why.clone()));
+        }
+        Ok(Err(e)) => tracing::debug!("storage probe: {e}"),
+        Err(e) => tracing::warn!("storage probe task: {e}"),
+    }
+}
+
+/// Writes, syncs and deletes a small file at `path`.
+fn probe(
+    fs: &dyn phoenix_storage::FileSystem,
+    path: &std::path::Path,
+) -> phoenix_storage::Result<()> {
+    let mut f = fs.create(path, phoenix_storage::WriteOptions::default())?;
+    f.append(&[0u8; 4096])?;
+    f.sync_all()?;
+    drop(f);
+    fs.delete(path)?;
+    if let Some(dir) = path.parent() {
+        fs.sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -76,11 +76,74 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
 
 /// [`run`], with `requests` serving the node's request layer to a front end in this
 /// process while the node serves.
+///
+/// Should the node's storage fail (its log store or engine stops on a write or sync
+/// error: a full or failing disk), the node restarts it by itself once the disk takes
+/// writes again (disk.rs): it stops as on shutdown and runs again in this process,
+/// reopening everything from what reached the disk. A start that fails then is tried
+/// again, backing off up to a minute, until `shutdown`.
 pub async fn run_with(
     cfg: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
     requests: Requests,
 ) -> Result<()> {
+    // One shutdown for every run of the node in this process.
+    let (down_tx, down_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = down_tx.send(true);
+    });
+    let down = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|d| *d).await;
+    };
+    let mut runs = 0u32;
+    let mut backoff = disk::STORAGE_RESTART_DELAY_MIN;
+    loop {
+        runs += 1;
+        let started = Instant::now();
+        let exit = run_once(cfg.clone(), down(down_rx.clone()), requests.clone()).await;
+        match exit {
+            Ok(Exit::Shutdown) => return Ok(()),
+            // The first start's failure is the caller's to see (a bad flag, a locked
+            // directory); a restart's is waited out.
+            Err(e) if runs == 1 => return Err(e),
+            Ok(Exit::StorageRestart(why)) => {
+                tracing::warn!(node = cfg.node_id, "restarting the node's storage: {why}")
+            }
+            Err(e) => tracing::error!(node = cfg.node_id, "restarting the node: {e}"),
+        }
+        if *down_rx.borrow() {
+            return Ok(());
+        }
+        // A run that failed soon after its start is not tried again at once.
+        if started.elapsed() > RESTART_BACKOFF_MAX {
+            backoff = disk::STORAGE_RESTART_DELAY_MIN;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = down(down_rx.clone()) => return Ok(()),
+        }
+        backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
+    }
+}
+
+/// The longest wait between two restarts of a node whose storage keeps failing.
+const RESTART_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How one run of the node ended.
+enum Exit {
+    /// Asked to (`shutdown`).
+    Shutdown,
+    /// Its storage failed and the disk takes writes again: run again.
+    StorageRestart(String),
+}
+
+/// One run of the node: from opening its storage until `shutdown` or a storage restart.
+async fn run_once(
+    cfg: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    requests: Requests,
+) -> Result<Exit> {
     cfg.validate()?;
     let creds = cfg.security.credentials()?;
     // (Before anything starts: a TLS setup that fails must stop the start, not a node
@@ -229,6 +292,7 @@ pub async fn run_with(
         report_soon: tokio::sync::Notify::new(),
         learned_meta: RwLock::new(learned_meta),
         cluster_protocol: std::sync::atomic::AtomicU32::new(0),
+        storage_restart: tokio::sync::watch::channel(None).0,
         split: split_check::SplitCheck::default(),
         scrubs: Arc::default(),
         snapshots_staged: Arc::new(tokio::sync::Semaphore::new(snapshot::STAGED_MAX)),
@@ -267,8 +331,12 @@ pub async fn run_with(
         let tx = tx.clone();
         let transport = shared.transport.clone();
         let shared = Arc::clone(&shared);
+        let mut restart = shared.storage_restart.subscribe();
         tokio::spawn(async move {
-            shutdown.await;
+            tokio::select! {
+                _ = shutdown => {}
+                _ = restart.wait_for(Option::is_some) => {}
+            }
             shared
                 .stopping
                 .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -366,6 +434,7 @@ pub async fn run_with(
     }
     requests.set(None).await;
     clear.disarm();
+    let restart = shared.storage_restart.borrow().clone();
     drop(shared);
     served.map_err(|e| Error::Transport(format!("serving {}: {e}", cfg.listen)))?;
     if let Err(e) = engine.close() {
@@ -375,5 +444,8 @@ pub async fn run_with(
         tracing::warn!("closing the log store: {e}");
     }
     tracing::info!(node = cfg.node_id, "node stopped");
-    Ok(())
+    Ok(match restart {
+        Some(why) => Exit::StorageRestart(why),
+        None => Exit::Shutdown,
+    })
 }

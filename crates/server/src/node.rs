@@ -2419,7 +2419,8 @@ fn wake_asked_follower(p: &mut Peer) {
 /// Whether a raft error means the replica must stop: its storage failed (I/O,
 /// corruption; a compacted or not yet written index is raft's normal business) or raft
 /// found an invariant broken (its state may be half-updated). Anything else refuses the
-/// one request or message. A stopped replica stays stopped until the node restarts: what
+/// one request or message. A stopped replica stays stopped until the node restarts (by
+/// hand, or by itself once a failed log store or engine can be reopened: disk.rs): what
 /// a failed read or sync left behind is unknown.
 fn is_storage(e: &phoenix_raft::Error) -> bool {
     matches!(

@@ -122,6 +122,10 @@ pub struct Shared {
     /// binary would not apply (`Incr`) are proposed only at or above their level. The
     /// heartbeat loop is its one writer.
     pub cluster_protocol: std::sync::atomic::AtomicU32,
+    /// Set (with the cause) when the node must restart its storage: its log store or
+    /// engine failed and the disk takes writes again (disk.rs). The node then stops and
+    /// runs again in the process (lib.rs).
+    pub storage_restart: tokio::sync::watch::Sender<Option<String>>,
 }
 
 impl Shared {

@@ -1043,9 +1043,11 @@ async fn a_cut_off_leader_is_replaced_and_catches_up_when_healed() {
 
 /// A node whose disk fails (writes and syncs, by fault injection) — the meta leader's —
 /// stops its replica visibly with the cause, while the group goes on with the other two;
-/// restarted, the node catches up and the group serves every acknowledged write.
+/// it stays stopped while the disk fails (the probe fails too); once the disk works
+/// again the node restarts its storage by itself, catches up and the group serves every
+/// acknowledged write — no restart by hand.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_failing_disk_stops_the_replica_and_a_restart_recovers_it() {
+async fn a_failing_disk_stops_the_replica_and_the_node_recovers_by_itself() {
     let dir = tempfile::tempdir().unwrap();
     let (addrs, meta) = loopback_members(3);
     let cfg = |i: usize| {
@@ -1053,7 +1055,7 @@ async fn a_failing_disk_stops_the_replica_and_a_restart_recovers_it() {
         c.fault_injection = true;
         c
     };
-    let mut nodes: Vec<Option<Node>> = (0..3).map(|i| Some(start(cfg(i)))).collect();
+    let nodes: Vec<Option<Node>> = (0..3).map(|i| Some(start(cfg(i)))).collect();
     let route = wait_route(&addrs).await;
     for i in 0..20u32 {
         put(&addrs, &route, format!("k{i:04}").as_bytes(), b"v1").await;
@@ -1112,9 +1114,36 @@ async fn a_failing_disk_stops_the_replica_and_a_restart_recovers_it() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // Restarted (its disk works again), the node catches up.
-    nodes[follower].take().unwrap().stop().await;
-    nodes[follower] = Some(start(cfg(follower)));
+    // While the disk fails, the node does not restart: the replica stays stopped.
+    let stopped_of = |groups: &[proto::GroupInfo]| {
+        groups
+            .iter()
+            .filter(|g| {
+                g.route
+                    .as_ref()
+                    .is_some_and(|r| r.group_id == route.group_id)
+            })
+            .flat_map(|g| g.replicas.iter())
+            .find(|r| r.node_id == follower as u64 + 1)
+            .map(|r| r.stopped.clone())
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stopped = stopped_of(&cluster_groups(&addrs).await).unwrap_or_default();
+    assert!(
+        stopped.contains("injected disk error"),
+        "the replica came back on a failing disk: {stopped:?}"
+    );
+    // The disk works again: the node restarts its storage by itself and catches up.
+    let r = f
+        .set_disk(proto::SetDiskRequest {
+            fail_writes: false,
+            fail_syncs: false,
+            space_cap: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.error.is_none(), "{r:?}");
     put(&addrs, &route, b"after", b"v3").await;
     let leader = (0..3).find(|&i| i != follower).unwrap();
     wait_caught_up(
@@ -1126,6 +1155,11 @@ async fn a_failing_disk_stops_the_replica_and_a_restart_recovers_it() {
         Duration::from_secs(30),
     )
     .await;
+    assert_eq!(
+        stopped_of(&cluster_groups(&addrs).await).as_deref(),
+        Some(""),
+        "the replica is still stopped after the node's storage restart"
+    );
     let others: Vec<String> = (0..3)
         .filter(|&i| i != follower)
         .map(|i| addrs[i].clone())

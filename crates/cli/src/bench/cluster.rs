@@ -124,8 +124,8 @@ pub struct Args {
     pub seed: u64,
     /// Faults injected into the spawned cluster during each run, one node at a time
     /// (kill: SIGKILL then restart; pause: SIGSTOP then SIGCONT; partition: the node cut
-    /// off from the others; diskerror: its writes and syncs fail, then it is killed and
-    /// restarted; diskfull: its free space looks nil for 2–6 s, so it refuses client
+    /// off from the others; diskerror: its writes and syncs fail, then work again (the
+    /// node restarts its storage by itself); diskfull: its free space looks nil for 2–6 s, so it refuses client
     /// writes, then is back; powerloss: killed with its unsynced bytes lost — these four
     /// PhoenixKV only, its servers spawned with `--fault-injection` /
     /// `--unsynced-in-memory`);

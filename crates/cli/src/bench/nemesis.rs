@@ -7,9 +7,9 @@
 //! SIGSTOP and SIGCONT 0.5–2.5 s later; `partition` cuts the node's links to every
 //! other node for 2–6 s (clients still reach it), through the nodes' fault-injection
 //! service (PhoenixKV servers started with `--fault-injection`); `diskerror` makes the
-//! node's writes and syncs fail (the same service) for 0.5–2.5 s, then kills and
-//! restarts it (its replicas stop at the first failed sync and stay stopped until a
-//! restart); `diskfull` makes the node see its disk as full (free space capped to 0
+//! node's writes and syncs fail (the same service) for 0.5–2.5 s, then work again (its
+//! replicas stop at the first failed write or sync, and the node restarts its storage
+//! by itself once the disk takes writes again); `diskfull` makes the node see its disk as full (free space capped to 0
 //! through the same service: it refuses client writes with DiskFull) for 2–6 s, then
 //! lifts the cap (it takes writes again by itself); `powerloss` kills and restarts a node whose servers keep unsynced bytes in
 //! memory (`--unsynced-in-memory`, so every kill of that run loses them). The choices
@@ -381,12 +381,10 @@ fn run(
                 None
             }
             Fault::Partition => heal(&rt, links.unwrap_or_default(), &mut procs),
-            // A failed sync leaves the disk's state unknown: the node stays broken
-            // until it restarts, as after a real disk error.
-            Fault::DiskError => {
-                p.kill();
-                p.restart().err().map(|e| e.to_string())
-            }
+            // A failed sync leaves the disk's state unknown: the node restarts its
+            // storage by itself (reopening from what reached the disk) once its disk
+            // takes writes again.
+            Fault::DiskError => disk_call(&rt, links, node, false, None),
             // The node takes writes again by itself once the space is back.
             Fault::DiskFull => disk_call(&rt, links, node, false, None),
         };

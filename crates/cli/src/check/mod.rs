@@ -692,10 +692,10 @@ async fn play_nemesis(
                 }
                 "restart"
             }
+            // The node restarts its storage by itself once its disk takes writes.
             Round::DiskErrorLeader | Round::DiskErrorRandom => {
-                cluster.nodes[victim].kill();
-                cluster.nodes[victim].restart()?;
-                "kill -9 and restart"
+                retried(|| nemesis::set_disk(&endpoints[victim], false, None)).await?;
+                "disk works again for"
             }
         };
         last_back = start.elapsed();
