@@ -73,6 +73,9 @@ struct State {
     published: Arc<RwLock<Arc<View>>>,
     next_mem_id: u64,
     bg_error: Option<String>,
+    /// Whether `bg_error` came from the storage (a write, sync or read that failed), not
+    /// from bytes that do not decode: reopening may then cure it (`Db::failure`).
+    bg_error_io: bool,
     closed: bool,
     pointers: Vec<Vec<u8>>,
     /// Files that running compactions read.
@@ -272,8 +275,22 @@ impl std::fmt::Debug for Db {
     }
 }
 
-fn bg_err(what: &str, e: &Error) -> String {
-    format!("{what}: {e}")
+/// Whether `e` is the storage's failure (what reopening may cure), not corruption or a
+/// broken invariant.
+fn is_io(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Storage(phoenix_storage::Error::Io { .. }) | Error::Wal(_)
+    )
+}
+
+/// See [`Db::failure`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// What failed.
+    pub message: String,
+    /// Whether the storage failed (reopening may cure it), not the data.
+    pub io: bool,
 }
 
 impl Db {
@@ -392,6 +409,7 @@ impl Db {
             published: Arc::clone(&published),
             next_mem_id,
             bg_error: None,
+            bg_error_io: false,
             closed: false,
             pointers: vec![Vec::new(); num_levels],
             busy: std::collections::HashSet::new(),
@@ -645,11 +663,24 @@ impl Db {
         self.inner.stats()
     }
 
-    /// The background failure (flush, compaction, WAL append) that turned the engine
-    /// read-only, if one did: writes are refused from then on, and only reopening it
-    /// (from its manifest) clears it.
-    pub fn failure(&self) -> Option<String> {
-        self.inner.state.lock().bg_error.clone()
+    /// The failure that turned the engine read-only, if one did: a background flush,
+    /// compaction or WAL append that failed, or a manifest write (also a group's
+    /// replacement or an ingest). Writes are refused from then on, and only reopening the
+    /// engine (from its manifest) clears it. `io` says the storage failed (a write,
+    /// sync or read), which reopening may cure once the disk works again; otherwise the
+    /// engine found bytes that do not decode or an invariant broken, which it will not.
+    pub fn failure(&self) -> Option<Failure> {
+        let st = self.inner.state.lock();
+        if let Some(m) = &st.bg_error {
+            return Some(Failure {
+                message: m.clone(),
+                io: st.bg_error_io,
+            });
+        }
+        st.vset.is_broken().then(|| Failure {
+            message: "a manifest write failed".into(),
+            io: true,
+        })
     }
 
     /// The last sequence number published.
@@ -930,8 +961,7 @@ impl Inner {
             mem.set_wal_first(index);
             self.wal_next.store(index + 1, AtOrd::SeqCst);
             if let Err(e) = wal.append(index, batch.data().to_vec(), sync) {
-                let msg = bg_err("WAL append", &e);
-                self.set_bg_error(msg);
+                self.set_bg_error("WAL append", &e);
                 return Err(e);
             }
             if sync {
@@ -946,9 +976,11 @@ impl Inner {
         Ok(())
     }
 
-    fn set_bg_error(&self, msg: String) {
+    fn set_bg_error(&self, what: &str, e: &Error) {
+        let msg = format!("{what}: {e}");
         let mut st = self.state.lock();
         if st.bg_error.is_none() {
+            st.bg_error_io = is_io(e);
             tracing::error!(error = %msg, "engine turns read-only");
             st.bg_error = Some(msg);
         }
@@ -972,6 +1004,7 @@ impl Inner {
             }
             if let Some(f) = self.wal.as_ref().and_then(|w| w.failure()) {
                 st.bg_error = Some(f.clone());
+                st.bg_error_io = true;
                 return Err(Error::Background(f));
             }
             let l0 = st.vset.current().files(0).len();
@@ -1032,7 +1065,7 @@ impl Inner {
             let front = self.state.lock().imm.front().cloned();
             let Some(mem) = front else { break };
             if let Err(e) = self.flush_one(&mem) {
-                self.set_bg_error(bg_err("flush", &e));
+                self.set_bg_error("flush", &e);
                 return Err(e);
             }
         }
@@ -1047,7 +1080,7 @@ impl Inner {
             };
             let Some(c) = c else { return Ok(()) };
             if let Err(e) = self.run_compaction(&c) {
-                self.set_bg_error(bg_err("compaction", &e));
+                self.set_bg_error("compaction", &e);
                 return Err(e);
             }
         }
@@ -1115,7 +1148,7 @@ impl Inner {
                 }
             };
             if let Err(e) = self.flush_one(&mem) {
-                self.set_bg_error(bg_err("flush", &e));
+                self.set_bg_error("flush", &e);
             }
         }
     }
@@ -1212,7 +1245,7 @@ impl Inner {
                 }
                 self.bg_cv.notify_all();
                 if let Err(e) = r {
-                    self.set_bg_error(bg_err("compaction", &e));
+                    self.set_bg_error("compaction", &e);
                 }
             }
         }

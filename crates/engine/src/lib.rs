@@ -21,7 +21,9 @@ pub mod wal;
 pub mod write_batch;
 mod write_delay;
 
-pub use db::{check_group_files, Db, GroupSize, LevelStats, Snapshot, Stats, GROUP_SIZE_SPAN_MAX};
+pub use db::{
+    check_group_files, Db, Failure, GroupSize, LevelStats, Snapshot, Stats, GROUP_SIZE_SPAN_MAX,
+};
 pub use db_iter::DbIterator;
 pub use error::{Error, Result};
 pub use options::{Options, ReadOptions, WalMode, WriteOptions};

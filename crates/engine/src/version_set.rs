@@ -274,6 +274,11 @@ impl VersionSet {
         self.log_number
     }
 
+    /// Whether a manifest write failed: the set refuses further edits.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
     /// The number of the manifest in use.
     pub fn manifest_number(&self) -> u64 {
         self.manifest_number

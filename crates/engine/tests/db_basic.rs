@@ -1232,3 +1232,27 @@ mod pieces {
         }
     }
 }
+
+/// A flush whose writes fail turns the engine read-only, and `failure` says so as the
+/// storage's failure (the node restarts its storage for those, not for corruption);
+/// before it, there is none.
+#[test]
+fn a_failed_flush_is_reported_as_the_storages_failure() {
+    let (m, fs) = fs();
+    let db = Db::open(fs, Path::new("/db"), small_opts(WalMode::None)).unwrap();
+    let wo = WriteOptions::default();
+    db.put(&wo, b"k", b"v").unwrap();
+    assert_eq!(db.failure(), None);
+    m.inject(
+        phoenix_storage::FaultKind::Write,
+        1,
+        std::io::ErrorKind::StorageFull,
+        true,
+    );
+    assert!(db.flush().is_err());
+    let f = db.failure().expect("a failure after the flush failed");
+    assert!(f.io, "{f:?}");
+    assert!(f.message.contains("flush"), "{f:?}");
+    assert!(db.put(&wo, b"k2", b"v").is_err(), "writes are refused");
+    m.clear_faults();
+}

@@ -204,18 +204,39 @@ pub async fn watch(shared: Arc<Shared>) {
 /// again at once is not restarted in a tight loop (lib.rs backs off further).
 pub const STORAGE_RESTART_DELAY_MIN: Duration = Duration::from_secs(1);
 
+/// Storage restarts in a row (each run ending within `RESTART_BACKOFF_MAX` of its start)
+/// after which the node restarts it no more: the disk passes the probe but fails the
+/// stores again, and an operator must look.
+pub const STORAGE_RESTARTS_MAX: u32 = 5;
+
 /// The name of the probe file in the data directory.
 const PROBE_FILE: &str = "storage-probe";
 
-/// Notices the log store's or the engine's failure, and once the disk takes a probe
-/// write again (and has room), asks the node to restart its storage.
+/// Notices the log store's or the engine's failure, and once the disk takes probe
+/// writes again, asks the node to restart its storage. Only a failure of the storage
+/// itself (a write, sync or read): corruption the engine found would be found again, so
+/// the node stays as it is, for an operator (and so it does after too many restarts).
 async fn check_storage(shared: &Arc<Shared>, failed: &mut Option<(String, Instant)>) {
     if failed.is_none() {
-        let why = match (shared.log.failure(), shared.engine.failure()) {
-            (Some(l), _) => format!("the log store failed: {l}"),
-            (None, Some(e)) => format!("the engine failed: {e}"),
+        let (why, io) = match (shared.log.failure(), shared.engine.failure()) {
+            (Some(l), _) => (format!("the log store failed: {l}"), true),
+            (None, Some(e)) => (format!("the engine failed: {}", e.message), e.io),
             (None, None) => return,
         };
+        if !io || !shared.may_restart_storage {
+            let not = if io {
+                format!("it restarted its storage {STORAGE_RESTARTS_MAX} times in a row already")
+            } else {
+                "what failed is not the disk".to_string()
+            };
+            tracing::error!(
+                "{why}; the node's replicas stop, and it does not restart its storage by \
+                 itself ({not}): look into it, then restart the node"
+            );
+            // (Said once; nothing more to do.)
+            *failed = Some((why, Instant::now()));
+            return;
+        }
         tracing::error!(
             "{why}; the node's replicas stop, and it restarts its storage by itself once \
              the disk takes writes again"
@@ -225,12 +246,25 @@ async fn check_storage(shared: &Arc<Shared>, failed: &mut Option<(String, Instan
     let Some((why, since)) = failed.as_ref() else {
         return;
     };
-    if since.elapsed() < STORAGE_RESTART_DELAY_MIN || shared.disk.is_full() {
+    if !shared.may_restart_storage || since.elapsed() < STORAGE_RESTART_DELAY_MIN {
         return;
     }
+    // A corruption found after the failure was first seen: leave it as well.
+    if shared.engine.failure().is_some_and(|e| !e.io) {
+        return;
+    }
+    // Under the reserve only client writes are refused: the restart itself is harmless
+    // there, and the space it frees (files the failed stores still hold) may be what
+    // brings the disk back over it. Each store's own directory is probed (either may be
+    // elsewhere through a link).
     let fs = Arc::clone(&shared.fs);
-    let path = shared.cfg.data_dir.join(PROBE_FILE);
-    let probe = tokio::task::spawn_blocking(move || probe(&*fs, &path)).await;
+    let data = shared.cfg.data_dir.clone();
+    let probe = tokio::task::spawn_blocking(move || {
+        ["db", "log"]
+            .iter()
+            .try_for_each(|d| probe(&*fs, &data.join(d).join(PROBE_FILE)))
+    })
+    .await;
     match probe {
         Ok(Ok(())) => {
             tracing::warn!("the disk takes writes again: restarting the node's storage ({why})");

@@ -96,12 +96,21 @@ pub async fn run_with(
     let down = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|d| *d).await;
     };
+    // The fault switches outlive a run: a fault set while the node restarts is kept.
+    let disk_faults = Arc::new(phoenix_storage::DiskFaults::default());
     let mut runs = 0u32;
+    // Storage restarts in a row, each soon after its run's start.
+    let mut quick = 0u32;
     let mut backoff = disk::STORAGE_RESTART_DELAY_MIN;
     loop {
         runs += 1;
         let started = Instant::now();
-        let exit = run_once(cfg.clone(), down(down_rx.clone()), requests.clone()).await;
+        let run = Run {
+            number: runs,
+            may_restart_storage: quick < disk::STORAGE_RESTARTS_MAX,
+            disk_faults: Arc::clone(&disk_faults),
+        };
+        let exit = run_once(cfg.clone(), down(down_rx.clone()), requests.clone(), run).await;
         match exit {
             Ok(Exit::Shutdown) => return Ok(()),
             // The first start's failure is the caller's to see (a bad flag, a locked
@@ -118,7 +127,9 @@ pub async fn run_with(
         // A run that failed soon after its start is not tried again at once.
         if started.elapsed() > RESTART_BACKOFF_MAX {
             backoff = disk::STORAGE_RESTART_DELAY_MIN;
+            quick = 0;
         }
+        quick += 1;
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             _ = down(down_rx.clone()) => return Ok(()),
@@ -129,6 +140,16 @@ pub async fn run_with(
 
 /// The longest wait between two restarts of a node whose storage keeps failing.
 const RESTART_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What one run of the node takes from [`run_with`].
+struct Run {
+    /// 1 for the first; each restart adds one.
+    number: u32,
+    /// Whether this run may restart the storage again (`disk::STORAGE_RESTARTS_MAX`).
+    may_restart_storage: bool,
+    /// The disk's fault switches (they act with `--fault-injection` only).
+    disk_faults: Arc<phoenix_storage::DiskFaults>,
+}
 
 /// How one run of the node ended.
 enum Exit {
@@ -143,6 +164,7 @@ async fn run_once(
     cfg: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
     requests: Requests,
+    run: Run,
 ) -> Result<Exit> {
     cfg.validate()?;
     let creds = cfg.security.credentials()?;
@@ -161,7 +183,7 @@ async fn run_once(
     let data = cfg.data_dir.clone();
     std::fs::create_dir_all(&data)
         .map_err(|e| Error::io(format!("creating {}", data.display()), e))?;
-    let disk_faults = Arc::new(phoenix_storage::DiskFaults::default());
+    let disk_faults = run.disk_faults;
     let mut local: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
     if cfg.unsynced_in_memory {
         tracing::warn!("unsynced bytes kept in memory: killing this node is a power loss");
@@ -293,6 +315,8 @@ async fn run_once(
         learned_meta: RwLock::new(learned_meta),
         cluster_protocol: std::sync::atomic::AtomicU32::new(0),
         storage_restart: tokio::sync::watch::channel(None).0,
+        run: run.number,
+        may_restart_storage: run.may_restart_storage,
         split: split_check::SplitCheck::default(),
         scrubs: Arc::default(),
         snapshots_staged: Arc::new(tokio::sync::Semaphore::new(snapshot::STAGED_MAX)),
@@ -436,13 +460,15 @@ async fn run_once(
     clear.disarm();
     let restart = shared.storage_restart.borrow().clone();
     drop(shared);
-    served.map_err(|e| Error::Transport(format!("serving {}: {e}", cfg.listen)))?;
+    // (Closed before a serving error is returned: a run after it must find the
+    // directories unlocked.)
     if let Err(e) = engine.close() {
         tracing::warn!("closing the engine: {e}");
     }
     if let Err(e) = log.close() {
         tracing::warn!("closing the log store: {e}");
     }
+    served.map_err(|e| Error::Transport(format!("serving {}: {e}", cfg.listen)))?;
     tracing::info!(node = cfg.node_id, "node stopped");
     Ok(match restart {
         Some(why) => Exit::StorageRestart(why),

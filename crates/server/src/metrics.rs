@@ -237,8 +237,15 @@ impl Collector for NodeCollector {
         gauge(
             &mut enc,
             "uptime_seconds",
-            "Seconds since the node started",
+            "Seconds since the node started (its last storage restart)",
             s.started.elapsed().as_secs_f64(),
+        )?;
+        gauge(
+            &mut enc,
+            "storage_restarts",
+            "Times the node restarted its storage by itself since its process started \
+             (after a write or sync failure, once the disk took writes again)",
+            u64::from(s.run.saturating_sub(1)),
         )?;
 
         let es = s.engine.stats();

@@ -126,6 +126,11 @@ pub struct Shared {
     /// engine failed and the disk takes writes again (disk.rs). The node then stops and
     /// runs again in the process (lib.rs).
     pub storage_restart: tokio::sync::watch::Sender<Option<String>>,
+    /// Which run of the node in this process this is (1: the first; each storage
+    /// restart starts another), and whether the storage may restart again (not after
+    /// `STORAGE_RESTARTS_MAX` quick ones in a row: lib.rs).
+    pub run: u32,
+    pub may_restart_storage: bool,
 }
 
 impl Shared {

@@ -156,7 +156,9 @@ pub fn start_send(shared: &Arc<Shared>, g: u64, route: &proto::Route, msg: Messa
         .cfg
         .data_dir
         .join("snap-send")
-        .join(format!("{g}-{}-{to}", meta.index));
+        // (The run: a sender of an earlier run of this process, still finishing, must
+        // not remove the files of the same snapshot sent again.)
+        .join(format!("{g}-{}-{to}-r{}", meta.index, shared.run));
     let shared2 = Arc::clone(shared);
     let route = route.clone();
     // Build the files on a plain thread (blocking engine reads and file writes).
