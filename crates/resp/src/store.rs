@@ -76,12 +76,23 @@ pub trait Store: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct ClusterStore {
     client: Client,
+    /// When the cluster last refused `incr` as unsupported (a node runs an older
+    /// binary): for [`INCR_REFUSAL_KEPT`] after it, increments take the fallback at once
+    /// instead of paying a refused call each.
+    incr_refused: Arc<Mutex<Option<std::time::Instant>>>,
 }
+
+/// How long a refusal of `incr` is taken as the cluster's answer (an upgrade finishing
+/// opens the gate within a heartbeat; this is the longest a front end lags behind it).
+pub const INCR_REFUSAL_KEPT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl ClusterStore {
     /// A store over `client`.
     pub fn new(client: Client) -> ClusterStore {
-        ClusterStore { client }
+        ClusterStore {
+            client,
+            incr_refused: Arc::default(),
+        }
     }
 }
 
@@ -119,7 +130,20 @@ impl Store for ClusterStore {
     }
 
     async fn incr(&self, key: &[u8], by: i64) -> Result<IncrOutcome, StoreError> {
-        self.client.incr(key, by).await.map_err(from_client)
+        let recent = self
+            .incr_refused
+            .lock()
+            .is_some_and(|t| t.elapsed() < INCR_REFUSAL_KEPT);
+        if recent {
+            return Err(StoreError::Unsupported(
+                "incr (refused by the cluster moments ago)".into(),
+            ));
+        }
+        let r = self.client.incr(key, by).await.map_err(from_client);
+        if let Err(StoreError::Unsupported(_)) = &r {
+            *self.incr_refused.lock() = Some(std::time::Instant::now());
+        }
+        r
     }
 
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
