@@ -1692,29 +1692,8 @@ mod tests {
     fn cas_after_range_delete_reads_through_the_round() {
         let engine = Recorder::default();
         let g = 3;
-        let put = |k: &str, v: &str| {
-            proto::KvCommand {
-                epoch: 0,
-                session: None,
-                cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
-                    mutations: vec![proto::Mutation {
-                        op: proto::MutationOp::Put as i32,
-                        key: k.as_bytes().to_vec().into(),
-                        value: v.as_bytes().to_vec().into(),
-                    }],
-                })),
-            }
-            .encode_to_vec()
-        };
-        let del_range = proto::KvCommand {
-            epoch: 0,
-            session: None,
-            cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
-                start: b"a".to_vec().into(),
-                end: b"z".to_vec().into(),
-            })),
-        }
-        .encode_to_vec();
+        let put = |k: &str, v: &str| put_cmd(k, v, 0, None);
+        let del_range = delete_range_cmd(b"a", b"z");
         let cas = proto::KvCommand {
             epoch: 0,
             session: None,
@@ -1742,6 +1721,19 @@ mod tests {
         );
     }
 
+    /// A range delete of [`start`, `end`), no session.
+    fn delete_range_cmd(start: &[u8], end: &[u8]) -> Vec<u8> {
+        proto::KvCommand {
+            epoch: 0,
+            session: None,
+            cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
+                start: start.to_vec().into(),
+                end: end.to_vec().into(),
+            })),
+        }
+        .encode_to_vec()
+    }
+
     fn incr_cmd(key: &str, by: i64, session: Option<(u64, u64)>) -> Vec<u8> {
         proto::KvCommand {
             epoch: 0,
@@ -1767,29 +1759,8 @@ mod tests {
     fn increments_apply_once_and_read_through_the_round() {
         let engine = Recorder::default();
         let g = 5;
-        let put = |k: &str, v: &str| {
-            proto::KvCommand {
-                epoch: 0,
-                session: None,
-                cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
-                    mutations: vec![proto::Mutation {
-                        op: proto::MutationOp::Put as i32,
-                        key: k.as_bytes().to_vec().into(),
-                        value: v.as_bytes().to_vec().into(),
-                    }],
-                })),
-            }
-            .encode_to_vec()
-        };
-        let del_range = proto::KvCommand {
-            epoch: 0,
-            session: None,
-            cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
-                start: b"a".to_vec().into(),
-                end: b"z".to_vec().into(),
-            })),
-        }
-        .encode_to_vec();
+        let put = |k: &str, v: &str| put_cmd(k, v, 0, None);
+        let del_range = delete_range_cmd(b"a", b"z");
         let value = |k: &str| engine.get(&keys::data_key(g, k.as_bytes())).unwrap();
         let results = apply_rounds(
             &engine,
