@@ -242,6 +242,14 @@ impl Collector for NodeCollector {
         )?;
         gauge(
             &mut enc,
+            "cluster_protocol",
+            "The lowest protocol level of the cluster's registered nodes, as the meta \
+             leader last said (0: not heard yet); commands of a higher level (INCR: 6) \
+             are not proposed below it",
+            u64::from(s.cluster_protocol()),
+        )?;
+        gauge(
+            &mut enc,
             "storage_restarts",
             "Times the node restarted its storage by itself since its process started \
              (after a write or sync failure, once the disk took writes again)",

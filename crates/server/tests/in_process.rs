@@ -1724,6 +1724,18 @@ async fn the_metrics_endpoint_counts_requests_and_reports_the_node() {
     assert!(s("phoenix_disk_free_bytes", "") > 0.0);
     assert_eq!(s("phoenix_disk_full", ""), 0.0);
     assert_eq!(s("phoenix_disk_reserve_bytes", ""), 1048576.0);
+    assert_eq!(s("phoenix_storage_restarts", ""), 0.0);
+    // The lowest level of the registered nodes (this one) once a heartbeat answer said.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, text) = http_get(&maddr, "/metrics").await;
+        let level = sample(&text, "phoenix_cluster_protocol", "");
+        if level == Some(f64::from(phoenix_meta::PROTOCOL)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "cluster protocol {level:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (code, _) = http_get(&maddr, "/nothing-here").await;
     assert_eq!(code, 404);
     node.stop().await;
