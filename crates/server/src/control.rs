@@ -1224,6 +1224,10 @@ impl proto::meta_server::Meta for MetaService {
         &self,
         req: Request<proto::HeartbeatRequest>,
     ) -> Result<Response<proto::HeartbeatResponse>, Status> {
+        // Only nodes report, with what they present to each other: a client's token must
+        // not register a node (it would be given replicas, and its protocol level gates
+        // the commands every group may be sent).
+        self.shared.cfg.security.gate().for_peers().check(&req)?;
         let r = req.into_inner();
         reply(
             async {

@@ -263,9 +263,34 @@ async fn tokens_without_tls_are_asked_of_every_caller() {
     );
     let st = raft_stream(&good, &addrs[0]).await.unwrap_err();
     assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st}");
+    // Nor does it let a client report as a node (a fake node would be given replicas,
+    // and its protocol level would gate every group's commands).
+    let st = heartbeat(&good, &addrs[0]).await.unwrap_err();
+    assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st}");
+    // The nodes' own token gets in (the answer may still be "not the meta leader").
+    let nodes_token = Credentials::new(None, Some(NODE_TOKEN)).unwrap();
+    heartbeat(&nodes_token, &addrs[0]).await.unwrap();
     for n in nodes {
         n.stop().await;
     }
+}
+
+/// A `Meta.Heartbeat` of a node 9 at a valid address, to `addr`: its answer, or the
+/// refusal.
+async fn heartbeat(
+    creds: &Credentials,
+    addr: &str,
+) -> Result<proto::HeartbeatResponse, tonic::Status> {
+    let ch = creds.endpoint(addr).unwrap().connect().await.unwrap();
+    let mut meta = proto::meta_client::MetaClient::new(creds.authorize(ch));
+    meta.heartbeat(proto::HeartbeatRequest {
+        node_id: 9,
+        addr: "127.0.0.1:1".into(),
+        timeout_ms: 2000,
+        ..Default::default()
+    })
+    .await
+    .map(tonic::Response::into_inner)
 }
 
 /// TLS without tokens: peers and clients get in by a certificate the CA signed only;
