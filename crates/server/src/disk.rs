@@ -3,9 +3,9 @@
 //! (`--reserve-space-mb`).
 //!
 //! A write that fails for lack of space poisons the log store or the engine (they cannot
-//! tell which of the bytes written made it), and the node's groups stop until its storage
-//! restarts (below). So the node stops *taking* writes before that: while its free space is under the
-//! reserve, its leaders refuse client writes with a typed `DiskFull`, its followers drop
+//! tell which of the bytes written made it), and the node's groups stop until its
+//! storage restarts (below). So the node stops *taking* writes before that: while its
+//! free space is under the reserve, its leaders refuse client writes with a typed `DiskFull`, its followers drop
 //! appends of data entries (node.rs), and every half second it hands the groups it leads
 //! to a follower on a node with room (node.rs `shed_leaders`; the meta service's
 //! heartbeat answer says which nodes are full). A leader with room refuses too when fewer
@@ -20,11 +20,13 @@
 //! Should a write or sync fail anyway (the disk filled faster than the watcher samples,
 //! or it returned an I/O error), the log store or the engine stops, and with it the
 //! node's replicas. The same watcher then probes the disk (a small file written, synced
-//! and deleted through the node's file system) every `disk_check_interval`; once a probe
-//! passes and the space is above the reserve, it asks the node to restart its storage
+//! and deleted through the node's file system, in each store's directory) every
+//! `disk_check_interval`; once a probe passes (under the reserve too: the restart frees
+//! what the failed stores hold), it asks the node to restart its storage
 //! (`Shared::storage_restart`): the node stops its services and runs again in the
 //! process, reopening the engine and the log store from what reached the disk, as a
-//! restart by hand would (lib.rs).
+//! restart by hand would (lib.rs). Only a failure of the storage itself is restarted
+//! (not corruption), and not after `STORAGE_RESTARTS_MAX` quick restarts in a row.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
