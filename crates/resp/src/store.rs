@@ -82,8 +82,9 @@ pub struct ClusterStore {
     incr_refused: Arc<Mutex<Option<std::time::Instant>>>,
 }
 
-/// How long a refusal of `incr` is taken as the cluster's answer (an upgrade finishing
-/// opens the gate within a heartbeat; this is the longest a front end lags behind it).
+/// How long a refusal of `incr` is taken as the cluster's answer. Each node opens its
+/// gate at its next heartbeat answer after the last node upgraded, so a front end may
+/// take the fallback for up to a heartbeat interval plus this after that.
 pub const INCR_REFUSAL_KEPT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl ClusterStore {
@@ -140,8 +141,14 @@ impl Store for ClusterStore {
             ));
         }
         let r = self.client.incr(key, by).await.map_err(from_client);
-        if let Err(StoreError::Unsupported(_)) = &r {
-            *self.incr_refused.lock() = Some(std::time::Instant::now());
+        match &r {
+            Err(StoreError::Unsupported(_)) => {
+                *self.incr_refused.lock() = Some(std::time::Instant::now());
+            }
+            // Served: the gate is open (a refusal of a call sent before it opened must
+            // not shut it again for the others).
+            Ok(_) => *self.incr_refused.lock() = None,
+            Err(_) => {}
         }
         r
     }
