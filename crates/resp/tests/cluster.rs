@@ -55,6 +55,8 @@ async fn redis_commands_run_against_a_cluster() {
         c.split_keys = vec![b"m".to_vec()];
         // Leaders stay where the test puts them.
         c.balance_leaders = false;
+        // Nor are replicas moved (the made-up node the gate test registers has none).
+        c.balance_replicas = false;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         stops.push(tx);
         let requests = if i == 0 {
@@ -258,6 +260,62 @@ async fn redis_commands_run_against_a_cluster() {
         cursor = next.clone();
     }
     assert_eq!(scanned.len(), 5, "{scanned:?}");
+
+    // A node registered at level 6, then heard at 5, shuts the INCR gate: the front end
+    // falls back to its swap loop, and asks the cluster once in 5 s, not at every INCR
+    // (one refused call, then a read and a swap each).
+    let beat = |protocol: u32| {
+        let addrs = addrs.clone();
+        async move {
+            for a in &addrs {
+                let mut m = phoenix_proto::meta_client::MetaClient::connect(format!("http://{a}"))
+                    .await
+                    .unwrap();
+                let r = m
+                    .heartbeat(phoenix_proto::HeartbeatRequest {
+                        node_id: 9,
+                        addr: "127.0.0.1:1".into(),
+                        stats: Some(phoenix_proto::NodeStats {
+                            protocol,
+                            ..Default::default()
+                        }),
+                        timeout_ms: 3000,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                if r.error.is_none() {
+                    return;
+                }
+            }
+            panic!("no meta leader took the heartbeat");
+        }
+    };
+    beat(phoenix_meta::PROTOCOL).await;
+    beat(phoenix_meta::PROTOCOL_INCR - 1).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !matches!(
+        client.incr(b"a-gate", 1).await,
+        Err(phoenix_client::ClientError::Unsupported { .. })
+    ) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the INCR gate stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let served_before = in_node_1.served();
+    for i in 1..=20 {
+        let r = pipeline(&mut c, &[req(&[b"INCR", b"a-swapped"])]).await;
+        assert_eq!(r[0], R::Int(i), "{r:?}");
+    }
+    let calls = in_node_1.served() - served_before;
+    assert!(
+        (40..50).contains(&calls),
+        "{calls} calls for 20 INCRs on a shut gate (41 with the kept refusal, 60 without)"
+    );
+    beat(phoenix_meta::PROTOCOL).await;
 
     // The single-key calls (GET, SET, INCR, SET NX's compare-and-swap…) took node 1's request
     // layer in the process.
