@@ -76,6 +76,16 @@ pub struct HardState {
     pub commit: u64,
 }
 
+/// Bytes of a segment that were written but whose sync failed (or never came): from
+/// `offset` to the segment's end. See [`LogStore::unsynced_tails`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnsyncedTail {
+    /// The segment's sequence number (its file name).
+    pub segment: u64,
+    /// Where its last successful sync ended.
+    pub offset: u64,
+}
+
 /// Options of a [`LogStore`].
 #[derive(Clone, Debug)]
 pub struct LogOptions {
@@ -177,7 +187,23 @@ impl std::fmt::Debug for LogStore {
 impl LogStore {
     /// Opens (recovering) or creates the log store in `dir`.
     pub fn open(fs: SharedFs, dir: &Path, opts: LogOptions) -> Result<Arc<LogStore>> {
-        let inner = store::Inner::open(fs, dir, opts)?;
+        let inner = store::Inner::open(fs, dir, opts, &[])?;
+        Ok(Arc::new(LogStore { inner }))
+    }
+
+    /// [`LogStore::open`] in the process whose previous store in `dir` failed, with what
+    /// that store's [`LogStore::unsynced_tails`] said: each of those segments is cut where
+    /// its last successful sync ended (and sealed there, durably) instead of where its
+    /// frames end. After a failed `fsync` the bytes it did not sync can still be read from
+    /// the page cache, though the disk may not hold them, and nothing in them was
+    /// acknowledged. A tail naming a segment that no longer exists is ignored.
+    pub fn open_cutting(
+        fs: SharedFs,
+        dir: &Path,
+        opts: LogOptions,
+        unsynced: &[UnsyncedTail],
+    ) -> Result<Arc<LogStore>> {
+        let inner = store::Inner::open(fs, dir, opts, unsynced)?;
         Ok(Arc::new(LogStore { inner }))
     }
 
@@ -334,6 +360,15 @@ impl LogStore {
     /// write from then on, and only reopening it (from what reached the disk) clears it.
     pub fn failure(&self) -> Option<String> {
         self.inner.failure()
+    }
+
+    /// Where the store's failure left bytes written but never synced: for each segment
+    /// being written when a write or sync failed, the offset its last successful sync
+    /// reached. Empty while the store has not failed. Hand them to
+    /// [`LogStore::open_cutting`] when reopening in this process: a plain reopen would
+    /// read those bytes back from the page cache and take them as durable.
+    pub fn unsynced_tails(&self) -> Vec<UnsyncedTail> {
+        self.inner.unsynced_tails()
     }
 
     /// Flushes, syncs and stops the store's threads. Later calls fail with

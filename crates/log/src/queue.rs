@@ -145,6 +145,7 @@ impl Queue {
             writer: Mutex::new(Writer {
                 cur: None,
                 dirty: false,
+                synced_to: 0,
             }),
             thread: Mutex::new(None),
         });
@@ -347,6 +348,19 @@ fn close_chunk(st: &mut QState, direct_io: bool) {
 struct Writer {
     cur: Option<(Arc<Segment>, Box<dyn WritableFile>)>,
     dirty: bool,
+    /// The offset in `cur` up to which a sync succeeded: should a later write or sync fail,
+    /// the bytes past it may be in the page cache only (a failed `fsync` leaves them
+    /// there, marked clean), so a reopen in this process must not trust them.
+    synced_to: u64,
+}
+
+impl Writer {
+    /// Records, on a write or sync failure, where the open segment's doubtful bytes start.
+    fn note_failure(&self, inner: &Inner) {
+        if let Some((seg, _)) = &self.cur {
+            inner.note_unsynced(seg.seq, self.synced_to);
+        }
+    }
 }
 
 /// What the holder of the writer lock found to do.
@@ -477,6 +491,9 @@ fn run_batch(inner: &Inner, q: &Queue, w: &mut Writer, taken: Option<(Batch, u64
         None if sync_only => sync_cur(inner, w),
         None => write_batch(inner, q, w, &mut batch),
     };
+    if result.is_err() {
+        w.note_failure(inner);
+    }
     let synced = match &result {
         Ok(s) => *s,
         Err(_) => false,
@@ -539,6 +556,7 @@ fn sync_cur(inner: &Inner, w: &mut Writer) -> Result<bool> {
     if w.dirty {
         if let Some((_, f)) = w.cur.as_mut() {
             f.sync_data()?;
+            w.synced_to = f.position();
             inner.stats.syncs.fetch_add(1, Ordering::Relaxed);
         }
         w.dirty = false;
@@ -568,6 +586,8 @@ fn write_batch(inner: &Inner, q: &Queue, w: &mut Writer, batch: &mut Batch) -> R
                 inner.kick_maintenance();
             }
             let f = inner.activate_segment(&seg, q.id)?;
+            // (Its header is synced.)
+            w.synced_to = f.position();
             w.cur = Some((seg.clone(), f));
         }
         let Some((_, f)) = w.cur.as_mut() else {
@@ -670,6 +690,7 @@ fn finish(inner: &Inner, q: &Queue, w: &mut Writer) {
                 }
             }
             Err(e) => {
+                w.note_failure(inner);
                 inner.poison(&e);
                 q.state.lock().failed = Some(e);
             }

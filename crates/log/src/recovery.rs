@@ -189,7 +189,12 @@ struct PendingOp {
 }
 
 /// Rebuilds the store's state from the files in `dir`. `queues` is the current queue count.
-pub(crate) fn recover(fs: &SharedFs, dir: &Path, queues: usize) -> Result<Recovered> {
+pub(crate) fn recover(
+    fs: &SharedFs,
+    dir: &Path,
+    queues: usize,
+    cut: &[crate::UnsyncedTail],
+) -> Result<Recovered> {
     let names = fs.list(dir)?;
     let mut max_seq = 0u64;
     let mut max_opseq = 0u64;
@@ -235,7 +240,28 @@ pub(crate) fn recover(fs: &SharedFs, dir: &Path, queues: usize) -> Result<Recove
                 continue;
             }
         }
-        let (header, scan) = scan_segment(&path, &data)?;
+        let mut data = &data[..];
+        let cut_at = cut
+            .iter()
+            .filter(|c| c.segment == seq)
+            .map(|c| c.offset.max(HEADER_LEN))
+            .min()
+            .filter(|&at| at < data.len() as u64);
+        if let Some(at) = cut_at {
+            // (`at` < the file's length, so it fits a usize.)
+            data = &data[..at as usize];
+        }
+        let (header, mut scan) = scan_segment(&path, data)?;
+        if let Some(at) = cut_at {
+            tracing::warn!(
+                segment = %path.display(),
+                offset = at,
+                "log recovery: cutting the bytes written after the last successful sync \
+                 before the store failed (none of them was acknowledged)"
+            );
+            // Sealed anew at the cut, even if a seal followed it (that seal was not synced).
+            scan.sealed = false;
+        }
         if header.seq != seq {
             return Err(Error::Corruption {
                 path,

@@ -231,6 +231,9 @@ pub(crate) struct Inner {
     pub stats: Stats,
     poisoned: Mutex<Option<Error>>,
     poisoned_flag: AtomicBool,
+    /// Per segment written when a write or sync failed: the offset from which its bytes
+    /// were never synced ([`crate::UnsyncedTail`]).
+    unsynced: Mutex<std::collections::BTreeMap<u64, u64>>,
     closed: AtomicBool,
     resize_lock: Mutex<()>,
     pub gc_lock: Mutex<()>,
@@ -241,7 +244,12 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    pub(crate) fn open(fs: SharedFs, dir: &Path, opts: LogOptions) -> Result<Arc<Inner>> {
+    pub(crate) fn open(
+        fs: SharedFs,
+        dir: &Path,
+        opts: LogOptions,
+        cut: &[crate::UnsyncedTail],
+    ) -> Result<Arc<Inner>> {
         if opts.queues == 0 || opts.queues > QUEUES_MAX {
             return Err(Error::InvalidArgument(format!(
                 "queues must be in 1..={QUEUES_MAX}, got {}",
@@ -276,7 +284,7 @@ impl Inner {
             fs.write_atomic(&queues_path, &encode_queues_file(opts.queues))?;
             opts.queues
         };
-        let rec = recovery::recover(&fs, dir, n)?;
+        let rec = recovery::recover(&fs, dir, n, cut)?;
         let inner = Arc::new_cyclic(|me| Inner {
             me: me.clone(),
             fs,
@@ -298,6 +306,7 @@ impl Inner {
             stats: Stats::default(),
             poisoned: Mutex::new(None),
             poisoned_flag: AtomicBool::new(false),
+            unsynced: Mutex::new(std::collections::BTreeMap::new()),
             closed: AtomicBool::new(false),
             resize_lock: Mutex::new(()),
             gc_lock: Mutex::new(()),
@@ -353,6 +362,22 @@ impl Inner {
             return None;
         }
         self.poisoned.lock().as_ref().map(|e| e.to_string())
+    }
+
+    /// Records that segment `seq`'s bytes from `offset` on were written but not synced when
+    /// a write or sync of them failed.
+    pub(crate) fn note_unsynced(&self, seq: u64, offset: u64) {
+        let mut u = self.unsynced.lock();
+        let at = u.entry(seq).or_insert(offset);
+        *at = (*at).min(offset);
+    }
+
+    pub(crate) fn unsynced_tails(&self) -> Vec<crate::UnsyncedTail> {
+        self.unsynced
+            .lock()
+            .iter()
+            .map(|(&segment, &offset)| crate::UnsyncedTail { segment, offset })
+            .collect()
     }
 
     /// Records the first write/sync failure; the store refuses work from now on.

@@ -279,6 +279,74 @@ fn write_failure_poisons_and_reopen_recovers_acknowledged_ops() {
     assert_eq!(log.last_index(1), Some(3));
 }
 
+/// A store whose sync failed under an append of entries 4..6 (term 2) with a vote, after
+/// 1..4 (term 1) were synced; returns where it says its unsynced bytes start.
+fn store_with_a_failed_sync(mem: &Arc<MemFs>) -> Vec<phoenix_log::UnsyncedTail> {
+    let fs: SharedFs = mem.clone();
+    let log = LogStore::open(fs, dir(), opts()).unwrap();
+    let hs = HardState {
+        term: 1,
+        vote: 1,
+        commit: 3,
+    };
+    log.append(1, entries(1..4, 1), Some(hs)).wait().unwrap();
+    assert!(log.unsynced_tails().is_empty());
+    mem.inject(
+        phoenix_storage::FaultKind::Sync,
+        1,
+        std::io::ErrorKind::Other,
+        false,
+    );
+    let voted = HardState {
+        term: 2,
+        vote: 3,
+        commit: 3,
+    };
+    let r = log.append(1, entries(4..6, 2), Some(voted)).wait();
+    assert!(matches!(r, Err(Error::Storage(_))), "{r:?}");
+    let tails = log.unsynced_tails();
+    assert_eq!(tails.len(), 1, "{tails:?}");
+    drop(log);
+    tails
+}
+
+#[test]
+fn a_reopen_after_a_failed_sync_cuts_what_the_sync_did_not_cover() {
+    // Without the cut, a reopen in the same process reads the unsynced entries and the
+    // vote back (from the page cache, on a real disk), and would take them as durable.
+    let mem = Arc::new(MemFs::new());
+    store_with_a_failed_sync(&mem);
+    let log = LogStore::open(mem.clone(), dir(), opts()).unwrap();
+    assert_eq!(log.last_index(1), Some(5));
+    assert_eq!(log.hard_state(1).map(|h| h.vote), Some(3));
+    drop(log);
+
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = mem.clone();
+    let tails = store_with_a_failed_sync(&mem);
+    let log = LogStore::open_cutting(fs.clone(), dir(), opts(), &tails).unwrap();
+    assert_eq!(log.last_index(1), Some(3));
+    assert_eq!(log.read(1, 1..4).unwrap(), entries(1..4, 1));
+    let hs = log.hard_state(1).unwrap();
+    assert_eq!((hs.term, hs.vote), (1, 1), "the unsynced vote is gone");
+    // The cut is durable: the next entries replace the cut ones, and neither a plain
+    // reopen nor a power loss brings the cut ones back.
+    log.append(1, entries(4..5, 7), None).wait().unwrap();
+    drop(log);
+    mem.crash();
+    let log = LogStore::open(fs.clone(), dir(), opts()).unwrap();
+    assert_eq!(log.last_index(1), Some(4));
+    assert_eq!(log.read(1, 4..5).unwrap(), entries(4..5, 7));
+    drop(log);
+    // A tail naming a segment that is gone is ignored.
+    let gone = [phoenix_log::UnsyncedTail {
+        segment: 999,
+        offset: 0,
+    }];
+    let log = LogStore::open_cutting(fs, dir(), opts(), &gone).unwrap();
+    assert_eq!(log.last_index(1), Some(4));
+}
+
 #[test]
 fn non_durable_appends_and_async_handles() {
     let mem = Arc::new(MemFs::new());

@@ -25,7 +25,8 @@
 //! what the failed stores hold), it asks the node to restart its storage
 //! (`Shared::storage_restart`): the node stops its services and runs again in the
 //! process, reopening the engine and the log store from what reached the disk, as a
-//! restart by hand would (lib.rs). Only a failure of the storage itself is restarted
+//! restart by hand would, less the log bytes written after their last successful sync
+//! (a failed `fsync` leaves them readable in the page cache only: lib.rs). Only a failure of the storage itself is restarted
 //! (not corruption), and not after `STORAGE_RESTARTS_MAX` quick restarts in a row.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

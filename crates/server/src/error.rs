@@ -48,4 +48,44 @@ impl Error {
             source,
         }
     }
+
+    /// Whether the same start may succeed later: the disk or the network failed. A
+    /// corrupt file, a bad configuration or a broken invariant would be found again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Engine(e) => matches!(e, phoenix_engine::Error::Storage(_)),
+            Error::Log(e) => matches!(e, phoenix_log::Error::Storage(_)),
+            Error::Io { .. } | Error::Transport(_) => true,
+            Error::Config(_)
+            | Error::Raft(_)
+            | Error::Corruption(_)
+            | Error::Injected(_)
+            | Error::Invariant(_) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_disk_and_the_network_are_tried_again() {
+        let disk = phoenix_storage::Error::Io {
+            op: phoenix_storage::IoOp::Sync,
+            path: "/d/log/1.seg".into(),
+            source: std::io::Error::other("EIO"),
+        };
+        assert!(Error::Engine(phoenix_engine::Error::Storage(disk)).is_transient());
+        assert!(Error::io("reading", std::io::Error::other("EIO")).is_transient());
+        assert!(Error::Transport("bind".into()).is_transient());
+        let damaged = phoenix_log::Error::Corruption {
+            path: "/d/log/1.seg".into(),
+            offset: 4096,
+            reason: "checksum".into(),
+        };
+        assert!(!Error::Log(damaged).is_transient());
+        assert!(!Error::Corruption("replica registry".into()).is_transient());
+        assert!(!Error::Config("--listen".into()).is_transient());
+    }
 }

@@ -80,8 +80,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
 /// Should the node's storage fail (its log store or engine stops on a write or sync
 /// error: a full or failing disk), the node restarts it by itself once the disk takes
 /// writes again (disk.rs): it stops as on shutdown and runs again in this process,
-/// reopening everything from what reached the disk. A start that fails then is tried
-/// again, backing off up to a minute, until `shutdown`.
+/// reopening everything from what reached the disk, less what the log store wrote after
+/// its last successful sync ([`LogStore::unsynced_tails`]). A start that fails then on
+/// the disk or the network is tried again, backing off up to a minute, until `shutdown`;
+/// one that finds corruption is returned.
 pub async fn run_with(
     cfg: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -98,6 +100,8 @@ pub async fn run_with(
     };
     // The fault switches outlive a run: a fault set while the node restarts is kept.
     let disk_faults = Arc::new(phoenix_storage::DiskFaults::default());
+    // Kept from a failed run until a run reopens the log store with them.
+    let log_unsynced = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let mut runs = 0u32;
     // Storage restarts in a row, each soon after its run's start.
     let mut quick = 0u32;
@@ -109,6 +113,7 @@ pub async fn run_with(
             number: runs,
             may_restart_storage: quick < disk::STORAGE_RESTARTS_MAX,
             disk_faults: Arc::clone(&disk_faults),
+            log_unsynced: Arc::clone(&log_unsynced),
         };
         let exit = run_once(cfg.clone(), down(down_rx.clone()), requests.clone(), run).await;
         match exit {
@@ -116,6 +121,13 @@ pub async fn run_with(
             // The first start's failure is the caller's to see (a bad flag, a locked
             // directory); a restart's is waited out.
             Err(e) if runs == 1 => return Err(e),
+            Err(e) if !e.is_transient() => {
+                tracing::error!(
+                    node = cfg.node_id,
+                    "the node's restart failed for good: {e}"
+                );
+                return Err(e);
+            }
             Ok(Exit::StorageRestart(why)) => {
                 tracing::warn!(node = cfg.node_id, "restarting the node's storage: {why}")
             }
@@ -149,6 +161,21 @@ struct Run {
     may_restart_storage: bool,
     /// The disk's fault switches (they act with `--fault-injection` only).
     disk_faults: Arc<phoenix_storage::DiskFaults>,
+    /// Where a failed run's log store left bytes it never synced: this run's reopen cuts
+    /// them (a failed `fsync` leaves them readable in the page cache, not on the disk).
+    log_unsynced: Arc<parking_lot::Mutex<Vec<phoenix_log::UnsyncedTail>>>,
+}
+
+/// Hands the log store's unsynced tails to the next run however this one ends.
+struct KeepUnsynced {
+    log: Arc<LogStore>,
+    into: Arc<parking_lot::Mutex<Vec<phoenix_log::UnsyncedTail>>>,
+}
+
+impl Drop for KeepUnsynced {
+    fn drop(&mut self) {
+        self.into.lock().extend(self.log.unsynced_tails());
+    }
 }
 
 /// How one run of the node ended.
@@ -207,7 +234,19 @@ async fn run_once(
         ..EngineOptions::default()
     };
     let engine = Db::open(Arc::clone(&fs), &data.join("db"), engine_opts)?;
-    let log = LogStore::open(Arc::clone(&fs), &data.join("log"), LogOptions::default())?;
+    let cut = run.log_unsynced.lock().clone();
+    let log = LogStore::open_cutting(
+        Arc::clone(&fs),
+        &data.join("log"),
+        LogOptions::default(),
+        &cut,
+    )?;
+    // (The cuts are sealed and synced by the open.)
+    run.log_unsynced.lock().clear();
+    let _keep_unsynced = KeepUnsynced {
+        log: Arc::clone(&log),
+        into: run.log_unsynced,
+    };
     // Snapshot files from before a restart serve nothing: a received one was never handed
     // to raft in this process (raft asks again), a built one's stream is gone.
     for d in ["snap-recv", "snap-send"] {
