@@ -1657,11 +1657,12 @@ impl Client {
                     op: pb::MutationOp::Put as i32,
                     key: Bytes::copy_from_slice(k),
                     value: Bytes::copy_from_slice(v),
+                    ..pb::Mutation::default()
                 },
                 WriteOp::Delete(k) => pb::Mutation {
                     op: pb::MutationOp::Delete as i32,
                     key: Bytes::copy_from_slice(k),
-                    value: Bytes::new(),
+                    ..pb::Mutation::default()
                 },
             })
             .collect();

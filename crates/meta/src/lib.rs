@@ -54,5 +54,5 @@ pub use split::{finished_splits, size_splits, SPLIT_INFLIGHT_MAX};
 pub use state::{
     node_record_key, route_contains, route_record_key, state_record_key, validate_table, Applied,
     MetaState, Write, META_GROUP, PROTOCOL, PROTOCOL_INCR, PROTOCOL_MERGE, PROTOCOL_META_MEMBERS,
-    PROTOCOL_NODE_STATE, PROTOCOL_REPLICA_MOVES, PROTOCOL_SPLIT,
+    PROTOCOL_NODE_STATE, PROTOCOL_REPLICA_MOVES, PROTOCOL_SPLIT, PROTOCOL_TTL,
 };

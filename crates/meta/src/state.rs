@@ -65,6 +65,12 @@ pub const PROTOCOL: u32 = 6;
 /// cluster does not fall back under the increments its logs may hold.
 pub const PROTOCOL_INCR: u32 = 6;
 
+/// The protocol level that brings key expiry (`KvCommand.expire` and `sweep_expired`,
+/// puts and compare-and-swaps with an expiry). Above [`PROTOCOL`] for now: this build
+/// applies them (so the next one may propose them in a cluster of both) but proposes none
+/// and refuses requests for them.
+pub const PROTOCOL_TTL: u32 = 7;
+
 /// The protocol level that brought the meta group's own membership changes: a node
 /// below it neither reports its meta replica nor learns the members from heartbeats.
 pub const PROTOCOL_META_MEMBERS: u32 = 5;

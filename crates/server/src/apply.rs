@@ -54,6 +54,9 @@ pub enum ApplyResult {
     },
     /// An increment's outcome: the key's new value, or why it stayed as it was.
     Incr(Result<i64, proto::IncrFailure>),
+    /// An expiry change's outcome: whether it changed the key (false: the key is absent,
+    /// or the condition did not hold, or there was no expiry to remove).
+    Expire(bool),
     /// The state machine refused the command (meta commands).
     Refused(String),
     /// The command was checked against another range epoch than the group's (a split
@@ -121,6 +124,7 @@ const SESSION_LAST_MS_AT: usize = 9;
 /// result := 1 ‖ succeeded: u8 ‖ found: u8 ‖ len: u32 BE ‖ current (cas)
 ///         | 2 ‖ len: u32 BE ‖ utf-8 message (refused)
 ///         | 3 ‖ failure: u8 (0 none, 1 not an integer, 2 overflow) ‖ value: i64 BE (incr)
+///         | 4 ‖ changed: u8 (expire)
 /// ```
 ///
 /// Every applied sequence at or above `low_water` is in a run `[start, end)` (runs are
@@ -132,7 +136,7 @@ const SESSION_LAST_MS_AT: usize = 9;
 /// `SessionExpired`). Format 1 (`low_water ‖ last_ms ‖ count ‖ results`, `Done` as tag 0)
 /// is read too. A cluster must not mix builds that write format 2 with older ones, which
 /// refuse it. Tag 3 (increments) is written only by entries the version gate let
-/// through, that is once every registered node reads it.
+/// through, that is once every registered node reads it; so is tag 4 (expiry changes).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Session {
     /// Every sequence below it is answered and forgotten.
@@ -319,6 +323,10 @@ impl Session {
                     out.push(failure as i32 as u8);
                     out.extend_from_slice(&value.to_be_bytes());
                 }
+                ApplyResult::Expire(changed) => {
+                    out.push(4);
+                    out.push(u8::from(*changed));
+                }
                 // Never listed (`Done` is a run; an expiry is not a result).
                 // (`StaleEpoch`, `Split`, `Scrub` and merges are decided before a session is
                 // looked at.)
@@ -415,6 +423,10 @@ impl Session {
                         Err(_) => return Err(format!("increment failure {failure}")),
                     })
                 }
+                4 => match take(&mut v, 1)?[0] {
+                    c @ (0 | 1) => ApplyResult::Expire(c == 1),
+                    c => return Err(format!("expiry change outcome {c}")),
+                },
                 t => return Err(format!("result tag {t}")),
             };
             if seq < rec.low_water || seq == u64::MAX {
@@ -450,6 +462,10 @@ pub trait StateReader {
     fn get(&self, key: &[u8]) -> crate::Result<Option<Vec<u8>>>;
     /// Every key in `[start, end)` with its value, in key order.
     fn scan(&self, start: &[u8], end: &[u8]) -> crate::Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    /// Whether any key lies in `[start, end)`.
+    fn any_in(&self, start: &[u8], end: &[u8]) -> crate::Result<bool> {
+        Ok(!self.scan(start, end)?.is_empty())
+    }
 }
 
 /// Writes to the applied state (the engine).
@@ -489,6 +505,20 @@ impl StateReader for EngineState<'_> {
         it.status()?;
         Ok(out)
     }
+
+    fn any_in(&self, start: &[u8], end: &[u8]) -> crate::Result<bool> {
+        let ro = ReadOptions {
+            lower_bound: Some(start.to_vec()),
+            upper_bound: Some(end.to_vec()),
+            fill_cache: false,
+            ..ReadOptions::default()
+        };
+        let mut it = self.db.iter(&ro)?;
+        it.seek(start);
+        let any = it.valid();
+        it.status()?;
+        Ok(any)
+    }
 }
 
 impl StateWriter for EngineState<'_> {
@@ -524,6 +554,8 @@ pub struct SessionCache {
     records: HashMap<u64, (Session, usize)>,
     /// The group's last sweep time as written (None: read it from the engine).
     swept_at: Option<u64>,
+    /// Whether the group may hold key expiries, as written (None: look in the engine).
+    expiring: Option<bool>,
     bytes: Arc<AtomicUsize>,
 }
 
@@ -533,6 +565,7 @@ impl SessionCache {
         SessionCache {
             records: HashMap::new(),
             swept_at: None,
+            expiring: None,
             bytes,
         }
     }
@@ -543,6 +576,7 @@ impl SessionCache {
         self.bytes.fetch_sub(held, Ordering::Relaxed);
         self.records = HashMap::new();
         self.swept_at = None;
+        self.expiring = None;
     }
 
     /// Records held.
@@ -611,6 +645,12 @@ pub struct Applier<'a> {
     merging: Option<(u64, u64)>,
     /// The log index of the last split or merge applied (`GroupRange.split_index`).
     floor: u64,
+    /// The time of the command being applied (`KvCommand.now_ms`): a key whose expiry is
+    /// at or before it is absent. 0: none is.
+    now: u64,
+    /// Whether the group may hold key expiries as of the entries taken (None: not looked
+    /// yet). Only ever turns true within a round: a record written says so.
+    expiring: Option<bool>,
 }
 
 /// What a merge's commit applied in the target: its range and range epoch now.
@@ -642,6 +682,8 @@ impl<'a> Applier<'a> {
             range: (Vec::new(), Vec::new(), 0),
             merging: None,
             floor: 0,
+            now: 0,
+            expiring: None,
         }
     }
 
@@ -786,6 +828,16 @@ impl<'a> Applier<'a> {
             self.wb.put(&to, &v);
             self.overlay.insert(to, Some(v));
         }
+        // Their expiries (the source is frozen: the engine holds its state).
+        for (k, v) in self
+            .reader
+            .scan(&keys::expiry_key(s, &[]), &keys::expiry_end(s))?
+        {
+            let to = keys::expiry_key(g, &k[prefix..]);
+            self.wb.put(&to, &v);
+            self.overlay.insert(to, Some(v));
+            self.expiring = Some(true);
+        }
         // Sessions: the source's records taken into this round's.
         let sess = keys::sessions_prefix(s);
         let mut sess_end = sess.clone();
@@ -899,12 +951,16 @@ impl<'a> Applier<'a> {
                     | Some(Cmd::Cas(_))
                     | Some(Cmd::DeleteRange(_))
                     | Some(Cmd::Incr(_))
+                    | Some(Cmd::Expire(_))
+                    | Some(Cmd::SweepExpired(_))
             );
         }
         match cmd {
             Some(Cmd::Batch(b)) => b.mutations.iter().all(|m| self.in_range(&m.key)),
             Some(Cmd::Cas(c)) => self.in_range(&c.key),
             Some(Cmd::Incr(c)) => self.in_range(&c.key),
+            Some(Cmd::Expire(c)) => self.in_range(&c.key),
+            Some(Cmd::SweepExpired(c)) => c.keys.iter().all(|k| self.in_range(k)),
             // An empty end means "to the group's end" as the proposer saw it: only
             // unambiguous while the group has no end either.
             Some(Cmd::DeleteRange(r)) => {
@@ -976,6 +1032,7 @@ impl<'a> Applier<'a> {
             }
             _ => {}
         }
+        self.now = cmd.now_ms;
         if !self.fits(&cmd.cmd, cmd.epoch) {
             // Not applied, and not recorded in the session: the client sends it again
             // to the group that holds its keys now.
@@ -1142,13 +1199,10 @@ impl<'a> Applier<'a> {
         Ok(match cmd {
             Some(proto::kv_command::Cmd::Batch(b)) => {
                 for m in b.mutations {
-                    let k = keys::data_key(g, &m.key);
                     if m.op == proto::MutationOp::Delete as i32 {
-                        self.wb.delete(&k);
-                        self.overlay.insert(k, None);
+                        self.delete_value(&m.key)?;
                     } else {
-                        self.wb.put(&k, &m.value);
-                        self.overlay.insert(k, Some(m.value.to_vec()));
+                        self.put_value(&m.key, &m.value, m.expire_at_ms, m.keep_ttl)?;
                     }
                 }
                 ApplyResult::Done
@@ -1161,15 +1215,16 @@ impl<'a> Applier<'a> {
                     keys::data_key(g, &r.end)
                 };
                 if start < end {
-                    self.wb.delete_range(&start, &end);
-                    self.overlay.retain(|k, _| *k < start || *k >= end);
-                    self.deleted.push((start, end));
+                    self.delete_range(start, end);
+                    if self.may_expire()? {
+                        let (s, e) = keys::expiry_range(g, &r.start, &r.end);
+                        self.delete_range(s, e);
+                    }
                 }
                 ApplyResult::Done
             }
             Some(proto::kv_command::Cmd::Cas(c)) => {
-                let k = keys::data_key(g, &c.key);
-                let current = self.read(&k)?;
+                let (current, _) = self.live(&c.key)?;
                 let holds = match (&current, c.expect_exists) {
                     (Some(v), true) => v.as_slice() == c.expected.as_ref(),
                     (None, false) => true,
@@ -1177,11 +1232,9 @@ impl<'a> Applier<'a> {
                 };
                 if holds {
                     if c.delete {
-                        self.wb.delete(&k);
-                        self.overlay.insert(k, None);
+                        self.delete_value(&c.key)?;
                     } else {
-                        self.wb.put(&k, &c.new_value);
-                        self.overlay.insert(k, Some(c.new_value.to_vec()));
+                        self.put_value(&c.key, &c.new_value, c.expire_at_ms, c.keep_ttl)?;
                     }
                 }
                 ApplyResult::Cas {
@@ -1190,15 +1243,28 @@ impl<'a> Applier<'a> {
                 }
             }
             Some(proto::kv_command::Cmd::Incr(c)) => {
-                let k = keys::data_key(g, &c.key);
-                let current = self.read(&k)?;
+                let (current, _) = self.live(&c.key)?;
                 let r = phoenix_proto::counter::incremented(current.as_deref(), c.by);
                 if let Ok(n) = r {
-                    let text = n.to_string().into_bytes();
-                    self.wb.put(&k, &text);
-                    self.overlay.insert(k, Some(text));
+                    // An increment keeps the key's expiry (Redis' INCR).
+                    self.put_value(&c.key, n.to_string().as_bytes(), 0, true)?;
                 }
                 ApplyResult::Incr(r)
+            }
+            Some(proto::kv_command::Cmd::Expire(c)) => self.expire(&c)?,
+            Some(proto::kv_command::Cmd::SweepExpired(c)) => {
+                let up_to = match self.now {
+                    0 => c.up_to_ms,
+                    now => c.up_to_ms.min(now),
+                };
+                if self.may_expire()? {
+                    for k in &c.keys {
+                        if self.expiry_of(k)?.is_some_and(|at| at <= up_to) {
+                            self.delete_value(k)?;
+                        }
+                    }
+                }
+                ApplyResult::Done
             }
             // (`kv` hands splits, scrubs and merges to the node before this.)
             Some(proto::kv_command::Cmd::Split(_))
@@ -1208,6 +1274,159 @@ impl<'a> Applier<'a> {
             | Some(proto::kv_command::Cmd::RollbackMerge(_))
             | None => ApplyResult::Refused("empty command".into()),
         })
+    }
+
+    /// Applies an expiry change (Redis' EXPIRE with its NX/XX/GT/LT, and PERSIST).
+    fn expire(&mut self, c: &proto::ExpireCommand) -> crate::Result<ApplyResult> {
+        use proto::ExpireCondition as When;
+        let (current, at) = self.live(&c.key)?;
+        if current.is_none() {
+            return Ok(ApplyResult::Expire(false));
+        }
+        if c.expire_at_ms == 0 {
+            // Removing the expiry: no condition applies.
+            if at.is_some() {
+                self.set_expiry(&c.key, None);
+            }
+            return Ok(ApplyResult::Expire(at.is_some()));
+        }
+        let new = c.expire_at_ms;
+        let holds = match When::try_from(c.condition) {
+            Ok(When::ExpireAlways) => true,
+            Ok(When::ExpireIfNone) => at.is_none(),
+            Ok(When::ExpireIfSet) => at.is_some(),
+            // No expiry counts as never: nothing is later, everything is earlier.
+            Ok(When::ExpireIfLater) => at.is_some_and(|a| new > a),
+            Ok(When::ExpireIfEarlier) => at.is_none_or(|a| new < a),
+            Err(_) => {
+                return Ok(ApplyResult::Refused(format!(
+                    "unknown expiry condition {}",
+                    c.condition
+                )))
+            }
+        };
+        if !holds {
+            return Ok(ApplyResult::Expire(false));
+        }
+        if self.now != 0 && new <= self.now {
+            // An expiry already past deletes the key (as Redis does).
+            self.delete_value(&c.key)?;
+        } else {
+            self.set_expiry(&c.key, Some(new));
+        }
+        Ok(ApplyResult::Expire(true))
+    }
+
+    /// Deletes engine keys `[start, end)` in this round.
+    fn delete_range(&mut self, start: Vec<u8>, end: Vec<u8>) {
+        self.wb.delete_range(&start, &end);
+        self.overlay.retain(|k, _| *k < start || *k >= end);
+        self.deleted.push((start, end));
+    }
+
+    /// Whether the group may hold key expiries as of the entries taken (looked up in
+    /// the engine once per replica life, then known from the records written).
+    fn may_expire(&mut self) -> crate::Result<bool> {
+        if let Some(e) = self.expiring {
+            return Ok(e);
+        }
+        let e = match self.cache.expiring {
+            Some(e) => e,
+            None => self
+                .reader
+                .any_in(&keys::expiry_key(self.g, b""), &keys::expiry_end(self.g))?,
+        };
+        self.expiring = Some(e);
+        Ok(e)
+    }
+
+    /// The expiry of user key `key` as of the entries taken (None: it has none).
+    fn expiry_of(&mut self, key: &[u8]) -> crate::Result<Option<u64>> {
+        if !self.may_expire()? {
+            return Ok(None);
+        }
+        let Some(v) = self.read(&keys::expiry_key(self.g, key))? else {
+            return Ok(None);
+        };
+        keys::decode_expiry(&v).map(Some).ok_or_else(|| {
+            crate::Error::Corruption(format!(
+                "group {}: the expiry of key {key:02x?} is {} bytes, not 8",
+                self.g,
+                v.len()
+            ))
+        })
+    }
+
+    /// Whether an expiry `at` has passed at the command's time.
+    fn is_past(&self, at: Option<u64>) -> bool {
+        self.now != 0 && at.is_some_and(|a| a <= self.now)
+    }
+
+    /// User key `key`'s value and expiry as of the entries taken; a key whose expiry
+    /// has passed at the command's time is absent (its records stay until a write or a
+    /// sweep removes them).
+    fn live(&mut self, key: &[u8]) -> crate::Result<(Option<Vec<u8>>, Option<u64>)> {
+        let Some(v) = self.read(&keys::data_key(self.g, key))? else {
+            return Ok((None, None));
+        };
+        let at = self.expiry_of(key)?;
+        if self.is_past(at) {
+            return Ok((None, None));
+        }
+        Ok((Some(v), at))
+    }
+
+    /// Writes (`Some`) or removes key `key`'s expiry record in this round.
+    fn set_expiry(&mut self, key: &[u8], at: Option<u64>) {
+        let k = keys::expiry_key(self.g, key);
+        match at {
+            Some(at) => {
+                let v = at.to_be_bytes().to_vec();
+                self.wb.put(&k, &v);
+                self.overlay.insert(k, Some(v));
+                self.expiring = Some(true);
+            }
+            None => {
+                self.wb.delete(&k);
+                self.overlay.insert(k, None);
+            }
+        }
+    }
+
+    /// Writes user key `key` with its expiry: `expire_at` (0: none), or with `keep_ttl`
+    /// the one it has unless that has passed (the key was absent: it starts afresh).
+    fn put_value(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        expire_at: u64,
+        keep_ttl: bool,
+    ) -> crate::Result<()> {
+        let k = keys::data_key(self.g, key);
+        self.wb.put(&k, value);
+        self.overlay.insert(k, Some(value.to_vec()));
+        if expire_at != 0 {
+            self.set_expiry(key, Some(expire_at));
+        } else if keep_ttl {
+            let at = self.expiry_of(key)?;
+            if self.is_past(at) {
+                self.set_expiry(key, None);
+            }
+        } else if self.may_expire()? {
+            self.set_expiry(key, None);
+        }
+        Ok(())
+    }
+
+    /// Deletes user key `key` and its expiry in this round.
+    fn delete_value(&mut self, key: &[u8]) -> crate::Result<()> {
+        let k = keys::data_key(self.g, key);
+        self.wb.delete(&k);
+        self.overlay.insert(k, None);
+        if self.may_expire()? {
+            self.set_expiry(key, None);
+        }
+        Ok(())
     }
 
     /// Applies split `sp` (entry `index`, taken with [`Applier::entry`]) into the round's
@@ -1257,26 +1476,21 @@ impl<'a> Applier<'a> {
             keys::data_key(g, &end)
         };
         let new_epoch = epoch + 1;
+        let expiries = if self.may_expire()? {
+            Some(keys::expiry_range(g, key, &end))
+        } else {
+            None
+        };
         if !child_exists {
-            // The upper keys as of the entries taken: the engine, then this round's
-            // range deletions and writes.
-            let mut moved: BTreeMap<Vec<u8>, Vec<u8>> = self
-                .reader
-                .scan(&moved_start, &moved_end)?
-                .into_iter()
-                .filter(|(k, _)| !self.deleted.iter().any(|(s, e)| s <= k && k < e))
-                .collect();
-            for (k, v) in &self.overlay {
-                if *k >= moved_start && *k < moved_end {
-                    match v {
-                        Some(v) => moved.insert(k.clone(), v.clone()),
-                        None => moved.remove(k),
-                    };
-                }
-            }
+            // The upper keys (and their expiries) as of the entries taken.
             let prefix = 9; // group id and namespace byte
-            for (k, v) in &moved {
+            for (k, v) in &self.as_of(&moved_start, &moved_end)? {
                 self.wb.put(&keys::data_key(c, &k[prefix..]), v);
+            }
+            if let Some((s, e)) = &expiries {
+                for (k, v) in &self.as_of(s, e)? {
+                    self.wb.put(&keys::expiry_key(c, &k[prefix..]), v);
+                }
             }
             // Sessions as of the entries taken: this round's records over the engine's.
             let sess = keys::sessions_prefix(g);
@@ -1328,10 +1542,10 @@ impl<'a> Applier<'a> {
                 .put(&keys::range_key(c), &child_range.encode_to_vec());
         }
         if moved_start < moved_end {
-            self.wb.delete_range(&moved_start, &moved_end);
-            self.overlay
-                .retain(|k, _| *k < moved_start || *k >= moved_end);
-            self.deleted.push((moved_start, moved_end));
+            self.delete_range(moved_start, moved_end);
+        }
+        if let Some((s, e)) = expiries {
+            self.delete_range(s, e);
         }
         self.range = (start, key.to_vec(), new_epoch);
         self.floor = index;
@@ -1342,6 +1556,26 @@ impl<'a> Applier<'a> {
             end,
             epoch: new_epoch,
         }))
+    }
+
+    /// Engine keys `[start, end)` with their values as of the entries taken: the engine,
+    /// then this round's range deletions and writes.
+    fn as_of(&self, start: &[u8], end: &[u8]) -> crate::Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+        let mut out: BTreeMap<Vec<u8>, Vec<u8>> = self
+            .reader
+            .scan(start, end)?
+            .into_iter()
+            .filter(|(k, _)| !self.deleted.iter().any(|(s, e)| s <= k && k < e))
+            .collect();
+        for (k, v) in &self.overlay {
+            if k.as_slice() >= start && k.as_slice() < end {
+                match v {
+                    Some(v) => out.insert(k.clone(), v.clone()),
+                    None => out.remove(k),
+                };
+            }
+        }
+        Ok(out)
     }
 
     /// Writes the round: one batch holding every write of the entries taken and the
@@ -1366,6 +1600,9 @@ impl<'a> Applier<'a> {
         self.cache.put_all(written);
         if self.swept_at.is_some() {
             self.cache.swept_at = self.swept_at;
+        }
+        if self.expiring.is_some() {
+            self.cache.expiring = self.expiring;
         }
         Ok(Some((index, term)))
     }
@@ -1437,23 +1674,38 @@ mod tests {
         }
     }
 
+    /// A random key-value command over six keys, with expiries around its time (so keys
+    /// expire, are swept and come back within a few commands).
     fn random_command(rng: &mut ChaCha8Rng) -> Vec<u8> {
         let key = |rng: &mut ChaCha8Rng| format!("k{}", rng.gen_range(0..6)).into_bytes();
-        let cmd = match rng.gen_range(0..10) {
+        let value = |rng: &mut ChaCha8Rng| format!("v{}", rng.gen_range(0..4)).into_bytes();
+        let now = rng.gen_range(1_000..1_010);
+        // An expiry around now (0: none).
+        let at = |rng: &mut ChaCha8Rng| {
+            if rng.gen_bool(0.5) {
+                0
+            } else {
+                rng.gen_range(995..1_015)
+            }
+        };
+        let cmd = match rng.gen_range(0..14) {
             0..=3 => proto::kv_command::Cmd::Batch(proto::BatchMutations {
                 mutations: (0..rng.gen_range(1..3))
                     .map(|_| proto::Mutation {
+                        expire_at_ms: at(rng),
+                        keep_ttl: rng.gen_bool(0.2),
+                        ttl_ms: 0,
                         op: if rng.gen_bool(0.2) {
                             proto::MutationOp::Delete as i32
                         } else {
                             proto::MutationOp::Put as i32
                         },
                         key: key(rng).into(),
-                        value: format!("v{}", rng.gen_range(0..4)).into_bytes().into(),
+                        value: value(rng).into(),
                     })
                     .collect(),
             }),
-            4..=5 => {
+            4 => {
                 let (a, b) = (key(rng), key(rng));
                 proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
                     start: a.min(b.clone()).into(),
@@ -1464,15 +1716,32 @@ mod tests {
                     },
                 })
             }
-            _ => proto::kv_command::Cmd::Cas(proto::CasCommand {
+            5..=6 => proto::kv_command::Cmd::Cas(proto::CasCommand {
+                expire_at_ms: at(rng),
+                keep_ttl: rng.gen_bool(0.2),
                 key: key(rng).into(),
                 expect_exists: rng.gen_bool(0.7),
-                expected: format!("v{}", rng.gen_range(0..4)).into_bytes().into(),
-                new_value: format!("v{}", rng.gen_range(0..4)).into_bytes().into(),
+                expected: value(rng).into(),
+                new_value: value(rng).into(),
                 delete: rng.gen_bool(0.1),
+            }),
+            7 => proto::kv_command::Cmd::Incr(proto::IncrCommand {
+                key: key(rng).into(),
+                by: rng.gen_range(-2..3),
+            }),
+            8..=10 => proto::kv_command::Cmd::Expire(proto::ExpireCommand {
+                key: key(rng).into(),
+                expire_at_ms: at(rng),
+                condition: rng.gen_range(0..5),
+            }),
+            _ => proto::kv_command::Cmd::SweepExpired(proto::SweepExpiredCommand {
+                up_to_ms: rng.gen_range(995..1_015),
+                keys: (0..rng.gen_range(0..4)).map(|_| key(rng).into()).collect(),
             }),
         };
         proto::KvCommand {
+            // Now and then a proposer that predates expiries: nothing is expired.
+            now_ms: if rng.gen_bool(0.1) { 0 } else { now },
             cmd: Some(cmd),
             session: None,
             epoch: 0,
@@ -1599,6 +1868,7 @@ mod tests {
     /// proposer time `time_ms`.
     fn session_put(client: u64, seq: u64, time_ms: u64, key: &[u8], value: &[u8]) -> Vec<u8> {
         proto::KvCommand {
+            now_ms: 0,
             epoch: 0,
             session: Some(proto::ClientSession {
                 client_id: client,
@@ -1608,6 +1878,9 @@ mod tests {
             }),
             cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
                 mutations: vec![proto::Mutation {
+                    expire_at_ms: 0,
+                    keep_ttl: false,
+                    ttl_ms: 0,
                     op: proto::MutationOp::Put as i32,
                     key: key.to_vec().into(),
                     value: value.to_vec().into(),
@@ -1695,6 +1968,7 @@ mod tests {
         let put = |k: &str, v: &str| put_cmd(k, v, 0, None);
         let del_range = delete_range_cmd(b"a", b"z");
         let cas = proto::KvCommand {
+            now_ms: 0,
             epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::Cas(proto::CasCommand {
@@ -1724,6 +1998,7 @@ mod tests {
     /// A range delete of [`start`, `end`), no session.
     fn delete_range_cmd(start: &[u8], end: &[u8]) -> Vec<u8> {
         proto::KvCommand {
+            now_ms: 0,
             epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
@@ -1736,6 +2011,7 @@ mod tests {
 
     fn incr_cmd(key: &str, by: i64, session: Option<(u64, u64)>) -> Vec<u8> {
         proto::KvCommand {
+            now_ms: 0,
             epoch: 0,
             session: session.map(|(client_id, seq)| proto::ClientSession {
                 client_id,
@@ -1979,10 +2255,14 @@ mod tests {
         for k in [1, n] {
             entries.push(
                 proto::KvCommand {
+                    now_ms: 0,
                     epoch: 0,
                     session: None,
                     cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
                         mutations: vec![proto::Mutation {
+                            expire_at_ms: 0,
+                            keep_ttl: false,
+                            ttl_ms: 0,
                             op: proto::MutationOp::Put as i32,
                             key: format!("k{k}").into_bytes().into(),
                             value: b"other".to_vec().into(),
@@ -2106,6 +2386,7 @@ mod tests {
         let g = 9;
         let cas = |seq: u64| {
             proto::KvCommand {
+                now_ms: 0,
                 epoch: 0,
                 session: Some(proto::ClientSession {
                     client_id: 5,
@@ -2196,10 +2477,14 @@ mod tests {
 
     fn put_cmd(k: &str, v: &str, epoch: u64, session: Option<proto::ClientSession>) -> Vec<u8> {
         proto::KvCommand {
+            now_ms: 0,
             epoch,
             session,
             cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
                 mutations: vec![proto::Mutation {
+                    expire_at_ms: 0,
+                    keep_ttl: false,
+                    ttl_ms: 0,
                     op: proto::MutationOp::Put as i32,
                     key: k.as_bytes().to_vec().into(),
                     value: v.as_bytes().to_vec().into(),
@@ -2226,9 +2511,12 @@ mod tests {
         };
         let cas = |k: &str| {
             proto::KvCommand {
+                now_ms: 0,
                 epoch: 1,
                 session: Some(session(2)),
                 cmd: Some(proto::kv_command::Cmd::Cas(proto::CasCommand {
+                    expire_at_ms: 0,
+                    keep_ttl: false,
                     key: k.as_bytes().to_vec().into(),
                     expect_exists: true,
                     expected: b"old".to_vec().into(),
@@ -2310,6 +2598,7 @@ mod tests {
         let mut a = Applier::new(t, &engine, &mut cache);
         a.set_range(b"", b"m", 1);
         let commit_entry = proto::KvCommand {
+            now_ms: 0,
             epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::CommitMerge(commit.clone())),
@@ -2318,6 +2607,7 @@ mod tests {
         // Frozen at 4 and applied to 5 here: no wait. Frozen at another index: wait.
         assert_eq!(a.merge_waits_for(&commit_entry).unwrap(), None);
         let other = proto::KvCommand {
+            now_ms: 0,
             epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::CommitMerge(
@@ -2381,6 +2671,7 @@ mod tests {
         let mut a = Applier::new(t, &engine, &mut cache);
         a.set_range(b"", b"", 3);
         let again = proto::KvCommand {
+            now_ms: 0,
             epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::CommitMerge(commit.clone())),
@@ -2519,6 +2810,318 @@ mod tests {
     /// client sessions, records both ranges at the next epoch, and refuses what follows
     /// it in the round at the old epoch or outside the narrowed range — all in the
     /// round's one batch with its sentinel.
+    /// Key expiry as a model: each key's value and expiry record (kept until a write, a
+    /// delete or a sweep removes it), and the command's time deciding what is live.
+    #[derive(Default)]
+    struct ExpiryModel {
+        keys: BTreeMap<Vec<u8>, (Vec<u8>, Option<u64>)>,
+    }
+
+    impl ExpiryModel {
+        fn live(&self, k: &[u8], now: u64) -> Option<(Vec<u8>, Option<u64>)> {
+            let (v, at) = self.keys.get(k)?;
+            let past = now != 0 && at.is_some_and(|a| a <= now);
+            (!past).then(|| (v.clone(), *at))
+        }
+
+        fn put(&mut self, k: &[u8], v: &[u8], at: u64, keep: bool, now: u64) {
+            let kept = if at != 0 {
+                Some(at)
+            } else if keep {
+                // A passed expiry is not kept: the key was absent.
+                match self.keys.get(k) {
+                    Some((_, Some(a))) if !(now != 0 && *a <= now) => Some(*a),
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            self.keys.insert(k.to_vec(), (v.to_vec(), kept));
+        }
+
+        fn apply(&mut self, cmd: &proto::KvCommand) -> ApplyResult {
+            use proto::kv_command::Cmd;
+            let now = cmd.now_ms;
+            match cmd.cmd.clone() {
+                Some(Cmd::Batch(b)) => {
+                    for m in b.mutations {
+                        if m.op == proto::MutationOp::Delete as i32 {
+                            self.keys.remove(m.key.as_ref());
+                        } else {
+                            self.put(&m.key, &m.value, m.expire_at_ms, m.keep_ttl, now);
+                        }
+                    }
+                    ApplyResult::Done
+                }
+                Some(Cmd::DeleteRange(r)) => {
+                    self.keys.retain(|k, _| {
+                        !(k.as_slice() >= r.start.as_ref()
+                            && (r.end.is_empty() || k.as_slice() < r.end.as_ref()))
+                    });
+                    ApplyResult::Done
+                }
+                Some(Cmd::Cas(c)) => {
+                    let current = self.live(&c.key, now).map(|(v, _)| v);
+                    let holds = match (&current, c.expect_exists) {
+                        (Some(v), true) => v.as_slice() == c.expected.as_ref(),
+                        (None, false) => true,
+                        _ => false,
+                    };
+                    if holds {
+                        if c.delete {
+                            self.keys.remove(c.key.as_ref());
+                        } else {
+                            self.put(&c.key, &c.new_value, c.expire_at_ms, c.keep_ttl, now);
+                        }
+                    }
+                    ApplyResult::Cas {
+                        succeeded: holds,
+                        current,
+                    }
+                }
+                Some(Cmd::Incr(c)) => {
+                    let current = self.live(&c.key, now).map(|(v, _)| v);
+                    let r = phoenix_proto::counter::incremented(current.as_deref(), c.by);
+                    if let Ok(n) = r {
+                        self.put(&c.key, n.to_string().as_bytes(), 0, true, now);
+                    }
+                    ApplyResult::Incr(r)
+                }
+                Some(Cmd::Expire(c)) => {
+                    let Some((_, at)) = self.live(&c.key, now) else {
+                        return ApplyResult::Expire(false);
+                    };
+                    let k = c.key.to_vec();
+                    if c.expire_at_ms == 0 {
+                        if let Some(e) = self.keys.get_mut(&k) {
+                            e.1 = None;
+                        }
+                        return ApplyResult::Expire(at.is_some());
+                    }
+                    let new = c.expire_at_ms;
+                    let holds = match c.condition {
+                        0 => true,
+                        1 => at.is_none(),
+                        2 => at.is_some(),
+                        3 => at.is_some_and(|a| new > a),
+                        4 => at.is_none_or(|a| new < a),
+                        other => {
+                            return ApplyResult::Refused(format!(
+                                "unknown expiry condition {other}"
+                            ))
+                        }
+                    };
+                    if !holds {
+                        return ApplyResult::Expire(false);
+                    }
+                    if now != 0 && new <= now {
+                        self.keys.remove(&k);
+                    } else if let Some(e) = self.keys.get_mut(&k) {
+                        e.1 = Some(new);
+                    }
+                    ApplyResult::Expire(true)
+                }
+                Some(Cmd::SweepExpired(c)) => {
+                    let up_to = if now == 0 {
+                        c.up_to_ms
+                    } else {
+                        c.up_to_ms.min(now)
+                    };
+                    for k in &c.keys {
+                        if self
+                            .keys
+                            .get(k.as_ref())
+                            .is_some_and(|(_, at)| at.is_some_and(|a| a <= up_to))
+                        {
+                            self.keys.remove(k.as_ref());
+                        }
+                    }
+                    ApplyResult::Done
+                }
+                _ => unreachable!("not generated"),
+            }
+        }
+
+        /// The engine records this model stands for (data and expiry namespaces).
+        fn records(&self, g: u64) -> Model {
+            let mut out = Model::new();
+            for (k, (v, at)) in &self.keys {
+                out.insert(keys::data_key(g, k), v.clone());
+                if let Some(a) = at {
+                    out.insert(keys::expiry_key(g, k), a.to_be_bytes().to_vec());
+                }
+            }
+            out
+        }
+    }
+
+    fn run_expiry(seed: u64) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let g = 4;
+        let n = rng.gen_range(1..60);
+        let entries: Vec<Vec<u8>> = (0..n).map(|_| random_command(&mut rng)).collect();
+        let mut rounds = Vec::new();
+        let mut left = n;
+        while left > 0 {
+            let r = rng.gen_range(1..=left.min(8));
+            rounds.push(r);
+            left -= r;
+        }
+        let engine = Recorder::default();
+        let results = apply_rounds(&engine, g, &entries, 1, &rounds);
+        let mut model = ExpiryModel::default();
+        for (i, e) in entries.iter().enumerate() {
+            let cmd = proto::KvCommand::decode(e.as_slice()).unwrap();
+            let want = model.apply(&cmd);
+            assert_eq!(
+                results[i],
+                want,
+                "seed {seed}: entry {} ({cmd:?}) gave another result than the model",
+                i + 1
+            );
+        }
+        let records: Model = engine
+            .state
+            .borrow()
+            .iter()
+            .filter(|(k, _)| k.get(8) != Some(&keys::NS_SYS))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        assert_eq!(
+            records,
+            model.records(g),
+            "seed {seed}: the data and expiry records differ from the model's"
+        );
+    }
+
+    /// Puts, deletes, range deletes, compare-and-swaps, increments, expiry changes and
+    /// sweeps with expiries around the commands' times, applied in random rounds, give the
+    /// results and the records of a model (an expiry record only ever with its key).
+    #[test]
+    fn expiry_matches_a_model() {
+        let seed: u64 = std::env::var("PHOENIX_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(rand::random);
+        for s in seed..seed + 1000 {
+            if let Err(e) = std::panic::catch_unwind(|| run_expiry(s)) {
+                eprintln!("replay with PHOENIX_SEED={s}");
+                std::panic::resume_unwind(e);
+            }
+        }
+    }
+
+    /// A split moves the upper keys' expiries with them (as the round left them); the
+    /// parent keeps its lower keys' expiries.
+    #[test]
+    fn expiries_move_with_splits() {
+        let engine = Recorder::default();
+        let (g, c) = (3, 9);
+        let mut cache = SessionCache::new(Arc::default());
+        let cmd = |cmd: proto::kv_command::Cmd, epoch: u64| {
+            proto::KvCommand {
+                now_ms: 1_000,
+                epoch,
+                session: None,
+                cmd: Some(cmd),
+            }
+            .encode_to_vec()
+        };
+        let put = |k: &str, at: u64| {
+            cmd(
+                proto::kv_command::Cmd::Batch(proto::BatchMutations {
+                    mutations: vec![proto::Mutation {
+                        op: proto::MutationOp::Put as i32,
+                        key: k.as_bytes().to_vec().into(),
+                        value: b"v".to_vec().into(),
+                        expire_at_ms: at,
+                        ..proto::Mutation::default()
+                    }],
+                }),
+                1,
+            )
+        };
+        {
+            let mut a = Applier::new(g, &engine, &mut cache);
+            a.set_range(b"", b"", 1);
+            for (i, (k, at)) in [("a", 5_000), ("b", 0), ("p", 6_000), ("q", 7_000)]
+                .iter()
+                .enumerate()
+            {
+                a.entry(i as u64 + 1, 1);
+                a.kv(i as u64 + 1, &put(k, *at)).unwrap();
+            }
+            a.finish(&engine).unwrap();
+        }
+        let mut a = Applier::new(g, &engine, &mut cache);
+        a.set_range(b"", b"", 1);
+        // In the same round as the split: "q" loses its expiry, "r" gets one.
+        a.entry(5, 1);
+        a.kv(5, &put("q", 0)).unwrap();
+        a.entry(6, 1);
+        a.kv(6, &put("r", 8_000)).unwrap();
+        a.entry(7, 1);
+        let sp = proto::SplitCommand {
+            split_key: b"n".to_vec().into(),
+            new_group_id: c,
+            epoch: 1,
+        };
+        let conf = phoenix_raft::ConfState::with_voters([1, 2, 3]);
+        a.split(7, &sp, &conf, false).unwrap().unwrap();
+        a.finish(&engine).unwrap();
+        let expiry = |g: u64, k: &str| {
+            engine
+                .get(&keys::expiry_key(g, k.as_bytes()))
+                .unwrap()
+                .and_then(|v| keys::decode_expiry(&v))
+        };
+        assert_eq!(expiry(g, "a"), Some(5_000));
+        assert_eq!(expiry(g, "b"), None);
+        for k in ["p", "q", "r"] {
+            assert_eq!(expiry(g, k), None, "{k} left group {g}");
+        }
+        assert_eq!(expiry(c, "p"), Some(6_000));
+        assert_eq!(expiry(c, "q"), None);
+        assert_eq!(expiry(c, "r"), Some(8_000));
+        assert_eq!(expiry(c, "a"), None);
+        // The child applies with them: "p" expires at its time.
+        let mut child_cache = SessionCache::new(Arc::default());
+        let mut a = Applier::new(c, &engine, &mut child_cache);
+        a.set_range(b"n", b"", 2);
+        a.entry(keys::SPLIT_INIT_INDEX + 1, 1);
+        let late = proto::KvCommand {
+            now_ms: 5_500,
+            epoch: 2,
+            session: None,
+            cmd: Some(proto::kv_command::Cmd::Incr(proto::IncrCommand {
+                key: b"p".to_vec().into(),
+                by: 1,
+            })),
+        }
+        .encode_to_vec();
+        assert_eq!(
+            a.kv(keys::SPLIT_INIT_INDEX + 1, &late).unwrap(),
+            ApplyResult::Incr(Err(proto::IncrFailure::NotAnInteger)),
+            "\"v\" is not a number: the key is still there before its expiry"
+        );
+        a.finish(&engine).unwrap();
+        let mut a = Applier::new(c, &engine, &mut child_cache);
+        a.set_range(b"n", b"", 2);
+        a.entry(keys::SPLIT_INIT_INDEX + 2, 1);
+        let later = proto::KvCommand {
+            now_ms: 6_000,
+            ..proto::KvCommand::decode(late.as_slice()).unwrap()
+        }
+        .encode_to_vec();
+        assert_eq!(
+            a.kv(keys::SPLIT_INIT_INDEX + 2, &later).unwrap(),
+            ApplyResult::Incr(Ok(1)),
+            "expired at 6000: the increment starts from nothing"
+        );
+        a.finish(&engine).unwrap();
+        assert_eq!(expiry(c, "p"), None, "a passed expiry is not kept");
+    }
+
     #[test]
     fn a_split_moves_the_upper_keys_as_the_round_left_them() {
         let engine = Recorder::default();
@@ -2545,6 +3148,7 @@ mod tests {
         let mut a = Applier::new(g, &engine, &mut cache);
         a.set_range(b"", b"", 1);
         let del = proto::KvCommand {
+            now_ms: 0,
             epoch: 1,
             session: None,
             cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {

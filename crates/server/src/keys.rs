@@ -2,7 +2,10 @@
 //!
 //! ```text
 //! engine_key   := group_id: u64 BE ‖ namespace: u8 ‖ rest
-//! namespace    := 'd' (user data: rest = user key) | 's' (system keys of the group)
+//! namespace    := 'd' (user data: rest = user key)
+//!               | 'e' (key expiry: rest = user key → expire_at_ms: u64 BE, the leader's
+//!                 clock at or after which the key is absent; only for keys that have one)
+//!               | 's' (system keys of the group)
 //! system keys  := "applied"  → applied_index: u64 BE ‖ applied_term: u64 BE
 //!                 "conf"     → voters_count: u32 BE ‖ voter: u64 BE * ‖ learners_count: u32 BE ‖ learner: u64 BE *
 //!                 "confidx"  → conf_version: u64 BE (index of the last membership change
@@ -23,6 +26,9 @@ use phoenix_raft::ConfState;
 
 /// Namespace byte of user data.
 pub const NS_DATA: u8 = b'd';
+/// Namespace byte of key expiries (apply.rs): between data and system keys, so a
+/// key range of user keys maps to one range of each.
+pub const NS_EXPIRY: u8 = b'e';
 /// Namespace byte of system keys.
 pub const NS_SYS: u8 = b's';
 
@@ -41,6 +47,38 @@ pub fn data_end(g: u64) -> Vec<u8> {
     k.extend_from_slice(&g.to_be_bytes());
     k.push(NS_DATA + 1);
     k
+}
+
+/// Engine key of the expiry of user key `key` in group `g`.
+pub fn expiry_key(g: u64, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9 + key.len());
+    k.extend_from_slice(&g.to_be_bytes());
+    k.push(NS_EXPIRY);
+    k.extend_from_slice(key);
+    k
+}
+
+/// The engine key just past every expiry of group `g`.
+pub fn expiry_end(g: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.extend_from_slice(&g.to_be_bytes());
+    k.push(NS_EXPIRY + 1);
+    k
+}
+
+/// The expiry keys of user keys `[start, end)` of group `g` (`end` empty: unbounded).
+pub fn expiry_range(g: u64, start: &[u8], end: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let e = if end.is_empty() {
+        expiry_end(g)
+    } else {
+        expiry_key(g, end)
+    };
+    (expiry_key(g, start), e)
+}
+
+/// Decodes an expiry record (8 bytes; longer records are a later format, refused).
+pub fn decode_expiry(v: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(v.try_into().ok()?))
 }
 
 /// Engine key of system key `name` of group `g`.
@@ -191,6 +229,15 @@ mod tests {
         assert!(data_key(2, b"") < data_end(2));
         assert!(data_key(2, &[0xff; 10]) < data_end(2));
         assert!(data_end(2) <= sys_key(2, b""));
+        assert_eq!(data_end(2), expiry_key(2, b""));
+        assert!(expiry_key(2, &[0xff; 10]) < expiry_end(2));
+        assert!(expiry_end(2) <= sys_key(2, b""));
+        assert_eq!(
+            expiry_range(2, b"a", b""),
+            (expiry_key(2, b"a"), expiry_end(2))
+        );
+        assert_eq!(decode_expiry(&7u64.to_be_bytes()), Some(7));
+        assert_eq!(decode_expiry(&[0; 9]), None);
         assert!(sys_key(2, b"x") < group_end(2).unwrap());
         assert_eq!(decode_applied(&encode_applied(7, 3)), Some((7, 3)));
         assert_eq!(decode_applied(&[0; 15]), None);

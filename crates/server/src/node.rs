@@ -1189,6 +1189,7 @@ impl Driver {
             return;
         }
         let cmd = proto::KvCommand {
+            now_ms: 0,
             cmd: Some(proto::kv_command::Cmd::Split(proto::SplitCommand {
                 split_key: split_key.into(),
                 new_group_id,
@@ -1275,6 +1276,7 @@ impl Driver {
         }
         let what = phase.as_str_name();
         let cmd = proto::KvCommand {
+            now_ms: 0,
             cmd: Some(cmd),
             session: None,
             epoch: 0,
@@ -1419,6 +1421,7 @@ impl Driver {
             return;
         }
         let cmd = proto::KvCommand {
+            now_ms: 0,
             cmd: Some(proto::kv_command::Cmd::Scrub(proto::ScrubCommand {})),
             session: None,
             epoch: 0,

@@ -176,12 +176,13 @@ impl Scrubs {
     }
 }
 
-/// An iterator over group `g`'s user data as of `snap` (no block cache fill).
+/// An iterator over group `g`'s user data and key expiries as of `snap` (no block
+/// cache fill).
 fn data_iter(engine: &Db, g: u64, snap: &Snapshot) -> crate::Result<DbIterator> {
     let ro = ReadOptions {
         snapshot: Some(snap),
         lower_bound: Some(keys::data_key(g, b"")),
-        upper_bound: Some(keys::data_end(g)),
+        upper_bound: Some(keys::expiry_end(g)),
         // A whole-group scan would evict the hot blocks of every other group.
         fill_cache: false,
         ..ReadOptions::default()
@@ -191,12 +192,17 @@ fn data_iter(engine: &Db, g: u64, snap: &Snapshot) -> crate::Result<DbIterator> 
 
 /// The checksum of what `it` reads: (crc32c, keys, bytes), over each key (less its
 /// first `prefix` bytes: the group's engine prefix) and value in order as
-/// `len: u32 BE ‖ key ‖ len: u32 BE ‖ value`.
+/// `len: u32 BE ‖ key ‖ len: u32 BE ‖ value`; a key expiry (namespace byte 'e' at
+/// `prefix - 1`) is preceded by `u32::MAX` (no key is that long), so a group without
+/// expiries sums as before they existed and one with them cannot sum as data.
 fn checksum(mut it: DbIterator, prefix: usize) -> crate::Result<(u32, u64, u64)> {
     it.seek_to_first();
     let (mut crc, mut n, mut bytes) = (0u32, 0u64, 0u64);
     while it.valid() {
         let (k, v) = (it.key().get(prefix..).unwrap_or_default(), it.value());
+        if prefix > 0 && it.key().get(prefix - 1) == Some(&keys::NS_EXPIRY) {
+            crc = crc32c::crc32c_append(crc, &u32::MAX.to_be_bytes());
+        }
         for part in [k, v] {
             crc = crc32c::crc32c_append(crc, &(part.len() as u32).to_be_bytes());
             crc = crc32c::crc32c_append(crc, part);

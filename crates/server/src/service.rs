@@ -197,6 +197,12 @@ impl Services {
     }
 
     async fn propose(&self, c: &Ctx, mut cmd: proto::KvCommand) -> Result<ApplyResult, PErr> {
+        // The leader's clock decides, for every replica, session expiry and which keys
+        // have expired for this command.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        cmd.now_ms = now;
         if let Some((client_id, seq, acked_below)) = c.session {
             if seq == 0 || seq == u64::MAX {
                 return Err(PErr::invalid_argument(format!(
@@ -208,10 +214,7 @@ impl Services {
                 client_id,
                 seq,
                 acked_below,
-                // The leader's clock decides session expiry for every replica.
-                time_ms: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64),
+                time_ms: now,
             });
         }
         // Checked again when it applies: a split in between refuses it there.
@@ -290,8 +293,30 @@ impl Services {
     }
 }
 
+impl Services {
+    /// Refuses a mutation that asks for a key expiry: this build applies expiries but
+    /// does not propose them yet (`phoenix_meta::PROTOCOL_TTL`). `expire_at_ms` is the
+    /// leader's to set, never a client's.
+    fn check_no_expiry(&self, m: &proto::Mutation) -> Result<(), PErr> {
+        if m.expire_at_ms != 0 {
+            return Err(PErr::invalid_argument(
+                "a mutation's expire_at_ms is set by the leader: give ttl_ms",
+            ));
+        }
+        if m.ttl_ms != 0 || m.keep_ttl {
+            return Err(PErr::unsupported(
+                "key expiry",
+                phoenix_meta::PROTOCOL_TTL,
+                self.shared.cluster_protocol(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn batch(mutations: Vec<proto::Mutation>) -> proto::KvCommand {
     proto::KvCommand {
+        now_ms: 0,
         epoch: 0,
         session: None,
         cmd: Some(proto::kv_command::Cmd::Batch(proto::BatchMutations {
@@ -502,6 +527,7 @@ impl Services {
             op: proto::MutationOp::Put as i32,
             key: r.key,
             value: r.value,
+            ..proto::Mutation::default()
         }]);
         try_err!(PutResponse, self.propose(&c, cmd).await);
         Ok(Response::new(proto::PutResponse { error: None }))
@@ -518,7 +544,7 @@ impl Services {
         let cmd = batch(vec![proto::Mutation {
             op: proto::MutationOp::Delete as i32,
             key: r.key,
-            value: Bytes::new(),
+            ..proto::Mutation::default()
         }]);
         try_err!(DeleteResponse, self.propose(&c, cmd).await);
         Ok(Response::new(proto::DeleteResponse { error: None }))
@@ -611,6 +637,7 @@ impl Services {
                 );
             }
             try_err!(BatchWriteResponse, self.check_value(&m.value));
+            try_err!(BatchWriteResponse, self.check_no_expiry(m));
             total += m.key.len() + m.value.len();
         }
         if total > limits::MESSAGE_BYTES_MAX / 2 {
@@ -764,6 +791,7 @@ impl Services {
             r.end
         };
         let cmd = proto::KvCommand {
+            now_ms: 0,
             epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::DeleteRange(proto::KeyRange {
@@ -785,6 +813,7 @@ impl Services {
         try_err!(CasResponse, self.check_key(&c, &r.key));
         try_err!(CasResponse, self.check_value(&r.new_value));
         let cmd = proto::KvCommand {
+            now_ms: 0,
             epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::Cas(proto::CasCommand {
@@ -793,6 +822,8 @@ impl Services {
                 expected: r.expected,
                 delete: r.delete,
                 new_value: r.new_value,
+                expire_at_ms: 0,
+                keep_ttl: false,
             })),
         };
         match try_err!(CasResponse, self.propose(&c, cmd).await) {
@@ -845,6 +876,7 @@ impl Services {
         let c = here_or_forward!(self, r, IncrResponse, incr, true, _permit);
         try_err!(IncrResponse, self.check_key(&c, &r.key));
         let cmd = proto::KvCommand {
+            now_ms: 0,
             epoch: 0,
             session: None,
             cmd: Some(proto::kv_command::Cmd::Incr(proto::IncrCommand {

@@ -57,11 +57,13 @@ async fn oversized_requests_are_refused_and_overload_gets_server_busy() {
                     op: proto::MutationOp::Put as i32,
                     key: b"fine".to_vec().into(),
                     value: b"v".to_vec().into(),
+                    ..proto::Mutation::default()
                 },
                 proto::Mutation {
                     op: proto::MutationOp::Put as i32,
                     key: vec![b'k'; proto::limits::KEY_BYTES_MAX + 1].into(),
                     value: b"v".to_vec().into(),
+                    ..proto::Mutation::default()
                 },
             ],
         })
@@ -75,6 +77,9 @@ async fn oversized_requests_are_refused_and_overload_gets_server_busy() {
     // Too many keys in one batch.
     let many: Vec<proto::Mutation> = (0..proto::limits::BATCH_KEYS_MAX + 1)
         .map(|i| proto::Mutation {
+            expire_at_ms: 0,
+            keep_ttl: false,
+            ttl_ms: 0,
             op: proto::MutationOp::Delete as i32,
             key: format!("m{i}").into_bytes().into(),
             value: Default::default(),
@@ -92,6 +97,54 @@ async fn oversized_requests_are_refused_and_overload_gets_server_busy() {
         matches!(kind(r.error), Some(Kind::RequestTooLarge(_))),
         "batch over BATCH_KEYS_MAX accepted"
     );
+    // A key expiry: not proposed by this build (refused as unsupported, nothing
+    // written), and never a client's absolute time.
+    for (m, unsupported) in [
+        (
+            proto::Mutation {
+                ttl_ms: 1_000,
+                ..proto::Mutation::default()
+            },
+            true,
+        ),
+        (
+            proto::Mutation {
+                keep_ttl: true,
+                ..proto::Mutation::default()
+            },
+            true,
+        ),
+        (
+            proto::Mutation {
+                expire_at_ms: 1,
+                ..proto::Mutation::default()
+            },
+            false,
+        ),
+    ] {
+        let r = c
+            .batch_write(proto::BatchWriteRequest {
+                header: header(&route),
+                mutations: vec![proto::Mutation {
+                    op: proto::MutationOp::Put as i32,
+                    key: b"ttl".to_vec().into(),
+                    value: b"v".to_vec().into(),
+                    ..m
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let k = kind(r.error);
+        assert!(
+            if unsupported {
+                matches!(k, Some(Kind::Unsupported(_)))
+            } else {
+                matches!(k, Some(Kind::InvalidArgument(_)))
+            },
+            "a mutation with an expiry got {k:?}"
+        );
+    }
     // A gRPC message over the transport limit is refused by the transport.
     let st = c
         .put(proto::PutRequest {
@@ -101,7 +154,7 @@ async fn oversized_requests_are_refused_and_overload_gets_server_busy() {
         })
         .await;
     assert!(st.is_err(), "a message over MESSAGE_BYTES_MAX got through");
-    for k in [&b"big"[..], b"fine", b"m0", b"huge"] {
+    for k in [&b"big"[..], b"fine", b"m0", b"huge", b"ttl"] {
         assert_eq!(
             get(&addrs, &route, k).await,
             None,
