@@ -171,6 +171,8 @@ async fn put(addrs: &[String], r: &proto::Route, key: &str, value: &str) {
                 continue;
             };
             let req = proto::PutRequest {
+                keep_ttl: false,
+                ttl_ms: 0,
                 header: header(r),
                 key: key.as_bytes().to_vec().into(),
                 value: value.as_bytes().to_vec().into(),

@@ -149,6 +149,67 @@ pub struct CasOutcome {
     pub previous: Option<Vec<u8>>,
 }
 
+/// The expiry a write leaves its key with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Expiry {
+    /// None (the one the key had is removed).
+    #[default]
+    Never,
+    /// This long after the leader takes the write (at least 1 ms).
+    After(std::time::Duration),
+    /// The one the key has (Redis' KEEPTTL).
+    Keep,
+}
+
+impl Expiry {
+    /// (`ttl_ms`, `keep_ttl`) on the wire.
+    fn wire(self) -> Result<(u64, bool)> {
+        match self {
+            Expiry::Never => Ok((0, false)),
+            Expiry::Keep => Ok((0, true)),
+            Expiry::After(d) => {
+                let ms = u64::try_from(d.as_millis()).map_err(|_| {
+                    ClientError::InvalidArgument(format!("expiry {d:?} is out of range"))
+                })?;
+                if ms == 0 {
+                    return Err(ClientError::InvalidArgument(
+                        "an expiry after less than 1 ms".into(),
+                    ));
+                }
+                Ok((ms, false))
+            }
+        }
+    }
+}
+
+/// A change of a key's expiry ([`Client::expire`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpireAt {
+    /// This long after the leader takes it (zero: the key is deleted).
+    After(std::time::Duration),
+    /// At this time, ms since the Unix epoch, by the leader's clock (past: deleted).
+    UnixMs(u64),
+    /// No expiry any more (Redis' PERSIST).
+    Never,
+}
+
+/// A key's expiry as [`Client::ttl`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyTtl {
+    /// No such key (or it has expired).
+    Absent,
+    /// The key does not expire.
+    Never,
+    /// It expires at `at_ms` (ms since the Unix epoch), `left_ms` from the read by the
+    /// serving leader's clock.
+    At {
+        /// When.
+        at_ms: u64,
+        /// How long from the read.
+        left_ms: u64,
+    },
+}
+
 /// What an increment did: the key's new value, or why the key stayed as it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IncrOutcome {
@@ -487,6 +548,10 @@ fn request_len(r: &Req) -> usize {
         Req::Delete(r) => r.encoded_len(),
         Req::Cas(r) => r.encoded_len(),
         Req::Incr(r) => r.encoded_len(),
+        Req::Expire(r) => r.encoded_len(),
+        Req::Ttl(r) => r.encoded_len(),
+        Req::PutEx(r) => r.encoded_len(),
+        Req::CasEx(r) => r.encoded_len(),
     }
 }
 
@@ -810,6 +875,10 @@ impl Client {
             Req::Delete(r) => Resp::Delete(kv.delete(r).await?.into_inner()),
             Req::Cas(r) => Resp::Cas(kv.cas(r).await?.into_inner()),
             Req::Incr(r) => Resp::Incr(kv.incr(r).await?.into_inner()),
+            Req::Expire(r) => Resp::Expire(kv.expire(r).await?.into_inner()),
+            Req::Ttl(r) => Resp::Ttl(kv.ttl(r).await?.into_inner()),
+            Req::PutEx(r) => Resp::PutEx(kv.put_ex(r).await?.into_inner()),
+            Req::CasEx(r) => Resp::CasEx(kv.cas_ex(r).await?.into_inner()),
         })
     }
 
@@ -1203,7 +1272,9 @@ impl Client {
                         // Refused before anything was served: nothing was applied.
                         return Err(ClientError::Unauthenticated { addr, why });
                     }
-                    if op == "incr" && status.code() == tonic::Code::Unimplemented {
+                    if matches!(op, "incr" | "expire" | "ttl" | "put_ex" | "cas_ex")
+                        && status.code() == tonic::Code::Unimplemented
+                    {
                         // A node whose binary predates the method: nothing was served.
                         // (Other methods are as old as the service: an `Unimplemented`
                         // there comes from something else on the way, as a transport
@@ -1415,14 +1486,24 @@ impl Client {
         .await
     }
 
-    /// Sets `key` to `value`.
+    /// Sets `key` to `value` (with no expiry).
     pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.put_with(key, value, Expiry::Never).await
+    }
+
+    /// Sets `key` to `value` with the expiry `expiry`. One other than
+    /// [`Expiry::Never`] is [`ClientError::Unsupported`] while a node of the cluster runs a
+    /// binary that predates key expiry; nothing was applied then.
+    pub async fn put_with(&self, key: &[u8], value: &[u8], expiry: Expiry) -> Result<()> {
         self.check_key(key)?;
         self.check_value(value)?;
+        let (ttl_ms, keep_ttl) = expiry.wire()?;
+        // With an expiry: under a name an older server refuses (it would drop the fields).
+        let ex = expiry != Expiry::Never;
         let k = Bytes::copy_from_slice(key);
         let v = Bytes::copy_from_slice(value);
         self.execute(
-            "put",
+            if ex { "put_ex" } else { "put" },
             Retry::Idempotent,
             key,
             &[],
@@ -1432,10 +1513,20 @@ impl Client {
                     header: Some(header),
                     key: k.clone(),
                     value: v.clone(),
+                    ttl_ms,
+                    keep_ttl,
                 };
                 async move {
-                    let Resp::Put(r) = self.single(conn, Req::Put(req)).await? else {
-                        return Err(mismatched());
+                    let r = if ex {
+                        let Resp::PutEx(r) = self.single(conn, Req::PutEx(req)).await? else {
+                            return Err(mismatched());
+                        };
+                        r
+                    } else {
+                        let Resp::Put(r) = self.single(conn, Req::Put(req)).await? else {
+                            return Err(mismatched());
+                        };
+                        r
                     };
                     Ok((r.error, ()))
                 }
@@ -1478,18 +1569,36 @@ impl Client {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<CasOutcome> {
+        self.cas_with(key, expected, new, Expiry::Never).await
+    }
+
+    /// [`Client::cas`] whose write leaves the key with `expiry` (as
+    /// [`Client::put_with`]; ignored for a delete).
+    pub async fn cas_with(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+        expiry: Expiry,
+    ) -> Result<CasOutcome> {
         self.check_key(key)?;
+        let (ttl_ms, keep_ttl) = if new.is_some() {
+            expiry.wire()?
+        } else {
+            (0, false)
+        };
         if let Some(v) = expected {
             self.check_value(v)?;
         }
         if let Some(v) = new {
             self.check_value(v)?;
         }
+        let ex = (ttl_ms, keep_ttl) != (0, false);
         let k = Bytes::copy_from_slice(key);
         let exp = expected.map(Bytes::copy_from_slice);
         let nv = new.map(Bytes::copy_from_slice);
         self.execute(
-            "cas",
+            if ex { "cas_ex" } else { "cas" },
             Retry::Never,
             key,
             &[],
@@ -1502,10 +1611,20 @@ impl Client {
                     expected: exp.clone().unwrap_or_default(),
                     delete: nv.is_none(),
                     new_value: nv.clone().unwrap_or_default(),
+                    ttl_ms,
+                    keep_ttl,
                 };
                 async move {
-                    let Resp::Cas(r) = self.single(conn, Req::Cas(req)).await? else {
-                        return Err(mismatched());
+                    let r = if ex {
+                        let Resp::CasEx(r) = self.single(conn, Req::CasEx(req)).await? else {
+                            return Err(mismatched());
+                        };
+                        r
+                    } else {
+                        let Resp::Cas(r) = self.single(conn, Req::Cas(req)).await? else {
+                            return Err(mismatched());
+                        };
+                        r
                     };
                     let out = CasOutcome {
                         succeeded: r.succeeded,
@@ -1551,6 +1670,86 @@ impl Client {
                                 r.failure
                             )))
                         }
+                    };
+                    Ok((r.error, out))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Sets, changes or removes `key`'s expiry if `condition` holds (Redis' EXPIRE,
+    /// PEXPIREAT, PERSIST with NX/XX/GT/LT). Returns whether it changed the key: false if
+    /// the key is absent, the condition did not hold or (removing) it had none. An expiry
+    /// already past deletes the key. [`ClientError::Unsupported`] while a node of the
+    /// cluster runs a binary that predates key expiry. Resent after an unknown outcome
+    /// only with the client's session (it is answered with its first result).
+    pub async fn expire(
+        &self,
+        key: &[u8],
+        at: ExpireAt,
+        condition: pb::ExpireCondition,
+    ) -> Result<bool> {
+        use pb::expire_request::When;
+        self.check_key(key)?;
+        let when = match at {
+            ExpireAt::After(d) => When::TtlMs(u64::try_from(d.as_millis()).map_err(|_| {
+                ClientError::InvalidArgument(format!("expiry {d:?} is out of range"))
+            })?),
+            ExpireAt::UnixMs(ms) => When::AtMs(ms),
+            ExpireAt::Never => When::Persist(true),
+        };
+        let k = Bytes::copy_from_slice(key);
+        self.execute(
+            "expire",
+            Retry::Never,
+            key,
+            &[],
+            self.deadline(),
+            |conn, header| {
+                let req = pb::ExpireRequest {
+                    header: Some(header),
+                    key: k.clone(),
+                    when: Some(when),
+                    condition: condition as i32,
+                };
+                async move {
+                    let Resp::Expire(r) = self.single(conn, Req::Expire(req)).await? else {
+                        return Err(mismatched());
+                    };
+                    Ok((r.error, r.changed))
+                }
+            },
+        )
+        .await
+    }
+
+    /// `key`'s expiry (Redis' PTTL and PEXPIRETIME).
+    pub async fn ttl(&self, key: &[u8]) -> Result<KeyTtl> {
+        self.check_key(key)?;
+        let k = Bytes::copy_from_slice(key);
+        self.execute(
+            "ttl",
+            Retry::Read,
+            key,
+            &[],
+            self.deadline(),
+            |conn, header| {
+                let req = pb::TtlRequest {
+                    header: Some(header),
+                    key: k.clone(),
+                };
+                async move {
+                    let Resp::Ttl(r) = self.single(conn, Req::Ttl(req)).await? else {
+                        return Err(mismatched());
+                    };
+                    let out = match (r.found, r.expire_at_ms) {
+                        (false, _) => KeyTtl::Absent,
+                        (true, 0) => KeyTtl::Never,
+                        (true, at_ms) => KeyTtl::At {
+                            at_ms,
+                            left_ms: r.ttl_ms,
+                        },
                     };
                     Ok((r.error, out))
                 }

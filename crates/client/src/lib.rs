@@ -25,9 +25,11 @@ mod local;
 pub mod routing;
 
 pub use crate::client::{
-    prefix_end, CasOutcome, Client, ClientOptions, ClientStats, ClusterStatus, GroupStatus,
-    IncrOutcome, NodeStatus, OperatorStatus, ReplicaStatus, ScanPage, ScrubMismatch, ScrubOutcome,
-    ScrubReplica, WriteOp, DISK_FULL_PATIENCE,
+    prefix_end, CasOutcome, Client, ClientOptions, ClientStats, ClusterStatus, ExpireAt, Expiry,
+    GroupStatus, IncrOutcome, KeyTtl, NodeStatus, OperatorStatus, ReplicaStatus, ScanPage,
+    ScrubMismatch, ScrubOutcome, ScrubReplica, WriteOp, DISK_FULL_PATIENCE,
 };
 pub use crate::error::{ClientError, Result};
 pub use crate::local::{LocalCall, LocalNode, LocalRequest, LocalResponse};
+/// When an expiry change applies (Redis' EXPIRE options: [`Client::expire`]).
+pub use phoenix_proto::ExpireCondition;

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use phoenix_client::{Client, ClientError, ClientOptions, WriteOp};
+use phoenix_client::{
+    Client, ClientError, ClientOptions, ExpireAt, ExpireCondition, Expiry, WriteOp,
+};
 use phoenix_proto as pb;
 use phoenix_proto::kv_server::{Kv, KvServer};
 use phoenix_proto::meta_server::{Meta, MetaServer};
@@ -184,9 +186,9 @@ impl Node {
             Q::Put(r) => A::Put(self.put(Request::new(r)).await.unwrap().into_inner()),
             Q::Delete(r) => A::Delete(self.delete(Request::new(r)).await.unwrap().into_inner()),
             Q::Cas(r) => A::Cas(self.cas(Request::new(r)).await.unwrap().into_inner()),
-            // These nodes predate `Incr`: the item is not served, as an older server
-            // answers an item whose kind it cannot decode.
-            Q::Incr(_) => {
+            // These nodes predate `Incr` and key expiry: the item is not served, as an
+            // older server answers an item whose kind it cannot decode.
+            Q::Incr(_) | Q::Expire(_) | Q::Ttl(_) | Q::PutEx(_) | Q::CasEx(_) => {
                 return pb::BatchResponseItem {
                     id: item.id,
                     error: Some(pb::Error::invalid_argument(
@@ -445,6 +447,22 @@ impl Kv for Node {
 
     async fn incr(&self, _req: Request<pb::IncrRequest>) -> R<pb::IncrResponse> {
         Err(Status::unimplemented("this node predates Kv.Incr"))
+    }
+
+    async fn expire(&self, _req: Request<pb::ExpireRequest>) -> R<pb::ExpireResponse> {
+        Err(Status::unimplemented("this node predates Kv.Expire"))
+    }
+
+    async fn ttl(&self, _req: Request<pb::TtlRequest>) -> R<pb::TtlResponse> {
+        Err(Status::unimplemented("this node predates Kv.Ttl"))
+    }
+
+    async fn put_ex(&self, _req: Request<pb::PutRequest>) -> R<pb::PutResponse> {
+        Err(Status::unimplemented("this node predates Kv.PutEx"))
+    }
+
+    async fn cas_ex(&self, _req: Request<pb::CasRequest>) -> R<pb::CasResponse> {
+        Err(Status::unimplemented("this node predates Kv.CasEx"))
     }
 }
 
@@ -1033,6 +1051,35 @@ async fn incr_on_nodes_that_predate_it_is_unsupported_at_once() {
             "batch {batch}: {e}"
         );
         assert!(started.elapsed() < Duration::from_secs(2), "batch {batch}");
+        // Key expiry likewise: a write with an expiry is refused, not written without
+        // it (an older server would skip the fields it cannot decode).
+        let ttl = Expiry::After(Duration::from_secs(60));
+        for (op, e) in [
+            (
+                "put_ex",
+                client.put_with(b"n", b"2", ttl).await.unwrap_err(),
+            ),
+            (
+                "cas_ex",
+                client
+                    .cas_with(b"n", Some(b"1"), Some(b"2"), Expiry::Keep)
+                    .await
+                    .unwrap_err(),
+            ),
+            (
+                "expire",
+                client
+                    .expire(b"n", ExpireAt::Never, ExpireCondition::ExpireAlways)
+                    .await
+                    .unwrap_err(),
+            ),
+            ("ttl", client.ttl(b"n").await.unwrap_err()),
+        ] {
+            assert!(
+                matches!(&e, ClientError::Unsupported { op: o, .. } if *o == op),
+                "batch {batch}, {op}: {e}"
+            );
+        }
         assert_eq!(client.get(b"n").await.unwrap(), Some(b"1".to_vec()));
         c.kill(2).await;
     }
@@ -1385,6 +1432,21 @@ impl phoenix_client::LocalNode for InProcess {
                 // A node of today whose cluster has an older node: the version gate.
                 Req::Incr(_) => Resp::Incr(pb::IncrResponse {
                     error: Some(pb::Error::unsupported("incr", 6, 5)),
+                    ..Default::default()
+                }),
+                Req::Expire(_) => Resp::Expire(pb::ExpireResponse {
+                    error: Some(pb::Error::unsupported("key expiry", 7, 6)),
+                    ..Default::default()
+                }),
+                Req::Ttl(_) => Resp::Ttl(pb::TtlResponse {
+                    error: Some(pb::Error::unsupported("key expiry", 7, 6)),
+                    ..Default::default()
+                }),
+                Req::PutEx(_) => Resp::PutEx(pb::PutResponse {
+                    error: Some(pb::Error::unsupported("key expiry", 7, 6)),
+                }),
+                Req::CasEx(_) => Resp::CasEx(pb::CasResponse {
+                    error: Some(pb::Error::unsupported("key expiry", 7, 6)),
                     ..Default::default()
                 }),
             }

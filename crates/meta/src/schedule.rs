@@ -236,24 +236,30 @@ pub fn registration(state: &MetaState, hb: &HeartbeatRequest) -> Result<Option<M
         Error::BadHeartbeat(format!("node {}: address {:?} {why}", hb.node_id, hb.addr))
     })?;
     let protocol = hb.stats.as_ref().map_or(0, |s| s.protocol);
-    // Once every other registered node applies increments, data groups may hold them:
-    // a new node whose binary would take them for empty commands must not join and host
-    // replicas. While some node is older, none were proposed. (A registered node keeps
-    // its record: one not upgraded yet is heard as before, and one downgraded has its
-    // fall recorded, which closes the gate at once — although what the logs already
-    // hold it cannot apply: docs/resp.md.)
-    let others = || state.nodes().values().filter(|n| n.node_id != hb.node_id);
-    if protocol < crate::state::PROTOCOL_INCR
-        && !state.nodes().contains_key(&hb.node_id)
-        && others().next().is_some()
-        && others().all(|n| n.protocol >= crate::state::PROTOCOL_INCR)
-    {
-        return Err(Error::BadHeartbeat(format!(
-            "node {}: its binary is at protocol level {protocol}, and every other node at \
-             {} or above (their groups may hold increments it cannot apply): upgrade it",
-            hb.node_id,
-            crate::state::PROTOCOL_INCR
-        )));
+    // Once every other registered node applies a gated command kind (increments at 6,
+    // key expiry at 7), data groups may hold it: a new node whose binary would take it
+    // for an empty command must not join and host replicas. While some node is older,
+    // none was proposed. (A registered node keeps its record: one not upgraded yet is
+    // heard as before, and one downgraded has its fall recorded, which closes the gate
+    // at once — although what the logs already hold it cannot apply: docs/resp.md.)
+    let floor = state
+        .nodes()
+        .values()
+        .filter(|n| n.node_id != hb.node_id)
+        .map(|n| n.protocol)
+        .min();
+    if let Some(floor) = floor {
+        if floor >= crate::state::PROTOCOL_INCR
+            && protocol < floor
+            && !state.nodes().contains_key(&hb.node_id)
+        {
+            return Err(Error::BadHeartbeat(format!(
+                "node {}: its binary is at protocol level {protocol}, and every other node \
+                 at {floor} or above (their groups may hold commands it cannot apply): \
+                 upgrade it",
+                hb.node_id
+            )));
+        }
     }
     if let Some(n) = state.nodes().get(&hb.node_id) {
         // (A level that fell is a downgraded binary: recorded too, so that no command

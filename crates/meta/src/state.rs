@@ -54,10 +54,11 @@ pub const META_GROUP: u64 = 0;
 /// 5 = nodes that report their meta replica and take the meta members from heartbeat
 /// answers (the meta group's own membership changes), 6 = data nodes that apply
 /// `KvCommand.incr` (data-group commands are gated by the lowest level of all registered
-/// nodes, which heartbeat answers carry: [`PROTOCOL_INCR`]). Before 1, a command kind unknown to a replica was refused
+/// nodes, which heartbeat answers carry: [`PROTOCOL_INCR`]), 7 = data nodes that apply key
+/// expiry ([`PROTOCOL_TTL`]). Before 1, a command kind unknown to a replica was refused
 /// there and applied elsewhere: a kind is proposed only once every meta member's node
 /// record says it applies it ([`MetaState::member_behind`]).
-pub const PROTOCOL: u32 = 6;
+pub const PROTOCOL: u32 = 7;
 
 /// The protocol level that brought `Incr` (one replicated increment). A node proposes
 /// one only while every registered node is at this level or above; once they all are,
@@ -65,10 +66,9 @@ pub const PROTOCOL: u32 = 6;
 /// cluster does not fall back under the increments its logs may hold.
 pub const PROTOCOL_INCR: u32 = 6;
 
-/// The protocol level that brings key expiry (`KvCommand.expire` and `sweep_expired`,
-/// puts and compare-and-swaps with an expiry). Above [`PROTOCOL`] for now: this build
-/// applies them (so the next one may propose them in a cluster of both) but proposes none
-/// and refuses requests for them.
+/// The protocol level that brought key expiry (`KvCommand.expire` and `sweep_expired`,
+/// puts and compare-and-swaps with an expiry, every command's `now_ms`): gated as
+/// [`PROTOCOL_INCR`] is.
 pub const PROTOCOL_TTL: u32 = 7;
 
 /// The protocol level that brought the meta group's own membership changes: a node

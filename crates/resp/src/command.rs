@@ -14,6 +14,28 @@ pub enum SetCond {
     IfPresent,
 }
 
+/// The expiry a SET gives its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetExpiry {
+    /// None (the key's is removed).
+    None,
+    /// EX / PX: this many ms from now (at least 1).
+    AfterMs(u64),
+    /// EXAT / PXAT: at this time, ms since the Unix epoch.
+    AtMs(u64),
+    /// KEEPTTL.
+    Keep,
+}
+
+/// When an EXPIRE-family command sets the expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpireWhen {
+    /// EXPIRE / PEXPIRE: this many ms from now (zero or less: the key is deleted).
+    AfterMs(i64),
+    /// EXPIREAT / PEXPIREAT: at this time, ms since the Unix epoch (past: deleted).
+    AtMs(i64),
+}
+
 /// The subcommands of COMMAND.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CommandQuery {
@@ -110,7 +132,8 @@ pub enum Command {
     ConfigGet,
     /// GET key.
     Get(Vec<u8>),
-    /// SET key value [NX|XX] [GET].
+    /// SET key value [NX|XX] [GET] [EX s|PX ms|EXAT s|PXAT ms|KEEPTTL]; SETEX and
+    /// PSETEX.
     Set {
         /// The key.
         key: Vec<u8>,
@@ -120,7 +143,22 @@ pub enum Command {
         cond: SetCond,
         /// GET: answer with the previous value.
         get: bool,
+        /// EX, PX, EXAT, PXAT or KEEPTTL.
+        expiry: SetExpiry,
     },
+    /// EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT key time [NX|XX|GT|LT].
+    Expire {
+        /// The key.
+        key: Vec<u8>,
+        /// When.
+        when: ExpireWhen,
+        /// NX, XX, GT or LT.
+        cond: phoenix_proto::ExpireCondition,
+    },
+    /// PERSIST key.
+    Persist(Vec<u8>),
+    /// EXPIRETIME / PEXPIRETIME key (`ms`: PEXPIRETIME).
+    ExpireTime(Vec<u8>, bool),
     /// SETNX key value.
     SetNx(Vec<u8>, Vec<u8>),
     /// GETSET key value.
@@ -148,8 +186,8 @@ pub enum Command {
     Keys(Pattern),
     /// DBSIZE.
     DbSize,
-    /// TTL / PTTL key (no key expires: -1 for a key, -2 for none).
-    Ttl(Vec<u8>),
+    /// TTL / PTTL key (`ms`: PTTL): -2 for no key, -1 for a key without an expiry.
+    Ttl(Vec<u8>, bool),
 }
 
 /// How many keys SCAN looks at when COUNT is not given (Redis's default).
@@ -168,6 +206,29 @@ fn syntax() -> Reply {
 
 fn not_integer() -> Reply {
     Reply::error("ERR value is not an integer or out of range")
+}
+
+fn bad_expire(name: &str) -> Reply {
+    Reply::error(format!(
+        "ERR invalid expire time in '{}' command",
+        name.to_ascii_lowercase()
+    ))
+}
+
+/// A time argument of `name` given in seconds (`unit` 1000) or ms (1): in ms, overflow
+/// refused as Redis refuses it.
+fn time_ms(name: &str, arg: &[u8], unit: i64) -> Result<i64, Reply> {
+    let n = parse_i64(arg).ok_or_else(not_integer)?;
+    n.checked_mul(unit).ok_or_else(|| bad_expire(name))
+}
+
+/// A SET-style expiry argument (EX, PX, SETEX's): a positive count of `unit` ms.
+fn positive_ms(name: &str, arg: &[u8], unit: i64) -> Result<u64, Reply> {
+    let ms = time_ms(name, arg, unit)?;
+    if ms <= 0 {
+        return Err(bad_expire(name));
+    }
+    Ok(ms as u64)
 }
 
 /// An argument as an i64, as Redis reads integers (no spaces, no `+`, no leading
@@ -345,15 +406,27 @@ pub fn parse(args: Vec<Vec<u8>>) -> Result<Command, Reply> {
             let (key, value) = (next(), next());
             let mut cond = SetCond::Always;
             let mut get = false;
-            for _ in 2..n {
-                match upper(&next()).as_str() {
+            let mut expiry = SetExpiry::None;
+            let mut i = 2;
+            while i < n {
+                i += 1;
+                let opt = upper(&next());
+                let unset = expiry == SetExpiry::None;
+                match opt.as_str() {
                     "NX" if cond == SetCond::Always => cond = SetCond::IfAbsent,
                     "XX" if cond == SetCond::Always => cond = SetCond::IfPresent,
                     "GET" => get = true,
-                    "EX" | "PX" | "EXAT" | "PXAT" | "KEEPTTL" => {
-                        return Err(Reply::error(
-                            "ERR expiring keys (EX, PX, EXAT, PXAT, KEEPTTL) are not supported yet",
-                        ));
+                    "KEEPTTL" if unset => expiry = SetExpiry::Keep,
+                    "EX" | "PX" | "EXAT" | "PXAT" if unset && i < n => {
+                        i += 1;
+                        let arg = next();
+                        let unit = if opt.starts_with('E') { 1000 } else { 1 };
+                        let ms = positive_ms(&name, &arg, unit)?;
+                        expiry = if opt.ends_with("AT") {
+                            SetExpiry::AtMs(ms)
+                        } else {
+                            SetExpiry::AfterMs(ms)
+                        };
                     }
                     _ => return Err(syntax()),
                 }
@@ -363,7 +436,79 @@ pub fn parse(args: Vec<Vec<u8>>) -> Result<Command, Reply> {
                 value,
                 cond,
                 get,
+                expiry,
             }
+        }
+        "SETEX" | "PSETEX" => {
+            exactly(3)?;
+            let key = next();
+            let unit = if name == "SETEX" { 1000 } else { 1 };
+            let ms = positive_ms(&name, &next(), unit)?;
+            Command::Set {
+                key,
+                value: next(),
+                cond: SetCond::Always,
+                get: false,
+                expiry: SetExpiry::AfterMs(ms),
+            }
+        }
+        "EXPIRE" | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT" => {
+            use phoenix_proto::ExpireCondition as C;
+            at_least(2)?;
+            let key = next();
+            let unit = if name.starts_with('P') { 1 } else { 1000 };
+            let ms = time_ms(&name, &next(), unit)?;
+            let when = if name.ends_with("AT") {
+                ExpireWhen::AtMs(ms)
+            } else {
+                ExpireWhen::AfterMs(ms)
+            };
+            let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+            for _ in 2..n {
+                match upper(&next()).as_str() {
+                    "NX" => nx = true,
+                    "XX" => xx = true,
+                    "GT" => gt = true,
+                    "LT" => lt = true,
+                    other => return Err(Reply::error(format!("ERR Unsupported option {other}"))),
+                }
+            }
+            if nx && (xx || gt || lt) {
+                return Err(Reply::error(
+                    "ERR NX and XX, GT or LT options at the same time are not compatible",
+                ));
+            }
+            if gt && lt {
+                return Err(Reply::error(
+                    "ERR GT and LT options at the same time are not compatible",
+                ));
+            }
+            if xx && lt {
+                // Earlier than an expiry the key must have: not one condition the
+                // cluster applies; refused rather than served as something else.
+                return Err(Reply::error("ERR XX and LT together are not supported"));
+            }
+            // (XX with GT is GT: no expiry counts as never, which nothing is later than.)
+            let cond = if nx {
+                C::ExpireIfNone
+            } else if gt {
+                C::ExpireIfLater
+            } else if lt {
+                C::ExpireIfEarlier
+            } else if xx {
+                C::ExpireIfSet
+            } else {
+                C::ExpireAlways
+            };
+            Command::Expire { key, when, cond }
+        }
+        "PERSIST" => {
+            exactly(1)?;
+            Command::Persist(next())
+        }
+        "EXPIRETIME" | "PEXPIRETIME" => {
+            exactly(1)?;
+            Command::ExpireTime(next(), name == "PEXPIRETIME")
         }
         "SETNX" => {
             exactly(2)?;
@@ -454,7 +599,7 @@ pub fn parse(args: Vec<Vec<u8>>) -> Result<Command, Reply> {
         }
         "TTL" | "PTTL" => {
             exactly(1)?;
-            Command::Ttl(next())
+            Command::Ttl(next(), name == "PTTL")
         }
         _ => {
             let shown: Vec<String> = std::iter::repeat_with(&mut next)
@@ -504,6 +649,15 @@ pub const COMMANDS: &[CommandInfo] = &[
     ("dbsize", 1, &["readonly", "fast"], 0, 0, 0),
     ("ttl", 2, &["readonly", "fast"], 1, 1, 1),
     ("pttl", 2, &["readonly", "fast"], 1, 1, 1),
+    ("setex", 4, &["write"], 1, 1, 1),
+    ("psetex", 4, &["write"], 1, 1, 1),
+    ("expire", -3, &["write", "fast"], 1, 1, 1),
+    ("pexpire", -3, &["write", "fast"], 1, 1, 1),
+    ("expireat", -3, &["write", "fast"], 1, 1, 1),
+    ("pexpireat", -3, &["write", "fast"], 1, 1, 1),
+    ("persist", 2, &["write", "fast"], 1, 1, 1),
+    ("expiretime", 2, &["readonly", "fast"], 1, 1, 1),
+    ("pexpiretime", 2, &["readonly", "fast"], 1, 1, 1),
 ];
 
 #[cfg(test)]
@@ -529,13 +683,46 @@ mod tests {
                 key: b"k".to_vec(),
                 value: b"v".to_vec(),
                 cond: SetCond::IfAbsent,
-                get: true
+                get: true,
+                expiry: SetExpiry::None,
             }
         );
         assert_eq!(err_text(cmd("set k v NX XX")), "ERR syntax error");
         assert_eq!(cmd("config get save").unwrap(), Command::ConfigGet);
         assert!(err_text(cmd("config set save x")).starts_with("ERR unknown subcommand"));
-        assert!(err_text(cmd("set k v EX 10")).contains("not supported"));
+        assert!(matches!(
+            cmd("set k v EX 10"),
+            Ok(Command::Set {
+                expiry: SetExpiry::AfterMs(10_000),
+                ..
+            })
+        ));
+        assert!(matches!(
+            cmd("set k v pxat 5 nx"),
+            Ok(Command::Set {
+                expiry: SetExpiry::AtMs(5),
+                cond: SetCond::IfAbsent,
+                ..
+            })
+        ));
+        assert!(err_text(cmd("set k v EX 0")).contains("invalid expire time in 'set'"));
+        assert!(err_text(cmd("set k v EX 1 PX 1")).contains("syntax"));
+        assert!(err_text(cmd("set k v KEEPTTL EX 1")).contains("syntax"));
+        assert!(err_text(cmd("set k v EX")).contains("syntax"));
+        assert!(err_text(cmd("set k v EX x")).contains("not an integer"));
+        assert!(err_text(cmd("set k v EX 9223372036854775807")).contains("invalid expire time"));
+        assert!(err_text(cmd("setex k 0 v")).contains("invalid expire time in 'setex'"));
+        assert!(matches!(
+            cmd("expire k -5 GT"),
+            Ok(Command::Expire {
+                when: ExpireWhen::AfterMs(-5000),
+                cond: phoenix_proto::ExpireCondition::ExpireIfLater,
+                ..
+            })
+        ));
+        assert!(err_text(cmd("expire k 5 NX XX")).contains("not compatible"));
+        assert!(err_text(cmd("expire k 5 GT LT")).contains("not compatible"));
+        assert!(err_text(cmd("expire k 5 FOO")).contains("Unsupported option"));
         assert_eq!(
             err_text(cmd("get")),
             "ERR wrong number of arguments for 'get' command"

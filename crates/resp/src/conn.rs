@@ -11,13 +11,16 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::codec::{parse_request, Limits, Reply};
-use crate::command::{self, Command, CommandInfo, CommandQuery, Pattern, SetCond, COMMANDS};
+use crate::command::{
+    self, Command, CommandInfo, CommandQuery, ExpireWhen, Pattern, SetCond, SetExpiry, COMMANDS,
+};
 use crate::store::{Store, StoreError};
-use phoenix_client::IncrOutcome;
+use phoenix_client::{ExpireAt, ExpireCondition, Expiry, IncrOutcome, KeyTtl};
 
 /// Compare-and-swap attempts a read-modify-write command makes before it gives up on a
 /// key other clients keep changing.
@@ -360,6 +363,7 @@ impl<S: Store> Conn<S> {
                 value,
                 cond: SetCond::Always,
                 get: false,
+                expiry: SetExpiry::None,
             } => {
                 store.put(&key, &value).await?;
                 Reply::ok()
@@ -367,14 +371,54 @@ impl<S: Store> Conn<S> {
             Command::Set {
                 key,
                 value,
+                cond: SetCond::Always,
+                get: false,
+                expiry,
+            } => {
+                store.put_with(&key, &value, set_expiry(expiry)).await?;
+                Reply::ok()
+            }
+            Command::Set {
+                key,
+                value,
                 cond,
                 get,
-            } => set_swapped(&*store, &key, &value, cond, get).await?,
+                expiry,
+            } => set_swapped(&*store, &key, &value, cond, get, set_expiry(expiry)).await?,
+            Command::Expire { key, when, cond } => {
+                let at = match when {
+                    ExpireWhen::AfterMs(ms) => {
+                        ExpireAt::After(Duration::from_millis(ms.max(0) as u64))
+                    }
+                    ExpireWhen::AtMs(ms) => ExpireAt::UnixMs(ms.max(1) as u64),
+                };
+                Reply::Int(i64::from(store.expire(&key, at, cond).await?))
+            }
+            Command::Persist(key) => Reply::Int(i64::from(
+                store
+                    .expire(&key, ExpireAt::Never, ExpireCondition::ExpireAlways)
+                    .await?,
+            )),
+            Command::ExpireTime(key, ms) => Reply::Int(match store.ttl(&key).await? {
+                KeyTtl::Absent => -2,
+                KeyTtl::Never => -1,
+                KeyTtl::At { at_ms, .. } if ms => at_ms as i64,
+                KeyTtl::At { at_ms, .. } => (at_ms / 1000) as i64,
+            }),
+            Command::Ttl(key, ms) => Reply::Int(match store.ttl(&key).await? {
+                KeyTtl::Absent => -2,
+                KeyTtl::Never => -1,
+                KeyTtl::At { left_ms, .. } if ms => left_ms as i64,
+                // Rounded to the nearest second, as Redis does.
+                KeyTtl::At { left_ms, .. } => left_ms.saturating_add(500) as i64 / 1000,
+            }),
             Command::SetNx(k, v) => {
                 let r = store.cas(&k, None, Some(&v)).await?;
                 Reply::Int(i64::from(r.succeeded))
             }
-            Command::GetSet(k, v) => set_swapped(&*store, &k, &v, SetCond::Always, true).await?,
+            Command::GetSet(k, v) => {
+                set_swapped(&*store, &k, &v, SetCond::Always, true, Expiry::Never).await?
+            }
             Command::Del(keys) => {
                 let mut n = 0;
                 for k in keys {
@@ -423,11 +467,6 @@ impl<S: Store> Conn<S> {
                 each_key(&*store, &Pattern::Prefix(Vec::new()), |_| n += 1).await?;
                 Reply::Int(n)
             }
-            Command::Ttl(k) => Reply::Int(if store.get(&k).await?.is_some() {
-                -1
-            } else {
-                -2
-            }),
         })
     }
 
@@ -572,6 +611,7 @@ async fn set_swapped<S: Store>(
     value: &[u8],
     cond: SetCond,
     get: bool,
+    expiry: Expiry,
 ) -> Result<Reply, StoreError> {
     let mut cur = store.get(key).await?;
     for _ in 0..SWAP_ATTEMPTS_MAX {
@@ -583,13 +623,35 @@ async fn set_swapped<S: Store>(
         if !allowed {
             return Ok(if get { bulk_or_null(cur) } else { Reply::Null });
         }
-        let r = store.cas(key, cur.as_deref(), Some(value)).await?;
+        let r = if expiry == Expiry::Never {
+            store.cas(key, cur.as_deref(), Some(value)).await?
+        } else {
+            store
+                .cas_with(key, cur.as_deref(), Some(value), expiry)
+                .await?
+        };
         if r.succeeded {
             return Ok(if get { bulk_or_null(cur) } else { Reply::ok() });
         }
         cur = r.previous;
     }
     Ok(contended("SET"))
+}
+
+/// The expiry a SET's option gives (EXAT/PXAT from this node's clock: one already past
+/// leaves the key for a millisecond).
+fn set_expiry(e: SetExpiry) -> Expiry {
+    match e {
+        SetExpiry::None => Expiry::Never,
+        SetExpiry::Keep => Expiry::Keep,
+        SetExpiry::AfterMs(ms) => Expiry::After(Duration::from_millis(ms)),
+        SetExpiry::AtMs(at) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            Expiry::After(Duration::from_millis(at.saturating_sub(now).max(1)))
+        }
+    }
 }
 
 /// Deletes `key` if present; whether it was.

@@ -8,7 +8,10 @@ use std::future::Future;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use phoenix_client::{CasOutcome, Client, ClientError, IncrOutcome, ScanPage, WriteOp};
+use phoenix_client::{
+    CasOutcome, Client, ClientError, ExpireAt, ExpireCondition, Expiry, IncrOutcome, KeyTtl,
+    ScanPage, WriteOp,
+};
 
 /// Why a store call failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -38,6 +41,31 @@ pub trait Store: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send;
     /// Sets `key` to `value`.
     fn put(&self, key: &[u8], value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Sets `key` to `value` with `expiry` ([`StoreError::Unsupported`] where key expiry
+    /// is not served yet).
+    fn put_with(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        expiry: Expiry,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// [`Store::cas`] whose write leaves the key with `expiry`.
+    fn cas_with(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+        expiry: Expiry,
+    ) -> impl Future<Output = Result<CasOutcome, StoreError>> + Send;
+    /// Changes `key`'s expiry if `condition` holds; whether it changed the key.
+    fn expire(
+        &self,
+        key: &[u8],
+        at: ExpireAt,
+        condition: ExpireCondition,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// `key`'s expiry.
+    fn ttl(&self, key: &[u8]) -> impl Future<Output = Result<KeyTtl, StoreError>> + Send;
     /// If `key` holds `expected` (None: absent), sets it to `new` (None: deletes it).
     fn cas(
         &self,
@@ -116,6 +144,42 @@ impl Store for ClusterStore {
 
     async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         self.client.put(key, value).await.map_err(from_client)
+    }
+
+    async fn put_with(&self, key: &[u8], value: &[u8], expiry: Expiry) -> Result<(), StoreError> {
+        self.client
+            .put_with(key, value, expiry)
+            .await
+            .map_err(from_client)
+    }
+
+    async fn cas_with(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+        expiry: Expiry,
+    ) -> Result<CasOutcome, StoreError> {
+        self.client
+            .cas_with(key, expected, new, expiry)
+            .await
+            .map_err(from_client)
+    }
+
+    async fn expire(
+        &self,
+        key: &[u8],
+        at: ExpireAt,
+        condition: ExpireCondition,
+    ) -> Result<bool, StoreError> {
+        self.client
+            .expire(key, at, condition)
+            .await
+            .map_err(from_client)
+    }
+
+    async fn ttl(&self, key: &[u8]) -> Result<KeyTtl, StoreError> {
+        self.client.ttl(key).await.map_err(from_client)
     }
 
     async fn cas(
@@ -209,13 +273,79 @@ impl phoenix_client::LocalNode for InNode {
 
 /// A store in memory, cut into "groups" at `split_keys` so atomic writes across them are
 /// refused as the cluster refuses them: the model the front end's tests compare it with,
-/// and a way to try the protocol without a cluster.
+/// and a way to try the protocol without a cluster. Keys expire by this process's clock.
 #[derive(Debug, Default, Clone)]
 pub struct MemoryStore {
-    map: Arc<Mutex<BTreeMap<Vec<u8>, Vec<u8>>>>,
+    mem: Arc<Mutex<Mem>>,
     split_keys: Vec<Vec<u8>>,
     /// Refuse `incr` as a cluster with an older node does.
     without_incr: bool,
+}
+
+/// The keys and the expiries of some of them (ms since the Unix epoch).
+#[derive(Debug, Default)]
+struct Mem {
+    map: BTreeMap<Vec<u8>, Vec<u8>>,
+    expiry: BTreeMap<Vec<u8>, u64>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Mem {
+    /// Forgets `key` if its expiry has passed.
+    fn purge(&mut self, key: &[u8], now: u64) {
+        if self.expiry.get(key).is_some_and(|&at| at <= now) {
+            self.expiry.remove(key);
+            self.map.remove(key);
+        }
+    }
+
+    /// Forgets every key whose expiry has passed.
+    fn purge_all(&mut self, now: u64) {
+        let gone: Vec<Vec<u8>> = self
+            .expiry
+            .iter()
+            .filter(|(_, &at)| at <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.purge(&k, now);
+        }
+    }
+
+    fn get(&mut self, key: &[u8]) -> Option<Vec<u8>> {
+        self.purge(key, now_ms());
+        self.map.get(key).cloned()
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8], expiry: Expiry) -> Result<(), StoreError> {
+        let now = now_ms();
+        self.purge(key, now);
+        match expiry {
+            Expiry::Never => {
+                self.expiry.remove(key);
+            }
+            Expiry::Keep => {}
+            Expiry::After(d) => {
+                let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                if ms == 0 {
+                    return Err(StoreError::Invalid("an expiry after less than 1 ms".into()));
+                }
+                self.expiry.insert(key.to_vec(), now.saturating_add(ms));
+            }
+        }
+        self.map.insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &[u8]) {
+        self.map.remove(key);
+        self.expiry.remove(key);
+    }
 }
 
 impl MemoryStore {
@@ -223,7 +353,7 @@ impl MemoryStore {
     pub fn with_split_keys(mut split_keys: Vec<Vec<u8>>) -> MemoryStore {
         split_keys.sort();
         MemoryStore {
-            map: Arc::default(),
+            mem: Arc::default(),
             split_keys,
             without_incr: false,
         }
@@ -243,12 +373,15 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.map.lock().get(key).cloned())
+        Ok(self.mem.lock().get(key))
     }
 
     async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.map.lock().insert(key.to_vec(), value.to_vec());
-        Ok(())
+        self.mem.lock().put(key, value, Expiry::Never)
+    }
+
+    async fn put_with(&self, key: &[u8], value: &[u8], expiry: Expiry) -> Result<(), StoreError> {
+        self.mem.lock().put(key, value, expiry)
     }
 
     async fn cas(
@@ -257,13 +390,23 @@ impl Store for MemoryStore {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<CasOutcome, StoreError> {
-        let mut map = self.map.lock();
-        let previous = map.get(key).cloned();
+        self.cas_with(key, expected, new, Expiry::Never).await
+    }
+
+    async fn cas_with(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+        expiry: Expiry,
+    ) -> Result<CasOutcome, StoreError> {
+        let mut mem = self.mem.lock();
+        let previous = mem.get(key);
         let succeeded = previous.as_deref() == expected;
         if succeeded {
             match new {
-                Some(v) => map.insert(key.to_vec(), v.to_vec()),
-                None => map.remove(key),
+                Some(v) => mem.put(key, v, expiry)?,
+                None => mem.delete(key),
             };
         }
         Ok(CasOutcome {
@@ -276,17 +419,72 @@ impl Store for MemoryStore {
         if self.without_incr {
             return Err(StoreError::Unsupported("incr (a store without it)".into()));
         }
-        let mut map = self.map.lock();
-        let r = phoenix_proto::counter::incremented(map.get(key).map(Vec::as_slice), by);
+        let mut mem = self.mem.lock();
+        let r = phoenix_proto::counter::incremented(mem.get(key).as_deref(), by);
         if let Ok(n) = r {
-            map.insert(key.to_vec(), n.to_string().into_bytes());
+            // An increment keeps the key's expiry.
+            mem.put(key, n.to_string().as_bytes(), Expiry::Keep)?;
         }
         Ok(IncrOutcome::of(r))
     }
 
+    async fn expire(
+        &self,
+        key: &[u8],
+        at: ExpireAt,
+        condition: ExpireCondition,
+    ) -> Result<bool, StoreError> {
+        let mut mem = self.mem.lock();
+        let now = now_ms();
+        if mem.get(key).is_none() {
+            return Ok(false);
+        }
+        let current = mem.expiry.get(key).copied();
+        let new = match at {
+            ExpireAt::Never => {
+                return Ok(mem.expiry.remove(key).is_some());
+            }
+            ExpireAt::After(d) => {
+                now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            }
+            ExpireAt::UnixMs(ms) => ms.max(1),
+        };
+        let holds = match condition {
+            ExpireCondition::ExpireAlways => true,
+            ExpireCondition::ExpireIfNone => current.is_none(),
+            ExpireCondition::ExpireIfSet => current.is_some(),
+            ExpireCondition::ExpireIfLater => current.is_some_and(|c| new > c),
+            ExpireCondition::ExpireIfEarlier => current.is_none_or(|c| new < c),
+        };
+        if !holds {
+            return Ok(false);
+        }
+        if new <= now {
+            mem.delete(key);
+        } else {
+            mem.expiry.insert(key.to_vec(), new);
+        }
+        Ok(true)
+    }
+
+    async fn ttl(&self, key: &[u8]) -> Result<KeyTtl, StoreError> {
+        let mut mem = self.mem.lock();
+        let now = now_ms();
+        if mem.get(key).is_none() {
+            return Ok(KeyTtl::Absent);
+        }
+        Ok(match mem.expiry.get(key) {
+            None => KeyTtl::Never,
+            Some(&at) => KeyTtl::At {
+                at_ms: at,
+                left_ms: at.saturating_sub(now),
+            },
+        })
+    }
+
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        let map = self.map.lock();
-        Ok(keys.iter().map(|k| map.get(k).cloned()).collect())
+        let mut mem = self.mem.lock();
+        Ok(keys.iter().map(|k| mem.get(k)).collect())
     }
 
     async fn write(&self, ops: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StoreError> {
@@ -296,22 +494,23 @@ impl Store for MemoryStore {
         if groups.len() > 1 {
             return Err(StoreError::CrossGroup(format!("groups {groups:?}")));
         }
-        let mut map = self.map.lock();
+        let mut mem = self.mem.lock();
         for (k, v) in ops {
             match v {
-                Some(v) => map.insert(k.clone(), v.clone()),
-                None => map.remove(k),
+                Some(v) => mem.put(k, v, Expiry::Never)?,
+                None => mem.delete(k),
             };
         }
         Ok(())
     }
 
     async fn scan(&self, start: &[u8], end: &[u8], limit: u32) -> Result<ScanPage, StoreError> {
-        let map = self.map.lock();
+        let mut mem = self.mem.lock();
+        mem.purge_all(now_ms());
         let limit = limit.max(1) as usize;
         let mut pairs = Vec::new();
         let mut next = None;
-        for (k, v) in map.range(start.to_vec()..) {
+        for (k, v) in mem.map.range(start.to_vec()..) {
             if !end.is_empty() && k.as_slice() >= end {
                 break;
             }

@@ -177,6 +177,51 @@ async fn redis_commands_run_against_a_cluster() {
         "{calls} calls for 100 INCRs (and one GET)"
     );
 
+    // Key expiry (the gate is open: the nodes heard each other's level above).
+    let r = pipeline(
+        &mut c,
+        &[
+            req(&[b"SET", b"t1", b"v", b"PX", b"1500"]),
+            req(&[b"SETEX", b"t2", b"100", b"v"]),
+            req(&[b"TTL", b"t2"]),
+            req(&[b"EXPIRE", b"t2", b"50", b"GT"]),
+            req(&[b"PERSIST", b"t2"]),
+            req(&[b"TTL", b"t2"]),
+            req(&[b"INCR", b"tc"]),
+            req(&[b"EXPIRE", b"tc", b"1", b"NX"]),
+            req(&[b"INCR", b"tc"]),
+            req(&[b"GET", b"t1"]),
+        ],
+    )
+    .await;
+    assert_eq!(
+        r,
+        vec![
+            R::Simple("OK".into()),
+            R::Simple("OK".into()),
+            R::Int(100),
+            R::Int(0),
+            R::Int(1),
+            R::Int(-1),
+            R::Int(1),
+            R::Int(1),
+            R::Int(2),
+            R::Bulk(Some(b"v".to_vec())),
+        ]
+    );
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let r = pipeline(
+        &mut c,
+        &[
+            req(&[b"GET", b"t1"]),
+            req(&[b"EXISTS", b"t1", b"t2", b"tc"]),
+            req(&[b"TTL", b"tc"]),
+            req(&[b"DEL", b"t2"]),
+        ],
+    )
+    .await;
+    assert_eq!(r, vec![R::Bulk(None), R::Int(1), R::Int(-2), R::Int(1)]);
+
     // MSET: refused across the two groups (nothing written), atomic within one.
     let r = pipeline(
         &mut c,

@@ -310,10 +310,10 @@ async fn inline_commands_resp3_and_connection_commands_work() {
             vec![b"GET".to_vec()],
             vec![
                 b"SET".to_vec(),
-                b"k".to_vec(),
+                b"k2".to_vec(),
                 b"v".to_vec(),
                 b"EX".to_vec(),
-                b"1".to_vec(),
+                b"100".to_vec(),
             ],
             vec![b"CLIENT".to_vec(), b"SETNAME".to_vec(), b"me".to_vec()],
             vec![b"CLIENT".to_vec(), b"GETNAME".to_vec()],
@@ -330,7 +330,7 @@ async fn inline_commands_resp3_and_connection_commands_work() {
         err(&replies[1], "ERR wrong number of arguments for 'get'"),
         "{replies:?}"
     );
-    assert!(err(&replies[2], "ERR expiring keys"), "{replies:?}");
+    assert_eq!(replies[2], R::Simple("OK".into()), "{replies:?}");
     assert_eq!(replies[3], R::Simple("OK".into()));
     assert_eq!(replies[4], R::Bulk(Some(b"me".to_vec())));
     assert!(
@@ -370,6 +370,142 @@ async fn inline_commands_resp3_and_connection_commands_work() {
 }
 
 /// SCAN pages through a prefix with cursors; every key is seen once.
+/// The expiry commands as Redis answers them: SET's EX/PX/EXAT/PXAT/KEEPTTL, SETEX,
+/// PSETEX, EXPIRE and kin with NX/XX/GT/LT, PERSIST, TTL, PTTL, EXPIRETIME; an expired
+/// key is gone for GET, EXISTS, MGET, DBSIZE and KEYS; INCR keeps the expiry, SET and
+/// GETSET remove it.
+#[tokio::test]
+async fn keys_expire_as_redis_expires_them() {
+    let store = MemoryStore::with_split_keys(vec![b"m".to_vec()]);
+    let mut io = connect(&store).await;
+    let c = |s: &str| -> Vec<Vec<u8>> { s.split(' ').map(|a| a.as_bytes().to_vec()).collect() };
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let replies = pipeline(
+        &mut io,
+        &[
+            c("SET a 1 EX 100"),
+            c("TTL a"),
+            c("EXPIRE a 10 GT"),
+            c("EXPIRE a 200 GT"),
+            c("TTL a"),
+            c("EXPIRE a 50 NX"),
+            c("EXPIRE a 50 XX"),
+            c("TTL a"),
+            c("INCR a"),
+            c("TTL a"),
+            c("SET a 5 KEEPTTL"),
+            c("TTL a"),
+            c("PERSIST a"),
+            c("PERSIST a"),
+            c("TTL a"),
+            c("TTL missing"),
+            c("PTTL missing"),
+            c("EXPIRE missing 10"),
+            c("EXPIRE a 10 LT"),
+            c("EXPIRETIME a"),
+            c("SET a 6"),
+            c("TTL a"),
+            c(&format!("SET e x EXAT {}", now_s + 1000)),
+            c("EXPIRETIME e"),
+            c("GETSET e y"),
+            c("TTL e"),
+            c("SET n 1 PX 100000 NX"),
+            c("SET n 2 PX 100000 NX"),
+            c("PSETEX p 100000 v"),
+            c("SETEX s 100 v"),
+            c("EXPIRE s 0"),
+            c("EXISTS s"),
+            c("EXPIREAT p 1"),
+            c("GET p"),
+            c("SETEX short 1 v"),
+            c("PSETEX shorter 300 v"),
+        ],
+    )
+    .await;
+    let want = [
+        ok(),
+        R::Int(100),
+        R::Int(0),
+        R::Int(1),
+        R::Int(200),
+        R::Int(0),
+        R::Int(1),
+        R::Int(50),
+        R::Int(2),
+        R::Int(50),
+        ok(),
+        R::Int(50),
+        R::Int(1),
+        R::Int(0),
+        R::Int(-1),
+        R::Int(-2),
+        R::Int(-2),
+        R::Int(0),
+        R::Int(1),
+    ];
+    assert_eq!(&replies[..want.len()], &want[..], "{replies:?}");
+    let R::Int(t) = replies[19] else {
+        panic!("{replies:?}");
+    };
+    assert!((now_s as i64 + 9..=now_s as i64 + 10).contains(&t), "{t}");
+    assert_eq!(replies[20], ok());
+    assert_eq!(replies[21], R::Int(-1), "SET removes the expiry");
+    assert_eq!(replies[22], ok());
+    assert_eq!(replies[23], R::Int(now_s as i64 + 1000), "{replies:?}");
+    assert_eq!(replies[24], R::Bulk(Some(b"x".to_vec())));
+    assert_eq!(replies[25], R::Int(-1), "GETSET removes the expiry");
+    assert_eq!(replies[26], ok());
+    assert_eq!(replies[27], R::Bulk(None));
+    assert_eq!(replies[28], ok());
+    assert_eq!(replies[29], ok());
+    assert_eq!(replies[30], R::Int(1), "EXPIRE 0 deletes");
+    assert_eq!(replies[31], R::Int(0));
+    assert_eq!(replies[32], R::Int(1), "EXPIREAT in the past deletes");
+    assert_eq!(replies[33], R::Bulk(None));
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let replies = pipeline(
+        &mut io,
+        &[
+            c("GET short"),
+            c("EXISTS short shorter a"),
+            c("MGET short a"),
+            c("TTL short"),
+            c("KEYS *"),
+            c("DBSIZE"),
+            c("PERSIST short"),
+        ],
+    )
+    .await;
+    assert_eq!(replies[0], R::Bulk(None), "{replies:?}");
+    assert_eq!(replies[1], R::Int(1));
+    assert_eq!(
+        replies[2],
+        R::Array(Some(vec![R::Bulk(None), R::Bulk(Some(b"6".to_vec()))]))
+    );
+    assert_eq!(replies[3], R::Int(-2));
+    let R::Array(Some(keys)) = &replies[4] else {
+        panic!("{replies:?}");
+    };
+    let mut keys: Vec<R> = keys.clone();
+    keys.sort_by_key(|k| match k {
+        R::Bulk(Some(b)) => b.clone(),
+        _ => Vec::new(),
+    });
+    assert_eq!(
+        keys,
+        vec![
+            R::Bulk(Some(b"a".to_vec())),
+            R::Bulk(Some(b"e".to_vec())),
+            R::Bulk(Some(b"n".to_vec())),
+        ]
+    );
+    assert_eq!(replies[5], R::Int(3));
+    assert_eq!(replies[6], R::Int(0));
+}
+
 #[tokio::test]
 async fn scan_pages_through_a_prefix() {
     let store = MemoryStore::default();

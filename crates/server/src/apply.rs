@@ -579,6 +579,11 @@ impl SessionCache {
         self.expiring = None;
     }
 
+    /// Whether the group may hold key expiries, as last written (None: not known).
+    pub fn expiring(&self) -> Option<bool> {
+        self.expiring
+    }
+
     /// Records held.
     pub fn len(&self) -> usize {
         self.records.len()
@@ -692,6 +697,12 @@ impl<'a> Applier<'a> {
     pub fn set_merge_state(&mut self, merging: Option<(u64, u64)>, floor: u64) {
         self.merging = merging;
         self.floor = floor;
+    }
+
+    /// Whether the entries taken wrote a key expiry (or took one in by a merge): readers
+    /// must be told before the round's batch is written.
+    pub fn holds_expiries(&self) -> bool {
+        self.expiring == Some(true)
     }
 
     /// The group's range record as of the entries taken.
@@ -1585,6 +1596,11 @@ impl<'a> Applier<'a> {
         let Some((index, term)) = self.last else {
             return Ok(None);
         };
+        // Once per replica life: whether the group holds expiries, so that readers can
+        // be told it holds none (node.rs) and skip looking for them.
+        if self.expiring.is_none() {
+            self.may_expire()?;
+        }
         let mut written = Vec::with_capacity(self.sessions.len());
         for (client, rec) in std::mem::take(&mut self.sessions) {
             let v = rec.encode();

@@ -155,6 +155,19 @@ pub(crate) fn refusal(request: &Req, err: proto::Error) -> Resp {
             error: Some(err),
             ..Default::default()
         }),
+        Req::Expire(_) => Resp::Expire(proto::ExpireResponse {
+            error: Some(err),
+            ..Default::default()
+        }),
+        Req::Ttl(_) => Resp::Ttl(proto::TtlResponse {
+            error: Some(err),
+            ..Default::default()
+        }),
+        Req::PutEx(_) => Resp::PutEx(proto::PutResponse { error: Some(err) }),
+        Req::CasEx(_) => Resp::CasEx(proto::CasResponse {
+            error: Some(err),
+            ..Default::default()
+        }),
     }
 }
 
@@ -171,6 +184,10 @@ pub(crate) fn group_of_request(request: &Req) -> u64 {
         Req::Delete(r) => r.header.as_ref(),
         Req::Cas(r) => r.header.as_ref(),
         Req::Incr(r) => r.header.as_ref(),
+        Req::Expire(r) => r.header.as_ref(),
+        Req::Ttl(r) => r.header.as_ref(),
+        Req::PutEx(r) => r.header.as_ref(),
+        Req::CasEx(r) => r.header.as_ref(),
     };
     header.map_or(0, |h| h.group_id)
 }
@@ -237,6 +254,31 @@ pub(crate) async fn serve_request(svc: &Services, request: Req) -> Resp {
         Req::Incr(r) => Resp::Incr(match svc.incr(Request::new(r)).await {
             Ok(r) => r.into_inner(),
             Err(s) => proto::IncrResponse {
+                error: internal(s),
+                ..Default::default()
+            },
+        }),
+        Req::Expire(r) => Resp::Expire(match svc.expire(Request::new(r)).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => proto::ExpireResponse {
+                error: internal(s),
+                ..Default::default()
+            },
+        }),
+        Req::Ttl(r) => Resp::Ttl(match svc.ttl(Request::new(r)).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => proto::TtlResponse {
+                error: internal(s),
+                ..Default::default()
+            },
+        }),
+        Req::PutEx(r) => Resp::PutEx(match svc.put_ex(Request::new(r)).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => proto::PutResponse { error: internal(s) },
+        }),
+        Req::CasEx(r) => Resp::CasEx(match svc.cas_ex(Request::new(r)).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => proto::CasResponse {
                 error: internal(s),
                 ..Default::default()
             },

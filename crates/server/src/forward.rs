@@ -81,7 +81,9 @@ forwardable!(
     ScanRequest,
     DeleteRangeRequest,
     CasRequest,
-    IncrRequest
+    IncrRequest,
+    ExpireRequest,
+    TtlRequest
 );
 
 /// Connections to the other nodes' `Kv` services, made on first use and kept.

@@ -30,6 +30,7 @@ pub mod control;
 pub mod disk;
 pub mod dropper;
 pub mod error;
+mod expiry_sweep;
 pub mod failpoint;
 pub mod faults;
 pub mod forward;
@@ -384,6 +385,7 @@ async fn run_once(
     let disk_watch = tokio::spawn(disk::watch(Arc::clone(&shared)));
     let sched = tokio::spawn(control::scheduler_loop(Arc::clone(&shared)));
     let split_check = tokio::spawn(split_check::split_check_loop(Arc::clone(&shared)));
+    let expiry_sweep = tokio::spawn(expiry_sweep::sweep_loop(Arc::clone(&shared)));
     // On shutdown the groups this node leads are handed to their followers first (so
     // clients see a leader transfer, not an election timeout), then the driver stops (so
     // this node stops acting as a replica), then the outgoing streams close and the
@@ -490,6 +492,7 @@ async fn run_once(
     }
     sched.abort();
     split_check.abort();
+    expiry_sweep.abort();
     let _ = tx.send(node::Event::Stop);
     let joined = tokio::task::spawn_blocking(move || driver_thread.join()).await;
     if !matches!(joined, Ok(Ok(()))) {

@@ -2458,8 +2458,10 @@ fn install_snapshot(
         )));
     };
     // The group's data is replaced whatever happens next (or the replica stops): its
-    // cached session records no longer describe it.
+    // cached session records no longer describe it, nor what readers know of its
+    // expiries.
     p.sessions.clear();
+    publish_expiries(shared, g, None);
     let installed = install_files(shared, p, meta, dir.path());
     // Installed or not, the received files are not needed again: a retry gets a new copy.
     drop(dir);
@@ -2731,6 +2733,16 @@ fn before_write(
     )
 }
 
+/// Tells readers whether group `g` may hold key expiries (see `GroupView::expiries`).
+fn publish_expiries(shared: &Shared, g: u64, expiries: Option<bool>) {
+    if shared.groups.read().get(&g).map(|v| v.expiries) == Some(expiries) {
+        return;
+    }
+    if let Some(v) = shared.groups.write().get_mut(&g) {
+        v.expiries = expiries;
+    }
+}
+
 /// After an apply round's batch is written (`applied`: the last entry it covers).
 fn after_write(shared: &Shared, p: &mut Peer, applied: Option<(u64, u64)>, split: bool) {
     if let Some((index, term)) = applied {
@@ -2947,8 +2959,14 @@ fn apply_round(
             // The engine must hold the state as of this entry exactly: the round so far
             // is written, the snapshot taken, and the rest of the round goes on in a
             // batch of its own.
+            if a.holds_expiries() {
+                publish_expiries(shared, g, Some(true));
+            }
             before_write(shared, g, &p.route, &p.split_child, p.merging, split)?;
             let applied = a.finish(engine)?;
+            if p.sessions.expiring() == Some(false) {
+                publish_expiries(shared, g, Some(false));
+            }
             last_applied = applied.map(|(i, _)| i).or(last_applied);
             // Under way before the view says the point is applied: a heartbeat never
             // shows it applied with no checksum, neither computed nor being computed
@@ -2967,8 +2985,14 @@ fn apply_round(
             a.set_merge_state(p.merging, p.raw.append_floor());
         }
     }
+    if a.holds_expiries() {
+        publish_expiries(shared, g, Some(true));
+    }
     before_write(shared, g, &p.route, &p.split_child, p.merging, split)?;
     let applied = a.finish(engine)?;
+    if p.sessions.expiring() == Some(false) {
+        publish_expiries(shared, g, Some(false));
+    }
     last_applied = applied.map(|(i, _)| i).or(last_applied);
     after_write(shared, p, applied, split);
     if let Some((cs, version)) = conf {

@@ -196,12 +196,19 @@ impl Services {
         }
     }
 
-    async fn propose(&self, c: &Ctx, mut cmd: proto::KvCommand) -> Result<ApplyResult, PErr> {
-        // The leader's clock decides, for every replica, session expiry and which keys
-        // have expired for this command.
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+    async fn propose(&self, c: &Ctx, cmd: proto::KvCommand) -> Result<ApplyResult, PErr> {
+        self.propose_at(c, cmd, now_ms()).await
+    }
+
+    /// Proposes `cmd` with time `now` (this node's clock, read before any expiry the
+    /// command carries was computed from it): it decides, for every replica, session
+    /// expiry and which keys have expired for this command.
+    async fn propose_at(
+        &self,
+        c: &Ctx,
+        mut cmd: proto::KvCommand,
+        now: u64,
+    ) -> Result<ApplyResult, PErr> {
         cmd.now_ms = now;
         if let Some((client_id, seq, acked_below)) = c.session {
             if seq == 0 || seq == u64::MAX {
@@ -270,16 +277,23 @@ impl Services {
     /// taken first, then the group's range epoch is checked to be still the request's.
     /// A split publishes its epoch before it moves the keys (node.rs), so a snapshot
     /// taken while the old epoch shows holds the keys where the request's route says.
-    fn read_snapshot(&self, c: &Ctx) -> Result<phoenix_engine::Snapshot, PErr> {
+    /// Also says whether the snapshot may hold key expiries: a write that brings the
+    /// group's first is announced before it is made (node.rs `publish_expiries`), so a
+    /// view read after the snapshot that says none is true of the snapshot.
+    fn read_snapshot(&self, c: &Ctx) -> Result<ReadPoint, PErr> {
         let snap = self.shared.engine.snapshot();
-        let epoch = self
+        let view = self
             .shared
             .groups
             .read()
             .get(&c.group)
-            .map(|v| v.route.epoch);
-        match epoch {
-            Some(e) if e == c.route.epoch => Ok(snap),
+            .map(|v| (v.route.epoch, v.expiries != Some(false)));
+        match view {
+            Some((e, expiries)) if e == c.route.epoch => Ok(ReadPoint {
+                snap,
+                expiries,
+                now: now_ms(),
+            }),
             Some(_) => Err(self.stale(c, c.route.epoch)),
             None => Err(PErr::group_unavailable(
                 c.group,
@@ -288,30 +302,96 @@ impl Services {
         }
     }
 
+    /// The expiry of user key `key` of group `g` at read point `at` (None: it has none,
+    /// or the group holds no expiries).
+    fn expiry(&self, at: &ReadPoint, g: u64, key: &[u8]) -> Result<Option<u64>, PErr> {
+        if !at.expiries {
+            return Ok(None);
+        }
+        let ro = ReadOptions {
+            snapshot: Some(&at.snap),
+            ..ReadOptions::default()
+        };
+        let Some(v) = self
+            .shared
+            .engine
+            .get(&ro, &keys::expiry_key(g, key))
+            .map_err(Self::engine_err)?
+        else {
+            return Ok(None);
+        };
+        keys::decode_expiry(&v).map(Some).ok_or_else(|| {
+            PErr::internal(format!(
+                "group {g}: the expiry of key {key:02x?} is {} bytes, not 8",
+                v.len()
+            ))
+        })
+    }
+
+    /// Whether user key `key` of group `g` has expired at read point `at`.
+    fn expired(&self, at: &ReadPoint, g: u64, key: &[u8]) -> Result<bool, PErr> {
+        Ok(self.expiry(at, g, key)?.is_some_and(|e| e <= at.now))
+    }
+
     fn engine_err(e: phoenix_engine::Error) -> PErr {
         PErr::internal(format!("engine: {e}"))
     }
 }
 
 impl Services {
-    /// Refuses a mutation that asks for a key expiry: this build applies expiries but
-    /// does not propose them yet (`phoenix_meta::PROTOCOL_TTL`). `expire_at_ms` is the
-    /// leader's to set, never a client's.
-    fn check_no_expiry(&self, m: &proto::Mutation) -> Result<(), PErr> {
-        if m.expire_at_ms != 0 {
-            return Err(PErr::invalid_argument(
-                "a mutation's expire_at_ms is set by the leader: give ttl_ms",
+    /// The version gate: a command for `feature` is proposed only once every
+    /// registered node applies it (protocol `needed`): a replica of an older binary
+    /// would apply it as an empty command, and the replicas would part ways. Checked on
+    /// the node a request reaches and again on the leader it is forwarded to.
+    fn gate(&self, group: u64, feature: &str, needed: u32) -> Result<(), PErr> {
+        let cluster = self.shared.cluster_protocol();
+        if cluster == 0 {
+            // Not heard yet since this node started (a heartbeat answer comes within a
+            // second or so): a refusal the client retries, not a verdict.
+            return Err(PErr::group_unavailable(
+                group,
+                format!(
+                    "{feature} waits for the cluster's protocol levels, not heard from the \
+                     meta leader yet since this node started"
+                ),
             ));
         }
-        if m.ttl_ms != 0 || m.keep_ttl {
-            return Err(PErr::unsupported(
-                "key expiry",
-                phoenix_meta::PROTOCOL_TTL,
-                self.shared.cluster_protocol(),
-            ));
+        if cluster < needed {
+            return Err(PErr::unsupported(feature, needed, cluster));
         }
         Ok(())
     }
+
+    /// Checks a write's expiry fields (`ttl_ms`, `keep_ttl`) and passes the gate if it
+    /// has one. Returns whether it has one.
+    fn check_expiry(&self, group: u64, ttl_ms: u64, keep_ttl: bool) -> Result<bool, PErr> {
+        if ttl_ms != 0 && keep_ttl {
+            return Err(PErr::invalid_argument(
+                "a write gives a key a new expiry (ttl_ms) or keeps its own (keep_ttl), not both",
+            ));
+        }
+        if ttl_ms == 0 && !keep_ttl {
+            return Ok(false);
+        }
+        self.gate(group, "key expiry", phoenix_meta::PROTOCOL_TTL)?;
+        Ok(true)
+    }
+}
+
+/// This node's clock: ms since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The time `ttl_ms` after `now` (0: no expiry).
+fn expire_at(now: u64, ttl_ms: u64) -> Result<u64, PErr> {
+    if ttl_ms == 0 {
+        return Ok(0);
+    }
+    now.checked_add(ttl_ms)
+        .ok_or_else(|| PErr::invalid_argument(format!("ttl_ms {ttl_ms} is out of range")))
 }
 
 fn batch(mutations: Vec<proto::Mutation>) -> proto::KvCommand {
@@ -392,6 +472,8 @@ macro_rules! answers {
 }
 
 answers!(
+    ExpireResponse,
+    TtlResponse,
     GetResponse,
     PutResponse,
     DeleteResponse,
@@ -482,6 +564,44 @@ impl proto::kv_server::Kv for Services {
     ) -> Result<Response<proto::IncrResponse>, Status> {
         self.counted("incr", self.serve_incr(req)).await
     }
+
+    async fn expire(
+        &self,
+        req: Request<proto::ExpireRequest>,
+    ) -> Result<Response<proto::ExpireResponse>, Status> {
+        self.counted("expire", self.serve_expire(req)).await
+    }
+
+    async fn ttl(
+        &self,
+        req: Request<proto::TtlRequest>,
+    ) -> Result<Response<proto::TtlResponse>, Status> {
+        self.counted("ttl", self.serve_ttl(req)).await
+    }
+
+    async fn put_ex(
+        &self,
+        req: Request<proto::PutRequest>,
+    ) -> Result<Response<proto::PutResponse>, Status> {
+        self.counted("put", self.serve_put(req)).await
+    }
+
+    async fn cas_ex(
+        &self,
+        req: Request<proto::CasRequest>,
+    ) -> Result<Response<proto::CasResponse>, Status> {
+        self.counted("cas", self.serve_cas(req)).await
+    }
+}
+
+/// An engine snapshot a read is served from, with what it needs to hide expired keys.
+struct ReadPoint {
+    snap: phoenix_engine::Snapshot,
+    /// Whether the group may hold key expiries (else none is looked up).
+    expiries: bool,
+    /// This node's clock when the read was taken: keys expired by then are absent (the
+    /// leader's clock, as the writes' expiries are; see docs/resp.md on clocks).
+    now: u64,
 }
 
 /// The `Kv` methods' work (the trait's methods count each answer, then return it).
@@ -495,18 +615,21 @@ impl Services {
         let c = here_or_forward!(self, r, GetResponse, get, false, _permit);
         try_err!(GetResponse, self.check_key(&c, &r.key));
         try_err!(GetResponse, self.read_index(&c).await);
-        let snap = try_err!(GetResponse, self.read_snapshot(&c));
+        let at = try_err!(GetResponse, self.read_snapshot(&c));
         let ro = ReadOptions {
-            snapshot: Some(&snap),
+            snapshot: Some(&at.snap),
             ..ReadOptions::default()
         };
-        let v = try_err!(
+        let mut v = try_err!(
             GetResponse,
             self.shared
                 .engine
                 .get(&ro, &keys::data_key(c.group, &r.key))
                 .map_err(Self::engine_err)
         );
+        if v.is_some() && try_err!(GetResponse, self.expired(&at, c.group, &r.key)) {
+            v = None;
+        }
         Ok(Response::new(proto::GetResponse {
             error: None,
             found: v.is_some(),
@@ -523,13 +646,20 @@ impl Services {
         let c = here_or_forward!(self, r, PutResponse, put, true, _permit);
         try_err!(PutResponse, self.check_key(&c, &r.key));
         try_err!(PutResponse, self.check_value(&r.value));
+        try_err!(
+            PutResponse,
+            self.check_expiry(c.group, r.ttl_ms, r.keep_ttl)
+        );
+        let now = now_ms();
         let cmd = batch(vec![proto::Mutation {
             op: proto::MutationOp::Put as i32,
             key: r.key,
             value: r.value,
+            expire_at_ms: try_err!(PutResponse, expire_at(now, r.ttl_ms)),
+            keep_ttl: r.keep_ttl,
             ..proto::Mutation::default()
         }]);
-        try_err!(PutResponse, self.propose(&c, cmd).await);
+        try_err!(PutResponse, self.propose_at(&c, cmd, now).await);
         Ok(Response::new(proto::PutResponse { error: None }))
     }
 
@@ -571,20 +701,25 @@ impl Services {
             try_err!(BatchGetResponse, self.check_key(&c, k));
         }
         try_err!(BatchGetResponse, self.read_index(&c).await);
-        let snap = try_err!(BatchGetResponse, self.read_snapshot(&c));
+        let at = try_err!(BatchGetResponse, self.read_snapshot(&c));
         let ro = ReadOptions {
-            snapshot: Some(&snap),
+            snapshot: Some(&at.snap),
             ..ReadOptions::default()
         };
         let ekeys: Vec<Vec<u8>> = r.keys.iter().map(|k| keys::data_key(c.group, k)).collect();
         let refs: Vec<&[u8]> = ekeys.iter().map(|k| k.as_slice()).collect();
-        let vals = try_err!(
+        let mut vals = try_err!(
             BatchGetResponse,
             self.shared
                 .engine
                 .multi_get(&ro, &refs)
                 .map_err(Self::engine_err)
         );
+        for (k, v) in r.keys.iter().zip(vals.iter_mut()) {
+            if v.is_some() && try_err!(BatchGetResponse, self.expired(&at, c.group, k)) {
+                *v = None;
+            }
+        }
         let results = r
             .keys
             .into_iter()
@@ -637,7 +772,18 @@ impl Services {
                 );
             }
             try_err!(BatchWriteResponse, self.check_value(&m.value));
-            try_err!(BatchWriteResponse, self.check_no_expiry(m));
+            if m.expire_at_ms != 0 {
+                try_err!(
+                    BatchWriteResponse,
+                    Err(PErr::invalid_argument(
+                        "a mutation's expire_at_ms is set by the leader: give ttl_ms",
+                    ))
+                );
+            }
+            try_err!(
+                BatchWriteResponse,
+                self.check_expiry(c.group, m.ttl_ms, m.keep_ttl)
+            );
             total += m.key.len() + m.value.len();
         }
         if total > limits::MESSAGE_BYTES_MAX / 2 {
@@ -650,9 +796,15 @@ impl Services {
                 ))
             );
         }
+        let now = now_ms();
+        let mut mutations = r.mutations;
+        for m in &mut mutations {
+            m.expire_at_ms = try_err!(BatchWriteResponse, expire_at(now, m.ttl_ms));
+            m.ttl_ms = 0;
+        }
         try_err!(
             BatchWriteResponse,
-            self.propose(&c, batch(r.mutations)).await
+            self.propose_at(&c, batch(mutations), now).await
         );
         Ok(Response::new(proto::BatchWriteResponse { error: None }))
     }
@@ -706,14 +858,14 @@ impl Services {
         }
         self.shared.split.record(c.group, &start);
         try_err!(ScanResponse, self.read_index(&c).await);
-        let snap = try_err!(ScanResponse, self.read_snapshot(&c));
-        let shared = Arc::clone(&self.shared);
+        let at = try_err!(ScanResponse, self.read_snapshot(&c));
+        let svc = self.clone();
         let g = c.group;
         let keys_only = r.keys_only;
         let res = tokio::task::spawn_blocking(
             move || -> Result<(Vec<proto::KvPair>, Option<Bytes>), PErr> {
                 let ro = ReadOptions {
-                    snapshot: Some(&snap),
+                    snapshot: Some(&at.snap),
                     lower_bound: Some(keys::data_key(g, &start)),
                     upper_bound: Some(if end.is_empty() {
                         keys::data_end(g)
@@ -722,7 +874,7 @@ impl Services {
                     }),
                     ..ReadOptions::default()
                 };
-                let mut it = shared.engine.iter(&ro).map_err(Services::engine_err)?;
+                let mut it = svc.shared.engine.iter(&ro).map_err(Services::engine_err)?;
                 it.seek_to_first();
                 let mut pairs = Vec::new();
                 let mut bytes = 0usize;
@@ -732,6 +884,10 @@ impl Services {
                     if pairs.len() >= limit || bytes >= limits::MESSAGE_BYTES_MAX / 2 {
                         next = Some(user);
                         break;
+                    }
+                    if svc.expired(&at, g, &user)? {
+                        it.next();
+                        continue;
                     }
                     let value = if keys_only {
                         Bytes::new()
@@ -812,6 +968,13 @@ impl Services {
         let c = here_or_forward!(self, r, CasResponse, cas, true, _permit);
         try_err!(CasResponse, self.check_key(&c, &r.key));
         try_err!(CasResponse, self.check_value(&r.new_value));
+        if !r.delete {
+            try_err!(
+                CasResponse,
+                self.check_expiry(c.group, r.ttl_ms, r.keep_ttl)
+            );
+        }
+        let now = now_ms();
         let cmd = proto::KvCommand {
             now_ms: 0,
             epoch: 0,
@@ -822,11 +985,15 @@ impl Services {
                 expected: r.expected,
                 delete: r.delete,
                 new_value: r.new_value,
-                expire_at_ms: 0,
-                keep_ttl: false,
+                expire_at_ms: if r.delete {
+                    0
+                } else {
+                    try_err!(CasResponse, expire_at(now, r.ttl_ms))
+                },
+                keep_ttl: r.keep_ttl && !r.delete,
             })),
         };
-        match try_err!(CasResponse, self.propose(&c, cmd).await) {
+        match try_err!(CasResponse, self.propose_at(&c, cmd, now).await) {
             ApplyResult::Cas { succeeded, current } => Ok(Response::new(proto::CasResponse {
                 error: None,
                 succeeded,
@@ -845,33 +1012,11 @@ impl Services {
         req: Request<proto::IncrRequest>,
     ) -> Result<Response<proto::IncrResponse>, Status> {
         let r = req.into_inner();
-        // The version gate, here and again on the leader a follower forwards to: a
-        // replica of an older binary would apply the command as an empty one, and the
-        // replicas would part ways.
-        let cluster = self.shared.cluster_protocol();
-        if cluster == 0 {
-            // Not heard yet since this node started (a heartbeat answer comes within
-            // a second or so): a refusal the client retries, not a verdict.
-            let g = r.header.as_ref().map_or(0, |h| h.group_id);
-            try_err!(
-                IncrResponse,
-                Err(PErr::group_unavailable(
-                    g,
-                    "increments wait for the cluster's protocol levels, not heard from the \
-                     meta leader yet since this node started"
-                ))
-            );
-        }
-        if cluster < phoenix_meta::PROTOCOL_INCR {
-            try_err!(
-                IncrResponse,
-                Err(PErr::unsupported(
-                    "incr",
-                    phoenix_meta::PROTOCOL_INCR,
-                    cluster
-                ))
-            );
-        }
+        let g = r.header.as_ref().map_or(0, |h| h.group_id);
+        try_err!(
+            IncrResponse,
+            self.gate(g, "incr", phoenix_meta::PROTOCOL_INCR)
+        );
         let _permit = try_err!(IncrResponse, self.admit());
         let c = here_or_forward!(self, r, IncrResponse, incr, true, _permit);
         try_err!(IncrResponse, self.check_key(&c, &r.key));
@@ -902,5 +1047,115 @@ impl Services {
                 ..Default::default()
             })),
         }
+    }
+
+    async fn serve_expire(
+        &self,
+        req: Request<proto::ExpireRequest>,
+    ) -> Result<Response<proto::ExpireResponse>, Status> {
+        use proto::expire_request::When;
+        let r = req.into_inner();
+        let g = r.header.as_ref().map_or(0, |h| h.group_id);
+        try_err!(
+            ExpireResponse,
+            self.gate(g, "key expiry", phoenix_meta::PROTOCOL_TTL)
+        );
+        let condition = try_err!(
+            ExpireResponse,
+            proto::ExpireCondition::try_from(r.condition).map_err(|_| {
+                PErr::invalid_argument(format!("unknown expiry condition {}", r.condition))
+            })
+        );
+        let _permit = try_err!(ExpireResponse, self.admit());
+        let c = here_or_forward!(self, r, ExpireResponse, expire, true, _permit);
+        try_err!(ExpireResponse, self.check_key(&c, &r.key));
+        let now = now_ms();
+        let at = match r.when {
+            // Nothing left: now (the key is deleted, as by Redis' EXPIRE 0).
+            Some(When::TtlMs(0)) => now.max(1),
+            Some(When::TtlMs(ttl)) => try_err!(ExpireResponse, expire_at(now, ttl)),
+            Some(When::AtMs(at)) => at.max(1),
+            Some(When::Persist(true)) => {
+                if condition != proto::ExpireCondition::ExpireAlways {
+                    try_err!(
+                        ExpireResponse,
+                        Err(PErr::invalid_argument(
+                            "removing an expiry takes no condition"
+                        ))
+                    );
+                }
+                0
+            }
+            Some(When::Persist(false)) | None => try_err!(
+                ExpireResponse,
+                Err(PErr::invalid_argument(
+                    "an expiry change needs ttl_ms, at_ms or persist"
+                ))
+            ),
+        };
+        let cmd = proto::KvCommand {
+            now_ms: 0,
+            epoch: 0,
+            session: None,
+            cmd: Some(proto::kv_command::Cmd::Expire(proto::ExpireCommand {
+                key: r.key,
+                expire_at_ms: at,
+                condition: condition as i32,
+            })),
+        };
+        match try_err!(ExpireResponse, self.propose_at(&c, cmd, now).await) {
+            ApplyResult::Expire(changed) => Ok(Response::new(proto::ExpireResponse {
+                error: None,
+                changed,
+            })),
+            other => Ok(Response::new(proto::ExpireResponse {
+                error: Some(PErr::internal(format!("unexpected apply result {other:?}"))),
+                ..Default::default()
+            })),
+        }
+    }
+
+    async fn serve_ttl(
+        &self,
+        req: Request<proto::TtlRequest>,
+    ) -> Result<Response<proto::TtlResponse>, Status> {
+        let r = req.into_inner();
+        let _permit = try_err!(TtlResponse, self.admit());
+        let c = here_or_forward!(self, r, TtlResponse, ttl, false, _permit);
+        try_err!(TtlResponse, self.check_key(&c, &r.key));
+        try_err!(TtlResponse, self.read_index(&c).await);
+        let at = try_err!(TtlResponse, self.read_snapshot(&c));
+        let ro = ReadOptions {
+            snapshot: Some(&at.snap),
+            ..ReadOptions::default()
+        };
+        let found = try_err!(
+            TtlResponse,
+            self.shared
+                .engine
+                .get(&ro, &keys::data_key(c.group, &r.key))
+                .map_err(Self::engine_err)
+        )
+        .is_some();
+        let expiry = if found {
+            try_err!(TtlResponse, self.expiry(&at, c.group, &r.key))
+        } else {
+            None
+        };
+        Ok(Response::new(match expiry {
+            Some(e) if e <= at.now => proto::TtlResponse::default(),
+            Some(e) => proto::TtlResponse {
+                error: None,
+                found: true,
+                expire_at_ms: e,
+                ttl_ms: e - at.now,
+            },
+            None => proto::TtlResponse {
+                error: None,
+                found,
+                expire_at_ms: 0,
+                ttl_ms: 0,
+            },
+        }))
     }
 }

@@ -46,6 +46,10 @@ pub struct GroupView {
     /// Applying is held before a merge's commit until this node's replica of this group
     /// (the source) reaches the prepare (0: not held).
     pub merge_waiting_for: u64,
+    /// Whether the group's state may hold key expiries: `Some(false)` only once the
+    /// replica knows it holds none, so reads skip looking for them; set back to `None` or
+    /// `Some(true)` before a write that may bring one (node.rs).
+    pub expiries: Option<bool>,
 }
 
 /// The node's shared state.

@@ -563,6 +563,8 @@ async fn a_stopped_leader_hands_its_sleeping_group_over() {
     let mut k = kv(&c.addrs[lnode as usize - 1]).await;
     let r = k
         .put(proto::PutRequest {
+            keep_ttl: false,
+            ttl_ms: 0,
             header: header(&route),
             key: b"lost-leader".to_vec().into(),
             value: b"v".to_vec().into(),

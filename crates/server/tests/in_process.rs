@@ -52,6 +52,8 @@ async fn single_node(engine_wal: bool) {
     let mut c = kv(&addr).await;
     let r = c
         .put(proto::PutRequest {
+            keep_ttl: false,
+            ttl_ms: 0,
             header: header(&route),
             key: vec![b'x'; 5000].into(),
             value: Default::default(),
@@ -83,6 +85,8 @@ async fn single_node(engine_wal: bool) {
     // CAS and scan.
     let r = c
         .cas(proto::CasRequest {
+            keep_ttl: false,
+            ttl_ms: 0,
             header: header(&route),
             key: b"k0001".to_vec().into(),
             expect_exists: true,
@@ -96,6 +100,8 @@ async fn single_node(engine_wal: bool) {
     assert!(r.error.is_none() && r.succeeded, "{r:?}");
     let r = c
         .cas(proto::CasRequest {
+            keep_ttl: false,
+            ttl_ms: 0,
             header: header(&route),
             key: b"k0001".to_vec().into(),
             expect_exists: true,
@@ -584,6 +590,8 @@ async fn resent_writes_apply_once() {
         ..Default::default()
     };
     let put = |client_id, seq, value: &str| proto::PutRequest {
+        keep_ttl: false,
+        ttl_ms: 0,
         header: h(client_id, seq, 1),
         key: b"k".to_vec().into(),
         value: value.as_bytes().to_vec().into(),
@@ -960,6 +968,8 @@ async fn a_cut_off_leader_is_replaced_and_catches_up_when_healed() {
         let r = kv(a)
             .await
             .put(proto::PutRequest {
+                keep_ttl: false,
+                ttl_ms: 0,
                 header: own,
                 key: b"probe".to_vec().into(),
                 value: b"p".to_vec().into(),
@@ -992,6 +1002,8 @@ async fn a_cut_off_leader_is_replaced_and_catches_up_when_healed() {
     }
     let r = k
         .put(proto::PutRequest {
+            keep_ttl: false,
+            ttl_ms: 0,
             header: h,
             key: b"cut-off".to_vec().into(),
             value: b"x".to_vec().into(),
@@ -1227,6 +1239,8 @@ async fn followers_forward_requests_to_the_leader() {
         })
     };
     let put_req = |h, v: &str| proto::PutRequest {
+        keep_ttl: false,
+        ttl_ms: 0,
         header: h,
         key: b"fwd".to_vec().into(),
         value: v.as_bytes().to_vec().into(),
@@ -1353,6 +1367,8 @@ async fn put_at(addr: &str, route: &proto::Route, key: &[u8]) -> Option<proto::E
     kv(addr)
         .await
         .put(proto::PutRequest {
+            keep_ttl: false,
+            ttl_ms: 0,
             header: header(route),
             key: key.to_vec().into(),
             value: b"full?".to_vec().into(),
@@ -1697,6 +1713,8 @@ async fn the_metrics_endpoint_counts_requests_and_reports_the_node() {
     let e = kv(&addr)
         .await
         .put(proto::PutRequest {
+            keep_ttl: false,
+            ttl_ms: 0,
             header: header(&route),
             key: vec![b'x'; 5000].into(),
             value: Default::default(),
@@ -2989,6 +3007,8 @@ async fn the_request_layer_in_the_process_serves_and_stops_with_the_node() {
     let route = wait_route(std::slice::from_ref(&addr)).await;
     assert!(requests.ready());
     let put = Req::Put(proto::PutRequest {
+        keep_ttl: false,
+        ttl_ms: 0,
         header: header(&route),
         key: b"k".to_vec().into(),
         value: b"v".to_vec().into(),
@@ -3028,4 +3048,188 @@ async fn the_request_layer_in_the_process_serves_and_stops_with_the_node() {
         panic!("a put answered with another method's response");
     };
     assert!(r.error.is_some_and(|e| e.is_retryable()));
+}
+
+/// Key expiry on a live cluster: a write with an expiry, `Kv.Ttl`, `Kv.Expire` with its
+/// conditions and `PERSIST`, KEEPTTL; once an expiry passes, the key is absent for reads
+/// through every node (get, batch get, scan) and for the commands that read before they
+/// write; the leader's sweep then removes its records from every replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keys_expire_on_every_replica_and_are_swept() {
+    use phoenix_client::{ClientError, ExpireAt, ExpireCondition, Expiry, KeyTtl};
+    let dir = tempfile::tempdir().unwrap();
+    let (addrs, meta) = loopback_members(3);
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| start(config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3)))
+        .collect();
+    let route = wait_route(&addrs).await;
+    let mut clients = Vec::new();
+    for a in &addrs {
+        clients.push(
+            phoenix_client::Client::connect(
+                vec![a.clone()],
+                phoenix_client::ClientOptions {
+                    timeout: Duration::from_secs(20),
+                    ..phoenix_client::ClientOptions::default()
+                },
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let c = &clients[0];
+    let short = Expiry::After(Duration::from_millis(1500));
+    // The gate opens at the first heartbeat answer of every node.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match c.put_with(b"a", b"1", short).await {
+            Ok(()) => break,
+            Err(ClientError::Unsupported { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let written = Instant::now();
+    c.put_with(b"b", b"41", short).await.unwrap();
+    c.put_with(b"long", b"v", Expiry::After(Duration::from_secs(600)))
+        .await
+        .unwrap();
+    c.put(b"plain", b"v").await.unwrap();
+    match c.ttl(b"a").await.unwrap() {
+        KeyTtl::At { left_ms, .. } => assert!(left_ms <= 1500, "{left_ms}"),
+        other => panic!("a: {other:?}"),
+    }
+    assert_eq!(c.ttl(b"plain").await.unwrap(), KeyTtl::Never);
+    assert_eq!(c.ttl(b"none").await.unwrap(), KeyTtl::Absent);
+    // Expiry changes and their conditions.
+    let hour = ExpireAt::After(Duration::from_secs(3600));
+    assert!(c
+        .expire(b"plain", hour, ExpireCondition::ExpireIfNone)
+        .await
+        .unwrap());
+    assert!(!c
+        .expire(b"plain", hour, ExpireCondition::ExpireIfNone)
+        .await
+        .unwrap());
+    assert!(!c
+        .expire(
+            b"plain",
+            ExpireAt::After(Duration::from_secs(10)),
+            ExpireCondition::ExpireIfLater
+        )
+        .await
+        .unwrap());
+    assert!(c
+        .expire(b"plain", ExpireAt::Never, ExpireCondition::ExpireAlways)
+        .await
+        .unwrap());
+    assert_eq!(c.ttl(b"plain").await.unwrap(), KeyTtl::Never);
+    assert!(!c
+        .expire(b"none", hour, ExpireCondition::ExpireAlways)
+        .await
+        .unwrap());
+    let KeyTtl::At { at_ms: long_at, .. } = c.ttl(b"long").await.unwrap() else {
+        panic!("long has no expiry");
+    };
+    // KEEPTTL keeps it; a plain write removes it.
+    c.put_with(b"long", b"v2", Expiry::Keep).await.unwrap();
+    assert!(matches!(c.ttl(b"long").await.unwrap(), KeyTtl::At { at_ms, .. } if at_ms == long_at));
+    c.put(b"kept", b"x").await.unwrap();
+    c.put_with(b"kept", b"y", Expiry::After(Duration::from_secs(600)))
+        .await
+        .unwrap();
+    c.put(b"kept", b"z").await.unwrap();
+    assert_eq!(c.ttl(b"kept").await.unwrap(), KeyTtl::Never);
+    // An expiry at once deletes the key.
+    c.put(b"gone", b"v").await.unwrap();
+    assert!(c
+        .expire(
+            b"gone",
+            ExpireAt::After(Duration::ZERO),
+            ExpireCondition::ExpireAlways
+        )
+        .await
+        .unwrap());
+    assert_eq!(c.get(b"gone").await.unwrap(), None);
+    // Before the expiry: there.
+    assert_eq!(c.get(b"a").await.unwrap(), Some(b"1".to_vec()));
+    tokio::time::sleep(Duration::from_millis(1600).saturating_sub(written.elapsed())).await;
+    for (i, cl) in clients.iter().enumerate() {
+        assert_eq!(cl.get(b"a").await.unwrap(), None, "through node {}", i + 1);
+        assert_eq!(
+            cl.batch_get(&[b"a".to_vec(), b"long".to_vec()])
+                .await
+                .unwrap(),
+            vec![None, Some(b"v2".to_vec())],
+            "through node {}",
+            i + 1
+        );
+        let keys: Vec<Vec<u8>> = cl
+            .scan(b"", b"", 0)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            keys,
+            vec![b"kept".to_vec(), b"long".to_vec(), b"plain".to_vec()],
+            "through node {}",
+            i + 1
+        );
+        assert_eq!(cl.ttl(b"a").await.unwrap(), KeyTtl::Absent);
+    }
+    // An expired key is absent for the commands that read first.
+    assert_eq!(
+        c.incr(b"b", 1).await.unwrap(),
+        phoenix_client::IncrOutcome::Value(1)
+    );
+    assert!(c.cas(b"a", None, Some(b"again")).await.unwrap().succeeded);
+    assert_eq!(c.ttl(b"a").await.unwrap(), KeyTtl::Never);
+    c.delete(b"a").await.unwrap();
+    // The sweep removes what is left of expired keys on every replica.
+    c.put_with(b"swept", b"v", Expiry::After(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for n in nodes {
+        n.stop().await;
+    }
+    for i in 0..3 {
+        let fs: phoenix_storage::SharedFs = std::sync::Arc::new(phoenix_storage::LocalFs::new());
+        let db_dir = dir.path().join(format!("node-{}", i + 1)).join("db");
+        let opts = phoenix_engine::Options {
+            wal: phoenix_engine::WalMode::None,
+            ..Default::default()
+        };
+        let db = phoenix_engine::Db::open(fs, &db_dir, opts).unwrap();
+        let ro = phoenix_engine::ReadOptions::default();
+        let g = route.group_id;
+        for (k, data, expiry) in [
+            (&b"swept"[..], false, false),
+            (b"long", true, true),
+            (b"kept", true, false),
+        ] {
+            assert_eq!(
+                db.get(&ro, &phoenix_server::keys::data_key(g, k))
+                    .unwrap()
+                    .is_some(),
+                data,
+                "node {}: the data of {}",
+                i + 1,
+                String::from_utf8_lossy(k)
+            );
+            assert_eq!(
+                db.get(&ro, &phoenix_server::keys::expiry_key(g, k))
+                    .unwrap()
+                    .is_some(),
+                expiry,
+                "node {}: the expiry of {}",
+                i + 1,
+                String::from_utf8_lossy(k)
+            );
+        }
+        db.close().unwrap();
+    }
 }

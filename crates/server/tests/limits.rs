@@ -37,6 +37,8 @@ async fn oversized_requests_are_refused_and_overload_gets_server_busy() {
     // A value over the configured limit.
     let r = c
         .put(proto::PutRequest {
+            keep_ttl: false,
+            ttl_ms: 0,
             header: header(&route),
             key: b"big".to_vec().into(),
             value: vec![1u8; 2000].into(),
@@ -148,6 +150,8 @@ async fn oversized_requests_are_refused_and_overload_gets_server_busy() {
     // A gRPC message over the transport limit is refused by the transport.
     let st = c
         .put(proto::PutRequest {
+            keep_ttl: false,
+            ttl_ms: 0,
             header: header(&route),
             key: b"huge".to_vec().into(),
             value: vec![0u8; proto::limits::MESSAGE_BYTES_MAX + 1].into(),
@@ -177,6 +181,8 @@ async fn oversized_requests_are_refused_and_overload_gets_server_busy() {
                     let k = format!("flood-{t}-{i}");
                     let r = ch
                         .put(proto::PutRequest {
+                            keep_ttl: false,
+                            ttl_ms: 0,
                             header: h,
                             key: k.clone().into_bytes().into(),
                             value: k.clone().into_bytes().into(),
@@ -254,6 +260,8 @@ async fn batch_stream_answers_every_item_and_ends_when_the_node_stops() {
         items.push(proto::BatchRequestItem {
             id: i,
             request: Some(Q::Put(proto::PutRequest {
+                keep_ttl: false,
+                ttl_ms: 0,
                 header: header(&route),
                 key: format!("s{i}").into_bytes().into(),
                 value: b"v".to_vec().into(),
@@ -309,6 +317,8 @@ async fn batch_stream_answers_every_item_and_ends_when_the_node_stops() {
     items.push(proto::BatchRequestItem {
         id: 999,
         request: Some(Q::Put(proto::PutRequest {
+            keep_ttl: false,
+            ttl_ms: 0,
             header: header(&route),
             key: vec![b'k'; proto::limits::KEY_BYTES_MAX + 1].into(),
             value: b"v".to_vec().into(),

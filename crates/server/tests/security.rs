@@ -132,6 +132,8 @@ async fn a_tls_cluster_with_tokens_serves_the_right_credentials_and_refuses_the_
     let mut kv = proto::kv_client::KvClient::new(good.authorize(ch));
     let r = kv
         .put(proto::PutRequest {
+            keep_ttl: false,
+            ttl_ms: 0,
             header: header(route),
             key: b"via-follower".to_vec().into(),
             value: b"forwarded".to_vec().into(),

@@ -163,6 +163,8 @@ pub async fn put(addrs: &[String], route: &proto::Route, key: &[u8], value: &[u8
             };
             let r = c
                 .put(proto::PutRequest {
+                    keep_ttl: false,
+                    ttl_ms: 0,
                     header: header(route),
                     key: key.to_vec().into(),
                     value: value.to_vec().into(),
