@@ -399,17 +399,17 @@ impl<S: Store> Conn<S> {
                     .expire(&key, ExpireAt::Never, ExpireCondition::ExpireAlways)
                     .await?,
             )),
-            Command::ExpireTime(key, ms) => Reply::Int(match store.ttl(&key).await? {
+            Command::ExpireTime(key, ms) => Reply::Int(match ttl_of(&*store, &key).await? {
                 KeyTtl::Absent => -2,
                 KeyTtl::Never => -1,
                 KeyTtl::At { at_ms, .. } if ms => at_ms as i64,
-                KeyTtl::At { at_ms, .. } => (at_ms / 1000) as i64,
+                // Rounded to the nearest second, as Redis does.
+                KeyTtl::At { at_ms, .. } => at_ms.saturating_add(500) as i64 / 1000,
             }),
-            Command::Ttl(key, ms) => Reply::Int(match store.ttl(&key).await? {
+            Command::Ttl(key, ms) => Reply::Int(match ttl_of(&*store, &key).await? {
                 KeyTtl::Absent => -2,
                 KeyTtl::Never => -1,
                 KeyTtl::At { left_ms, .. } if ms => left_ms as i64,
-                // Rounded to the nearest second, as Redis does.
                 KeyTtl::At { left_ms, .. } => left_ms.saturating_add(500) as i64 / 1000,
             }),
             Command::SetNx(k, v) => {
@@ -636,6 +636,19 @@ async fn set_swapped<S: Store>(
         cur = r.previous;
     }
     Ok(contended("SET"))
+}
+
+/// `key`'s expiry; on a cluster that does not serve expiries yet, from whether the key
+/// exists (no key expires there).
+async fn ttl_of<S: Store>(store: &S, key: &[u8]) -> Result<KeyTtl, StoreError> {
+    match store.ttl(key).await {
+        Err(StoreError::Unsupported(_)) => Ok(if store.get(key).await?.is_some() {
+            KeyTtl::Never
+        } else {
+            KeyTtl::Absent
+        }),
+        r => r,
+    }
 }
 
 /// The expiry a SET's option gives (EXAT/PXAT from this node's clock: one already past

@@ -296,9 +296,9 @@ fn now_ms() -> u64 {
 }
 
 impl Mem {
-    /// Forgets `key` if its expiry has passed.
+    /// Forgets `key` if its expiry has passed (it lives through that millisecond).
     fn purge(&mut self, key: &[u8], now: u64) {
-        if self.expiry.get(key).is_some_and(|&at| at <= now) {
+        if self.expiry.get(key).is_some_and(|&at| at < now) {
             self.expiry.remove(key);
             self.map.remove(key);
         }
@@ -309,7 +309,7 @@ impl Mem {
         let gone: Vec<Vec<u8>> = self
             .expiry
             .iter()
-            .filter(|(_, &at)| at <= now)
+            .filter(|(_, &at)| at < now)
             .map(|(k, _)| k.clone())
             .collect();
         for k in gone {

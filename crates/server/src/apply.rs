@@ -584,6 +584,16 @@ impl SessionCache {
         self.expiring
     }
 
+    /// Forgets every record to bound memory, but not what it knows of the group's
+    /// expiries: readers were told the group holds none on that knowledge, and a fresh
+    /// look after a sweep could tell them so while a reader's older snapshot still holds
+    /// one (the view would pass from "some" to "none" under it).
+    pub fn shed(&mut self) {
+        let expiring = self.expiring;
+        self.clear();
+        self.expiring = expiring;
+    }
+
     /// Records held.
     pub fn len(&self) -> usize {
         self.records.len()
@@ -651,7 +661,7 @@ pub struct Applier<'a> {
     /// The log index of the last split or merge applied (`GroupRange.split_index`).
     floor: u64,
     /// The time of the command being applied (`KvCommand.now_ms`): a key whose expiry is
-    /// at or before it is absent. 0: none is.
+    /// before it is absent. 0: none is.
     now: u64,
     /// Whether the group may hold key expiries as of the entries taken (None: not looked
     /// yet). Only ever turns true within a round: a record written says so.
@@ -1270,7 +1280,7 @@ impl<'a> Applier<'a> {
                 };
                 if self.may_expire()? {
                     for k in &c.keys {
-                        if self.expiry_of(k)?.is_some_and(|at| at <= up_to) {
+                        if self.expiry_of(k)?.is_some_and(|at| at < up_to) {
                             self.delete_value(k)?;
                         }
                     }
@@ -1368,9 +1378,10 @@ impl<'a> Applier<'a> {
         })
     }
 
-    /// Whether an expiry `at` has passed at the command's time.
+    /// Whether an expiry `at` has passed at the command's time (a key lives through the
+    /// millisecond of its expiry, as in Redis).
     fn is_past(&self, at: Option<u64>) -> bool {
-        self.now != 0 && at.is_some_and(|a| a <= self.now)
+        self.now != 0 && at.is_some_and(|a| a < self.now)
     }
 
     /// User key `key`'s value and expiry as of the entries taken; a key whose expiry
@@ -2836,7 +2847,7 @@ mod tests {
     impl ExpiryModel {
         fn live(&self, k: &[u8], now: u64) -> Option<(Vec<u8>, Option<u64>)> {
             let (v, at) = self.keys.get(k)?;
-            let past = now != 0 && at.is_some_and(|a| a <= now);
+            let past = now != 0 && at.is_some_and(|a| a < now);
             (!past).then(|| (v.clone(), *at))
         }
 
@@ -2846,7 +2857,7 @@ mod tests {
             } else if keep {
                 // A passed expiry is not kept: the key was absent.
                 match self.keys.get(k) {
-                    Some((_, Some(a))) if !(now != 0 && *a <= now) => Some(*a),
+                    Some((_, Some(a))) if !(now != 0 && *a < now) => Some(*a),
                     _ => None,
                 }
             } else {
@@ -2947,7 +2958,7 @@ mod tests {
                         if self
                             .keys
                             .get(k.as_ref())
-                            .is_some_and(|(_, at)| at.is_some_and(|a| a <= up_to))
+                            .is_some_and(|(_, at)| at.is_some_and(|a| a < up_to))
                         {
                             self.keys.remove(k.as_ref());
                         }
@@ -3125,14 +3136,14 @@ mod tests {
         a.set_range(b"n", b"", 2);
         a.entry(keys::SPLIT_INIT_INDEX + 2, 1);
         let later = proto::KvCommand {
-            now_ms: 6_000,
+            now_ms: 6_001,
             ..proto::KvCommand::decode(late.as_slice()).unwrap()
         }
         .encode_to_vec();
         assert_eq!(
             a.kv(keys::SPLIT_INIT_INDEX + 2, &later).unwrap(),
             ApplyResult::Incr(Ok(1)),
-            "expired at 6000: the increment starts from nothing"
+            "expired after 6000: the increment starts from nothing"
         );
         a.finish(&engine).unwrap();
         assert_eq!(expiry(c, "p"), None, "a passed expiry is not kept");

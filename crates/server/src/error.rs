@@ -53,7 +53,11 @@ impl Error {
     /// corrupt file, a bad configuration or a broken invariant would be found again.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Engine(e) => matches!(e, phoenix_engine::Error::Storage(_)),
+            // (The engine's own WAL, when on, fails as `Wal`.)
+            Error::Engine(e) => matches!(
+                e,
+                phoenix_engine::Error::Storage(_) | phoenix_engine::Error::Wal(_)
+            ),
             Error::Log(e) => matches!(e, phoenix_log::Error::Storage(_)),
             Error::Io { .. } | Error::Transport(_) => true,
             Error::Config(_)

@@ -119,7 +119,7 @@ struct Scanned {
     next: Option<Vec<u8>>,
 }
 
-/// The keys of group `g` whose expiry is at or before `now`, among the next
+/// The keys of group `g` whose expiry is before `now`, among the next
 /// [`SCAN_RECORDS_MAX`] expiry records from user key `from`.
 fn expired_keys(shared: &Shared, g: u64, from: &[u8], now: u64) -> crate::Result<Scanned> {
     let ro = ReadOptions {
@@ -143,7 +143,7 @@ fn expired_keys(shared: &Shared, g: u64, from: &[u8], now: u64) -> crate::Result
         }
         seen += 1;
         match keys::decode_expiry(it.value()) {
-            Some(at) if at <= now => expired.push(user.to_vec()),
+            Some(at) if at < now => expired.push(user.to_vec()),
             Some(_) => {}
             None => {
                 return Err(crate::Error::Corruption(format!(

@@ -175,6 +175,8 @@ struct KeepUnsynced {
 
 impl Drop for KeepUnsynced {
     fn drop(&mut self) {
+        // Closed first: its last seal and sync may fail too (a second close is a no-op).
+        let _ = self.log.close();
         self.into.lock().extend(self.log.unsynced_tails());
     }
 }

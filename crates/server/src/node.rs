@@ -1447,7 +1447,7 @@ impl Driver {
             > SESSION_CACHE_BYTES_MAX
         {
             for p in self.peers.values_mut() {
-                p.sessions.clear();
+                p.sessions.shed();
             }
         }
         let hibernate_ticks = self.shared.cfg.hibernate_ticks;

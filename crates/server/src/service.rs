@@ -328,9 +328,10 @@ impl Services {
         })
     }
 
-    /// Whether user key `key` of group `g` has expired at read point `at`.
+    /// Whether user key `key` of group `g` has expired at read point `at` (its expiry
+    /// is before the read's time: at the very millisecond it still lives, as in Redis).
     fn expired(&self, at: &ReadPoint, g: u64, key: &[u8]) -> Result<bool, PErr> {
-        Ok(self.expiry(at, g, key)?.is_some_and(|e| e <= at.now))
+        Ok(self.expiry(at, g, key)?.is_some_and(|e| e < at.now))
     }
 
     fn engine_err(e: phoenix_engine::Error) -> PErr {
@@ -376,6 +377,11 @@ impl Services {
         self.gate(group, "key expiry", phoenix_meta::PROTOCOL_TTL)?;
         Ok(true)
     }
+}
+
+/// The group a request's header names (0: none; the header is checked later).
+fn group_of(header: &Option<proto::RequestHeader>) -> u64 {
+    header.as_ref().map_or(0, |h| h.group_id)
 }
 
 /// This node's clock: ms since the Unix epoch.
@@ -642,14 +648,15 @@ impl Services {
         req: Request<proto::PutRequest>,
     ) -> Result<Response<proto::PutResponse>, Status> {
         let r = req.into_inner();
+        // The gate before a forward too: an older leader would skip the fields.
+        try_err!(
+            PutResponse,
+            self.check_expiry(group_of(&r.header), r.ttl_ms, r.keep_ttl)
+        );
         let _permit = try_err!(PutResponse, self.admit());
         let c = here_or_forward!(self, r, PutResponse, put, true, _permit);
         try_err!(PutResponse, self.check_key(&c, &r.key));
         try_err!(PutResponse, self.check_value(&r.value));
-        try_err!(
-            PutResponse,
-            self.check_expiry(c.group, r.ttl_ms, r.keep_ttl)
-        );
         let now = now_ms();
         let cmd = batch(vec![proto::Mutation {
             op: proto::MutationOp::Put as i32,
@@ -741,6 +748,13 @@ impl Services {
         req: Request<proto::BatchWriteRequest>,
     ) -> Result<Response<proto::BatchWriteResponse>, Status> {
         let r = req.into_inner();
+        // The gate before a forward too: an older leader would skip the fields.
+        for m in &r.mutations {
+            try_err!(
+                BatchWriteResponse,
+                self.check_expiry(group_of(&r.header), m.ttl_ms, m.keep_ttl)
+            );
+        }
         let _permit = try_err!(BatchWriteResponse, self.admit());
         let c = here_or_forward!(self, r, BatchWriteResponse, batch_write, true, _permit);
         if r.mutations.len() > limits::BATCH_KEYS_MAX {
@@ -780,10 +794,6 @@ impl Services {
                     ))
                 );
             }
-            try_err!(
-                BatchWriteResponse,
-                self.check_expiry(c.group, m.ttl_ms, m.keep_ttl)
-            );
             total += m.key.len() + m.value.len();
         }
         if total > limits::MESSAGE_BYTES_MAX / 2 {
@@ -964,16 +974,17 @@ impl Services {
         req: Request<proto::CasRequest>,
     ) -> Result<Response<proto::CasResponse>, Status> {
         let r = req.into_inner();
+        // The gate before a forward too: an older leader would skip the fields.
+        if !r.delete {
+            try_err!(
+                CasResponse,
+                self.check_expiry(group_of(&r.header), r.ttl_ms, r.keep_ttl)
+            );
+        }
         let _permit = try_err!(CasResponse, self.admit());
         let c = here_or_forward!(self, r, CasResponse, cas, true, _permit);
         try_err!(CasResponse, self.check_key(&c, &r.key));
         try_err!(CasResponse, self.check_value(&r.new_value));
-        if !r.delete {
-            try_err!(
-                CasResponse,
-                self.check_expiry(c.group, r.ttl_ms, r.keep_ttl)
-            );
-        }
         let now = now_ms();
         let cmd = proto::KvCommand {
             now_ms: 0,
@@ -1012,10 +1023,9 @@ impl Services {
         req: Request<proto::IncrRequest>,
     ) -> Result<Response<proto::IncrResponse>, Status> {
         let r = req.into_inner();
-        let g = r.header.as_ref().map_or(0, |h| h.group_id);
         try_err!(
             IncrResponse,
-            self.gate(g, "incr", phoenix_meta::PROTOCOL_INCR)
+            self.gate(group_of(&r.header), "incr", phoenix_meta::PROTOCOL_INCR)
         );
         let _permit = try_err!(IncrResponse, self.admit());
         let c = here_or_forward!(self, r, IncrResponse, incr, true, _permit);
@@ -1055,10 +1065,13 @@ impl Services {
     ) -> Result<Response<proto::ExpireResponse>, Status> {
         use proto::expire_request::When;
         let r = req.into_inner();
-        let g = r.header.as_ref().map_or(0, |h| h.group_id);
         try_err!(
             ExpireResponse,
-            self.gate(g, "key expiry", phoenix_meta::PROTOCOL_TTL)
+            self.gate(
+                group_of(&r.header),
+                "key expiry",
+                phoenix_meta::PROTOCOL_TTL
+            )
         );
         let condition = try_err!(
             ExpireResponse,
@@ -1120,6 +1133,16 @@ impl Services {
         req: Request<proto::TtlRequest>,
     ) -> Result<Response<proto::TtlResponse>, Status> {
         let r = req.into_inner();
+        // (A read, but an older leader does not know the method: refused here as
+        // unsupported, so the front end answers as before expiries.)
+        try_err!(
+            TtlResponse,
+            self.gate(
+                group_of(&r.header),
+                "key expiry",
+                phoenix_meta::PROTOCOL_TTL
+            )
+        );
         let _permit = try_err!(TtlResponse, self.admit());
         let c = here_or_forward!(self, r, TtlResponse, ttl, false, _permit);
         try_err!(TtlResponse, self.check_key(&c, &r.key));
@@ -1143,7 +1166,7 @@ impl Services {
             None
         };
         Ok(Response::new(match expiry {
-            Some(e) if e <= at.now => proto::TtlResponse::default(),
+            Some(e) if e < at.now => proto::TtlResponse::default(),
             Some(e) => proto::TtlResponse {
                 error: None,
                 found: true,
