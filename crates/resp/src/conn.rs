@@ -659,9 +659,7 @@ fn set_expiry(e: SetExpiry) -> Expiry {
         SetExpiry::Keep => Expiry::Keep,
         SetExpiry::AfterMs(ms) => Expiry::After(Duration::from_millis(ms)),
         SetExpiry::AtMs(at) => {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
+            let now = crate::store::now_ms();
             Expiry::After(Duration::from_millis(at.saturating_sub(now).max(1)))
         }
     }

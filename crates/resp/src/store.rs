@@ -289,7 +289,8 @@ struct Mem {
     expiry: BTreeMap<Vec<u8>, u64>,
 }
 
-fn now_ms() -> u64 {
+/// This process's clock: ms since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

@@ -1965,12 +1965,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn any_crash_prefix_replays_to_the_same_state() {
-        let seed: u64 = std::env::var("PHOENIX_SEED")
+    /// `PHOENIX_SEED`, or a random seed (the failing runs print theirs).
+    fn test_seed() -> u64 {
+        std::env::var("PHOENIX_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or_else(rand::random);
+            .unwrap_or_else(rand::random)
+    }
+
+    #[test]
+    fn any_crash_prefix_replays_to_the_same_state() {
+        let seed = test_seed();
         let runs: u64 = std::env::var("PHOENIX_APPLY_RUNS")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -3026,10 +3031,7 @@ mod tests {
     /// results and the records of a model (an expiry record only ever with its key).
     #[test]
     fn expiry_matches_a_model() {
-        let seed: u64 = std::env::var("PHOENIX_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(rand::random);
+        let seed = test_seed();
         for s in seed..seed + 1000 {
             if let Err(e) = std::panic::catch_unwind(|| run_expiry(s)) {
                 eprintln!("replay with PHOENIX_SEED={s}");
