@@ -600,6 +600,9 @@ impl proto::kv_server::Kv for Services {
     }
 }
 
+/// Expired keys (not swept yet) one scan page passes over at most before it ends.
+const SCAN_EXPIRED_SKIP_MAX: usize = 4096;
+
 /// An engine snapshot a read is served from, with what it needs to hide expired keys.
 struct ReadPoint {
     snap: phoenix_engine::Snapshot,
@@ -889,13 +892,21 @@ impl Services {
                 let mut pairs = Vec::new();
                 let mut bytes = 0usize;
                 let mut next = None;
+                // Expired keys not swept yet are passed over, but a page looks at no more
+                // than this many of them: a range of them ends the page early (the client
+                // goes on from `next_key`) instead of making one request walk them all.
+                let mut skipped = 0usize;
                 while it.valid() {
                     let user = Bytes::copy_from_slice(it.key().get(9..).unwrap_or_default());
-                    if pairs.len() >= limit || bytes >= limits::MESSAGE_BYTES_MAX / 2 {
+                    if pairs.len() >= limit
+                        || bytes >= limits::MESSAGE_BYTES_MAX / 2
+                        || skipped >= SCAN_EXPIRED_SKIP_MAX
+                    {
                         next = Some(user);
                         break;
                     }
                     if svc.expired(&at, g, &user)? {
+                        skipped += 1;
                         it.next();
                         continue;
                     }

@@ -3225,6 +3225,52 @@ async fn keys_expire_on_every_replica_and_are_swept() {
     assert!(c.cas(b"a", None, Some(b"again")).await.unwrap().succeeded);
     assert_eq!(c.ttl(b"a").await.unwrap(), KeyTtl::Never);
     c.delete(b"a").await.unwrap();
+    // A scan page passes over at most 4,096 expired keys not swept yet, then ends
+    // early (the client goes on from where it stopped): 6,000 of them ahead of a live key.
+    let many: Vec<proto::Mutation> = (0..6000)
+        .map(|i| proto::Mutation {
+            op: proto::MutationOp::Put as i32,
+            key: format!("x{i:05}").into_bytes().into(),
+            value: b"v".to_vec().into(),
+            ttl_ms: 300,
+            ..proto::Mutation::default()
+        })
+        .collect();
+    let leader = route.leader_node_id as usize - 1;
+    let mut k = kv(&addrs[leader]).await;
+    let r = k
+        .batch_write(proto::BatchWriteRequest {
+            header: header(&route),
+            mutations: many,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.error.is_none(), "{:?}", r.error);
+    c.put(b"xz", b"live").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let page = k
+        .scan(proto::ScanRequest {
+            header: header(&route),
+            start: b"x".to_vec().into(),
+            end: b"y".to_vec().into(),
+            limit: 10,
+            keys_only: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(page.error.is_none(), "{:?}", page.error);
+    assert!(
+        page.pairs.is_empty() && page.more && page.next_key.as_ref() > &b"x"[..],
+        "{} pairs, more {}, next {:?}",
+        page.pairs.len(),
+        page.more,
+        page.next_key
+    );
+    let all = c.scan(b"x", b"y", 0).await.unwrap();
+    assert_eq!(all, vec![(b"xz".to_vec(), b"live".to_vec())]);
+    c.delete(b"xz").await.unwrap();
     // The sweep removes what is left of expired keys on every replica.
     c.put_with(b"swept", b"v", Expiry::After(Duration::from_millis(200)))
         .await
