@@ -5,7 +5,8 @@
 //! at the next [`SCAN_RECORDS_MAX`] records of the group's expiry namespace (a cursor per
 //! group that wraps around, so a group with many long-lived expiries is walked over a
 //! few passes, not scanned whole each time) and proposes the expired keys it found
-//! (`SweepExpiredCommand`, at most [`SWEEP_KEYS_MAX`]). The command deletes each listed
+//! (`SweepExpiredCommand`s of at most [`SWEEP_KEYS_MAX`] keys, one after the other). The
+//! command deletes each listed
 //! key whose expiry has passed by its time as it applies, on every replica alike: a key
 //! written again between the scan and the apply stays.
 
@@ -74,37 +75,40 @@ pub async fn sweep_loop(shared: Arc<Shared>) {
             if let Some(n) = next {
                 cursors.insert(g, n);
             }
-            if expired.is_empty() {
-                continue;
-            }
-            let n = expired.len();
-            let cmd = proto::KvCommand {
-                now_ms: now,
-                epoch,
-                session: None,
-                cmd: Some(proto::kv_command::Cmd::SweepExpired(
-                    proto::SweepExpiredCommand {
-                        up_to_ms: now,
-                        keys: expired.into_iter().map(Into::into).collect(),
-                    },
-                )),
-            };
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let sent = shared.events.send(Event::Propose {
-                group: g,
-                data: cmd.encode_to_vec().into(),
-                reply: tx,
-            });
-            if sent.is_err() {
-                return;
-            }
-            match tokio::time::timeout(PROPOSE_WAIT, rx).await {
-                Ok(Ok(Ok(_))) => {
-                    tracing::debug!(group = g, keys = n, "expired keys swept");
+            for chunk in expired.chunks(SWEEP_KEYS_MAX) {
+                let cmd = proto::KvCommand {
+                    now_ms: now,
+                    epoch,
+                    session: None,
+                    cmd: Some(proto::kv_command::Cmd::SweepExpired(
+                        proto::SweepExpiredCommand {
+                            up_to_ms: now,
+                            keys: chunk.iter().map(|k| k.clone().into()).collect(),
+                        },
+                    )),
+                };
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let sent = shared.events.send(Event::Propose {
+                    group: g,
+                    data: cmd.encode_to_vec().into(),
+                    reply: tx,
+                });
+                if sent.is_err() {
+                    return;
                 }
-                Ok(Ok(Err(e))) => tracing::debug!(group = g, "expiry sweep: {e}"),
-                Ok(Err(_)) | Err(_) => {
-                    tracing::debug!(group = g, "expiry sweep: no answer")
+                match tokio::time::timeout(PROPOSE_WAIT, rx).await {
+                    Ok(Ok(Ok(_))) => {
+                        tracing::debug!(group = g, keys = chunk.len(), "expired keys swept");
+                    }
+                    Ok(Ok(Err(e))) => {
+                        // (Not leading any more, or the group stopped: the next pass sees.)
+                        tracing::debug!(group = g, "expiry sweep: {e}");
+                        break;
+                    }
+                    Ok(Err(_)) | Err(_) => {
+                        tracing::debug!(group = g, "expiry sweep: no answer");
+                        break;
+                    }
                 }
             }
         }
@@ -137,7 +141,7 @@ fn expired_keys(shared: &Shared, g: u64, from: &[u8], now: u64) -> crate::Result
     let mut seen = 0;
     while it.valid() {
         let user = it.key().get(prefix..).unwrap_or_default();
-        if seen >= SCAN_RECORDS_MAX || expired.len() >= SWEEP_KEYS_MAX {
+        if seen >= SCAN_RECORDS_MAX {
             next = Some(user.to_vec());
             break;
         }

@@ -3226,8 +3226,9 @@ async fn keys_expire_on_every_replica_and_are_swept() {
     assert_eq!(c.ttl(b"a").await.unwrap(), KeyTtl::Never);
     c.delete(b"a").await.unwrap();
     // A scan page passes over at most 4,096 expired keys not swept yet, then ends
-    // early (the client goes on from where it stopped): 6,000 of them ahead of a live key.
-    let many: Vec<proto::Mutation> = (0..6000)
+    // early (the client goes on from where it stopped): 10,000 of them ahead of a live key
+    // (a sweep between their expiry and the scan takes at most 4,096).
+    let many: Vec<proto::Mutation> = (0..10_000)
         .map(|i| proto::Mutation {
             op: proto::MutationOp::Put as i32,
             key: format!("x{i:05}").into_bytes().into(),
@@ -3275,7 +3276,9 @@ async fn keys_expire_on_every_replica_and_are_swept() {
     c.put_with(b"swept", b"v", Expiry::After(Duration::from_millis(200)))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // (Each sweep walks 4,096 records from where the last stopped: three passes cover the
+    // 10,000 expired keys above and this one.)
+    tokio::time::sleep(Duration::from_secs(6)).await;
     for n in nodes {
         n.stop().await;
     }
