@@ -773,29 +773,35 @@ async fn increments_are_one_replicated_command_applied_once() {
     let follower = (0..3)
         .find(|&i| i + 1 != route.leader_node_id as usize)
         .unwrap();
-    let r = kv(&addrs[follower])
-        .await
-        .put(proto::PutRequest {
-            header: Some(proto::RequestHeader {
-                no_forward: true,
-                ..header(&route).unwrap()
-            }),
-            key: b"ttl".to_vec().into(),
-            value: b"v".to_vec().into(),
-            ttl_ms: 60_000,
-            keep_ttl: false,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(
-        matches!(
-            r.error.as_ref().and_then(|e| e.kind.as_ref()),
-            Some(proto::error::Kind::Unsupported(_))
-        ),
-        "{:?}",
-        r.error
-    );
+    // (The follower closes its gate at its own next heartbeat answer: asked until then.)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = kv(&addrs[follower])
+            .await
+            .put(proto::PutRequest {
+                header: Some(proto::RequestHeader {
+                    no_forward: true,
+                    ..header(&route).unwrap()
+                }),
+                key: b"ttl".to_vec().into(),
+                value: b"v".to_vec().into(),
+                ttl_ms: 60_000,
+                keep_ttl: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let kind = r.error.as_ref().and_then(|e| e.kind.as_ref());
+        if matches!(kind, Some(proto::error::Kind::Unsupported(_))) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && matches!(kind, Some(proto::error::Kind::NotLeader(_))),
+            "{:?}",
+            r.error
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let before = get(&addrs, &route, b"ctr").await;
     assert!(matches!(
         clients[0].incr(b"ctr", 1).await,
