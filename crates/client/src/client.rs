@@ -47,10 +47,10 @@ use rand::SeedableRng;
 use tokio::time::Instant;
 
 use crate::backoff::BackoffPolicy;
-use crate::batch_link::BatchLink;
 use crate::error::{ClientError, Result};
 use crate::local::LocalNode;
 use crate::routing::{NodeId, Route, RouteTable};
+use phoenix_proto::batch_link::BatchLink;
 
 /// How long a call keeps resending a write refused with `DiskFull` before it returns
 /// the refusal: long enough for a full leader to hand its group to a node with room

@@ -18,7 +18,6 @@
 //! ```
 
 pub mod backoff;
-mod batch_link;
 mod client;
 mod error;
 mod local;

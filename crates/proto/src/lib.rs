@@ -13,7 +13,8 @@
 //! reserved for transport failures. [`convert`] maps raft messages to and from the
 //! wire, validating everything that arrives. [`counter`] holds the integer rules of
 //! `Incr` (Redis' INCR), which every replica must apply alike. [`limits`] names the size limits both
-//! sides check. [`security`] holds TLS and tokens for every hop.
+//! sides check. [`batch_link`] carries many calls to one node on one `Kv.Batch` stream.
+//! [`security`] holds TLS and tokens for every hop.
 
 #[allow(
     missing_docs,
@@ -28,6 +29,7 @@ mod generated {
 
 pub use generated::*;
 
+pub mod batch_link;
 pub mod convert;
 pub mod counter;
 #[cfg(feature = "dev-certs")]

@@ -424,7 +424,10 @@ async fn run_once(
     let kv = service::Services {
         shared: Arc::clone(&shared),
         inflight: Arc::new(tokio::sync::Semaphore::new(cfg.inflight_requests_max)),
-        forward: Arc::new(forward::Forwarder::new(shared.creds.clone())),
+        forward: Arc::new(forward::Forwarder::new(
+            shared.creds.clone(),
+            shared.metrics.forwards.clone(),
+        )),
         stop: stop_rx.clone(),
     };
     requests.set(Some(kv.clone())).await;

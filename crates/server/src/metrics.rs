@@ -41,6 +41,8 @@ pub struct NodeMetrics {
     pub leader_changes: Counter,
     /// Snapshots this node sent, received and installed.
     pub snapshots: Family<Labels, Counter>,
+    /// Requests this node forwarded to a group leader, by how (forward.rs).
+    pub forwards: Family<MethodLabel, Counter>,
 }
 
 impl Default for NodeMetrics {
@@ -51,6 +53,7 @@ impl Default for NodeMetrics {
             proposals: Counter::default(),
             leader_changes: Counter::default(),
             snapshots: Family::default(),
+            forwards: Family::default(),
         }
     }
 }
@@ -130,6 +133,12 @@ pub fn registry(shared: &Arc<Shared>) -> Registry {
         "snapshots",
         "Group snapshots sent, received and installed, by result",
         m.snapshots.clone(),
+    );
+    r.register(
+        "forwards",
+        "Requests this node forwarded to their group's leader, by how they went \
+         (stream: an item of a Kv.Batch stream; unary: a call of their own)",
+        m.forwards.clone(),
     );
     r.register_collector(Box::new(NodeCollector {
         shared: Arc::clone(shared),

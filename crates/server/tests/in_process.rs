@@ -1261,13 +1261,21 @@ async fn failing_disk_recovers(fail_writes: bool) {
 /// compare-and-swap, with the client's session: a resend through another follower
 /// applies once); a client that asked for redirects, or a request forwarded already,
 /// gets NotLeader with the leader's address; with the leader gone, a forwarded write is
-/// refused or its outcome is unknown, never reported as done.
+/// refused or its outcome is unknown, never reported as done. Single-key requests go
+/// on the follower's batch stream to the leader, others as unary calls (its metrics).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn followers_forward_requests_to_the_leader() {
     let dir = tempfile::tempdir().unwrap();
     let (addrs, meta) = loopback_members(3);
+    let metrics: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
     let mut nodes: Vec<Option<Node>> = (0..3)
-        .map(|i| Some(start(config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3))))
+        .map(|i| {
+            let mut c = config(i as u64 + 1, &addrs[i], dir.path(), &meta, 3);
+            c.metrics_listen = Some(metrics[i].clone());
+            Some(start(c))
+        })
         .collect();
     let route = wait_route(&addrs).await;
     // A write through the leader first: every replica then knows who leads.
@@ -1290,6 +1298,11 @@ async fn followers_forward_requests_to_the_leader() {
     };
     let mut f0 = kv(&addrs[followers[0]]).await;
     let mut f1 = kv(&addrs[followers[1]]).await;
+    // (The first write may have been forwarded by f0 already.)
+    let forwards = |text: &str, how: &str| {
+        sample(text, "phoenix_forwards_total", &format!("via=\"{how}\"")).unwrap_or(0.0)
+    };
+    let (_, before) = http_get(&metrics[followers[0]], "/metrics").await;
     let r = f0.put(put_req(session(1), "a")).await.unwrap().into_inner();
     assert_eq!(r.error, None, "a follower forwards a write");
     let g = f1
@@ -1319,6 +1332,26 @@ async fn followers_forward_requests_to_the_leader() {
         (again.error, again.succeeded),
         (None, true),
         "resend: first result"
+    );
+    // A scan is no batch item: it goes as a unary call.
+    let sc = f0
+        .scan(proto::ScanRequest {
+            header: header(&route),
+            start: b"fwd".to_vec().into(),
+            end: b"fwe".to_vec().into(),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((sc.error, sc.pairs.len()), (None, 1));
+    let (_, text) = http_get(&metrics[followers[0]], "/metrics").await;
+    let via = |how: &str| forwards(&text, how) - forwards(&before, how);
+    assert_eq!(
+        (via("stream"), via("unary")),
+        (2.0, 1.0),
+        "the put and the swap on the stream, the scan unary:\n{text}"
     );
     // Redirects instead of forwarding when asked, and never a second hop.
     for h in [

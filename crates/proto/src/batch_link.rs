@@ -1,4 +1,5 @@
-//! [`BatchLink`]: one `Kv.Batch` stream to one node, shared by every call of a client.
+//! [`BatchLink`]: one `Kv.Batch` stream to one node, shared by every call sent there
+//! (a client's calls, or a node's requests forwarded to a group leader).
 //!
 //! A unary gRPC call costs an HTTP/2 stream (headers both ways, trailers) on both
 //! sides; with many calls in flight to one node that cost dominates small requests.
@@ -12,16 +13,17 @@
 //! is the same as for a unary call: a stream that could not be opened because the
 //! connection could not be made carries the connect error (the items were never sent),
 //! anything else is an unknown outcome. A node that does not know `Kv.Batch` answers
-//! `Unimplemented`; the link remembers it and the client goes unary to that node.
+//! `Unimplemented`; the link remembers it and the caller goes unary to that node.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate as pb;
+use crate::kv_client::KvClient;
+use crate::limits;
+use crate::security::AuthChannel;
 use pb::batch_request_item::Request as Req;
-use phoenix_proto::kv_client::KvClient;
-use phoenix_proto::security::AuthChannel;
-use phoenix_proto::{self as pb, limits};
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status};
@@ -52,7 +54,7 @@ struct Queued {
 
 /// A handle on one node's batch stream; clones share it.
 #[derive(Clone)]
-pub(crate) struct BatchLink {
+pub struct BatchLink {
     inner: Arc<LinkInner>,
 }
 
@@ -75,7 +77,8 @@ impl LinkInner {
 }
 
 impl BatchLink {
-    pub(crate) fn new(channel: AuthChannel) -> BatchLink {
+    /// A link over `channel`; the stream opens with the first call.
+    pub fn new(channel: AuthChannel) -> BatchLink {
         BatchLink {
             inner: Arc::new(LinkInner {
                 channel,
@@ -86,7 +89,7 @@ impl BatchLink {
     }
 
     /// False for a while after the node said it does not serve `Kv.Batch`.
-    pub(crate) fn supported(&self) -> bool {
+    pub fn supported(&self) -> bool {
         let since = *self
             .inner
             .unsupported_since
@@ -97,7 +100,7 @@ impl BatchLink {
 
     /// Sends one call on the stream and waits for its answer. `Err` is a transport
     /// failure, as a unary call's would be (`Unimplemented`: use the unary method).
-    pub(crate) async fn call(&self, request: Req) -> Result<pb::BatchResponseItem, Status> {
+    pub async fn call(&self, request: Req) -> Result<pb::BatchResponseItem, Status> {
         let (reply, rx) = oneshot::channel();
         self.enqueue(Queued { request, reply })?;
         rx.await
@@ -120,7 +123,7 @@ impl BatchLink {
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let handle = tokio::runtime::Handle::try_current()
-            .map_err(|_| Status::internal("PhoenixKV client used outside a Tokio runtime"))?;
+            .map_err(|_| Status::internal("a batch link used outside a Tokio runtime"))?;
         handle.spawn(run(Arc::downgrade(&self.inner), rx));
         tx.send(q)
             .map_err(|_| Status::internal("batch stream task refused the first call"))?;
