@@ -69,8 +69,79 @@ pub struct Target {
     pub deadline: Instant,
 }
 
+/// What a request needs of the cluster before it is served or forwarded: the feature it
+/// uses and the protocol level that serves it (None: any level does). Every forwardable
+/// request states it, so the version gate (`Services::gate`) cannot be forgotten for a
+/// new one: a replica of an older binary would apply a command it does not know as an
+/// empty one, or a write without the fields it cannot decode.
+pub trait Needs {
+    /// The feature and level, if any.
+    fn needs(&self) -> Option<(&'static str, u32)>;
+}
+
+const EXPIRY: Option<(&str, u32)> = Some(("key expiry", phoenix_meta::PROTOCOL_TTL));
+
+macro_rules! needs_nothing {
+    ($($req:ident),*) => {$(
+        impl Needs for proto::$req {
+            fn needs(&self) -> Option<(&'static str, u32)> {
+                None
+            }
+        }
+    )*};
+}
+needs_nothing!(
+    GetRequest,
+    DeleteRequest,
+    BatchGetRequest,
+    ScanRequest,
+    DeleteRangeRequest
+);
+
+impl Needs for proto::PutRequest {
+    fn needs(&self) -> Option<(&'static str, u32)> {
+        self.with_expiry().then_some(EXPIRY).flatten()
+    }
+}
+
+impl Needs for proto::CasRequest {
+    fn needs(&self) -> Option<(&'static str, u32)> {
+        // A swap that deletes leaves no key to expire (its expiry fields are ignored).
+        (!self.delete && self.with_expiry())
+            .then_some(EXPIRY)
+            .flatten()
+    }
+}
+
+impl Needs for proto::BatchWriteRequest {
+    fn needs(&self) -> Option<(&'static str, u32)> {
+        let with_expiry = self.mutations.iter().any(|m| m.ttl_ms != 0 || m.keep_ttl);
+        with_expiry.then_some(EXPIRY).flatten()
+    }
+}
+
+impl Needs for proto::IncrRequest {
+    fn needs(&self) -> Option<(&'static str, u32)> {
+        Some(("incr", phoenix_meta::PROTOCOL_INCR))
+    }
+}
+
+impl Needs for proto::ExpireRequest {
+    fn needs(&self) -> Option<(&'static str, u32)> {
+        EXPIRY
+    }
+}
+
+impl Needs for proto::TtlRequest {
+    fn needs(&self) -> Option<(&'static str, u32)> {
+        // A read, but an older leader does not know the method: refused as unsupported,
+        // so the Redis front end answers as before expiries.
+        EXPIRY
+    }
+}
+
 /// A request that can be forwarded: its header can be rewritten.
-pub trait Forwardable: Sized {
+pub trait Forwardable: Needs + Sized {
     /// The method's response.
     type Response;
     /// The request header.

@@ -363,20 +363,24 @@ impl Services {
         Ok(())
     }
 
-    /// Checks a write's expiry fields (`ttl_ms`, `keep_ttl`) and passes the gate if it
-    /// has one. Returns whether it has one.
-    fn check_expiry(&self, group: u64, ttl_ms: u64, keep_ttl: bool) -> Result<bool, PErr> {
-        if ttl_ms != 0 && keep_ttl {
-            return Err(PErr::invalid_argument(
-                "a write gives a key a new expiry (ttl_ms) or keeps its own (keep_ttl), not both",
-            ));
+    /// The version gate for what request `r` needs (forward.rs [`Needs`]).
+    fn gate_request(&self, r: &impl crate::forward::Forwardable, group: u64) -> Result<(), PErr> {
+        match r.needs() {
+            Some((feature, needed)) => self.gate(group, feature, needed),
+            None => Ok(()),
         }
-        if ttl_ms == 0 && !keep_ttl {
-            return Ok(false);
-        }
-        self.gate(group, "key expiry", phoenix_meta::PROTOCOL_TTL)?;
-        Ok(true)
     }
+}
+
+/// Checks a write's expiry fields (`ttl_ms`, `keep_ttl`): a new expiry or the old one,
+/// not both.
+fn check_expiry(ttl_ms: u64, keep_ttl: bool) -> Result<(), PErr> {
+    if ttl_ms != 0 && keep_ttl {
+        return Err(PErr::invalid_argument(
+            "a write gives a key a new expiry (ttl_ms) or keeps its own (keep_ttl), not both",
+        ));
+    }
+    Ok(())
 }
 
 /// The group a request's header names (0: none; the header is checked later).
@@ -428,10 +432,14 @@ macro_rules! try_err {
 }
 
 /// The request's context if this node serves it; else returns the answer: the leader's
-/// (forwarded; `$write`: whether the request changes state) or the refusal.
+/// (forwarded; `$write`: whether the request changes state) or the refusal. The version
+/// gate comes first, here and on the leader: an older leader would misapply the request.
 macro_rules! here_or_forward {
     ($self:ident, $r:ident, $resp:ident, $method:ident, $write:expr, $permit:ident) => {
-        match $self.locate($r.header.as_ref()) {
+        match $self
+            .gate_request(&$r, group_of(&$r.header))
+            .and_then(|()| $self.locate($r.header.as_ref()))
+        {
             Ok(Where::Here(c)) => c,
             Ok(Where::Leader(to)) => {
                 // Forwards are bounded on their own (forward.rs), not by this node's
@@ -651,11 +659,7 @@ impl Services {
         req: Request<proto::PutRequest>,
     ) -> Result<Response<proto::PutResponse>, Status> {
         let r = req.into_inner();
-        // The gate before a forward too: an older leader would skip the fields.
-        try_err!(
-            PutResponse,
-            self.check_expiry(group_of(&r.header), r.ttl_ms, r.keep_ttl)
-        );
+        try_err!(PutResponse, check_expiry(r.ttl_ms, r.keep_ttl));
         let _permit = try_err!(PutResponse, self.admit());
         let c = here_or_forward!(self, r, PutResponse, put, true, _permit);
         try_err!(PutResponse, self.check_key(&c, &r.key));
@@ -751,12 +755,8 @@ impl Services {
         req: Request<proto::BatchWriteRequest>,
     ) -> Result<Response<proto::BatchWriteResponse>, Status> {
         let r = req.into_inner();
-        // The gate before a forward too: an older leader would skip the fields.
         for m in &r.mutations {
-            try_err!(
-                BatchWriteResponse,
-                self.check_expiry(group_of(&r.header), m.ttl_ms, m.keep_ttl)
-            );
+            try_err!(BatchWriteResponse, check_expiry(m.ttl_ms, m.keep_ttl));
         }
         let _permit = try_err!(BatchWriteResponse, self.admit());
         let c = here_or_forward!(self, r, BatchWriteResponse, batch_write, true, _permit);
@@ -985,12 +985,8 @@ impl Services {
         req: Request<proto::CasRequest>,
     ) -> Result<Response<proto::CasResponse>, Status> {
         let r = req.into_inner();
-        // The gate before a forward too: an older leader would skip the fields.
         if !r.delete {
-            try_err!(
-                CasResponse,
-                self.check_expiry(group_of(&r.header), r.ttl_ms, r.keep_ttl)
-            );
+            try_err!(CasResponse, check_expiry(r.ttl_ms, r.keep_ttl));
         }
         let _permit = try_err!(CasResponse, self.admit());
         let c = here_or_forward!(self, r, CasResponse, cas, true, _permit);
@@ -1034,10 +1030,6 @@ impl Services {
         req: Request<proto::IncrRequest>,
     ) -> Result<Response<proto::IncrResponse>, Status> {
         let r = req.into_inner();
-        try_err!(
-            IncrResponse,
-            self.gate(group_of(&r.header), "incr", phoenix_meta::PROTOCOL_INCR)
-        );
         let _permit = try_err!(IncrResponse, self.admit());
         let c = here_or_forward!(self, r, IncrResponse, incr, true, _permit);
         try_err!(IncrResponse, self.check_key(&c, &r.key));
@@ -1076,14 +1068,6 @@ impl Services {
     ) -> Result<Response<proto::ExpireResponse>, Status> {
         use proto::expire_request::When;
         let r = req.into_inner();
-        try_err!(
-            ExpireResponse,
-            self.gate(
-                group_of(&r.header),
-                "key expiry",
-                phoenix_meta::PROTOCOL_TTL
-            )
-        );
         let condition = try_err!(
             ExpireResponse,
             proto::ExpireCondition::try_from(r.condition).map_err(|_| {
@@ -1144,16 +1128,6 @@ impl Services {
         req: Request<proto::TtlRequest>,
     ) -> Result<Response<proto::TtlResponse>, Status> {
         let r = req.into_inner();
-        // (A read, but an older leader does not know the method: refused here as
-        // unsupported, so the front end answers as before expiries.)
-        try_err!(
-            TtlResponse,
-            self.gate(
-                group_of(&r.header),
-                "key expiry",
-                phoenix_meta::PROTOCOL_TTL
-            )
-        );
         let _permit = try_err!(TtlResponse, self.admit());
         let c = here_or_forward!(self, r, TtlResponse, ttl, false, _permit);
         try_err!(TtlResponse, self.check_key(&c, &r.key));

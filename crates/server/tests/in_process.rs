@@ -802,6 +802,77 @@ async fn increments_are_one_replicated_command_applied_once() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Every gated request is refused there alike (the gate is the request layer's, not
+    // each method's): a swap and a batch write with an expiry, EXPIRE, TTL and INCR.
+    let mut f = kv(&addrs[follower]).await;
+    let h = || {
+        Some(proto::RequestHeader {
+            no_forward: true,
+            ..header(&route).unwrap()
+        })
+    };
+    let unsupported = |e: Option<proto::Error>| {
+        matches!(
+            e.and_then(|e| e.kind),
+            Some(proto::error::Kind::Unsupported(_))
+        )
+    };
+    let cas = f
+        .cas_ex(proto::CasRequest {
+            header: h(),
+            key: b"ttl".to_vec().into(),
+            new_value: b"v".to_vec().into(),
+            ttl_ms: 60_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(unsupported(cas.error.clone()), "cas: {:?}", cas.error);
+    let bw = f
+        .batch_write(proto::BatchWriteRequest {
+            header: h(),
+            mutations: vec![proto::Mutation {
+                op: proto::MutationOp::Put as i32,
+                key: b"ttl".to_vec().into(),
+                value: b"v".to_vec().into(),
+                ttl_ms: 60_000,
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(unsupported(bw.error.clone()), "batch write: {:?}", bw.error);
+    let ex = f
+        .expire(proto::ExpireRequest {
+            header: h(),
+            key: b"ttl".to_vec().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(unsupported(ex.error.clone()), "expire: {:?}", ex.error);
+    let ttl = f
+        .ttl(proto::TtlRequest {
+            header: h(),
+            key: b"ttl".to_vec().into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(unsupported(ttl.error.clone()), "ttl: {:?}", ttl.error);
+    let incr = f
+        .incr(proto::IncrRequest {
+            header: h(),
+            key: b"ctr".to_vec().into(),
+            by: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(unsupported(incr.error.clone()), "incr: {:?}", incr.error);
     let before = get(&addrs, &route, b"ctr").await;
     assert!(matches!(
         clients[0].incr(b"ctr", 1).await,
