@@ -27,13 +27,18 @@ for _ in $(seq 1 180); do
   sleep 0.5
 done
 endpoints=$(sed -n 's/.*"endpoints":"\([^"]*\)".*/\1/p' "$out/playground.json")
-leader=$(sed -n 's/.*"groups":\[{"group_id":1,"leader":\([0-9]*\).*/\1/p' "$out/playground.json")
 resp_of() { grep -o "\"node_id\":$1,\"resp\":\"127.0.0.1:[0-9]*\"" "$out/playground.json" | sed 's/.*://; s/"//'; }
-port=$(resp_of "$leader")
-follower=$(grep -o '"node_id":[0-9]*' "$out/playground.json" | sed 's/.*://' | grep -vx "$leader" | head -1)
-fport=$(resp_of "$follower")
-[ -n "$endpoints" ] && [ -n "$port" ] && [ -n "$fport" ] || { echo "playground not up" >&2; exit 1; }
-echo "endpoints $endpoints; Redis port $port (node $leader, the leader), $fport (node $follower, a follower)"
+# The group's leader as the cluster reports it now (the replicas' own word), and the
+# Redis ports of it and of a follower: asked before every round, as leadership may move.
+find_ports() {
+  leader=$("$bin" --output json cluster status --endpoints "$endpoints" |
+    sed -n 's/.*"group_id":1,"leader":\([0-9]*\).*/\1/p')
+  port=$(resp_of "$leader")
+  follower=$(grep -o '"node_id":[0-9]*' "$out/playground.json" | sed 's/.*://' | grep -vx "$leader" | head -1)
+  fport=$(resp_of "$follower")
+  [ -n "$endpoints" ] && [ -n "$port" ] && [ -n "$fport" ] || { echo "playground not up" >&2; exit 1; }
+  echo "endpoints $endpoints; Redis port $port (node $leader, the leader), $fport (node $follower, a follower)"
+}
 redis_round() { # PORT FILE
   redis-benchmark -p "$1" -t set,get -n 200000 -r 100000 -c 50 -d 16 -q 2>/dev/null | tr '\r' '\n' |
     sed -n 's/^\(SET\|GET\): \([0-9.]*\) requests per second.*/\1 \2/p' >"$2"
@@ -46,6 +51,7 @@ grpc_round() { # ROUND
   done
 }
 for i in $(seq 1 "$runs"); do
+  find_ports
   # The order turns round every round, so what the cluster does in the background
   # (flushes, compactions) weighs on no one path more than on another.
   if [ $((i % 2)) = 1 ]; then
