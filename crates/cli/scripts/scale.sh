@@ -85,9 +85,28 @@ server_pids() { pgrep -P "$pg_pid" -f ' server ' | sort -n; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 median3() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
 
+# Waits until the balancers are done (at most 600 s): no operator under way and no term
+# moved over 10 s. A cluster bootstrapped with many groups starts with its leaders
+# uneven, and the leader balancer's transfers (thousands) are no idle state.
+wait_settled() {
+  local n=$1 t0 t1 ops
+  for _ in $(seq 1 60); do
+    # (A status call that fails counts as "not settled", not as the script's end.)
+    t0=$(term_sum || echo x); sleep 10; t1=$(term_sum || echo y)
+    ops=$("$phoenix" cluster status --endpoints "$endpoints" --output json 2>/dev/null |
+      jq '.operators | length' || echo unknown)
+    if [ "$t0" = "$t1" ] && [ "$ops" = 0 ]; then
+      echo "N=$n: settled (no election nor operator for 10 s)"
+      return
+    fi
+  done
+  echo "N=$n: still balancing after 600 s"
+}
+
 for n in "${sizes[@]}"; do
   start_cluster "$n"
   wait_asleep "$n"
+  wait_settled "$n"
   terms0=$(term_sum)
   for pid in $(server_pids); do
     samples=()

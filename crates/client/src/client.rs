@@ -536,9 +536,8 @@ fn mismatched() -> tonic::Status {
     tonic::Status::internal("the node answered with another method's response")
 }
 
-/// Encoded size past which a single-key call goes unary: a large value would hold the
-/// shared stream's flow-control window from the small calls behind it.
-const BATCH_ITEM_BYTES_MAX: usize = 64 * 1024;
+/// Encoded size past which a single-key call goes unary.
+const BATCH_ITEM_BYTES_MAX: usize = phoenix_proto::batch_link::ITEM_BYTES_MAX;
 
 fn request_len(r: &Req) -> usize {
     use prost::Message as _;

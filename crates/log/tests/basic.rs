@@ -388,11 +388,8 @@ fn a_cut_stopped_at_any_step_leaves_only_the_synced_entries() {
                 // The tails die with the machine: the next start opens plainly.
                 0 => {
                     mem.crash();
-                    check(
-                        open(&fs, &[], "x"),
-                        true,
-                        &format!("step {step}, power loss"),
-                    );
+                    let at = format!("step {step}, power loss");
+                    check(open(&fs, &[], &at), true, &at);
                 }
                 // The node's next run in the process cuts again, with the same tails;
                 // then a power loss, torn, keeps the cut.

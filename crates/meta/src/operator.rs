@@ -626,6 +626,11 @@ impl Operators {
         self.adds.get(&group).map(|a| a.to)
     }
 
+    /// Whether no operator is under way (no transfer, addition or removal).
+    pub fn is_idle(&self) -> bool {
+        self.transfers.is_empty() && self.adds.is_empty() && self.removes.is_empty()
+    }
+
     /// Transfers under way that the leader balancer started.
     pub fn balancing(&self) -> usize {
         self.transfers

@@ -28,6 +28,11 @@ use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status};
 
+/// Encoded size past which a call should go unary rather than on the stream: a large
+/// value would hold the shared stream's flow-control window from the small calls behind
+/// it (and many of them could make one message too large).
+pub const ITEM_BYTES_MAX: usize = 64 * 1024;
+
 /// Items sent in one request message at most (also bounded by bytes).
 const ITEMS_PER_MESSAGE_MAX: usize = 512;
 

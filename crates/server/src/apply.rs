@@ -1917,6 +1917,18 @@ mod tests {
         .encode_to_vec()
     }
 
+    /// Sizes of apply rounds (1 to 8 entries each) that take `n` entries in all.
+    fn random_rounds(rng: &mut ChaCha8Rng, n: usize) -> Vec<usize> {
+        let mut rounds = Vec::new();
+        let mut left = n;
+        while left > 0 {
+            let r = rng.gen_range(1..=left.min(8));
+            rounds.push(r);
+            left -= r;
+        }
+        rounds
+    }
+
     fn run(seed: u64) {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let g = 7;
@@ -1926,13 +1938,7 @@ mod tests {
         } else {
             (0..n).map(|_| random_command(&mut rng)).collect()
         };
-        let mut rounds = Vec::new();
-        let mut left = n;
-        while left > 0 {
-            let r = rng.gen_range(1..=left.min(8));
-            rounds.push(r);
-            left -= r;
-        }
+        let rounds = random_rounds(&mut rng, n);
         let engine = Recorder::default();
         let results = apply_rounds(&engine, g, &entries, 1, &rounds);
         let want = engine.state.borrow().clone();
@@ -2992,13 +2998,7 @@ mod tests {
         let g = 4;
         let n = rng.gen_range(1..60);
         let entries: Vec<Vec<u8>> = (0..n).map(|_| random_command(&mut rng)).collect();
-        let mut rounds = Vec::new();
-        let mut left = n;
-        while left > 0 {
-            let r = rng.gen_range(1..=left.min(8));
-            rounds.push(r);
-            left -= r;
-        }
+        let rounds = random_rounds(&mut rng, n);
         let engine = Recorder::default();
         let results = apply_rounds(&engine, g, &entries, 1, &rounds);
         let mut model = ExpiryModel::default();

@@ -13,12 +13,20 @@
 //! GroupUnavailable (it had no effect) and a write OutcomeUnknown: it may have reached
 //! the leader, and a client resending it with its session gets the first result.
 //!
-//! Requests that can be items of a `Kv.Batch` stream (single-key reads and writes, the
-//! Redis front end's whole traffic) go over one such stream per leader
-//! ([`BatchLink`]): a unary call costs an HTTP/2 stream with headers both ways on both
-//! nodes, which made a command at a follower cost a quarter more than at the leader.
-//! The rest (batch get/write, scan, delete range) go as unary calls, as do all requests
-//! to a leader whose binary predates the stream.
+//! Requests that can be items of a `Kv.Batch` stream (single-key reads and writes up to
+//! [`ITEM_BYTES_MAX`]) go over one such stream per leader ([`BatchLink`]), as
+//! PhoenixKV's client sends them: a unary call costs an HTTP/2 stream with headers both
+//! ways on both nodes. The rest (larger ones, batch get/write, scan, delete range) go as
+//! unary calls. (PhoenixKV's client, the Redis front end's included, asks not to be
+//! forwarded and goes to the leader itself; forwards serve other gRPC clients and
+//! clients whose leader is not known yet.) A leader whose binary predates the stream
+//! answers its opening with `Unimplemented`: those requests are refused with NotLeader
+//! naming it (nothing was served) and the link goes unary to it for a while.
+//!
+//! A forward that gives up (its deadline) cannot withdraw an item already sent: the
+//! leader serves it within the item's own deadline, so a write may apply after the
+//! follower answered OutcomeUnknown, as the outcome says (a resend in its session
+//! applies once). [`FORWARDS_MAX`] bounds the forwards waiting here, not that work.
 //!
 //! Forwards have their own bound ([`FORWARDS_MAX`] at once, each at most
 //! [`FORWARD_WAIT_MAX`]) and do not hold the node's admission permit: a stalled leader
@@ -31,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use phoenix_proto as proto;
-use phoenix_proto::batch_link::BatchLink;
+use phoenix_proto::batch_link::{BatchLink, ITEM_BYTES_MAX};
 use phoenix_proto::security::Credentials;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -106,10 +114,7 @@ impl Needs for proto::PutRequest {
 
 impl Needs for proto::CasRequest {
     fn needs(&self) -> Option<(&'static str, u32)> {
-        // A swap that deletes leaves no key to expire (its expiry fields are ignored).
-        (!self.delete && self.with_expiry())
-            .then_some(EXPIRY)
-            .flatten()
+        self.with_expiry().then_some(EXPIRY).flatten()
     }
 }
 
@@ -141,7 +146,7 @@ impl Needs for proto::TtlRequest {
 }
 
 /// A request that can be forwarded: its header can be rewritten.
-pub trait Forwardable: Needs + Sized {
+pub trait Forwardable: Needs + prost::Message + Sized {
     /// The method's response.
     type Response;
     /// The request header.
@@ -222,7 +227,8 @@ impl WithExpiry for proto::PutRequest {
 
 impl WithExpiry for proto::CasRequest {
     fn with_expiry(&self) -> bool {
-        self.ttl_ms != 0 || self.keep_ttl
+        // A swap that deletes leaves no key to expire (its expiry fields are ignored).
+        !self.delete && (self.ttl_ms != 0 || self.keep_ttl)
     }
 }
 
@@ -273,7 +279,11 @@ impl Forwarder {
             .endpoint(addr)
             .map_err(|e| PErr::internal(format!("node {node}: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // A leader gone silent (paused, its packets dropped) breaks the stream within
+            // seconds instead of holding it until TCP gives up.
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5));
         let channel = self.creds.authorize(ep.connect_lazy());
         let l = Link {
             addr: addr.to_string(),
@@ -342,7 +352,7 @@ impl Forwarder {
                 )
             }
         };
-        if link.stream.supported() {
+        if link.stream.supported() && req.encoded_len() <= ITEM_BYTES_MAX {
             match req.into_item() {
                 Ok(item) => {
                     self.sent.get_or_create(&[("via", "stream")]).inc();
@@ -350,18 +360,10 @@ impl Forwarder {
                         Ok(Ok(answer)) => match (answer.error, answer.response) {
                             // Not served at all (the leader knows no such item).
                             (Some(e), _) => Err(e),
-                            (None, Some(a)) => Req::response_of(a).ok_or_else(|| {
-                                PErr::internal(format!(
-                                    "the leader, node {}, answered a forwarded request \
-                                     with another kind of answer",
-                                    to.leader
-                                ))
-                            }),
-                            (None, None) => Err(PErr::internal(format!(
-                                "the leader, node {}, answered a forwarded request \
-                                 with nothing",
-                                to.leader
-                            ))),
+                            // (Answered: a write may have applied, whatever came back.)
+                            (None, Some(a)) => Req::response_of(a)
+                                .ok_or_else(|| unanswered("an answer of another kind".to_string())),
+                            (None, None) => Err(unanswered("an empty answer".to_string())),
                         },
                         Ok(Err(status)) if never_sent(&status) => Err(refused(status.to_string())),
                         // The leader predates the stream (the link now goes unary to it

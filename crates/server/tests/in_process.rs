@@ -833,11 +833,8 @@ async fn increments_are_one_replicated_command_applied_once() {
         .batch_write(proto::BatchWriteRequest {
             header: h(),
             mutations: vec![proto::Mutation {
-                op: proto::MutationOp::Put as i32,
-                key: b"ttl".to_vec().into(),
-                value: b"v".to_vec().into(),
                 ttl_ms: 60_000,
-                ..Default::default()
+                ..put_mutation(*b"ttl", b"v")
             }],
         })
         .await
@@ -3340,11 +3337,8 @@ async fn keys_expire_on_every_replica_and_are_swept() {
     // (a sweep between their expiry and the scan takes at most 4,096).
     let many: Vec<proto::Mutation> = (0..10_000)
         .map(|i| proto::Mutation {
-            op: proto::MutationOp::Put as i32,
-            key: format!("x{i:05}").into_bytes().into(),
-            value: b"v".to_vec().into(),
             ttl_ms: 300,
-            ..proto::Mutation::default()
+            ..put_mutation(format!("x{i:05}"), b"v")
         })
         .collect();
     let leader = route.leader_node_id as usize - 1;

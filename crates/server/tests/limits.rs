@@ -55,18 +55,8 @@ async fn oversized_requests_are_refused_and_overload_gets_server_busy() {
         .batch_write(proto::BatchWriteRequest {
             header: header(&route),
             mutations: vec![
-                proto::Mutation {
-                    op: proto::MutationOp::Put as i32,
-                    key: b"fine".to_vec().into(),
-                    value: b"v".to_vec().into(),
-                    ..proto::Mutation::default()
-                },
-                proto::Mutation {
-                    op: proto::MutationOp::Put as i32,
-                    key: vec![b'k'; proto::limits::KEY_BYTES_MAX + 1].into(),
-                    value: b"v".to_vec().into(),
-                    ..proto::Mutation::default()
-                },
+                put_mutation(*b"fine", b"v"),
+                put_mutation(vec![b'k'; proto::limits::KEY_BYTES_MAX + 1], b"v"),
             ],
         })
         .await

@@ -138,6 +138,16 @@ pub async fn wait_routes(
     }
 }
 
+/// A batch write's put of `key` to `value` (no expiry).
+pub fn put_mutation(key: impl Into<Vec<u8>>, value: &[u8]) -> proto::Mutation {
+    proto::Mutation {
+        op: proto::MutationOp::Put as i32,
+        key: key.into().into(),
+        value: value.to_vec().into(),
+        ..proto::Mutation::default()
+    }
+}
+
 pub fn header(route: &proto::Route) -> Option<proto::RequestHeader> {
     Some(proto::RequestHeader {
         group_id: route.group_id,
