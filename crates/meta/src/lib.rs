@@ -47,7 +47,8 @@ pub use rebalance::{balance_replicas, REPLICA_BALANCE_INFLIGHT_MAX};
 pub use repair::{down_nodes, repair_replicas, resize_meta, ReplicaMove, REPAIR_INFLIGHT_MAX};
 pub use schedule::{
     bootstrap_plan, check_addr, cluster_view, even_split_keys, place, placement_commands,
-    registration, route_table, route_updates, routes_view, split_ranges, INITIAL_GROUPS_MAX,
+    placement_commands_quiet, registration, route_table, route_updates, route_updates_quiet,
+    routes_view, split_ranges, INITIAL_GROUPS_MAX,
 };
 pub use scrub::{scrub_mismatches, scrub_report, Scrubs, SCRUB_INFLIGHT_MAX};
 pub use split::{finished_splits, size_splits, SPLIT_INFLIGHT_MAX};

@@ -40,6 +40,18 @@ pub struct LeaderView {
     meta_route: Option<Route>,
     /// Each node's last report of its meta replica (absent: it hosts none).
     meta_replicas: BTreeMap<u64, ReplicaStats>,
+    /// Counts the changes to `replicas` (and so to `leaders`): the walks over every
+    /// route read nothing else of the view, so while it stands still they would find
+    /// what they found last time.
+    changes: u64,
+    /// The same, per node: the changes to that node's replicas.
+    node_changes: HashMap<u64, u64>,
+    /// Per node, the (table applied index, node changes) at which the placement walks
+    /// last found nothing to do (`crate::schedule::placement_commands_memo`).
+    pub(crate) quiet_placement: HashMap<u64, (u64, u64)>,
+    /// The (table applied index, changes) at which the route updates' walk last found
+    /// nothing to do (`crate::schedule::route_updates_memo`).
+    pub(crate) quiet_routes: Option<(u64, u64)>,
 }
 
 impl LeaderView {
@@ -80,11 +92,14 @@ impl LeaderView {
             return false;
         }
         let held = self.replicas.entry(node).or_default();
+        // (A whole report counts as a change: they are rare, and comparing it would
+        // cost as much as the walks it saves.)
+        let mut changed = report.base.is_none();
         if report.base.is_none() {
             held.clear();
         }
         for g in &report.removed {
-            held.remove(g);
+            changed |= held.remove(g).is_some();
         }
         for r in replicas {
             // The reporting node is the authority on its own replicas.
@@ -93,6 +108,10 @@ impl LeaderView {
                 ..r.clone()
             };
             let (group, is_leader, term) = (r.group_id, r.is_leader, r.term);
+            if held.get(&group) == Some(&r) {
+                continue;
+            }
+            changed = true;
             held.insert(group, r);
             if is_leader {
                 let e = self.leaders.entry(group).or_insert((0, 0));
@@ -102,7 +121,21 @@ impl LeaderView {
             }
         }
         self.report_seq.insert(node, report.seq);
+        if changed {
+            self.changes += 1;
+            *self.node_changes.entry(node).or_default() += 1;
+        }
         true
+    }
+
+    /// How many times the recorded replicas (and so the leaders) have changed.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// How many times `node`'s recorded replicas have changed.
+    pub fn node_changes(&self, node: u64) -> u64 {
+        self.node_changes.get(&node).copied().unwrap_or(0)
     }
 
     /// Takes the meta group's membership from the meta leader's own replica: `route`

@@ -282,6 +282,30 @@ pub fn registration(state: &MetaState, hb: &HeartbeatRequest) -> Result<Option<M
 /// newer conf version than its route's. A membership naming a node not registered is
 /// left for later (its address is not known).
 pub fn route_updates(state: &MetaState, view: &LeaderView) -> Vec<MetaCommand> {
+    route_updates_memo(state, view, &mut None)
+}
+
+/// [`route_updates`], skipping its walk over every route while neither the table nor
+/// the recorded replicas changed since it last found nothing: at 10,000 idle groups
+/// the walk costs the meta leader a tenth of its time for nothing.
+pub fn route_updates_quiet(state: &MetaState, view: &mut LeaderView) -> Vec<MetaCommand> {
+    let mut quiet = view.quiet_routes.take();
+    let cmds = route_updates_memo(state, view, &mut quiet);
+    view.quiet_routes = quiet;
+    cmds
+}
+
+/// [`route_updates`] with its memo: `quiet` is the (table applied index, view changes)
+/// at which the walk last found nothing, updated here.
+fn route_updates_memo(
+    state: &MetaState,
+    view: &LeaderView,
+    quiet: &mut Option<(u64, u64)>,
+) -> Vec<MetaCommand> {
+    let key = (state.applied(), view.changes());
+    if *quiet == Some(key) {
+        return Vec::new();
+    }
     let mut out = Vec::new();
     for route in state.routes().values() {
         let g = route.group_id;
@@ -316,6 +340,7 @@ pub fn route_updates(state: &MetaState, view: &LeaderView) -> Vec<MetaCommand> {
             })),
         });
     }
+    *quiet = out.is_empty().then_some(key);
     out
 }
 
@@ -330,11 +355,44 @@ pub fn placement_commands(
     view: &LeaderView,
     node: u64,
 ) -> Vec<PlacementCommand> {
+    placement_commands_memo(state, view, node, &mut None)
+}
+
+/// [`placement_commands`], skipping its walks over every route and every replica
+/// `node` hosts (replicas to create, to destroy, merged leftovers) while neither the
+/// table nor the node's reports changed since they last found nothing: a node
+/// hosting 10,000 idle groups asks every heartbeat.
+pub fn placement_commands_quiet(
+    state: &MetaState,
+    view: &mut LeaderView,
+    node: u64,
+) -> Vec<PlacementCommand> {
+    let mut quiet = view.quiet_placement.get(&node).copied();
+    let cmds = placement_commands_memo(state, view, node, &mut quiet);
+    match quiet {
+        Some(k) => view.quiet_placement.insert(node, k),
+        None => view.quiet_placement.remove(&node),
+    };
+    cmds
+}
+
+/// [`placement_commands`] with its memo: `quiet` is the (table applied index, node's
+/// report changes) at which the walks last found nothing, updated here.
+fn placement_commands_memo(
+    state: &MetaState,
+    view: &LeaderView,
+    node: u64,
+    quiet: &mut Option<(u64, u64)>,
+) -> Vec<PlacementCommand> {
+    let key = (state.applied(), view.node_changes(node));
+    // (Skipped: the walks below found nothing at this table and these reports.)
+    let walk = *quiet != Some(key);
     // Only the missing routes are copied: a node hosting all of 10,000 groups asks
     // every heartbeat.
-    let create = state
+    let create: Vec<PlacementCommand> = state
         .routes()
         .values()
+        .take_while(|_| walk)
         .filter(|route| {
             route.replicas.iter().any(|x| x.node_id == node) && !view.hosts(node, route.group_id)
         })
@@ -342,17 +400,22 @@ pub fn placement_commands(
             cmd: Some(placement_command::Cmd::CreateReplica(CreateReplica {
                 route: Some(route_view(state, view, route)),
             })),
-        });
-    let destroy = view.hosted(node).filter_map(|rep| {
-        let route = state.routes().get(&rep.group_id)?;
-        let listed = route.replicas.iter().any(|x| x.node_id == node);
-        (!listed && rep.conf_version <= route.conf_version).then(|| PlacementCommand {
-            cmd: Some(placement_command::Cmd::DestroyReplica(DestroyReplica {
-                group_id: route.group_id,
-                conf_version: route.conf_version,
-            })),
         })
-    });
+        .collect();
+    let destroy: Vec<PlacementCommand> = view
+        .hosted(node)
+        .take_while(|_| walk)
+        .filter_map(|rep| {
+            let route = state.routes().get(&rep.group_id)?;
+            let listed = route.replicas.iter().any(|x| x.node_id == node);
+            (!listed && rep.conf_version <= route.conf_version).then(|| PlacementCommand {
+                cmd: Some(placement_command::Cmd::DestroyReplica(DestroyReplica {
+                    group_id: route.group_id,
+                    conf_version: route.conf_version,
+                })),
+            })
+        })
+        .collect();
     // A planned split goes to the group's leader, as long as its report shows the
     // range epoch the split was planned at (past it, the split is applied).
     let split = state.splits().values().filter_map(|plan| {
@@ -370,8 +433,14 @@ pub fn placement_commands(
         })
     });
     let merge = crate::merge::merge_commands(state, view, node);
-    let merged = crate::merge::merged_leftovers(state, view, node);
+    let merged = if walk {
+        crate::merge::merged_leftovers(state, view, node)
+    } else {
+        Vec::new()
+    };
+    *quiet = (create.is_empty() && destroy.is_empty() && merged.is_empty()).then_some(key);
     create
+        .into_iter()
         .chain(meta_placement(state, view, node))
         .chain(destroy)
         .chain(split)
@@ -414,6 +483,7 @@ fn meta_placement(state: &MetaState, view: &LeaderView, node: u64) -> Option<Pla
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::liveness::Report;
     use crate::state::{route_contains, validate_table, Applied};
     use phoenix_proto::{NodeStats, ReplicaStats};
     use rand::{Rng, SeedableRng};
@@ -519,6 +589,142 @@ mod tests {
         assert!(placement_commands(&st, &v, 1)
             .iter()
             .all(|c| !matches!(c.cmd, Some(placement_command::Cmd::DestroyReplica(_)))));
+    }
+
+    /// The walks skipped while nothing they read changed find what a fresh walk finds:
+    /// after every step of random reports (whole, partial, repeated, with removals) and
+    /// table changes, the quiet placement commands and route updates equal the ones
+    /// computed afresh, and some steps were answered from the memo.
+    #[test]
+    fn quiet_walks_find_what_a_fresh_walk_finds() {
+        use std::collections::HashMap;
+        let nodes = [1u64, 2, 3, 4];
+        let mut skipped = 0;
+        for seed in 0..300u64 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let now = Instant::now();
+            let mut st = registered(&nodes);
+            let members = |rng: &mut ChaCha8Rng| -> Vec<u64> {
+                let mut m: Vec<u64> = nodes
+                    .iter()
+                    .copied()
+                    .filter(|_| rng.gen_bool(0.7))
+                    .collect();
+                if m.is_empty() {
+                    m.push(nodes[rng.gen_range(0..nodes.len())]);
+                }
+                m
+            };
+            let replicas = |ids: &[u64]| -> Vec<Replica> {
+                ids.iter()
+                    .map(|&id| Replica {
+                        protocol: 0,
+                        node_id: id,
+                        addr: format!("h:{id}"),
+                    })
+                    .collect()
+            };
+            let bounds = ["", "d", "h", "p", ""];
+            let routes: Vec<Route> = (1..=4u64)
+                .map(|g| Route {
+                    group_id: g,
+                    start_key: Bytes::from(bounds[g as usize - 1]),
+                    end_key: Bytes::from(bounds[g as usize]),
+                    epoch: 1,
+                    replicas: replicas(&members(&mut rng)),
+                    ..Route::default()
+                })
+                .collect();
+            let cmd = MetaCommand {
+                cmd: Some(meta_command::Cmd::CreateGroups(CreateGroups { routes })),
+            };
+            st.apply(st.applied() + 1, &cmd).unwrap();
+            let mut v = LeaderView::default();
+            let mut seqs: HashMap<u64, u64> = HashMap::new();
+            for step in 0..60 {
+                let n = nodes[rng.gen_range(0..nodes.len())];
+                let stats = |rng: &mut ChaCha8Rng, g: u64| ReplicaStats {
+                    group_id: g,
+                    node_id: n,
+                    is_leader: rng.gen_bool(0.3),
+                    term: rng.gen_range(1..4),
+                    applied_index: rng.gen_range(0..3),
+                    conf_version: rng.gen_range(0..4),
+                    voters: members(rng),
+                    epoch: 1,
+                    ..ReplicaStats::default()
+                };
+                match rng.gen_range(0..6) {
+                    0 => {
+                        let mut reps = Vec::new();
+                        for g in 1..=4 {
+                            if rng.gen_bool(0.6) {
+                                reps.push(stats(&mut rng, g));
+                            }
+                        }
+                        let seq = seqs.get(&n).map_or(1, |s| s + 1);
+                        v.record_report(now, n, NodeStats::default(), &reps, &Report::full(seq));
+                        seqs.insert(n, seq);
+                    }
+                    1..=3 => {
+                        let Some(&base) = seqs.get(&n) else { continue };
+                        // Changed replicas, some repeated as held, some removed.
+                        let mut reps = Vec::new();
+                        let mut removed = Vec::new();
+                        for g in 1..=4 {
+                            match rng.gen_range(0..4) {
+                                0 => reps.push(stats(&mut rng, g)),
+                                1 => reps.extend(v.replica(n, g).cloned()),
+                                2 if rng.gen_bool(0.3) => removed.push(g),
+                                _ => {}
+                            }
+                        }
+                        let report = Report {
+                            seq: base + 1,
+                            base: Some(base),
+                            removed,
+                        };
+                        assert!(v.record_report(now, n, NodeStats::default(), &reps, &report));
+                        seqs.insert(n, base + 1);
+                    }
+                    4 => {
+                        // The table follows the leaders, or changes by itself.
+                        let mut cmds = route_updates(&st, &v);
+                        if cmds.is_empty() || rng.gen_bool(0.3) {
+                            let g = rng.gen_range(1..=4u64);
+                            let cur = st.routes()[&g].clone();
+                            cmds.push(MetaCommand {
+                                cmd: Some(meta_command::Cmd::UpdateRoute(Route {
+                                    replicas: replicas(&members(&mut rng)),
+                                    conf_version: cur.conf_version + rng.gen_range(1..3),
+                                    ..cur
+                                })),
+                            });
+                        }
+                        for cmd in cmds {
+                            let _ = st.apply(st.applied() + 1, &cmd);
+                        }
+                    }
+                    _ => {}
+                }
+                for n in nodes {
+                    let before = v.quiet_placement.get(&n).copied();
+                    let fresh = placement_commands(&st, &v, n);
+                    let quiet = placement_commands_quiet(&st, &mut v, n);
+                    assert_eq!(quiet, fresh, "seed {seed} step {step}: node {n}");
+                    if before.is_some() && before == v.quiet_placement.get(&n).copied() {
+                        skipped += 1;
+                    }
+                }
+                let fresh = route_updates(&st, &v);
+                assert_eq!(
+                    route_updates_quiet(&st, &mut v),
+                    fresh,
+                    "seed {seed} step {step}: route updates"
+                );
+            }
+        }
+        assert!(skipped > 1000, "the memo answered only {skipped} times");
     }
 
     #[test]

@@ -1005,7 +1005,7 @@ impl MetaService {
             // Placement waits for a whole view of the node (the next report): from a
             // partial one, every replica it did not name would look missing.
             let mut commands = if held {
-                phoenix_meta::placement_commands(&meta, &lv, r.node_id)
+                phoenix_meta::placement_commands_quiet(&meta, &mut lv, r.node_id)
             } else {
                 Vec::new()
             };
@@ -1341,6 +1341,44 @@ fn replica_stats(shared: &Shared, g: u64, v: &GroupView) -> proto::ReplicaStats 
     }
 }
 
+/// How far the scrub age of a replica the meta leader holds may lag before the replica
+/// is reported again for that alone. Ages move at every report: reporting each scrubbed
+/// replica for it would make every report whole once each group has scrubbed (10,000
+/// records a heartbeat at 10,000 groups). The age only seeds a new meta leader's scrub
+/// schedule, which gets fresh ones from the whole reports it starts with.
+const SCRUB_AGE_LAG_MS: u64 = 10 * 60 * 1000;
+
+/// What a partial report lists against `prev`, the report the meta leader holds: the
+/// replicas of `current` that changed and the groups gone. A replica whose scrub age
+/// alone moved, by less than [`SCRUB_AGE_LAG_MS`], is unchanged: `current` keeps the
+/// held age for it, so that the next report compares with what the leader holds.
+fn report_changes(
+    prev: &HashMap<u64, proto::ReplicaStats>,
+    current: &mut HashMap<u64, proto::ReplicaStats>,
+) -> (Vec<proto::ReplicaStats>, Vec<u64>) {
+    let mut changed = Vec::new();
+    for r in current.values_mut() {
+        let Some(p) = prev.get(&r.group_id) else {
+            changed.push(r.clone());
+            continue;
+        };
+        let age = r.scrub_age_ms;
+        if age.abs_diff(p.scrub_age_ms) < SCRUB_AGE_LAG_MS {
+            r.scrub_age_ms = p.scrub_age_ms;
+        }
+        if r != p {
+            r.scrub_age_ms = age;
+            changed.push(r.clone());
+        }
+    }
+    let removed = prev
+        .keys()
+        .filter(|g| !current.contains_key(g))
+        .copied()
+        .collect();
+    (changed, removed)
+}
+
 /// Takes the meta members a heartbeat answer names (none from a meta leader that
 /// predates them: what is known stands); returns whether they changed.
 fn learn_meta_members(shared: &Shared, members: &[proto::Replica]) -> bool {
@@ -1416,22 +1454,13 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
         };
         let (stats, replicas, meta_replica) = node_stats(&shared);
         report_seq += 1;
-        let current: HashMap<u64, proto::ReplicaStats> =
+        let mut current: HashMap<u64, proto::ReplicaStats> =
             replicas.into_iter().map(|r| (r.group_id, r)).collect();
         let (replicas, report_base, removed_groups) = match &held {
-            // What changed since the report the meta leader holds.
-            Some((base, prev)) => (
-                current
-                    .values()
-                    .filter(|r| prev.get(&r.group_id) != Some(*r))
-                    .cloned()
-                    .collect(),
-                *base,
-                prev.keys()
-                    .filter(|g| !current.contains_key(g))
-                    .copied()
-                    .collect(),
-            ),
+            Some((base, prev)) => {
+                let (changed, removed) = report_changes(prev, &mut current);
+                (changed, *base, removed)
+            }
             None => (current.values().cloned().collect(), 0, Vec::new()),
         };
         let req = proto::HeartbeatRequest {
@@ -1641,7 +1670,7 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
         if full {
             plan_size_splits(&svc).await;
         }
-        step_merges(&svc).await;
+        step_merges(&svc, full).await;
         {
             let meta = shared.meta.read();
             let lv = shared.leader_view.lock();
@@ -1658,7 +1687,7 @@ pub async fn scheduler_loop(shared: Arc<Shared>) {
 }
 
 /// Groups the planners that walk every group (replica and leader balance, splits by
-/// size, scrub scheduling) may walk per scheduler tick while no operator is under way.
+/// size, merges, scrub scheduling) may walk per scheduler tick while no operator is under way.
 const QUIET_GROUPS_PER_TICK: usize = 1000;
 /// Most scheduler ticks between two such walks (5 s).
 const QUIET_TICKS_MAX: u64 = 10;
@@ -1776,11 +1805,12 @@ pub const MERGE_PREPARE_MAX: Duration = Duration::from_secs(20);
 
 /// Moves the planned merges on (`phoenix_meta::merge_steps`), gives up those stuck in
 /// their prepare phase past [`MERGE_PREPARE_MAX`], and plans merges of small neighbours
-/// (`phoenix_meta::small_merges`) whose ranges stayed put for `merge_after`.
-async fn step_merges(svc: &MetaService) {
+/// (`phoenix_meta::small_merges`) whose ranges stayed put for `merge_after` on a `full`
+/// pass ([`full_pass`]).
+async fn step_merges(svc: &MetaService, full: bool) {
     let shared = &svc.shared;
     let now = Instant::now();
-    let cmds = {
+    let cmds = 'cmds: {
         let members: Vec<u64> = shared.meta_member_ids();
         let meta = shared.meta.read();
         let lv = shared.leader_view.lock();
@@ -1819,6 +1849,10 @@ async fn step_merges(svc: &MetaService) {
                     })),
                 });
             }
+        }
+        if !full {
+            // (Planning merges walks every group: a full pass's work.)
+            break 'cmds cmds;
         }
         clocks.epochs.retain(|g, _| meta.routes().contains_key(g));
         for r in meta.routes().values() {
@@ -1929,7 +1963,7 @@ async fn update_routes(svc: &MetaService) {
     let cmds = {
         let members: Vec<u64> = svc.shared.meta_member_ids();
         let meta = svc.shared.meta.read();
-        let lv = svc.shared.leader_view.lock();
+        let mut lv = svc.shared.leader_view.lock();
         // Every meta replica must apply the command the same way.
         if meta
             .member_behind(&members, phoenix_meta::PROTOCOL_REPLICA_MOVES)
@@ -1937,7 +1971,7 @@ async fn update_routes(svc: &MetaService) {
         {
             return;
         }
-        let mut cmds = phoenix_meta::route_updates(&meta, &lv);
+        let mut cmds = phoenix_meta::route_updates_quiet(&meta, &mut lv);
         if meta
             .member_behind(&members, phoenix_meta::PROTOCOL_SPLIT)
             .is_none()
@@ -2146,5 +2180,66 @@ async fn bootstrap(svc: &MetaService) {
         ),
         Ok(other) => tracing::warn!("bootstrap refused: {other:?}"),
         Err(e) => tracing::warn!("bootstrap proposal failed: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrubbed(g: u64, age_ms: u64) -> proto::ReplicaStats {
+        proto::ReplicaStats {
+            group_id: g,
+            scrub_index: 7,
+            scrub_age_ms: age_ms,
+            ..proto::ReplicaStats::default()
+        }
+    }
+
+    /// A scrubbed replica is not reported again for its age alone until the age the
+    /// meta leader holds lags by the allowed amount; with any other change it is, with
+    /// its age as it is.
+    #[test]
+    fn a_scrub_age_moving_alone_does_not_make_a_report_whole() {
+        let prev: HashMap<u64, proto::ReplicaStats> = [
+            (1, scrubbed(1, 1_000)),
+            (2, scrubbed(2, 1_000)),
+            (3, scrubbed(3, 1_000)),
+        ]
+        .into_iter()
+        .collect();
+        let mut current: HashMap<u64, proto::ReplicaStats> = [
+            (1, scrubbed(1, 6_000)),
+            (2, scrubbed(2, 1_000 + SCRUB_AGE_LAG_MS)),
+            (
+                3,
+                proto::ReplicaStats {
+                    applied_index: 9,
+                    ..scrubbed(3, 6_000)
+                },
+            ),
+            (4, scrubbed(4, 0)),
+        ]
+        .into_iter()
+        .collect();
+        let (mut changed, removed) = report_changes(&prev, &mut current);
+        changed.sort_by_key(|r| r.group_id);
+        assert_eq!(
+            changed
+                .iter()
+                .map(|r| (r.group_id, r.scrub_age_ms))
+                .collect::<Vec<_>>(),
+            vec![(2, 1_000 + SCRUB_AGE_LAG_MS), (3, 6_000), (4, 0)]
+        );
+        assert!(removed.is_empty());
+        // What the leader holds now: group 1 at the age it had.
+        assert_eq!(current[&1].scrub_age_ms, 1_000);
+        let next: HashMap<u64, proto::ReplicaStats> = current.clone();
+        let mut later: HashMap<u64, proto::ReplicaStats> =
+            [(1, scrubbed(1, 9_000))].into_iter().collect();
+        let (changed, mut removed) = report_changes(&next, &mut later);
+        removed.sort_unstable();
+        assert!(changed.is_empty());
+        assert_eq!(removed, vec![2, 3, 4]);
     }
 }
