@@ -201,6 +201,7 @@ pub struct Snapshot {
 
 /// The kinds of messages between nodes of a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
 pub enum MessageType {
     /// Leader → follower: entries after (`index`, `log_term`), and the leader's `commit`.
     Append,
@@ -232,6 +233,44 @@ pub enum MessageType {
     /// Leader → follower: everyone is caught up; stop the election timer until the next
     /// message (hibernation of idle groups).
     Hibernate,
+}
+
+impl MessageType {
+    /// Every kind, in declaration order (`kind as usize` indexes it).
+    pub const ALL: [MessageType; 13] = [
+        MessageType::Append,
+        MessageType::AppendResponse,
+        MessageType::RequestVote,
+        MessageType::RequestVoteResponse,
+        MessageType::RequestPreVote,
+        MessageType::RequestPreVoteResponse,
+        MessageType::Heartbeat,
+        MessageType::HeartbeatResponse,
+        MessageType::Snapshot,
+        MessageType::TimeoutNow,
+        MessageType::ReadIndex,
+        MessageType::ReadIndexResponse,
+        MessageType::Hibernate,
+    ];
+
+    /// The kind's name in snake case (metrics labels).
+    pub const fn name(self) -> &'static str {
+        match self {
+            MessageType::Append => "append",
+            MessageType::AppendResponse => "append_response",
+            MessageType::RequestVote => "request_vote",
+            MessageType::RequestVoteResponse => "request_vote_response",
+            MessageType::RequestPreVote => "request_pre_vote",
+            MessageType::RequestPreVoteResponse => "request_pre_vote_response",
+            MessageType::Heartbeat => "heartbeat",
+            MessageType::HeartbeatResponse => "heartbeat_response",
+            MessageType::Snapshot => "snapshot",
+            MessageType::TimeoutNow => "timeout_now",
+            MessageType::ReadIndex => "read_index",
+            MessageType::ReadIndexResponse => "read_index_response",
+            MessageType::Hibernate => "hibernate",
+        }
+    }
 }
 
 /// A message between two nodes of one group. Fields not used by a kind are zero/empty.

@@ -184,6 +184,21 @@ fn labelled_gauges(
     Ok(())
 }
 
+/// One counter family: a sample per `(label value, value)`.
+fn labelled_counters(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    samples: impl IntoIterator<Item = (&'static str, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+    for (value, n) in samples {
+        ConstCounter::new(n).encode(m.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}
+
 fn counter<N: prometheus_client::encoding::EncodeCounterValue>(
     enc: &mut DescriptorEncoder,
     name: &str,
@@ -410,6 +425,13 @@ impl Collector for NodeCollector {
             "log_segments_reclaimed",
             "Log segments deleted or recycled by space reclamation",
             ls.segments_reclaimed,
+        )?;
+        labelled_counters(
+            &mut enc,
+            "raft_messages_sent",
+            "Raft messages queued for other nodes, by kind (snapshots are counted apart)",
+            "kind",
+            s.transport.sent(),
         )?;
         Ok(())
     }

@@ -11,6 +11,7 @@
 //! and its stream is closed.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use parking_lot::{Mutex, RwLock};
 use phoenix_proto as proto;
 use phoenix_proto::convert;
 use phoenix_proto::security::{AuthChannel, Credentials};
-use phoenix_raft::Message;
+use phoenix_raft::{Message, MessageType};
 use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
@@ -50,6 +51,8 @@ struct Inner {
     events: Sender<Event>,
     runtime: tokio::runtime::Handle,
     closed: std::sync::atomic::AtomicBool,
+    /// Messages queued for other nodes, by kind (`MessageType as usize`).
+    sent: [AtomicU64; MessageType::ALL.len()],
 }
 
 /// The outgoing side (cheap to clone).
@@ -78,8 +81,23 @@ impl Transport {
                 events,
                 runtime,
                 closed: std::sync::atomic::AtomicBool::new(false),
+                sent: Default::default(),
             }),
         }
+    }
+
+    /// Messages queued for other nodes so far, by kind name.
+    pub fn sent(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        // (Snapshots go on a stream of their own: `phoenix_snapshots_total`.)
+        MessageType::ALL
+            .iter()
+            .filter(|k| **k != MessageType::Snapshot)
+            .map(|k| {
+                (
+                    k.name(),
+                    self.inner.sent[*k as usize].load(Ordering::Relaxed),
+                )
+            })
     }
 
     /// Stops every outgoing stream (node shutdown); later sends are dropped.
@@ -100,6 +118,7 @@ impl Transport {
             let _ = self.inner.events.send(Event::Raft { group, msg: m });
             return;
         }
+        self.inner.sent[m.kind as usize].fetch_add(1, Ordering::Relaxed);
         let gm = proto::GroupMessage {
             group_id: group,
             epoch,

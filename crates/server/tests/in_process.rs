@@ -1421,6 +1421,30 @@ async fn followers_forward_requests_to_the_leader() {
         (2.0, 1.0),
         "the put and the swap on the stream, the scan unary:\n{text}"
     );
+    // The follower acknowledged the leader's appends of the two writes: raft messages
+    // are counted by kind.
+    let acks = |text: &str| {
+        sample(
+            text,
+            "phoenix_raft_messages_sent_total",
+            "kind=\"append_response\"",
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(acks(&text) - acks(&before) >= 2.0, "{text}");
+    for kind in [
+        "append",
+        "heartbeat",
+        "hibernate",
+        "request_vote",
+        "read_index",
+    ] {
+        let k = format!("kind=\"{kind}\"");
+        assert!(
+            sample(&text, "phoenix_raft_messages_sent_total", &k).is_some(),
+            "{kind}: {text}"
+        );
+    }
     // Redirects instead of forwarding when asked, and never a second hop.
     for h in [
         proto::RequestHeader {
