@@ -108,14 +108,13 @@ impl LeaderView {
                 ..r.clone()
             };
             let (group, is_leader, term) = (r.group_id, r.is_leader, r.term);
-            if held.get(&group) == Some(&r) {
-                continue;
-            }
-            changed = true;
+            changed |= held.get(&group).is_none_or(|h| !same_but_scrub_age(h, &r));
             held.insert(group, r);
             if is_leader {
                 let e = self.leaders.entry(group).or_insert((0, 0));
                 if term >= e.0 {
+                    // (A tie in a term can move it too, with stats otherwise the same.)
+                    changed |= *e != (term, node);
                     *e = (term, node);
                 }
             }
@@ -262,6 +261,19 @@ impl LeaderView {
     }
 }
 
+/// Whether `a` and `b` differ in nothing but the scrub's age. The age moves by itself
+/// (nodes send it again every few minutes): it is kept, but no walk over the view reads
+/// it, so it does not count as a change.
+fn same_but_scrub_age(a: &ReplicaStats, b: &ReplicaStats) -> bool {
+    if a.scrub_age_ms == b.scrub_age_ms {
+        return a == b;
+    }
+    *a == ReplicaStats {
+        scrub_age_ms: a.scrub_age_ms,
+        ..b.clone()
+    }
+}
+
 /// What a heartbeat's replica list is: the whole set, or the changes since a report.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
@@ -304,6 +316,50 @@ mod tests {
             groups,
             ..NodeStats::default()
         }
+    }
+
+    /// Changes are counted per node and in all: a report repeating what is held, or
+    /// moving only a scrub's age (kept all the same), is none; a removal or another field
+    /// is one; a partial report on a base the view does not hold changes nothing.
+    #[test]
+    fn changes_count_what_the_walks_read() {
+        let t = Instant::now();
+        let mut v = LeaderView::default();
+        let scrubbed = |age: u64, applied: u64| ReplicaStats {
+            scrub_index: 4,
+            scrub_age_ms: age,
+            applied_index: applied,
+            ..rep(1, true, 2)
+        };
+        let partial = |seq: u64, removed: Vec<u64>| Report {
+            seq,
+            base: Some(seq - 1),
+            removed,
+        };
+        v.record_report(
+            t,
+            1,
+            stats(2),
+            &[scrubbed(0, 5), rep(2, false, 2)],
+            &Report::full(1),
+        );
+        v.record_report(t, 2, stats(0), &[], &Report::full(1));
+        let counts = |v: &LeaderView| (v.node_changes(1), v.node_changes(2), v.changes());
+        assert_eq!(counts(&v), (1, 1, 2));
+        assert!(v.record_report(t, 1, stats(2), &[scrubbed(0, 5)], &partial(2, vec![])));
+        assert_eq!(counts(&v), (1, 1, 2), "the same again");
+        assert!(v.record_report(t, 1, stats(2), &[scrubbed(600_000, 5)], &partial(3, vec![])));
+        assert_eq!(counts(&v), (1, 1, 2), "the age alone");
+        assert_eq!(v.replica(1, 1).map(|r| r.scrub_age_ms), Some(600_000));
+        assert!(v.record_report(t, 1, stats(2), &[scrubbed(600_000, 6)], &partial(4, vec![])));
+        assert_eq!(counts(&v), (2, 1, 3), "an index");
+        assert!(v.record_report(t, 1, stats(1), &[], &partial(5, vec![9])));
+        assert_eq!(counts(&v), (2, 1, 3), "a group it never reported");
+        assert!(v.record_report(t, 1, stats(1), &[], &partial(6, vec![2])));
+        assert_eq!(counts(&v), (3, 1, 4), "a removal");
+        assert!(!v.record_report(t, 1, stats(1), &[rep(3, true, 9)], &partial(9, vec![1])));
+        assert_eq!(counts(&v), (3, 1, 4), "a report on a base not held");
+        assert!(v.hosts(1, 1) && !v.hosts(1, 3));
     }
 
     #[test]

@@ -235,6 +235,9 @@ pub enum MessageType {
     Hibernate,
 }
 
+// (A kind added without its place in `ALL` would index past it.)
+const _: () = assert!(MessageType::Hibernate as usize + 1 == MessageType::ALL.len());
+
 impl MessageType {
     /// Every kind, in declaration order (`kind as usize` indexes it).
     pub const ALL: [MessageType; 13] = [

@@ -1343,9 +1343,11 @@ fn replica_stats(shared: &Shared, g: u64, v: &GroupView) -> proto::ReplicaStats 
 
 /// How far the scrub age of a replica the meta leader holds may lag before the replica
 /// is reported again for that alone. Ages move at every report: reporting each scrubbed
-/// replica for it would make every report whole once each group has scrubbed (10,000
-/// records a heartbeat at 10,000 groups). The age only seeds a new meta leader's scrub
-/// schedule, which gets fresh ones from the whole reports it starts with.
+/// replica for it would list every replica in every report once each group has scrubbed
+/// (10,000 records a heartbeat at 10,000 groups). The age only seeds the scrub schedule
+/// of a group a meta leader sees for the first time: a new meta leader gets fresh ages
+/// from the whole reports it starts with, and a new group has not scrubbed yet. (The
+/// meta leader does not count an age that moved alone as a change: `LeaderView`.)
 const SCRUB_AGE_LAG_MS: u64 = 10 * 60 * 1000;
 
 /// What a partial report lists against `prev`, the report the meta leader holds: the
@@ -1693,15 +1695,16 @@ const QUIET_GROUPS_PER_TICK: usize = 1000;
 const QUIET_TICKS_MAX: u64 = 10;
 
 /// Whether this scheduler tick runs the planners that walk every group: always while an
-/// operator is under way and for [`QUIET_TICKS_MAX`] ticks after the last one ended (a
-/// balancing run, batch after batch, goes on at full speed), else once every
-/// `groups / QUIET_GROUPS_PER_TICK` ticks (at most [`QUIET_TICKS_MAX`]), so an idle
-/// cluster of many groups does not keep its meta leader walking them all twice a
-/// second (at 10,000 groups that took 4% of a core). `last_busy`: the last tick an
-/// operator was under way. Repairs of down nodes and the operators' own steps run every
-/// tick.
+/// operator or a merge is under way and for [`QUIET_TICKS_MAX`] ticks after the last one
+/// ended (a balancing run or a row of merges, batch after batch, goes on at full speed),
+/// else once every `groups / QUIET_GROUPS_PER_TICK` ticks (at most
+/// [`QUIET_TICKS_MAX`]), so an idle cluster of many groups does not keep its meta leader
+/// walking them all twice a second (at 10,000 groups that took 4% of a core).
+/// `last_busy`: the last tick an operator or a merge was under way. Route updates,
+/// repairs of down nodes, the steps of planned merges and the operators' own steps run
+/// every tick.
 fn full_pass(shared: &Shared, tick: u64, last_busy: &mut u64) -> bool {
-    if !shared.operators.lock().is_idle() {
+    if !shared.operators.lock().is_idle() || !shared.meta.read().merges().is_empty() {
         *last_busy = tick;
     }
     if tick.saturating_sub(*last_busy) <= QUIET_TICKS_MAX {

@@ -169,6 +169,23 @@ fn gauge<N: prometheus_client::encoding::EncodeGaugeValue>(
     g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
 }
 
+/// One family of `make`'s metric (a gauge or a counter): a sample per `(label value,
+/// value)`.
+fn labelled<M: EncodeMetric>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    samples: impl IntoIterator<Item = (&'static str, u64)>,
+    make: impl Fn(u64) -> M,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, None, make(0).metric_type())?;
+    for (value, n) in samples {
+        make(n).encode(m.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}
+
 /// One gauge family: a sample per `(label value, value)`.
 fn labelled_gauges(
     enc: &mut DescriptorEncoder,
@@ -177,26 +194,7 @@ fn labelled_gauges(
     label: &'static str,
     samples: impl IntoIterator<Item = (&'static str, u64)>,
 ) -> Result<(), std::fmt::Error> {
-    let mut m = enc.encode_descriptor(name, help, None, ConstGauge::new(0u64).metric_type())?;
-    for (value, n) in samples {
-        ConstGauge::new(n).encode(m.encode_family(&[(label, value)])?)?;
-    }
-    Ok(())
-}
-
-/// One counter family: a sample per `(label value, value)`.
-fn labelled_counters(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    label: &'static str,
-    samples: impl IntoIterator<Item = (&'static str, u64)>,
-) -> Result<(), std::fmt::Error> {
-    let mut m = enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
-    for (value, n) in samples {
-        ConstCounter::new(n).encode(m.encode_family(&[(label, value)])?)?;
-    }
-    Ok(())
+    labelled(enc, name, help, label, samples, ConstGauge::new)
 }
 
 fn counter<N: prometheus_client::encoding::EncodeCounterValue>(
@@ -426,12 +424,13 @@ impl Collector for NodeCollector {
             "Log segments deleted or recycled by space reclamation",
             ls.segments_reclaimed,
         )?;
-        labelled_counters(
+        labelled(
             &mut enc,
             "raft_messages_sent",
             "Raft messages queued for other nodes, by kind (snapshots are counted apart)",
             "kind",
             s.transport.sent(),
+            ConstCounter::new,
         )?;
         Ok(())
     }

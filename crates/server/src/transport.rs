@@ -118,7 +118,7 @@ impl Transport {
             let _ = self.inner.events.send(Event::Raft { group, msg: m });
             return;
         }
-        self.inner.sent[m.kind as usize].fetch_add(1, Ordering::Relaxed);
+        let kind = m.kind as usize;
         let gm = proto::GroupMessage {
             group_id: group,
             epoch,
@@ -133,6 +133,8 @@ impl Transport {
         });
         if tx.try_send(gm).is_err() {
             tracing::debug!(to, group, "outgoing raft queue full; message dropped");
+        } else {
+            self.inner.sent[kind].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
