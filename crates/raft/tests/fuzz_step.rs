@@ -11,21 +11,8 @@ use phoenix_raft::{
 };
 use proptest::prelude::*;
 
-const KINDS: [MessageType; 13] = [
-    MessageType::Append,
-    MessageType::AppendResponse,
-    MessageType::RequestVote,
-    MessageType::RequestVoteResponse,
-    MessageType::RequestPreVote,
-    MessageType::RequestPreVoteResponse,
-    MessageType::Heartbeat,
-    MessageType::HeartbeatResponse,
-    MessageType::Snapshot,
-    MessageType::TimeoutNow,
-    MessageType::ReadIndex,
-    MessageType::ReadIndexResponse,
-    MessageType::Hibernate,
-];
+// Every kind of message.
+const KINDS: [MessageType; 13] = MessageType::ALL;
 
 fn num() -> impl Strategy<Value = u64> {
     prop_oneof![30 => 0u64..8, 1 => Just(u64::MAX), 1 => Just(u64::MAX / 2), 1 => any::<u64>()]
