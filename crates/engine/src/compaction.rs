@@ -32,13 +32,9 @@
 //! between pieces leaves a valid tree whose next L0 compaction merges the duplicates.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use phoenix_storage::SharedFs;
-
 use crate::error::Result;
-use crate::filename;
 use crate::iter::InternalIterator;
 use crate::key::{
     group_of, group_range, parse_internal_key, RangeTombstone, SequenceNumber, ValueKind,
@@ -48,6 +44,7 @@ use crate::merge::{BoxIter, LevelIter, MergingIterator};
 use crate::options::Options;
 use crate::range_del::{Fragment, Fragments};
 use crate::table::{TableBuilder, TableCache, TableOptions};
+use crate::table_store::TableStore;
 use crate::version::Version;
 use crate::version_edit::FileMeta;
 
@@ -258,10 +255,8 @@ pub struct Output {
 
 /// What the executor needs from the engine.
 pub struct Env<'a> {
-    /// The file system.
-    pub fs: &'a SharedFs,
-    /// The database directory.
-    pub dir: &'a Path,
+    /// Where tables are written.
+    pub store: &'a dyn TableStore,
     /// How tables are built.
     pub table: &'a TableOptions,
     /// Open tables.
@@ -298,9 +293,8 @@ pub fn build_l0(env: &Env<'_>, mem: &Arc<MemTable>) -> Result<Option<Arc<FileMet
         return Ok(None);
     }
     let number = (env.new_file_number)();
-    let path = filename::table_path(env.dir, number);
     let result = (|| {
-        let file = env.fs.create(&path, Default::default())?;
+        let file = env.store.create_table(number)?;
         let mut b = TableBuilder::new(file, env.table);
         let mut it = mem.iter();
         it.seek_to_first();
@@ -312,12 +306,12 @@ pub fn build_l0(env: &Env<'_>, mem: &Arc<MemTable>) -> Result<Option<Arc<FileMet
             b.add_range_tombstone(&t)?;
         }
         let summary = b.finish()?;
-        env.fs.sync_dir(env.dir)?;
+        env.store.sync()?;
         Ok(meta_from(number, &summary))
     })();
     if result.is_err() {
         // Best effort; a leftover is removed on the next open as not in the manifest.
-        let _ = env.fs.delete(&path);
+        let _ = env.store.delete_table(number);
     }
     result.map(Some)
 }
@@ -425,7 +419,7 @@ fn gaps(frags: &[Fragment], covered: &[Interval]) -> Vec<Vec<RangeTombstone>> {
 
 struct OutputState<'a, 'e> {
     env: &'a Env<'e>,
-    current: Option<(u64, PathBuf, TableBuilder)>,
+    current: Option<(u64, TableBuilder)>,
     file_lo: Option<Vec<u8>>,
     /// Groups of the open file's first and last keys (files hold contiguous groups).
     first_group: u64,
@@ -434,7 +428,7 @@ struct OutputState<'a, 'e> {
     frags: &'a [Fragment],
     out: Output,
     /// Files written and not installed yet (removed if the compaction fails).
-    created: Vec<PathBuf>,
+    created: Vec<u64>,
     /// Inputs of sorted levels (not L0) not installed yet, ascending.
     remaining: Vec<(usize, Arc<FileMeta>)>,
     output_level: usize,
@@ -446,10 +440,9 @@ struct OutputState<'a, 'e> {
 impl OutputState<'_, '_> {
     fn open(&mut self, first_user_key: &[u8], lo: Option<Vec<u8>>) -> Result<()> {
         let number = (self.env.new_file_number)();
-        let path = filename::table_path(self.env.dir, number);
-        self.created.push(path.clone());
-        let file = self.env.fs.create(&path, Default::default())?;
-        self.current = Some((number, path, TableBuilder::new(file, self.env.table)));
+        self.created.push(number);
+        let file = self.env.store.create_table(number)?;
+        self.current = Some((number, TableBuilder::new(file, self.env.table)));
         self.file_lo = lo;
         self.first_group = group_of(first_user_key);
         self.last_group = self.first_group;
@@ -458,7 +451,7 @@ impl OutputState<'_, '_> {
 
     /// Finishes the open file; `next_key` is the first key of the next file, if any.
     fn finish(&mut self, next_key: Option<&[u8]>) -> Result<()> {
-        let Some((number, _path, mut b)) = self.current.take() else {
+        let Some((number, mut b)) = self.current.take() else {
             return Ok(());
         };
         let gs = group_key_range(self.first_group).0;
@@ -527,7 +520,7 @@ impl OutputState<'_, '_> {
             lo: None,
             hi: Some(next_key.to_vec()),
         }];
-        self.env.fs.sync_dir(self.env.dir)?;
+        self.env.store.sync()?;
         let (consumed, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.remaining)
             .into_iter()
             .partition(|(_, f)| behind(f));
@@ -542,9 +535,8 @@ impl OutputState<'_, '_> {
 
     fn write_tombstone_file(&mut self, ts: &[RangeTombstone]) -> Result<()> {
         let number = (self.env.new_file_number)();
-        let path = filename::table_path(self.env.dir, number);
-        self.created.push(path.clone());
-        let file = self.env.fs.create(&path, Default::default())?;
+        self.created.push(number);
+        let file = self.env.store.create_table(number)?;
         let mut b = TableBuilder::new(file, self.env.table);
         for t in ts {
             b.add_range_tombstone(t)?;
@@ -653,7 +645,7 @@ pub fn run(
             let ikey = it.key();
             let p = parse_internal_key(ikey).ok_or_else(|| {
                 crate::Error::corruption(
-                    env.dir,
+                    env.store.location(),
                     0,
                     "compaction input holds a malformed internal key",
                 )
@@ -666,7 +658,7 @@ pub fn run(
                     .as_deref()
                     .is_some_and(|after| p.user_key > after);
                 let cut = match &st.current {
-                    Some((_, _, b)) => {
+                    Some((_, b)) => {
                         let size = b.estimated_file_size();
                         forced
                             || size >= env.target_file_size
@@ -709,7 +701,7 @@ pub fn run(
                     let lo = st.file_lo.take();
                     st.open(p.user_key, lo)?;
                 }
-                if let Some((_, _, b)) = st.current.as_mut() {
+                if let Some((_, b)) = st.current.as_mut() {
                     b.add(it.key(), it.value())?;
                 }
                 st.last_group = group_of(p.user_key);
@@ -722,15 +714,15 @@ pub fn run(
         for pieces in gaps(st.frags, &intervals) {
             st.write_tombstone_file(&pieces)?;
         }
-        env.fs.sync_dir(env.dir)?;
+        env.store.sync()?;
         Ok(())
     })();
     match result {
         Ok(()) => Ok(st.out),
         Err(e) => {
             drop(st.current.take());
-            for p in &st.created {
-                let _ = env.fs.delete(p);
+            for &n in &st.created {
+                let _ = env.store.delete_table(n);
             }
             Err(e)
         }

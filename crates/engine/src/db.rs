@@ -35,7 +35,7 @@ use phoenix_storage::{FileLock, SharedFs};
 use crate::compaction::{self, Compaction, Reason};
 use crate::db_iter::DbIterator;
 use crate::error::{Error, Result};
-use crate::filename::{self, FileKind};
+use crate::filename;
 use crate::iter::{InternalIterator, ReadScope};
 use crate::key::{
     compare_internal, encode_internal_key, group_range, parse_internal_key, RangeTombstone,
@@ -46,6 +46,7 @@ use crate::merge::{clone_error, BoxIter, LevelIter, MergingIterator};
 use crate::options::{Options, ReadOptions, WalMode, WriteOptions, WRITE_GROUP_BYTES_MAX};
 use crate::range_del::Fragments;
 use crate::table::{BlockCache, Table, TableCache};
+use crate::table_store::{FsTableStore, SharedTableStore, StoredFile};
 use crate::version::{TableGet, Version};
 use crate::version_edit::{FileMeta, VersionEdit};
 use crate::version_set::VersionSet;
@@ -230,8 +231,11 @@ pub struct Stats {
 }
 
 struct Inner {
+    /// Holds the lock and the WAL; ingested files are read from it.
     fs: SharedFs,
     dir: PathBuf,
+    /// Tables and manifest.
+    store: SharedTableStore,
     opts: Options,
     tables: Arc<TableCache>,
     block_cache: Option<Arc<BlockCache>>,
@@ -294,47 +298,58 @@ pub struct Failure {
 }
 
 impl Db {
-    /// Opens (recovering) or creates the database in `dir`.
+    /// Opens (recovering) or creates the database in `dir`, its tables and manifest
+    /// there too.
     pub fn open(fs: SharedFs, dir: &Path, opts: Options) -> Result<Arc<Db>> {
         opts.validate()?;
         if opts.create_if_missing {
             fs.create_dir_all(dir)?;
         }
+        let store: SharedTableStore = Arc::new(FsTableStore::new(Arc::clone(&fs), dir));
+        Db::open_with_store(fs, dir, store, opts)
+    }
+
+    /// Opens (recovering) or creates the database whose tables and manifest live in
+    /// `store`; `dir` of `fs` holds its lock and its WAL (if any), and the files given
+    /// to ingest are read from `fs`.
+    pub fn open_with_store(
+        fs: SharedFs,
+        dir: &Path,
+        store: SharedTableStore,
+        opts: Options,
+    ) -> Result<Arc<Db>> {
+        opts.validate()?;
+        if opts.create_if_missing {
+            fs.create_dir_all(dir)?;
+        }
         let lock = fs.lock(&filename::lock_path(dir))?;
-        let vset = VersionSet::open(
-            Arc::clone(&fs),
-            dir,
-            opts.num_levels,
-            opts.create_if_missing,
-        )?;
+        let vset = VersionSet::open(Arc::clone(&store), opts.num_levels, opts.create_if_missing)?;
         let version = vset.current();
 
         // Files not in the manifest are half-written flush or compaction outputs (or
         // leftovers of deletions that were not yet durable): remove them.
         let live: std::collections::HashSet<u64> = version.live_files().collect();
         let mut removed = false;
-        for name in fs.list(dir)? {
-            let stale = match filename::parse(&name) {
-                Some(FileKind::Table(n)) => !live.contains(&n),
-                Some(FileKind::Manifest(n)) => n != vset.manifest_number(),
-                Some(FileKind::Temp) => true,
-                _ => false,
+        for file in store.list()? {
+            let stale = match &file {
+                StoredFile::Table(n) => !live.contains(n),
+                StoredFile::Manifest(n) => *n != vset.manifest_number(),
+                StoredFile::Temp(_) => true,
             };
             if stale {
-                tracing::warn!(file = %name, dir = %dir.display(), "deleting a file the manifest does not reference");
-                fs.delete(&dir.join(&name))?;
+                tracing::warn!(file = ?file, store = %store.location().display(), "deleting a file the manifest does not reference");
+                store.remove(&file)?;
                 removed = true;
             }
         }
         if removed {
-            fs.sync_dir(dir)?;
+            store.sync()?;
         }
 
         let block_cache =
             (opts.block_cache_size > 0).then(|| BlockCache::new(opts.block_cache_size));
         let tables = Arc::new(TableCache::new(
-            Arc::clone(&fs),
-            dir.to_path_buf(),
+            Arc::clone(&store),
             opts.max_open_files,
             block_cache.clone(),
         ));
@@ -419,6 +434,7 @@ impl Db {
         let inner = Arc::new(Inner {
             fs,
             dir: dir.to_path_buf(),
+            store,
             opts,
             tables,
             block_cache,
@@ -1120,8 +1136,7 @@ impl Inner {
 
     fn env<'a>(&'a self, alloc: &'a dyn Fn() -> u64) -> compaction::Env<'a> {
         compaction::Env {
-            fs: &self.fs,
-            dir: &self.dir,
+            store: &*self.store,
             table: &self.opts.table,
             tables: &self.tables,
             target_file_size: self.opts.target_file_size_base,
@@ -1519,8 +1534,8 @@ impl Inner {
         self.compact_l0_holding(g, &gs, &last_key_of_group)?;
         let view = self.view()?;
         let mut edit = VersionEdit::default();
-        let mut written: Vec<PathBuf> = Vec::new();
-        let mut moved: Vec<PathBuf> = Vec::new();
+        let mut written: Vec<u64> = Vec::new();
+        let mut moved: Vec<u64> = Vec::new();
         let result = (|| -> Result<()> {
             for level in 0..view.version.num_levels() {
                 for f in view.version.files(level) {
@@ -1537,11 +1552,8 @@ impl Inner {
                         }
                         edit.deleted_files.push((level, f.number));
                         let number = self.state.lock().vset.new_file_number();
-                        let dest = filename::table_path(&self.dir, number);
-                        written.push(dest.clone());
-                        if let Some(m) =
-                            self.rewrite_without(f, &dest, number, &gs, ge.as_deref())?
-                        {
+                        written.push(number);
+                        if let Some(m) = self.rewrite_without(f, number, &gs, ge.as_deref())? {
                             edit.new_files.push((level, m));
                         }
                     }
@@ -1559,20 +1571,19 @@ impl Inner {
             for p in &prepared {
                 let level = ingest_level(&remaining, &p.props_meta, false);
                 let number = self.state.lock().vset.new_file_number();
-                let dest = filename::table_path(&self.dir, number);
-                self.move_in(&p.path, &dest)?;
-                moved.push(dest);
+                self.store.import_table(&*self.fs, &p.path, number)?;
+                moved.push(number);
                 let mut m = (*p.props_meta).clone();
                 m.number = number;
                 edit.new_files.push((level, Arc::new(m)));
             }
-            self.fs.sync_dir(&self.dir)?;
+            self.store.sync()?;
             Ok(())
         })();
         if let Err(e) = result {
-            for w in written.iter().chain(&moved) {
+            for &n in written.iter().chain(&moved) {
                 // Best effort; a leftover is removed on the next open as not in the manifest.
-                let _ = self.fs.delete(w);
+                let _ = self.store.delete_table(n);
             }
             return Err(e);
         }
@@ -1602,13 +1613,12 @@ impl Inner {
         Ok(())
     }
 
-    /// Copies table `f` to `dest` (file `number`) without the keys in `[lo, hi)` (`hi`
+    /// Copies table `f` to table `number` without the keys in `[lo, hi)` (`hi`
     /// `None`: unbounded) and with its range tombstones cut around that range; entries
     /// keep their sequence numbers. `None` (and no file) if nothing is left.
     fn rewrite_without(
         &self,
         f: &FileMeta,
-        dest: &Path,
         number: u64,
         lo: &[u8],
         hi: Option<&[u8]>,
@@ -1648,7 +1658,7 @@ impl Inner {
         if kept.is_empty() && tombstones.is_empty() {
             return Ok(None);
         }
-        let out = self.fs.create(dest, Default::default())?;
+        let out = self.store.create_table(number)?;
         let mut b = crate::table::TableBuilder::new(out, &self.opts.table);
         for (k, v) in &kept {
             b.add(k, v)?;
@@ -1658,18 +1668,6 @@ impl Inner {
         }
         let summary = b.finish()?;
         Ok(Some(compaction::meta_from(number, &summary)))
-    }
-
-    /// Moves file `src` to `dest` (a rename, or a synced copy across file systems).
-    fn move_in(&self, src: &Path, dest: &Path) -> Result<()> {
-        if self.fs.rename(src, dest).is_err() {
-            let data = self.fs.read_all(src)?;
-            let mut f = self.fs.create(dest, Default::default())?;
-            f.append(&data)?;
-            f.sync_all()?;
-            self.fs.delete(src)?;
-        }
-        Ok(())
     }
 
     /// Whether a table holds an entry or a range tombstone in any prepared file's range.
@@ -1698,13 +1696,12 @@ impl Inner {
             // files leave room will do.
             let level = ingest_level(&view.version, &p.props_meta, false);
             let number = self.state.lock().vset.new_file_number();
-            let dest = filename::table_path(&self.dir, number);
-            self.move_in(&p.path, &dest)?;
+            self.store.import_table(&*self.fs, &p.path, number)?;
             let mut m = (*p.props_meta).clone();
             m.number = number;
             edit.new_files.push((level, Arc::new(m)));
         }
-        self.fs.sync_dir(&self.dir)?;
+        self.store.sync()?;
         let mut st = self.state.lock();
         st.vset.log_and_apply(edit)?;
         st.refresh_view();
@@ -1745,7 +1742,7 @@ impl Inner {
             last_sequence: Some(seq),
             ..Default::default()
         };
-        let mut written: Vec<PathBuf> = Vec::new();
+        let mut written: Vec<u64> = Vec::new();
         let result = (|| -> Result<()> {
             if let Some(t) = &tombstone {
                 // In L0, above everything it hides; the files go to L0 too, in newer
@@ -1753,9 +1750,8 @@ impl Inner {
                 // Their keys at `seq` are not hidden by it: a tombstone covers older
                 // sequences only.
                 let number = self.state.lock().vset.new_file_number();
-                let dest = filename::table_path(&self.dir, number);
-                written.push(dest.clone());
-                let out = self.fs.create(&dest, Default::default())?;
+                written.push(number);
+                let out = self.store.create_table(number)?;
                 let mut b = crate::table::TableBuilder::new(out, &self.opts.table);
                 b.add_range_tombstone(&RangeTombstone { seq, ..t.clone() })?;
                 let summary = b.finish()?;
@@ -1770,18 +1766,17 @@ impl Inner {
                     ingest_level(&view.version, &p.props_meta, true)
                 };
                 let number = self.state.lock().vset.new_file_number();
-                let dest = filename::table_path(&self.dir, number);
-                written.push(dest.clone());
-                let meta = self.rewrite_with_sequence(p, &dest, number, seq)?;
+                written.push(number);
+                let meta = self.rewrite_with_sequence(p, number, seq)?;
                 edit.new_files.push((level, meta));
             }
-            self.fs.sync_dir(&self.dir)?;
+            self.store.sync()?;
             Ok(())
         })();
         if let Err(e) = result {
-            for w in &written {
+            for &n in &written {
                 // Best effort; a leftover is removed on the next open as not in the manifest.
-                let _ = self.fs.delete(w);
+                let _ = self.store.delete_table(n);
             }
             return Err(e);
         }
@@ -1802,17 +1797,16 @@ impl Inner {
         Ok(())
     }
 
-    /// Copies prepared table `src` to `dest` (file `number`) with every entry and range
+    /// Copies prepared table `src` to table `number` with every entry and range
     /// tombstone at sequence `seq`.
     fn rewrite_with_sequence(
         &self,
         src: &Prepared,
-        dest: &Path,
         number: u64,
         seq: SequenceNumber,
     ) -> Result<Arc<FileMeta>> {
         let table = &src.table;
-        let out = self.fs.create(dest, Default::default())?;
+        let out = self.store.create_table(number)?;
         let mut b = crate::table::TableBuilder::new(out, &self.opts.table);
         let mut it = table.iter_with(false);
         it.seek_to_first();

@@ -54,6 +54,11 @@ impl Error {
     pub fn is_corruption(&self) -> bool {
         matches!(self, Error::Corruption { .. })
     }
+
+    /// Whether the storage found no such file.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Storage(e) if e.is_not_found())
+    }
 }
 
 /// Result of engine operations.

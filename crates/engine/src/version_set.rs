@@ -20,14 +20,14 @@
 //! anywhere before the end, or an edit that does not decode or apply, is corruption
 //! named by file and offset.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Weak};
 
-use phoenix_storage::{SharedFs, WritableFile};
+use phoenix_storage::WritableFile;
 
 use crate::error::{Error, Result};
-use crate::filename;
 use crate::key::SequenceNumber;
+use crate::table_store::{SharedTableStore, StoredFile};
 use crate::version::Version;
 use crate::version_edit::VersionEdit;
 
@@ -95,8 +95,7 @@ pub fn decode_manifest(file: &Path, data: &[u8]) -> Result<(Vec<(u64, VersionEdi
 
 /// The current version and its manifest.
 pub struct VersionSet {
-    fs: SharedFs,
-    dir: PathBuf,
+    store: SharedTableStore,
     num_levels: usize,
     current: Arc<Version>,
     manifest: Option<Box<dyn WritableFile>>,
@@ -126,13 +125,11 @@ impl std::fmt::Debug for VersionSet {
 }
 
 impl VersionSet {
-    /// Recovers from `<dir>/CURRENT` or, if there is none and `create` is set, starts
-    /// empty. Then writes a fresh manifest (see the module docs).
-    pub fn open(fs: SharedFs, dir: &Path, num_levels: usize, create: bool) -> Result<VersionSet> {
-        let current_path = filename::current_path(dir);
+    /// Recovers from the manifest the store's pointer names or, if there is none and
+    /// `create` is set, starts empty. Then writes a fresh manifest (see the module docs).
+    pub fn open(store: SharedTableStore, num_levels: usize, create: bool) -> Result<VersionSet> {
         let mut vs = VersionSet {
-            fs: Arc::clone(&fs),
-            dir: dir.to_path_buf(),
+            store: Arc::clone(&store),
             num_levels,
             current: Arc::new(Version::empty(num_levels)),
             manifest: None,
@@ -146,17 +143,7 @@ impl VersionSet {
             roll_bytes: MANIFEST_ROLL_BYTES,
         };
         let mut old_manifest = None;
-        if fs.exists(&current_path)? {
-            let cur = fs.read_all(&current_path)?;
-            let name = std::str::from_utf8(&cur)
-                .ok()
-                .and_then(|s| s.strip_suffix('\n'))
-                .filter(|s| matches!(filename::parse(s), Some(filename::FileKind::Manifest(_))))
-                .ok_or_else(|| {
-                    Error::corruption(&current_path, 0, "CURRENT does not name a manifest")
-                })?;
-            let path = dir.join(name);
-            let data = fs.read_all(&path)?;
+        if let Some((number, path, data)) = store.read_current_manifest()? {
             let (edits, torn) = decode_manifest(&path, &data)?;
             if torn {
                 tracing::warn!(manifest = %path.display(), "dropping a torn record at the end of the manifest");
@@ -204,18 +191,18 @@ impl VersionSet {
                 ));
             }
             vs.current = Arc::new(v);
-            old_manifest = Some(path);
+            old_manifest = Some(number);
         } else if !create {
             return Err(Error::InvalidArgument(format!(
                 "{} holds no database and create_if_missing is off",
-                dir.display()
+                store.location().display()
             )));
         }
         vs.write_fresh_manifest()?;
         if let Some(old) = old_manifest {
-            if old != filename::manifest_path(dir, vs.manifest_number) {
+            if old != vs.manifest_number {
                 // Best effort: an unreferenced manifest is removed on the next open too.
-                if let Err(e) = fs.delete(&old) {
+                if let Err(e) = store.remove(&StoredFile::Manifest(old)) {
                     tracing::warn!(error = %e, "could not delete the old manifest");
                 }
             }
@@ -226,7 +213,6 @@ impl VersionSet {
     fn write_fresh_manifest(&mut self) -> Result<()> {
         let number = self.next_file_number;
         self.next_file_number += 1;
-        let path = filename::manifest_path(&self.dir, number);
         let mut snap = VersionEdit {
             log_number: Some(self.log_number),
             next_file_number: Some(self.next_file_number),
@@ -240,13 +226,10 @@ impl VersionSet {
         }
         let mut payload = Vec::new();
         snap.encode(&mut payload);
-        let mut file = self.fs.create(&path, Default::default())?;
+        let mut file = self.store.create_manifest(number)?;
         file.append(&encode_record(&payload))?;
         file.sync_all()?;
-        self.fs.sync_dir(&self.dir)?;
-        let current = format!("{}\n", filename::manifest_name(number));
-        self.fs
-            .write_atomic(&filename::current_path(&self.dir), current.as_bytes())?;
+        self.store.set_current_manifest(number)?;
         self.manifest = Some(file);
         self.manifest_number = number;
         Ok(())
@@ -340,14 +323,14 @@ impl VersionSet {
     /// Starts a fresh manifest with a snapshot of the current version and removes the
     /// old one once CURRENT names the new one.
     fn roll_manifest(&mut self) -> Result<()> {
-        let old = filename::manifest_path(&self.dir, self.manifest_number);
+        let old = StoredFile::Manifest(self.manifest_number);
         if let Err(e) = self.write_fresh_manifest() {
             // The old manifest is still complete and current; only the roll failed, but
             // the in-memory handle may be half-replaced: refuse further edits.
             self.broken = true;
             return Err(e);
         }
-        if let Err(e) = self.fs.delete(&old) {
+        if let Err(e) = self.store.remove(&old) {
             tracing::warn!(error = %e, "could not delete the replaced manifest");
         }
         Ok(())
@@ -374,11 +357,11 @@ impl VersionSet {
                 keep.push(n);
                 continue;
             }
-            let path = filename::table_path(&self.dir, n);
             deleted.push(n);
-            if let Err(e) = self.fs.delete(&path) {
+            if let Err(e) = self.store.delete_table(n) {
                 if !e.is_not_found() {
-                    tracing::warn!(file = %path.display(), error = %e, "could not delete an obsolete table");
+                    let file = self.store.table_location(n);
+                    tracing::warn!(file = %file.display(), error = %e, "could not delete an obsolete table");
                 }
             }
         }
@@ -395,9 +378,15 @@ impl VersionSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::filename;
     use crate::key::{internal_key, ValueKind};
+    use crate::table_store::FsTableStore;
     use crate::version_edit::FileMeta;
-    use phoenix_storage::MemFs;
+    use phoenix_storage::{MemFs, SharedFs};
+
+    fn store(fs: &SharedFs, dir: &Path) -> SharedTableStore {
+        Arc::new(FsTableStore::new(Arc::clone(fs), dir))
+    }
 
     fn meta(number: u64) -> Arc<FileMeta> {
         Arc::new(FileMeta {
@@ -421,7 +410,7 @@ mod tests {
         let dir = Path::new("/db");
         fs.create_dir_all(dir).unwrap();
         {
-            let mut vs = VersionSet::open(Arc::clone(&fs), dir, 4, true).unwrap();
+            let mut vs = VersionSet::open(store(&fs, dir), 4, true).unwrap();
             let n = vs.new_file_number();
             let mut e = VersionEdit {
                 last_sequence: Some(10),
@@ -431,7 +420,7 @@ mod tests {
             vs.log_and_apply(e).unwrap();
         }
         mem.crash();
-        let vs = VersionSet::open(Arc::clone(&fs), dir, 4, false).unwrap();
+        let vs = VersionSet::open(store(&fs, dir), 4, false).unwrap();
         assert_eq!(vs.current().files(0).len(), 1);
         assert_eq!(vs.last_sequence(), 10);
         let names = fs.list(dir).unwrap();
@@ -447,7 +436,7 @@ mod tests {
         fs.create_dir_all(dir).unwrap();
         let first;
         {
-            let mut vs = VersionSet::open(Arc::clone(&fs), dir, 4, true).unwrap();
+            let mut vs = VersionSet::open(store(&fs, dir), 4, true).unwrap();
             vs.roll_bytes = 200;
             first = vs.manifest_number();
             for seq in 1..20 {
@@ -462,7 +451,7 @@ mod tests {
             assert_ne!(vs.manifest_number(), first, "manifest never rolled");
         }
         mem.crash();
-        let vs = VersionSet::open(Arc::clone(&fs), dir, 4, false).unwrap();
+        let vs = VersionSet::open(store(&fs, dir), 4, false).unwrap();
         assert_eq!(vs.current().files(0).len(), 19);
         assert_eq!(vs.last_sequence(), 19);
         // A replaced manifest whose deletion was not yet durable may reappear after the

@@ -4,8 +4,12 @@
 //! flushes, compactions, drop_group, ingests over
 //! existing data and reopens.
 //!
+//! The same runs go on with the tables and manifest on an (in-memory) object store
+//! (`ObjectTableStore`), fewer of them.
+//!
 //! `PHOENIX_SEED` picks the first seed (default 1), `PHOENIX_ENGINE_MODEL_RUNS` the number
-//! of runs (default 100); a failure prints the line that replays it.
+//! of runs (default 100; on the object store `PHOENIX_ENGINE_MODEL_OBJECT_RUNS`, default
+//! 20); a failure prints the line that replays it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -14,7 +18,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use phoenix_engine::{
-    Db, Options, ReadOptions, Snapshot, SstWriter, WalMode, WriteBatch, WriteOptions,
+    Db, ObjectTableStore, Options, ReadOptions, SharedTableStore, Snapshot, SstWriter, WalMode,
+    WriteBatch, WriteOptions,
 };
 use phoenix_storage::{MemFs, SharedFs};
 use rand::{Rng, SeedableRng};
@@ -208,13 +213,35 @@ fn check_iter(
     }
 }
 
-fn run(seed: u64) {
+/// Where a run keeps the tables and manifest.
+#[derive(Clone, Copy, Debug)]
+enum Tables {
+    /// In the database directory (`Db::open`).
+    Directory,
+    /// On an in-memory object store.
+    Objects,
+}
+
+fn run(seed: u64, tables: Tables) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mem = Arc::new(MemFs::new());
     let fs: SharedFs = mem.clone();
     let dir = Path::new("/model");
     let mut opts = options(&mut rng);
-    let mut db = Db::open(Arc::clone(&fs), dir, opts.clone()).unwrap();
+    let objects: Option<SharedTableStore> = match tables {
+        Tables::Directory => None,
+        Tables::Objects => Some(Arc::new(
+            ObjectTableStore::new(Arc::new(object_store::memory::InMemory::new()), "db/model")
+                .unwrap(),
+        )),
+    };
+    let open = |opts: &Options| match &objects {
+        Some(store) => {
+            Db::open_with_store(Arc::clone(&fs), dir, Arc::clone(store), opts.clone()).unwrap()
+        }
+        None => Db::open(Arc::clone(&fs), dir, opts.clone()).unwrap(),
+    };
+    let mut db = open(&opts);
     let mut model = Model::new();
     let mut snaps: Vec<(Snapshot, Model)> = Vec::new();
     let wo = WriteOptions::default();
@@ -339,7 +366,7 @@ fn run(seed: u64) {
                     // must not be used.
                     opts.table.prefix_len = [0, 9, 10, 11][rng.gen_range(0..4)];
                 }
-                db = Db::open(Arc::clone(&fs), dir, opts.clone()).unwrap();
+                db = open(&opts);
             }
             96..=97 => {
                 // A table built outside, ingested over whatever is there: its puts and
@@ -400,18 +427,37 @@ fn run(seed: u64) {
     db.close().unwrap();
 }
 
-#[test]
-fn db_matches_model() {
+fn runs(tables: Tables, runs_var: &str, default_runs: u64, test: &str) {
     let base = env_u64("PHOENIX_SEED", 1);
-    let runs = env_u64("PHOENIX_ENGINE_MODEL_RUNS", 100);
+    let runs = env_u64(runs_var, default_runs);
     for seed in base..base + runs {
-        let r = std::panic::catch_unwind(|| run(seed));
+        let r = std::panic::catch_unwind(|| run(seed, tables));
         if let Err(e) = r {
             eprintln!(
-                "model run failed; replay with: PHOENIX_SEED={seed} PHOENIX_ENGINE_MODEL_RUNS=1 \
-                 cargo test -p phoenix-engine --test model"
+                "model run failed ({tables:?}); replay with: PHOENIX_SEED={seed} {runs_var}=1 \
+                 cargo test -p phoenix-engine --test model -- --exact {test}"
             );
             std::panic::resume_unwind(e);
         }
     }
+}
+
+#[test]
+fn db_matches_model() {
+    runs(
+        Tables::Directory,
+        "PHOENIX_ENGINE_MODEL_RUNS",
+        100,
+        "db_matches_model",
+    );
+}
+
+#[test]
+fn db_matches_model_with_tables_on_an_object_store() {
+    runs(
+        Tables::Objects,
+        "PHOENIX_ENGINE_MODEL_OBJECT_RUNS",
+        20,
+        "db_matches_model_with_tables_on_an_object_store",
+    );
 }

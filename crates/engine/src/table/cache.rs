@@ -5,16 +5,15 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use phoenix_storage::SharedFs;
 
 use crate::error::Result;
 use crate::table::block::Block;
-use crate::table::{table_file_name, Table};
+use crate::table::Table;
+use crate::table_store::SharedTableStore;
 
 /// A fast hasher for the caches' integer keys (multiply-rotate mixing; the keys are not
 /// chosen by an adversary).
@@ -268,25 +267,22 @@ impl BlockCache {
 /// range tombstones once.
 #[derive(Debug)]
 pub struct TableCache {
-    fs: SharedFs,
-    dir: PathBuf,
+    store: SharedTableStore,
     block_cache: Option<Arc<BlockCache>>,
     lru: ShardedLru<u64, Arc<Table>>,
 }
 
 impl TableCache {
-    /// A cache of at most `max_open` tables of directory `dir`.
+    /// A cache of at most `max_open` tables of `store`.
     pub fn new(
-        fs: SharedFs,
-        dir: PathBuf,
+        store: SharedTableStore,
         max_open: usize,
         block_cache: Option<Arc<BlockCache>>,
     ) -> Self {
         let max_open = max_open.max(1);
         let shards = (max_open / 32).clamp(1, 8);
         TableCache {
-            fs,
-            dir,
+            store,
             block_cache,
             lru: ShardedLru::new(max_open, shards),
         }
@@ -297,8 +293,7 @@ impl TableCache {
         if let Some(t) = self.lru.get(&number) {
             return Ok(t);
         }
-        let path = self.dir.join(table_file_name(number));
-        let file = self.fs.open(&path)?;
+        let file = self.store.open_table(number)?;
         let table = Arc::new(Table::open(file, number, size, self.block_cache.clone())?);
         self.lru.insert(number, Arc::clone(&table), 1);
         Ok(table)

@@ -415,8 +415,10 @@ fn table_cache_bounds_open_tables_and_evicts() {
     }
     let shared: SharedFs = Arc::new(fs.clone());
     let tc = TableCache::new(
-        shared,
-        PathBuf::from("/db"),
+        Arc::new(crate::table_store::FsTableStore::new(
+            shared,
+            Path::new("/db"),
+        )),
         4,
         Some(BlockCache::new(1 << 20)),
     );

@@ -1,0 +1,207 @@
+//! The engine's one doorway to its durable files: the tables (SSTs, by file number) and
+//! the manifest with the pointer that names the current one.
+//!
+//! Flush, compaction, ingest, group replacement, the table cache, the version set and
+//! the cleanup at open reach these files only through [`TableStore`]. The engine's
+//! other files stay on its [`FileSystem`](phoenix_storage::FileSystem): the `LOCK`, the
+//! optional WAL, and the files handed to ingest (built outside the engine, then taken
+//! in with [`TableStore::import_table`]).
+//!
+//! [`FsTableStore`] keeps them as files in a directory of a file system (local disk,
+//! `MemFs`), as they have always been laid out (`filename.rs`). A store over an object
+//! store fits the same calls: a table is written whole and made durable by its
+//! writer's `sync_all` (an upload), an import copies, and the manifest pointer is one
+//! small object replaced as a whole.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use phoenix_storage::{FileSystem, ReadableFile, SharedFs, WritableFile};
+
+use crate::error::{Error, Result};
+use crate::filename::{self, FileKind};
+
+/// A file the store holds, as [`TableStore::list`] names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoredFile {
+    /// Table `number`.
+    Table(u64),
+    /// Manifest `number`.
+    Manifest(u64),
+    /// A temporary left by an interrupted replacement of the manifest pointer.
+    Temp(String),
+}
+
+/// Where an engine keeps its tables and manifest. See the module docs.
+pub trait TableStore: Send + Sync + std::fmt::Debug {
+    /// Where the store keeps its files (a directory, a bucket prefix), for messages.
+    fn location(&self) -> PathBuf;
+
+    /// Where table `number` lives, for messages (corruption reports name it).
+    fn table_location(&self, number: u64) -> PathBuf;
+
+    /// Starts table `number` (replacing a leftover of that number). Its writer's
+    /// `sync_all` makes the bytes durable; [`TableStore::sync`] then makes the table's
+    /// existence durable.
+    fn create_table(&self, number: u64) -> Result<Box<dyn WritableFile>>;
+
+    /// Opens table `number` for reads.
+    fn open_table(&self, number: u64) -> Result<Arc<dyn ReadableFile>>;
+
+    /// Deletes table `number`; durable after [`TableStore::sync`]. A table already gone
+    /// is an error that [`phoenix_storage::Error::is_not_found`] recognises.
+    fn delete_table(&self, number: u64) -> Result<()>;
+
+    /// Takes the finished, synced file `src` of `from` in as table `number`; `src` is
+    /// gone afterwards. Durable after [`TableStore::sync`].
+    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<()>;
+
+    /// Makes the tables created, imported and deleted so far durable as present or
+    /// absent (a directory's sync on a file system).
+    fn sync(&self) -> Result<()>;
+
+    /// Every file the store holds: tables, manifests, temporaries. Names it does not
+    /// own are left out.
+    fn list(&self) -> Result<Vec<StoredFile>>;
+
+    /// Removes a file [`TableStore::list`] named; durable after [`TableStore::sync`].
+    fn remove(&self, file: &StoredFile) -> Result<()>;
+
+    /// The manifest the pointer names: its number, its location (for messages) and its
+    /// bytes. `None` when the store holds no database (no pointer).
+    fn read_current_manifest(&self) -> Result<Option<(u64, PathBuf, Vec<u8>)>>;
+
+    /// Starts manifest `number`, to which records are appended and synced.
+    fn create_manifest(&self, number: u64) -> Result<Box<dyn WritableFile>>;
+
+    /// Points the store at manifest `number`, durably and atomically: after a crash the
+    /// pointer names the old manifest or this one. The manifest's first record must be
+    /// synced before.
+    fn set_current_manifest(&self, number: u64) -> Result<()>;
+}
+
+/// Tables and manifest as files in directory `dir` of `fs` (the layout of `filename.rs`).
+#[derive(Debug, Clone)]
+pub struct FsTableStore {
+    fs: SharedFs,
+    dir: PathBuf,
+}
+
+impl FsTableStore {
+    /// A store over `dir`, which must exist.
+    pub fn new(fs: SharedFs, dir: &Path) -> FsTableStore {
+        FsTableStore {
+            fs,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn path_of(&self, file: &StoredFile) -> PathBuf {
+        match file {
+            StoredFile::Table(n) => filename::table_path(&self.dir, *n),
+            StoredFile::Manifest(n) => filename::manifest_path(&self.dir, *n),
+            StoredFile::Temp(name) => self.dir.join(name),
+        }
+    }
+}
+
+impl TableStore for FsTableStore {
+    fn location(&self) -> PathBuf {
+        self.dir.clone()
+    }
+
+    fn table_location(&self, number: u64) -> PathBuf {
+        filename::table_path(&self.dir, number)
+    }
+
+    fn create_table(&self, number: u64) -> Result<Box<dyn WritableFile>> {
+        Ok(self
+            .fs
+            .create(&self.table_location(number), Default::default())?)
+    }
+
+    fn open_table(&self, number: u64) -> Result<Arc<dyn ReadableFile>> {
+        Ok(self.fs.open(&self.table_location(number))?)
+    }
+
+    fn delete_table(&self, number: u64) -> Result<()> {
+        Ok(self.fs.delete(&self.table_location(number))?)
+    }
+
+    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<()> {
+        let dest = self.table_location(number);
+        // A rename where the source is on the store's file system; a synced copy
+        // otherwise (another file system, or a rename refused across devices).
+        let same_fs = std::ptr::addr_eq(from as *const dyn FileSystem, Arc::as_ptr(&self.fs));
+        if !same_fs || self.fs.rename(src, &dest).is_err() {
+            let data = from.read_all(src)?;
+            let mut f = self.fs.create(&dest, Default::default())?;
+            f.append(&data)?;
+            f.sync_all()?;
+            from.delete(src)?;
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(self.fs.sync_dir(&self.dir)?)
+    }
+
+    fn list(&self) -> Result<Vec<StoredFile>> {
+        let mut out = Vec::new();
+        for name in self.fs.list(&self.dir)? {
+            match filename::parse(&name) {
+                Some(FileKind::Table(n)) => out.push(StoredFile::Table(n)),
+                Some(FileKind::Manifest(n)) => out.push(StoredFile::Manifest(n)),
+                Some(FileKind::Temp) => out.push(StoredFile::Temp(name)),
+                Some(FileKind::Lock | FileKind::Current) | None => {}
+            }
+        }
+        Ok(out)
+    }
+
+    fn remove(&self, file: &StoredFile) -> Result<()> {
+        Ok(self.fs.delete(&self.path_of(file))?)
+    }
+
+    fn read_current_manifest(&self) -> Result<Option<(u64, PathBuf, Vec<u8>)>> {
+        let current_path = filename::current_path(&self.dir);
+        if !self.fs.exists(&current_path)? {
+            return Ok(None);
+        }
+        let cur = self.fs.read_all(&current_path)?;
+        let number = std::str::from_utf8(&cur)
+            .ok()
+            .and_then(|s| s.strip_suffix('\n'))
+            .and_then(filename::parse)
+            .and_then(|k| match k {
+                FileKind::Manifest(n) => Some(n),
+                _ => None,
+            })
+            .ok_or_else(|| {
+                Error::corruption(&current_path, 0, "CURRENT does not name a manifest")
+            })?;
+        let path = filename::manifest_path(&self.dir, number);
+        let data = self.fs.read_all(&path)?;
+        Ok(Some((number, path, data)))
+    }
+
+    fn create_manifest(&self, number: u64) -> Result<Box<dyn WritableFile>> {
+        Ok(self.fs.create(
+            &filename::manifest_path(&self.dir, number),
+            Default::default(),
+        )?)
+    }
+
+    fn set_current_manifest(&self, number: u64) -> Result<()> {
+        // The new manifest's name must be durable before CURRENT can name it.
+        self.fs.sync_dir(&self.dir)?;
+        let current = format!("{}\n", filename::manifest_name(number));
+        self.fs
+            .write_atomic(&filename::current_path(&self.dir), current.as_bytes())?;
+        Ok(())
+    }
+}
+
+/// A shared table store.
+pub type SharedTableStore = Arc<dyn TableStore>;

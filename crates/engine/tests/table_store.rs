@@ -1,0 +1,341 @@
+//! The table store is the engine's only doorway to its tables and manifest: an engine
+//! whose store lives elsewhere than its directory (on another file system, or on an
+//! object store) writes, reads, imports and deletes every table there, through the
+//! store's calls, and reopens from there after a crash.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use phoenix_engine::{
+    Db, FsTableStore, ObjectTableStore, Options, ReadOptions, Result, SharedTableStore, StoredFile,
+    TableStore, WalMode, WriteOptions,
+};
+use phoenix_storage::{FileSystem, MemFs, ReadableFile, SharedFs, WritableFile};
+
+/// A table store that counts the calls made to it.
+#[derive(Debug)]
+struct Counting {
+    inner: Box<dyn TableStore>,
+    created: AtomicU64,
+    opened: AtomicU64,
+    deleted: AtomicU64,
+    imported: AtomicU64,
+    manifests: AtomicU64,
+}
+
+impl TableStore for Counting {
+    fn location(&self) -> PathBuf {
+        self.inner.location()
+    }
+    fn table_location(&self, number: u64) -> PathBuf {
+        self.inner.table_location(number)
+    }
+    fn create_table(&self, number: u64) -> Result<Box<dyn WritableFile>> {
+        self.created.fetch_add(1, Ordering::Relaxed);
+        self.inner.create_table(number)
+    }
+    fn open_table(&self, number: u64) -> Result<Arc<dyn ReadableFile>> {
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        self.inner.open_table(number)
+    }
+    fn delete_table(&self, number: u64) -> Result<()> {
+        self.deleted.fetch_add(1, Ordering::Relaxed);
+        self.inner.delete_table(number)
+    }
+    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<()> {
+        self.imported.fetch_add(1, Ordering::Relaxed);
+        self.inner.import_table(from, src, number)
+    }
+    fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
+    fn list(&self) -> Result<Vec<StoredFile>> {
+        self.inner.list()
+    }
+    fn remove(&self, file: &StoredFile) -> Result<()> {
+        self.inner.remove(file)
+    }
+    fn read_current_manifest(&self) -> Result<Option<(u64, PathBuf, Vec<u8>)>> {
+        self.inner.read_current_manifest()
+    }
+    fn create_manifest(&self, number: u64) -> Result<Box<dyn WritableFile>> {
+        self.manifests.fetch_add(1, Ordering::Relaxed);
+        self.inner.create_manifest(number)
+    }
+    fn set_current_manifest(&self, number: u64) -> Result<()> {
+        self.inner.set_current_manifest(number)
+    }
+}
+
+fn opts(wal: WalMode) -> Options {
+    Options {
+        write_buffer_size: 16 << 10,
+        target_file_size_base: 8 << 10,
+        max_bytes_for_level_base: 64 << 10,
+        level0_file_num_compaction_trigger: 2,
+        wal,
+        wal_segment_size: 256 << 10,
+        ..Options::default()
+    }
+}
+
+fn key(g: u64, i: u32) -> Vec<u8> {
+    let mut k = g.to_be_bytes().to_vec();
+    k.extend_from_slice(format!("k{i:05}").as_bytes());
+    k
+}
+
+fn scan(db: &Db) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut it = db.iter(&ReadOptions::default()).unwrap();
+    it.seek_to_first();
+    let mut out = BTreeMap::new();
+    while it.valid() {
+        out.insert(it.key().to_vec(), it.value().to_vec());
+        it.next();
+    }
+    it.status().unwrap();
+    out
+}
+
+/// Writes a group-`g` file to ingest on `fs` at `path`, and the same keys in `model`.
+fn group_file(
+    fs: &SharedFs,
+    path: &Path,
+    g: u64,
+    keys: impl Iterator<Item = u32>,
+    value: &[u8],
+    model: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+) {
+    let mut w = phoenix_engine::SstWriter::create(fs, path, &Options::default().table).unwrap();
+    for i in keys {
+        w.put(&key(g, i), value).unwrap();
+        model.insert(key(g, i), value.to_vec());
+    }
+    w.finish().unwrap();
+}
+
+fn names(fs: &MemFs, dir: &Path) -> Vec<String> {
+    fs.list(dir).unwrap_or_default()
+}
+
+/// Where the store under test keeps its files.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// A directory of another `MemFs` than the engine's.
+    OtherFs,
+    /// An in-memory object store.
+    Objects,
+}
+
+#[test]
+fn every_table_and_the_manifest_live_in_the_store() {
+    for (kind, wal) in [
+        (Kind::OtherFs, WalMode::Log),
+        (Kind::OtherFs, WalMode::None),
+        (Kind::Objects, WalMode::Log),
+        (Kind::Objects, WalMode::None),
+    ] {
+        // The engine's own directory and the store kept apart: a table or manifest
+        // reached past the store lands in (or is looked for in) the wrong place.
+        let local = Arc::new(MemFs::new());
+        let local_fs: SharedFs = local.clone();
+        let remote = Arc::new(MemFs::new());
+        let remote_fs: SharedFs = remote.clone();
+        let db_dir = Path::new("/db");
+        let store_dir = Path::new("/tables");
+        remote_fs.create_dir_all(store_dir).unwrap();
+        let inner: Box<dyn TableStore> = match kind {
+            Kind::OtherFs => Box::new(FsTableStore::new(Arc::clone(&remote_fs), store_dir)),
+            Kind::Objects => Box::new(
+                ObjectTableStore::new(
+                    Arc::new(object_store::memory::InMemory::new()),
+                    "cluster/node-1",
+                )
+                .unwrap(),
+            ),
+        };
+        let counting = Arc::new(Counting {
+            inner,
+            created: AtomicU64::new(0),
+            opened: AtomicU64::new(0),
+            deleted: AtomicU64::new(0),
+            imported: AtomicU64::new(0),
+            manifests: AtomicU64::new(0),
+        });
+        let store: SharedTableStore = counting.clone();
+        let open = || {
+            Db::open_with_store(
+                Arc::clone(&local_fs),
+                db_dir,
+                Arc::clone(&store),
+                opts(wal.clone()),
+            )
+            .unwrap()
+        };
+        let db = open();
+        let wo = WriteOptions::default();
+        let mut model = BTreeMap::new();
+        for round in 0..3u32 {
+            for i in 0..300 {
+                for g in 1..=4u64 {
+                    let v = format!("v{round}-{i}").into_bytes();
+                    db.put(&wo, &key(g, i), &v).unwrap();
+                    model.insert(key(g, i), v);
+                }
+            }
+            db.flush().unwrap();
+        }
+        db.compact_range(None, None).unwrap();
+        db.delete_range(&wo, &key(1, 10), &key(1, 20)).unwrap();
+        model.retain(|k, _| !(k.as_slice() >= key(1, 10).as_slice() && k < &key(1, 20)));
+        assert_eq!(
+            scan(&db),
+            model,
+            "after flushes and a compaction ({kind:?}, {wal:?})"
+        );
+
+        // Ingest over existing data (copied in at a new sequence), into an empty range
+        // (imported as it is), a group replaced by one manifest edit and by a tombstone.
+        let over = Path::new("/over.sst");
+        group_file(&local_fs, over, 2, (0..300).step_by(5), b"ing", &mut model);
+        db.ingest(&[over.to_path_buf()]).unwrap();
+        let empty = Path::new("/empty.sst");
+        group_file(&local_fs, empty, 9, 0..50, b"nine", &mut model);
+        db.ingest(&[empty.to_path_buf()]).unwrap();
+        let snap3 = Path::new("/snap3.sst");
+        model.retain(|k, _| !k.starts_with(&3u64.to_be_bytes()));
+        group_file(&local_fs, snap3, 3, 1000..1100, b"new3", &mut model);
+        db.replace_group(3, &[snap3.to_path_buf()]).unwrap();
+        let snap4 = Path::new("/snap4.sst");
+        model.retain(|k, _| !k.starts_with(&4u64.to_be_bytes()));
+        group_file(&local_fs, snap4, 4, 2000..2050, b"new4", &mut model);
+        db.replace_group_by_tombstone(4, &[snap4.to_path_buf()])
+            .unwrap();
+        db.drop_groups(&[1]).unwrap();
+        model.retain(|k, _| !k.starts_with(&1u64.to_be_bytes()));
+        db.compact_range(None, None).unwrap();
+        assert_eq!(
+            scan(&db),
+            model,
+            "after ingests, replaces and a drop ({kind:?}, {wal:?})"
+        );
+        for p in [over, empty, snap3, snap4] {
+            assert!(!local_fs.exists(p).unwrap(), "{} taken in", p.display());
+        }
+        db.close().unwrap();
+        drop(db);
+
+        // Nothing of the tables or the manifest in the engine's directory; all of them
+        // in the store's, and each made through the store.
+        let here = names(&local, db_dir);
+        assert!(
+            here.iter().all(|n| n == "LOCK" || n == "wal"),
+            "the engine's directory holds {here:?}"
+        );
+        let there = counting.list().unwrap();
+        assert!(
+            counting.read_current_manifest().unwrap().is_some(),
+            "{there:?}"
+        );
+        assert_eq!(
+            there
+                .iter()
+                .filter(|f| matches!(f, StoredFile::Manifest(_)))
+                .count(),
+            1,
+            "{there:?}"
+        );
+        assert!(
+            there.iter().any(|f| matches!(f, StoredFile::Table(_))),
+            "{there:?}"
+        );
+        if let Kind::Objects = kind {
+            let other = names(&remote, store_dir);
+            assert!(other.is_empty(), "{other:?}");
+        }
+        let c = &counting;
+        assert!(c.created.load(Ordering::Relaxed) > 0);
+        assert!(c.opened.load(Ordering::Relaxed) > 0);
+        assert!(
+            c.deleted.load(Ordering::Relaxed) > 0,
+            "compaction deletes inputs"
+        );
+        assert_eq!(
+            c.imported.load(Ordering::Relaxed),
+            2,
+            "the empty-range ingest and replace_group"
+        );
+        assert!(c.manifests.load(Ordering::Relaxed) >= 1);
+
+        // Both file systems lose what was not synced (an upload that returned is
+        // durable); the engine reopens from the store.
+        local.crash();
+        remote.crash();
+        let db = open();
+        assert_eq!(
+            scan(&db),
+            model,
+            "after a crash and reopen ({kind:?}, {wal:?})"
+        );
+        db.close().unwrap();
+    }
+}
+
+#[test]
+fn open_clears_the_stores_strays_and_refuses_an_empty_store() {
+    let local: SharedFs = Arc::new(MemFs::new());
+    // The engine's directory exists (its lock is taken there); the store is empty.
+    local.create_dir_all(Path::new("/db")).unwrap();
+    let remote = Arc::new(MemFs::new());
+    let remote_fs: SharedFs = remote.clone();
+    let store_dir = Path::new("/tables");
+    remote_fs.create_dir_all(store_dir).unwrap();
+    let store: SharedTableStore = Arc::new(FsTableStore::new(Arc::clone(&remote_fs), store_dir));
+    let no_create = Options {
+        create_if_missing: false,
+        ..opts(WalMode::None)
+    };
+    let err = Db::open_with_store(
+        Arc::clone(&local),
+        Path::new("/db"),
+        Arc::clone(&store),
+        no_create.clone(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("/tables holds no database"),
+        "{err}"
+    );
+
+    let db = Db::open_with_store(
+        Arc::clone(&local),
+        Path::new("/db"),
+        Arc::clone(&store),
+        opts(WalMode::None),
+    )
+    .unwrap();
+    db.put(&WriteOptions::default(), &key(1, 1), b"x").unwrap();
+    db.flush().unwrap();
+    db.close().unwrap();
+    drop(db);
+    for stray in ["999999.sst", "MANIFEST-999998", "CURRENT.tmp"] {
+        let mut f = remote_fs
+            .create(&store_dir.join(stray), Default::default())
+            .unwrap();
+        f.append(b"junk").unwrap();
+        f.sync_all().unwrap();
+    }
+    let db = Db::open_with_store(Arc::clone(&local), Path::new("/db"), store, no_create).unwrap();
+    let left = names(&remote, store_dir);
+    for stray in ["999999.sst", "MANIFEST-999998", "CURRENT.tmp"] {
+        assert!(!left.iter().any(|n| n == stray), "{stray} left: {left:?}");
+    }
+    assert_eq!(
+        db.get(&ReadOptions::default(), &key(1, 1)).unwrap(),
+        Some(b"x".to_vec())
+    );
+    db.close().unwrap();
+}
