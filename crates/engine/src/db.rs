@@ -77,6 +77,9 @@ struct State {
     /// Whether `bg_error` came from the storage (a write, sync or read that failed), not
     /// from bytes that do not decode: reopening may then cure it (`Db::failure`).
     bg_error_io: bool,
+    /// The object whose conditional write found another writer's, when that is what
+    /// turned the engine read-only (`Error::is_fenced`).
+    bg_fenced: Option<PathBuf>,
     closed: bool,
     pointers: Vec<Vec<u8>>,
     /// Files that running compactions read.
@@ -91,6 +94,16 @@ impl State {
             version: self.vset.current(),
         });
         *self.published.write() = v;
+    }
+
+    /// Why writes are refused once a background failure turned the engine read-only:
+    /// a fenced writer's own error, or the failure's message.
+    fn refused(&self) -> Option<Error> {
+        let m = self.bg_error.as_ref()?;
+        Some(match &self.bg_fenced {
+            Some(path) => Error::Storage(phoenix_storage::Error::Fenced { path: path.clone() }),
+            None => Error::Background(m.clone()),
+        })
     }
 }
 
@@ -425,6 +438,7 @@ impl Db {
             next_mem_id,
             bg_error: None,
             bg_error_io: false,
+            bg_fenced: None,
             closed: false,
             pointers: vec![Vec::new(); num_levels],
             busy: std::collections::HashSet::new(),
@@ -997,6 +1011,9 @@ impl Inner {
         let mut st = self.state.lock();
         if st.bg_error.is_none() {
             st.bg_error_io = is_io(e);
+            if let Error::Storage(phoenix_storage::Error::Fenced { path }) = e {
+                st.bg_fenced = Some(path.clone());
+            }
             tracing::error!(error = %msg, "engine turns read-only");
             st.bg_error = Some(msg);
         }
@@ -1015,8 +1032,8 @@ impl Inner {
             if st.closed {
                 return Err(Error::Closed);
             }
-            if let Some(e) = &st.bg_error {
-                return Err(Error::Background(e.clone()));
+            if let Some(e) = st.refused() {
+                return Err(e);
             }
             if let Some(f) = self.wal.as_ref().and_then(|w| w.failure()) {
                 st.bg_error = Some(f.clone());
@@ -1119,8 +1136,8 @@ impl Inner {
         let mut st = self.state.lock();
         let target = st.next_mem_id;
         loop {
-            if let Some(e) = &st.bg_error {
-                return Err(Error::Background(e.clone()));
+            if let Some(e) = st.refused() {
+                return Err(e);
             }
             if st.imm.front().is_none_or(|m| m.id() >= target) {
                 return Ok(());

@@ -59,6 +59,12 @@ impl Error {
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::Storage(e) if e.is_not_found())
     }
+
+    /// Whether another writer took the table store over: this engine writes nothing
+    /// more (see `object_table_store`).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Error::Storage(e) if e.is_fenced())
+    }
 }
 
 /// Result of engine operations.

@@ -222,17 +222,7 @@ impl InternalIterator for LevelIter {
 
 /// Copies an error for repeated `status()` calls (errors are not `Clone`).
 pub(crate) fn clone_error(e: &Error) -> Error {
-    match e {
-        Error::Corruption { file, offset, what } => Error::Corruption {
-            file: file.clone(),
-            offset: *offset,
-            what: what.clone(),
-        },
-        Error::InvalidArgument(s) => Error::InvalidArgument(s.clone()),
-        Error::Background(s) => Error::Background(s.clone()),
-        Error::Closed => Error::Closed,
-        other => Error::Background(other.to_string()),
-    }
+    crate::table::clone_error(e)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -12,13 +12,27 @@
 //! - an import reads the file from the local file system and uploads it, then deletes it;
 //! - `sync` has nothing to do: a finished upload or delete is durable.
 //!
+//! **Fencing.** Two engines may open the same prefix (a node restarted elsewhere while
+//! the old one still runs): the newer takes the store over and the older stops at its
+//! next manifest write with [`Error::is_fenced`], writing nothing more that counts.
+//! Every upload is conditional (seed 004 §4.3): an object is created only if absent
+//! (`If-None-Match`), and a manifest or `CURRENT` is replaced only if it is still the
+//! version this writer last wrote (`If-Match` its ETag). An engine opening the store
+//! appends an empty record to the manifest it read (conditional on the version it read:
+//! a writer that changed it meanwhile makes the open fail instead), so the older
+//! writer's next append finds the manifest changed and fails; then it writes its fresh
+//! manifest and replaces `CURRENT` conditionally (an older writer that rolled its
+//! manifest meanwhile fails the open the same way). The newer writer's file numbers
+//! start [`FENCE_FILE_GAP`] past the manifest's counter, so tables the older writer
+//! still writes before it finds out never share a name with its own.
+//!
 //! The engine's calls are synchronous; each request runs on the store's own runtime and
 //! the caller waits for its answer (also from a thread of another tokio runtime, where
 //! blocking on a runtime directly is refused).
 //!
 //! Not yet built (the issue "Data on shared storage"): multipart uploads for large
-//! tables, fencing of a second writer by conditional puts, a local cache of remote
-//! blocks, and deadlines and retries by error class.
+//! tables, a manifest that does not re-upload its history at each edit, a local cache
+//! of remote blocks, and deadlines and retries by error class.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -27,16 +41,32 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, PutPayload};
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload, UpdateVersion};
+use parking_lot::Mutex;
 use phoenix_storage::{FileSystem, IoOp, ReadableFile, WritableFile};
 
 use crate::error::{Error, Result};
 use crate::filename::{self, FileKind};
 use crate::table_store::{StoredFile, TableStore};
+use crate::version_edit::VersionEdit;
+
+/// File numbers an engine that takes a store over skips (see the module docs).
+pub const FENCE_FILE_GAP: u64 = 1 << 20;
 
 /// Tables and manifest as objects under a prefix of an object store.
 pub struct ObjectTableStore {
     inner: Arc<Remote>,
+    fence: Mutex<Fence>,
+}
+
+/// What this writer knows of the objects others could change under it.
+#[derive(Debug, Default)]
+struct Fence {
+    /// `CURRENT` as read at open or last written: `None` before the open read it;
+    /// `Some(None)` when there was none; else its ETag.
+    current: Option<Option<String>>,
+    /// The manifest read at open and not yet fenced: its object, bytes and ETag.
+    opened: Option<(ObjectPath, Bytes, String)>,
 }
 
 /// What the store's files and writers share: the object store, the prefix and the
@@ -89,6 +119,7 @@ impl ObjectTableStore {
                 prefix: ObjectPath::from(prefix),
                 runtime: Some(runtime),
             }),
+            fence: Mutex::new(Fence::default()),
         })
     }
 }
@@ -109,11 +140,15 @@ impl Remote {
         f: impl Future<Output = object_store::Result<T>> + Send + 'static,
     ) -> object_store::Result<T> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        if let Some(rt) = &self.runtime {
-            rt.spawn(async move {
-                // The caller waits on the other end (it is gone only if it panicked).
-                let _ = tx.send(f.await);
-            });
+        match &self.runtime {
+            Some(rt) => {
+                rt.spawn(async move {
+                    // The caller waits on the other end (it is gone only if it panicked).
+                    let _ = tx.send(f.await);
+                });
+            }
+            // (Only while dropping: the answer below says so.)
+            None => drop(tx),
         }
         rx.recv().unwrap_or_else(|_| {
             Err(object_store::Error::Generic {
@@ -123,19 +158,74 @@ impl Remote {
         })
     }
 
-    fn put(&self, object: &ObjectPath, data: Bytes) -> phoenix_storage::Result<()> {
+    /// Uploads `data` as `object`: created if absent (`expected` None), else replaced if
+    /// its ETag is still `expected`. Returns the new ETag. Finding the object there, or
+    /// changed, or gone, means another writer took the store over: [`Fenced`].
+    ///
+    /// [`Fenced`]: phoenix_storage::Error::Fenced
+    fn put_if(
+        &self,
+        object: &ObjectPath,
+        data: Bytes,
+        expected: Option<String>,
+    ) -> phoenix_storage::Result<String> {
+        let mode = match expected {
+            None => PutMode::Create,
+            Some(e_tag) => PutMode::Update(UpdateVersion {
+                e_tag: Some(e_tag),
+                version: None,
+            }),
+        };
         let store = Arc::clone(&self.store);
         let at = object.clone();
-        self.wait(async move { store.put(&at, PutPayload::from(data)).await })
-            .map(|_| ())
-            .map_err(|e| self.error(IoOp::Write, object, e))
+        let done = self.wait(async move {
+            let opts = PutOptions {
+                mode,
+                ..Default::default()
+            };
+            store.put_opts(&at, PutPayload::from(data), opts).await
+        });
+        match done {
+            Ok(r) => self.need_tag(IoOp::Write, object, r.e_tag),
+            Err(
+                object_store::Error::Precondition { .. }
+                | object_store::Error::AlreadyExists { .. }
+                | object_store::Error::NotFound { .. },
+            ) => Err(phoenix_storage::Error::Fenced {
+                path: self.location(object),
+            }),
+            Err(e) => Err(self.error(IoOp::Write, object, e)),
+        }
     }
 
-    fn get(&self, object: &ObjectPath) -> phoenix_storage::Result<Bytes> {
+    /// `tag`, or an error saying the store gives no ETags (fencing needs them).
+    fn need_tag(
+        &self,
+        op: IoOp,
+        object: &ObjectPath,
+        tag: Option<String>,
+    ) -> phoenix_storage::Result<String> {
+        tag.ok_or_else(|| {
+            phoenix_storage::Error::io(
+                op,
+                self.location(object),
+                std::io::Error::other(
+                    "the object store gave no ETag; conditional writes (fencing) need one",
+                ),
+            )
+        })
+    }
+
+    /// The object's bytes and ETag.
+    fn get(&self, object: &ObjectPath) -> phoenix_storage::Result<(Bytes, Option<String>)> {
         let store = Arc::clone(&self.store);
         let at = object.clone();
-        self.wait(async move { store.get(&at).await?.bytes().await })
-            .map_err(|e| self.error(IoOp::Read, object, e))
+        self.wait(async move {
+            let r = store.get(&at).await?;
+            let e_tag = r.meta.e_tag.clone();
+            Ok((r.bytes().await?, e_tag))
+        })
+        .map_err(|e| self.error(IoOp::Read, object, e))
     }
 
     fn delete(&self, object: &ObjectPath) -> phoenix_storage::Result<()> {
@@ -207,7 +297,7 @@ impl TableStore for ObjectTableStore {
     fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<()> {
         let data = from.read_all(src)?;
         let object = self.inner.object(&crate::table::table_file_name(number));
-        self.inner.put(&object, Bytes::from(data))?;
+        self.inner.put_if(&object, Bytes::from(data), None)?;
         from.delete(src)?;
         Ok(())
     }
@@ -257,11 +347,18 @@ impl TableStore for ObjectTableStore {
 
     fn read_current_manifest(&self) -> Result<Option<(u64, PathBuf, Vec<u8>)>> {
         let current = self.inner.object("CURRENT");
-        let cur = match self.inner.get(&current) {
-            Ok(b) => b,
-            Err(e) if e.is_not_found() => return Ok(None),
+        let (cur, current_tag) = match self.inner.get(&current) {
+            Ok(got) => got,
+            Err(e) if e.is_not_found() => {
+                *self.fence.lock() = Fence {
+                    current: Some(None),
+                    opened: None,
+                };
+                return Ok(None);
+            }
             Err(e) => return Err(e.into()),
         };
+        let current_tag = self.inner.need_tag(IoOp::Read, &current, current_tag)?;
         let number = std::str::from_utf8(&cur)
             .ok()
             .and_then(|s| s.strip_suffix('\n'))
@@ -278,7 +375,12 @@ impl TableStore for ObjectTableStore {
                 )
             })?;
         let object = self.inner.object(&filename::manifest_name(number));
-        let data = self.inner.get(&object)?;
+        let (data, tag) = self.inner.get(&object)?;
+        let tag = self.inner.need_tag(IoOp::Read, &object, tag)?;
+        *self.fence.lock() = Fence {
+            current: Some(Some(current_tag)),
+            opened: Some((object.clone(), data.clone(), tag)),
+        };
         Ok(Some((number, self.inner.location(&object), data.to_vec())))
     }
 
@@ -290,10 +392,30 @@ impl TableStore for ObjectTableStore {
     }
 
     fn set_current_manifest(&self, number: u64) -> Result<()> {
+        let mut fence = self.fence.lock();
+        if let Some((object, bytes, tag)) = fence.opened.take() {
+            // The takeover: the writer before us finds its manifest changed at its next
+            // append. (One that appended since we read it makes this fail: the open
+            // fails, and nothing of ours is current.)
+            let mut payload = Vec::new();
+            VersionEdit::default().encode(&mut payload);
+            let mut fenced = bytes.to_vec();
+            fenced.extend_from_slice(&crate::version_set::encode_record(&payload));
+            self.inner.put_if(&object, Bytes::from(fenced), Some(tag))?;
+        }
         let current = format!("{}\n", filename::manifest_name(number));
-        Ok(self
-            .inner
-            .put(&self.inner.object("CURRENT"), Bytes::from(current))?)
+        let expected = fence.current.clone().flatten();
+        let tag = self.inner.put_if(
+            &self.inner.object("CURRENT"),
+            Bytes::from(current),
+            expected,
+        )?;
+        fence.current = Some(Some(tag));
+        Ok(())
+    }
+
+    fn file_number_gap(&self) -> u64 {
+        FENCE_FILE_GAP
     }
 }
 
@@ -304,8 +426,8 @@ struct ObjectWriter {
     object: ObjectPath,
     location: PathBuf,
     buf: Vec<u8>,
-    /// Bytes of `buf` the last upload held (none yet: `None`).
-    uploaded: Option<usize>,
+    /// Bytes of `buf` the last upload held and its ETag (none yet: `None`).
+    uploaded: Option<(usize, String)>,
 }
 
 impl std::fmt::Debug for ObjectWriter {
@@ -329,14 +451,22 @@ impl ObjectWriter {
         }
     }
 
+    /// Uploads the bytes so far: the first time only if no such object exists, then only
+    /// over the version this writer uploaded last (see the module docs, fencing).
     fn upload(&mut self) -> phoenix_storage::Result<()> {
-        if self.uploaded == Some(self.buf.len()) {
+        if self
+            .uploaded
+            .as_ref()
+            .is_some_and(|(len, _)| *len == self.buf.len())
+        {
             return Ok(());
         }
+        let expected = self.uploaded.as_ref().map(|(_, tag)| tag.clone());
         // (A copy: the writer goes on appending to its buffer.)
-        self.remote
-            .put(&self.object, Bytes::copy_from_slice(&self.buf))?;
-        self.uploaded = Some(self.buf.len());
+        let tag = self
+            .remote
+            .put_if(&self.object, Bytes::copy_from_slice(&self.buf), expected)?;
+        self.uploaded = Some((self.buf.len(), tag));
         Ok(())
     }
 }

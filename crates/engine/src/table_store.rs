@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use phoenix_storage::{FileSystem, ReadableFile, SharedFs, WritableFile};
+use phoenix_storage::{FileLock, FileSystem, ReadableFile, SharedFs, WritableFile};
 
 use crate::error::{Error, Result};
 use crate::filename::{self, FileKind};
@@ -76,8 +76,16 @@ pub trait TableStore: Send + Sync + std::fmt::Debug {
 
     /// Points the store at manifest `number`, durably and atomically: after a crash the
     /// pointer names the old manifest or this one. The manifest's first record must be
-    /// synced before.
+    /// synced before. A store that fences other writers takes the store over here (see
+    /// `object_table_store`).
     fn set_current_manifest(&self, number: u64) -> Result<()>;
+
+    /// File numbers an engine opening an existing store skips past the manifest's
+    /// counter: a writer it fences may still be writing tables numbered from that
+    /// counter until its next manifest write fails. 0 where two writers cannot meet.
+    fn file_number_gap(&self) -> u64 {
+        0
+    }
 }
 
 /// Tables and manifest as files in directory `dir` of `fs` (the layout of `filename.rs`).
@@ -85,15 +93,31 @@ pub trait TableStore: Send + Sync + std::fmt::Debug {
 pub struct FsTableStore {
     fs: SharedFs,
     dir: PathBuf,
+    /// The store's own lock when it is not the engine's directory ([`FsTableStore::locked`]).
+    _lock: Option<Arc<dyn FileLock>>,
 }
 
 impl FsTableStore {
-    /// A store over `dir`, which must exist.
+    /// A store over `dir`, which must exist. Nothing keeps a second engine out: for the
+    /// engine's own directory, whose lock the engine holds (`Db::open`).
     pub fn new(fs: SharedFs, dir: &Path) -> FsTableStore {
         FsTableStore {
             fs,
             dir: dir.to_path_buf(),
+            _lock: None,
         }
+    }
+
+    /// A store over `dir` (created if missing) that holds `<dir>/LOCK` while it lives, so
+    /// no second engine uses it at once: for a directory other than the engine's.
+    pub fn locked(fs: SharedFs, dir: &Path) -> Result<FsTableStore> {
+        fs.create_dir_all(dir)?;
+        let lock: Arc<dyn FileLock> = Arc::from(fs.lock(&filename::lock_path(dir))?);
+        Ok(FsTableStore {
+            fs,
+            dir: dir.to_path_buf(),
+            _lock: Some(lock),
+        })
     }
 
     fn path_of(&self, file: &StoredFile) -> PathBuf {
@@ -131,15 +155,29 @@ impl TableStore for FsTableStore {
     fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<()> {
         let dest = self.table_location(number);
         // A rename where the source is on the store's file system; a synced copy
-        // otherwise (another file system, or a rename refused across devices).
+        // otherwise (another file system, or a rename refused across devices). Any
+        // other failure of the rename is the caller's to see.
         let same_fs = std::ptr::addr_eq(from as *const dyn FileSystem, Arc::as_ptr(&self.fs));
-        if !same_fs || self.fs.rename(src, &dest).is_err() {
+        if same_fs {
+            match self.fs.rename(src, &dest) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.io_kind() == Some(std::io::ErrorKind::CrossesDevices) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let copied = (|| -> Result<()> {
             let data = from.read_all(src)?;
             let mut f = self.fs.create(&dest, Default::default())?;
             f.append(&data)?;
             f.sync_all()?;
-            from.delete(src)?;
+            Ok(())
+        })();
+        if let Err(e) = copied {
+            // Best effort; a leftover is removed at the next open as not in the manifest.
+            let _ = self.fs.delete(&dest);
+            return Err(e);
         }
+        from.delete(src)?;
         Ok(())
     }
 

@@ -191,6 +191,10 @@ impl VersionSet {
                 ));
             }
             vs.current = Arc::new(v);
+            vs.next_file_number = vs
+                .next_file_number
+                .checked_add(store.file_number_gap())
+                .ok_or_else(|| Error::corruption(&path, 0, "next_file_number overflows"))?;
             old_manifest = Some(number);
         } else if !create {
             return Err(Error::InvalidArgument(format!(

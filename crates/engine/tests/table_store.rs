@@ -148,7 +148,13 @@ fn every_table_and_the_manifest_live_in_the_store() {
         let store_dir = Path::new("/tables");
         remote_fs.create_dir_all(store_dir).unwrap();
         let inner: Box<dyn TableStore> = match kind {
-            Kind::OtherFs => Box::new(FsTableStore::new(Arc::clone(&remote_fs), store_dir)),
+            Kind::OtherFs => {
+                let store = FsTableStore::locked(Arc::clone(&remote_fs), store_dir).unwrap();
+                // A second engine cannot take the same directory meanwhile.
+                let second = FsTableStore::locked(Arc::clone(&remote_fs), store_dir);
+                assert!(second.is_err(), "{second:?}");
+                Box::new(store)
+            }
             Kind::Objects => Box::new(
                 ObjectTableStore::new(
                     Arc::new(object_store::memory::InMemory::new()),
@@ -338,4 +344,141 @@ fn open_clears_the_stores_strays_and_refuses_an_empty_store() {
         Some(b"x".to_vec())
     );
     db.close().unwrap();
+}
+
+/// Two engines on one object-store prefix (the node moved while the old one still runs):
+/// the newer takes the store over, the older stops at its next manifest write with
+/// `Fenced`, and what the store holds is exactly the newer writer's.
+#[test]
+fn a_second_writer_fences_the_first() {
+    for wal in [WalMode::Log, WalMode::None] {
+        let bucket: Arc<dyn object_store::ObjectStore> =
+            Arc::new(object_store::memory::InMemory::new());
+        let engine = |node: &str| -> (SharedTableStore, Arc<Db>) {
+            let fs: SharedFs = Arc::new(MemFs::new());
+            let store: SharedTableStore = Arc::new(
+                ObjectTableStore::new(Arc::clone(&bucket), "cluster/group-store").unwrap(),
+            );
+            let db = Db::open_with_store(
+                fs,
+                &Path::new("/").join(node),
+                Arc::clone(&store),
+                opts(wal.clone()),
+            )
+            .unwrap();
+            (store, db)
+        };
+        let wo = WriteOptions::default();
+        let mut model = BTreeMap::new();
+        let (_a_store, a) = engine("a");
+        for i in 0..200 {
+            a.put(&wo, &key(1, i), b"a").unwrap();
+            model.insert(key(1, i), b"a".to_vec());
+        }
+        a.flush().unwrap();
+
+        // B opens the same prefix: it sees A's flushed data and takes the store over.
+        let (_b_store, b) = engine("b");
+        assert_eq!(scan(&b), model, "{wal:?}");
+
+        // A's next manifest write (its flush) is refused as fenced; so is all that follows.
+        a.put(&wo, &key(2, 1), b"lost").unwrap();
+        let err = a.flush().unwrap_err();
+        assert!(err.is_fenced(), "{wal:?}: {err}");
+        let err = a.put(&wo, &key(2, 2), b"lost").unwrap_err();
+        assert!(err.is_fenced(), "{wal:?}: {err}");
+        let failure = a.failure().unwrap();
+        assert!(failure.message.contains("fenced"), "{failure:?}");
+
+        // B goes on: writes, flushes, compacts.
+        for i in 0..300 {
+            b.put(&wo, &key(3, i), b"b").unwrap();
+            model.insert(key(3, i), b"b".to_vec());
+        }
+        b.flush().unwrap();
+        b.compact_range(None, None).unwrap();
+        assert_eq!(scan(&b), model, "{wal:?}");
+        let _ = a.close();
+        b.close().unwrap();
+        drop((a, b));
+
+        // The store holds B's state: a third engine finds B's data and nothing of A's
+        // after the takeover, and every table object is one its manifest names.
+        let (c_store, c) = engine("c");
+        assert_eq!(scan(&c), model, "{wal:?}");
+        let live: usize = c.stats().levels.iter().map(|l| l.files).sum();
+        let tables = c_store
+            .list()
+            .unwrap()
+            .into_iter()
+            .filter(|f| matches!(f, StoredFile::Table(_)))
+            .count();
+        assert_eq!(tables, live, "{wal:?}: a table object no manifest names");
+        c.close().unwrap();
+    }
+}
+
+#[test]
+fn an_object_store_open_clears_strays() {
+    let bucket = Arc::new(object_store::memory::InMemory::new());
+    let store: SharedTableStore = Arc::new(ObjectTableStore::new(bucket.clone(), "p").unwrap());
+    let fs: SharedFs = Arc::new(MemFs::new());
+    let db = Db::open_with_store(
+        Arc::clone(&fs),
+        Path::new("/db"),
+        Arc::clone(&store),
+        opts(WalMode::None),
+    )
+    .unwrap();
+    db.put(&WriteOptions::default(), &key(1, 1), b"x").unwrap();
+    db.flush().unwrap();
+    db.close().unwrap();
+    drop(db);
+    let put = |name: &str| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(object_store::ObjectStore::put(
+            &*bucket,
+            &object_store::path::Path::from(name),
+            object_store::PutPayload::from_static(b"junk"),
+        ))
+        .unwrap();
+    };
+    // Strays of the store, and objects past its prefix (another store's, or deeper).
+    for name in [
+        "p/999999.sst",
+        "p/MANIFEST-999998",
+        "p/CURRENT.tmp",
+        "q/000001.sst",
+        "p/x/000001.sst",
+    ] {
+        put(name);
+    }
+    let before = store.list().unwrap();
+    assert!(before.contains(&StoredFile::Table(999_999)), "{before:?}");
+    assert!(!before.contains(&StoredFile::Table(1)), "{before:?}");
+    let db = Db::open_with_store(
+        fs,
+        Path::new("/db"),
+        Arc::clone(&store),
+        opts(WalMode::None),
+    )
+    .unwrap();
+    let after = store.list().unwrap();
+    for stray in [
+        StoredFile::Table(999_999),
+        StoredFile::Manifest(999_998),
+        StoredFile::Temp("CURRENT.tmp".into()),
+    ] {
+        assert!(!after.contains(&stray), "{stray:?} left: {after:?}");
+    }
+    assert_eq!(
+        db.get(&ReadOptions::default(), &key(1, 1)).unwrap(),
+        Some(b"x".to_vec())
+    );
+    db.close().unwrap();
+    // A table the manifest names and that is gone is "not found".
+    let err = store.delete_table(123_456).unwrap_err();
+    assert!(err.is_not_found(), "{err}");
 }

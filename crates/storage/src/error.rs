@@ -84,6 +84,13 @@ pub enum Error {
         /// What was wrong.
         reason: String,
     },
+    /// Another writer took over the store this file belongs to (a conditional write
+    /// found the object changed under it): this writer must write nothing more.
+    #[error("{path}: fenced: another writer took the store over")]
+    Fenced {
+        /// The object whose conditional write failed.
+        path: PathBuf,
+    },
 }
 
 impl Error {
@@ -107,6 +114,11 @@ impl Error {
     /// Whether this error means the file or directory does not exist.
     pub fn is_not_found(&self) -> bool {
         self.io_kind() == Some(io::ErrorKind::NotFound)
+    }
+
+    /// Whether another writer took the store over ([`Error::Fenced`]).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Error::Fenced { .. })
     }
 }
 

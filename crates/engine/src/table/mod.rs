@@ -265,6 +265,9 @@ pub(crate) fn clone_error(e: &Error) -> Error {
                 reason: reason.clone(),
             })
         }
+        Error::Storage(phoenix_storage::Error::Fenced { path }) => {
+            Error::Storage(phoenix_storage::Error::Fenced { path: path.clone() })
+        }
         Error::InvalidArgument(s) => Error::InvalidArgument(s.clone()),
         Error::Background(s) => Error::Background(s.clone()),
         Error::Closed => Error::Closed,
