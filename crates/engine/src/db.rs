@@ -98,8 +98,12 @@ impl State {
 
     /// Why writes are refused once a background failure turned the engine read-only:
     /// a fenced writer's own error, or the failure's message.
+    /// (Also once a manifest write failed in a foreground call, an ingest say, before
+    /// any background work found out.)
     fn refused(&self) -> Option<Error> {
-        let m = self.bg_error.as_ref()?;
+        let Some(m) = self.bg_error.as_ref() else {
+            return self.vset.refusal();
+        };
         Some(match &self.bg_fenced {
             Some(path) => Error::Storage(phoenix_storage::Error::Fenced { path: path.clone() }),
             None => Error::Background(m.clone()),
@@ -708,8 +712,13 @@ impl Db {
             });
         }
         st.vset.is_broken().then(|| Failure {
-            message: "a manifest write failed".into(),
-            io: true,
+            message: if st.vset.is_fenced() {
+                "fenced: another writer took the table store over".into()
+            } else {
+                "a manifest write failed".into()
+            },
+            // Reopening takes the store back from the writer that took it over.
+            io: !st.vset.is_fenced(),
         })
     }
 

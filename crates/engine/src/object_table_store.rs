@@ -46,8 +46,8 @@ use parking_lot::Mutex;
 use phoenix_storage::{FileSystem, IoOp, ReadableFile, WritableFile};
 
 use crate::error::{Error, Result};
-use crate::filename::{self, FileKind};
-use crate::table_store::{StoredFile, TableStore};
+use crate::filename;
+use crate::table_store::{parse_current, StoredFile, TableStore};
 use crate::version_edit::VersionEdit;
 
 /// File numbers an engine that takes a store over skips (see the module docs).
@@ -169,6 +169,7 @@ impl Remote {
         data: Bytes,
         expected: Option<String>,
     ) -> phoenix_storage::Result<String> {
+        let replacing = expected.is_some();
         let mode = match expected {
             None => PutMode::Create,
             Some(e_tag) => PutMode::Update(UpdateVersion {
@@ -187,13 +188,19 @@ impl Remote {
         });
         match done {
             Ok(r) => self.need_tag(IoOp::Write, object, r.e_tag),
+            // (Gone, when replacing: the newer writer removed the manifest it took over.
+            // When creating, a missing bucket is an error of its own.)
             Err(
                 object_store::Error::Precondition { .. }
-                | object_store::Error::AlreadyExists { .. }
-                | object_store::Error::NotFound { .. },
+                | object_store::Error::AlreadyExists { .. },
             ) => Err(phoenix_storage::Error::Fenced {
                 path: self.location(object),
             }),
+            Err(object_store::Error::NotFound { .. }) if replacing => {
+                Err(phoenix_storage::Error::Fenced {
+                    path: self.location(object),
+                })
+            }
             Err(e) => Err(self.error(IoOp::Write, object, e)),
         }
     }
@@ -326,23 +333,13 @@ impl TableStore for ObjectTableStore {
             else {
                 continue;
             };
-            match filename::parse(&name) {
-                Some(FileKind::Table(n)) => out.push(StoredFile::Table(n)),
-                Some(FileKind::Manifest(n)) => out.push(StoredFile::Manifest(n)),
-                Some(FileKind::Temp) => out.push(StoredFile::Temp(name)),
-                Some(FileKind::Lock | FileKind::Current) | None => {}
-            }
+            out.extend(StoredFile::from_name(&name));
         }
         Ok(out)
     }
 
     fn remove(&self, file: &StoredFile) -> Result<()> {
-        let name = match file {
-            StoredFile::Table(n) => crate::table::table_file_name(*n),
-            StoredFile::Manifest(n) => filename::manifest_name(*n),
-            StoredFile::Temp(name) => name.clone(),
-        };
-        Ok(self.inner.delete(&self.inner.object(&name))?)
+        Ok(self.inner.delete(&self.inner.object(&file.name()))?)
     }
 
     fn read_current_manifest(&self) -> Result<Option<(u64, PathBuf, Vec<u8>)>> {
@@ -359,21 +356,7 @@ impl TableStore for ObjectTableStore {
             Err(e) => return Err(e.into()),
         };
         let current_tag = self.inner.need_tag(IoOp::Read, &current, current_tag)?;
-        let number = std::str::from_utf8(&cur)
-            .ok()
-            .and_then(|s| s.strip_suffix('\n'))
-            .and_then(filename::parse)
-            .and_then(|k| match k {
-                FileKind::Manifest(n) => Some(n),
-                _ => None,
-            })
-            .ok_or_else(|| {
-                Error::corruption(
-                    self.inner.location(&current),
-                    0,
-                    "CURRENT does not name a manifest",
-                )
-            })?;
+        let number = parse_current(&cur, &self.inner.location(&current))?;
         let object = self.inner.object(&filename::manifest_name(number));
         let (data, tag) = self.inner.get(&object)?;
         let tag = self.inner.need_tag(IoOp::Read, &object, tag)?;
@@ -558,5 +541,96 @@ impl ReadableFile for ObjectReader {
 
     fn path(&self) -> &Path {
         &self.location
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn record(edit: &VersionEdit) -> Vec<u8> {
+        let mut p = Vec::new();
+        edit.encode(&mut p);
+        crate::version_set::encode_record(&p)
+    }
+
+    /// The takeover itself, call by call: B's open appends to the manifest A writes, so
+    /// A's next append (conditional on its own last upload) is refused as fenced, and so
+    /// is its pointer; B's pointer is taken conditionally too.
+    #[test]
+    fn a_takeover_fences_the_writer_before() {
+        let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let a = ObjectTableStore::new(Arc::clone(&bucket), "s").unwrap();
+        assert!(a.read_current_manifest().unwrap().is_none());
+        let mut a_manifest = a.create_manifest(1).unwrap();
+        a_manifest.append(&record(&VersionEdit::default())).unwrap();
+        a_manifest.sync_all().unwrap();
+        a.set_current_manifest(1).unwrap();
+        a_manifest.append(&record(&VersionEdit::default())).unwrap();
+        a_manifest.sync_data().unwrap();
+
+        let b = ObjectTableStore::new(Arc::clone(&bucket), "s").unwrap();
+        let (number, _, bytes) = b.read_current_manifest().unwrap().unwrap();
+        assert_eq!(number, 1);
+        assert_eq!(bytes.len() as u64, a_manifest.position());
+        let mut b_manifest = b.create_manifest(2).unwrap();
+        b_manifest.append(&record(&VersionEdit::default())).unwrap();
+        b_manifest.sync_all().unwrap();
+        b.set_current_manifest(2).unwrap();
+
+        // A still holds manifest 1 (B has not removed it): its append meets B's fence.
+        a_manifest.append(&record(&VersionEdit::default())).unwrap();
+        let err = a_manifest.sync_data().unwrap_err();
+        assert!(err.is_fenced(), "{err}");
+        // A rolling its manifest: the new one's name is free, the pointer is not.
+        let mut a_roll = a.create_manifest(3).unwrap();
+        a_roll.append(&record(&VersionEdit::default())).unwrap();
+        a_roll.sync_all().unwrap();
+        let err = a.set_current_manifest(3).unwrap_err();
+        assert!(err.is_fenced(), "{err}");
+        // A table of a number B wrote is refused too (A's own numbers never meet B's).
+        let mut t = b.create_table(7).unwrap();
+        t.append(b"b's").unwrap();
+        t.sync_all().unwrap();
+        let mut t = a.create_table(7).unwrap();
+        t.append(b"a's").unwrap();
+        let err = t.sync_all().unwrap_err();
+        assert!(err.is_fenced(), "{err}");
+        let got = b.open_table(7).unwrap();
+        let mut buf = vec![0; 3];
+        got.read_exact_at(0, &mut buf).unwrap();
+        assert_eq!(buf, b"b's");
+        // The pointer names B's manifest.
+        let c = ObjectTableStore::new(bucket, "s").unwrap();
+        assert_eq!(c.read_current_manifest().unwrap().unwrap().0, 2);
+    }
+
+    /// A replacement conditional on a version someone else changed is refused; a create
+    /// in a bucket that does not exist is an error, not a fence.
+    #[test]
+    fn only_a_lost_race_reads_as_fenced() {
+        let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let s = ObjectTableStore::new(Arc::clone(&bucket), "s").unwrap();
+        let object = s.inner.object("x");
+        let tag = s
+            .inner
+            .put_if(&object, Bytes::from_static(b"1"), None)
+            .unwrap();
+        let newer = s
+            .inner
+            .put_if(&object, Bytes::from_static(b"2"), Some(tag.clone()))
+            .unwrap();
+        assert_ne!(tag, newer);
+        let err = s
+            .inner
+            .put_if(&object, Bytes::from_static(b"3"), Some(tag))
+            .unwrap_err();
+        assert!(err.is_fenced(), "{err}");
+        let err = s
+            .inner
+            .put_if(&object, Bytes::from_static(b"4"), None)
+            .unwrap_err();
+        assert!(err.is_fenced(), "{err}");
     }
 }

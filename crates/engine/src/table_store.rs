@@ -32,6 +32,41 @@ pub enum StoredFile {
     Temp(String),
 }
 
+impl StoredFile {
+    /// The stored file a name in the store stands for (`filename.rs`); `None` for the
+    /// pointer, the lock and names the store does not own.
+    pub fn from_name(name: &str) -> Option<StoredFile> {
+        match filename::parse(name)? {
+            FileKind::Table(n) => Some(StoredFile::Table(n)),
+            FileKind::Manifest(n) => Some(StoredFile::Manifest(n)),
+            FileKind::Temp => Some(StoredFile::Temp(name.to_string())),
+            FileKind::Lock | FileKind::Current => None,
+        }
+    }
+
+    /// Its name in the store.
+    pub fn name(&self) -> String {
+        match self {
+            StoredFile::Table(n) => crate::table::table_file_name(*n),
+            StoredFile::Manifest(n) => filename::manifest_name(*n),
+            StoredFile::Temp(name) => name.clone(),
+        }
+    }
+}
+
+/// The manifest number `CURRENT` (read from `location`) names.
+pub(crate) fn parse_current(cur: &[u8], location: &Path) -> Result<u64> {
+    std::str::from_utf8(cur)
+        .ok()
+        .and_then(|s| s.strip_suffix('\n'))
+        .and_then(filename::parse)
+        .and_then(|k| match k {
+            FileKind::Manifest(n) => Some(n),
+            _ => None,
+        })
+        .ok_or_else(|| Error::corruption(location, 0, "CURRENT does not name a manifest"))
+}
+
 /// Where an engine keeps its tables and manifest. See the module docs.
 pub trait TableStore: Send + Sync + std::fmt::Debug {
     /// Where the store keeps its files (a directory, a bucket prefix), for messages.
@@ -119,14 +154,6 @@ impl FsTableStore {
             _lock: Some(lock),
         })
     }
-
-    fn path_of(&self, file: &StoredFile) -> PathBuf {
-        match file {
-            StoredFile::Table(n) => filename::table_path(&self.dir, *n),
-            StoredFile::Manifest(n) => filename::manifest_path(&self.dir, *n),
-            StoredFile::Temp(name) => self.dir.join(name),
-        }
-    }
 }
 
 impl TableStore for FsTableStore {
@@ -186,20 +213,16 @@ impl TableStore for FsTableStore {
     }
 
     fn list(&self) -> Result<Vec<StoredFile>> {
-        let mut out = Vec::new();
-        for name in self.fs.list(&self.dir)? {
-            match filename::parse(&name) {
-                Some(FileKind::Table(n)) => out.push(StoredFile::Table(n)),
-                Some(FileKind::Manifest(n)) => out.push(StoredFile::Manifest(n)),
-                Some(FileKind::Temp) => out.push(StoredFile::Temp(name)),
-                Some(FileKind::Lock | FileKind::Current) | None => {}
-            }
-        }
-        Ok(out)
+        Ok(self
+            .fs
+            .list(&self.dir)?
+            .iter()
+            .filter_map(|name| StoredFile::from_name(name))
+            .collect())
     }
 
     fn remove(&self, file: &StoredFile) -> Result<()> {
-        Ok(self.fs.delete(&self.path_of(file))?)
+        Ok(self.fs.delete(&self.dir.join(file.name()))?)
     }
 
     fn read_current_manifest(&self) -> Result<Option<(u64, PathBuf, Vec<u8>)>> {
@@ -207,18 +230,7 @@ impl TableStore for FsTableStore {
         if !self.fs.exists(&current_path)? {
             return Ok(None);
         }
-        let cur = self.fs.read_all(&current_path)?;
-        let number = std::str::from_utf8(&cur)
-            .ok()
-            .and_then(|s| s.strip_suffix('\n'))
-            .and_then(filename::parse)
-            .and_then(|k| match k {
-                FileKind::Manifest(n) => Some(n),
-                _ => None,
-            })
-            .ok_or_else(|| {
-                Error::corruption(&current_path, 0, "CURRENT does not name a manifest")
-            })?;
+        let number = parse_current(&self.fs.read_all(&current_path)?, &current_path)?;
         let path = filename::manifest_path(&self.dir, number);
         let data = self.fs.read_all(&path)?;
         Ok(Some((number, path, data)))

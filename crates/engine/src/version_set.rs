@@ -20,7 +20,7 @@
 //! anywhere before the end, or an edit that does not decode or apply, is corruption
 //! named by file and offset.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
 use phoenix_storage::WritableFile;
@@ -34,6 +34,8 @@ use crate::version_edit::VersionEdit;
 const RECORD_HEADER: usize = 8;
 /// A manifest grown past this is replaced by a fresh one holding a snapshot.
 pub const MANIFEST_ROLL_BYTES: u64 = 64 << 20;
+/// Manifest numbers an open tries past ones already taken (see `VersionSet::open`).
+const OPEN_MANIFEST_TRIES: u32 = 64;
 
 /// Frames one manifest record.
 pub fn encode_record(payload: &[u8]) -> Vec<u8> {
@@ -110,6 +112,9 @@ pub struct VersionSet {
     /// A manifest write failed: the in-memory and on-disk states may differ, so no
     /// further edits are accepted.
     broken: bool,
+    /// The object whose conditional write found another writer's, when that is why the
+    /// set is broken (the store was taken over: `Error::is_fenced`).
+    fenced: Option<PathBuf>,
     /// Manifest size that triggers a roll ([`MANIFEST_ROLL_BYTES`]; tests lower it).
     roll_bytes: u64,
 }
@@ -140,6 +145,7 @@ impl VersionSet {
             live: Vec::new(),
             pending_deletes: Vec::new(),
             broken: false,
+            fenced: None,
             roll_bytes: MANIFEST_ROLL_BYTES,
         };
         let mut old_manifest = None;
@@ -202,7 +208,23 @@ impl VersionSet {
                 store.location().display()
             )));
         }
-        vs.write_fresh_manifest()?;
+        // A store whose objects are created only if absent may hold a manifest of the
+        // number chosen: one an open that failed part way uploaded before it could name
+        // it in the pointer (it is a stray, removed at open). The next number is taken
+        // then; between writers opening at once, the pointer's conditional replacement
+        // decides.
+        let mut tries = 0;
+        let (number, file) = loop {
+            let number = vs.take_file_number();
+            match vs.upload_fresh_manifest(number) {
+                Ok(file) => break (number, file),
+                Err(e) if e.is_fenced() && tries < OPEN_MANIFEST_TRIES => tries += 1,
+                Err(e) => return Err(e),
+            }
+        };
+        store.set_current_manifest(number)?;
+        vs.manifest = Some(file);
+        vs.manifest_number = number;
         if let Some(old) = old_manifest {
             if old != vs.manifest_number {
                 // Best effort: an unreferenced manifest is removed on the next open too.
@@ -214,9 +236,25 @@ impl VersionSet {
         Ok(vs)
     }
 
+    /// Writes a fresh manifest and points the store at it.
     fn write_fresh_manifest(&mut self) -> Result<()> {
-        let number = self.next_file_number;
+        let number = self.take_file_number();
+        let file = self.upload_fresh_manifest(number)?;
+        self.store.set_current_manifest(number)?;
+        self.manifest = Some(file);
+        self.manifest_number = number;
+        Ok(())
+    }
+
+    fn take_file_number(&mut self) -> u64 {
+        let n = self.next_file_number;
         self.next_file_number += 1;
+        n
+    }
+
+    /// Writes manifest `number` holding a snapshot of the current version, synced (not
+    /// yet current).
+    fn upload_fresh_manifest(&mut self, number: u64) -> Result<Box<dyn WritableFile>> {
         let mut snap = VersionEdit {
             log_number: Some(self.log_number),
             next_file_number: Some(self.next_file_number),
@@ -233,10 +271,7 @@ impl VersionSet {
         let mut file = self.store.create_manifest(number)?;
         file.append(&encode_record(&payload))?;
         file.sync_all()?;
-        self.store.set_current_manifest(number)?;
-        self.manifest = Some(file);
-        self.manifest_number = number;
-        Ok(())
+        Ok(file)
     }
 
     /// The current version.
@@ -266,6 +301,30 @@ impl VersionSet {
         self.broken
     }
 
+    /// Why edits (and the engine's writes) are refused once a manifest write failed: the
+    /// store taken over by another writer (`Error::is_fenced`), or the failure itself.
+    pub fn refusal(&self) -> Option<Error> {
+        if !self.broken {
+            return None;
+        }
+        Some(match &self.fenced {
+            Some(path) => Error::Storage(phoenix_storage::Error::Fenced { path: path.clone() }),
+            None => Error::Background("an earlier manifest write failed".into()),
+        })
+    }
+
+    /// Whether another writer took the store over (see [`VersionSet::refusal`]).
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.is_some()
+    }
+
+    fn break_on(&mut self, e: &phoenix_storage::Error) {
+        self.broken = true;
+        if let phoenix_storage::Error::Fenced { path } = e {
+            self.fenced = Some(path.clone());
+        }
+    }
+
     /// The number of the manifest in use.
     pub fn manifest_number(&self) -> u64 {
         self.manifest_number
@@ -274,8 +333,8 @@ impl VersionSet {
     /// Makes `edit` durable in the manifest, then installs the version it produces.
     /// On a write failure nothing is installed and the set refuses further edits.
     pub fn log_and_apply(&mut self, mut edit: VersionEdit) -> Result<()> {
-        if self.broken {
-            return Err(Error::Background("an earlier manifest write failed".into()));
+        if let Some(e) = self.refusal() {
+            return Err(e);
         }
         if edit.new_files.iter().any(|(l, _)| *l >= self.num_levels) {
             return Err(Error::InvalidArgument(
@@ -300,7 +359,7 @@ impl VersionSet {
             }
         };
         if let Err(e) = written {
-            self.broken = true;
+            self.break_on(&e);
             return Err(e.into());
         }
         if let Some(s) = edit.last_sequence {
@@ -331,6 +390,9 @@ impl VersionSet {
         if let Err(e) = self.write_fresh_manifest() {
             // The old manifest is still complete and current; only the roll failed, but
             // the in-memory handle may be half-replaced: refuse further edits.
+            if let Error::Storage(s) = &e {
+                self.break_on(s);
+            }
             self.broken = true;
             return Err(e);
         }

@@ -351,7 +351,11 @@ fn open_clears_the_stores_strays_and_refuses_an_empty_store() {
 /// `Fenced`, and what the store holds is exactly the newer writer's.
 #[test]
 fn a_second_writer_fences_the_first() {
-    for wal in [WalMode::Log, WalMode::None] {
+    for (wal, foreground) in [
+        (WalMode::Log, false),
+        (WalMode::None, false),
+        (WalMode::None, true),
+    ] {
         let bucket: Arc<dyn object_store::ObjectStore> =
             Arc::new(object_store::memory::InMemory::new());
         let engine = |node: &str| -> (SharedTableStore, Arc<Db>) {
@@ -381,14 +385,25 @@ fn a_second_writer_fences_the_first() {
         let (_b_store, b) = engine("b");
         assert_eq!(scan(&b), model, "{wal:?}");
 
-        // A's next manifest write (its flush) is refused as fenced; so is all that follows.
-        a.put(&wo, &key(2, 1), b"lost").unwrap();
-        let err = a.flush().unwrap_err();
+        // A's next manifest write (its flush, or a compaction it asks for) is refused as
+        // fenced; so is all that follows.
+        if !foreground {
+            a.put(&wo, &key(2, 1), b"lost").unwrap();
+        }
+        let err = if foreground {
+            a.compact_range(None, None).unwrap_err()
+        } else {
+            a.flush().unwrap_err()
+        };
         assert!(err.is_fenced(), "{wal:?}: {err}");
         let err = a.put(&wo, &key(2, 2), b"lost").unwrap_err();
         assert!(err.is_fenced(), "{wal:?}: {err}");
         let failure = a.failure().unwrap();
         assert!(failure.message.contains("fenced"), "{failure:?}");
+        assert!(
+            !failure.io,
+            "a fenced engine is not to be reopened: {failure:?}"
+        );
 
         // B goes on: writes, flushes, compacts.
         for i in 0..300 {
@@ -414,6 +429,13 @@ fn a_second_writer_fences_the_first() {
             .filter(|f| matches!(f, StoredFile::Table(_)))
             .count();
         assert_eq!(tables, live, "{wal:?}: a table object no manifest names");
+        // B's tables are numbered past the gap (A's never are).
+        assert!(
+            c_store.list().unwrap().iter().any(
+                |f| matches!(f, StoredFile::Table(n) if *n > phoenix_engine::object_table_store::FENCE_FILE_GAP)
+            ),
+            "{wal:?}"
+        );
         c.close().unwrap();
     }
 }
@@ -481,4 +503,112 @@ fn an_object_store_open_clears_strays() {
     // A table the manifest names and that is gone is "not found".
     let err = store.delete_table(123_456).unwrap_err();
     assert!(err.is_not_found(), "{err}");
+}
+
+/// A store whose pointer cannot be replaced (the request fails), over another store.
+#[derive(Debug)]
+struct PointerFails(Box<dyn TableStore>);
+
+impl TableStore for PointerFails {
+    fn location(&self) -> PathBuf {
+        self.0.location()
+    }
+    fn table_location(&self, number: u64) -> PathBuf {
+        self.0.table_location(number)
+    }
+    fn create_table(&self, number: u64) -> Result<Box<dyn WritableFile>> {
+        self.0.create_table(number)
+    }
+    fn open_table(&self, number: u64) -> Result<Arc<dyn ReadableFile>> {
+        self.0.open_table(number)
+    }
+    fn delete_table(&self, number: u64) -> Result<()> {
+        self.0.delete_table(number)
+    }
+    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<()> {
+        self.0.import_table(from, src, number)
+    }
+    fn sync(&self) -> Result<()> {
+        self.0.sync()
+    }
+    fn list(&self) -> Result<Vec<StoredFile>> {
+        self.0.list()
+    }
+    fn remove(&self, file: &StoredFile) -> Result<()> {
+        self.0.remove(file)
+    }
+    fn read_current_manifest(&self) -> Result<Option<(u64, PathBuf, Vec<u8>)>> {
+        self.0.read_current_manifest()
+    }
+    fn create_manifest(&self, number: u64) -> Result<Box<dyn WritableFile>> {
+        self.0.create_manifest(number)
+    }
+    fn set_current_manifest(&self, _number: u64) -> Result<()> {
+        Err(phoenix_storage::Error::io(
+            phoenix_storage::IoOp::Write,
+            self.0.location().join("CURRENT"),
+            std::io::Error::other("connection reset (test)"),
+        )
+        .into())
+    }
+    fn file_number_gap(&self) -> u64 {
+        self.0.file_number_gap()
+    }
+}
+
+/// An open that uploaded its fresh manifest and then failed to name it (a crash, a
+/// network error) leaves that manifest behind under the number the next open would take
+/// again: the next open takes another number, and the leftover goes as a stray.
+#[test]
+fn an_open_that_failed_part_way_leaves_the_store_usable() {
+    let bucket: Arc<dyn object_store::ObjectStore> =
+        Arc::new(object_store::memory::InMemory::new());
+    let store = || ObjectTableStore::new(Arc::clone(&bucket), "s").unwrap();
+    let wo = WriteOptions::default();
+    let local: SharedFs = Arc::new(MemFs::new());
+    let db = Db::open_with_store(
+        Arc::clone(&local),
+        Path::new("/a"),
+        Arc::new(store()),
+        opts(WalMode::None),
+    )
+    .unwrap();
+    db.put(&wo, &key(1, 1), b"x").unwrap();
+    db.flush().unwrap();
+    db.close().unwrap();
+    drop(db);
+    for _ in 0..2 {
+        let err = Db::open_with_store(
+            Arc::clone(&local),
+            Path::new("/b"),
+            Arc::new(PointerFails(Box::new(store()))),
+            opts(WalMode::None),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("connection reset"), "{err}");
+    }
+    let manifests = |s: &ObjectTableStore| {
+        s.list()
+            .unwrap()
+            .into_iter()
+            .filter(|f| matches!(f, StoredFile::Manifest(_)))
+            .count()
+    };
+    assert_eq!(manifests(&store()), 3, "the current one and two leftovers");
+    let s = Arc::new(store());
+    let db = Db::open_with_store(
+        Arc::clone(&local),
+        Path::new("/b"),
+        s.clone(),
+        opts(WalMode::None),
+    )
+    .unwrap();
+    assert_eq!(
+        db.get(&ReadOptions::default(), &key(1, 1)).unwrap(),
+        Some(b"x".to_vec())
+    );
+    db.put(&wo, &key(1, 2), b"y").unwrap();
+    db.flush().unwrap();
+    assert_eq!(manifests(&s), 1, "the leftovers are strays");
+    db.close().unwrap();
 }
