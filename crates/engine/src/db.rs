@@ -318,10 +318,7 @@ impl Db {
     /// Opens (recovering) or creates the database in `dir`, its tables and manifest
     /// there too.
     pub fn open(fs: SharedFs, dir: &Path, opts: Options) -> Result<Arc<Db>> {
-        opts.validate()?;
-        if opts.create_if_missing {
-            fs.create_dir_all(dir)?;
-        }
+        // (The store touches nothing until the open below has made the directory.)
         let store: SharedTableStore = Arc::new(FsTableStore::new(Arc::clone(&fs), dir));
         Db::open_with_store(fs, dir, store, opts)
     }

@@ -117,6 +117,21 @@ fn group_file(
     w.finish().unwrap();
 }
 
+/// Opens an engine at `/db` of `fs` over `store`, writes key (1, 1) = "x", flushes and
+/// closes it.
+fn write_one_key(fs: &SharedFs, store: &SharedTableStore) {
+    let db = Db::open_with_store(
+        Arc::clone(fs),
+        Path::new("/db"),
+        Arc::clone(store),
+        opts(WalMode::None),
+    )
+    .unwrap();
+    db.put(&WriteOptions::default(), &key(1, 1), b"x").unwrap();
+    db.flush().unwrap();
+    db.close().unwrap();
+}
+
 fn names(fs: &MemFs, dir: &Path) -> Vec<String> {
     fs.list(dir).unwrap_or_default()
 }
@@ -316,17 +331,7 @@ fn open_clears_the_stores_strays_and_refuses_an_empty_store() {
         "{err}"
     );
 
-    let db = Db::open_with_store(
-        Arc::clone(&local),
-        Path::new("/db"),
-        Arc::clone(&store),
-        opts(WalMode::None),
-    )
-    .unwrap();
-    db.put(&WriteOptions::default(), &key(1, 1), b"x").unwrap();
-    db.flush().unwrap();
-    db.close().unwrap();
-    drop(db);
+    write_one_key(&local, &store);
     for stray in ["999999.sst", "MANIFEST-999998", "CURRENT.tmp"] {
         let mut f = remote_fs
             .create(&store_dir.join(stray), Default::default())
@@ -445,17 +450,7 @@ fn an_object_store_open_clears_strays() {
     let bucket = Arc::new(object_store::memory::InMemory::new());
     let store: SharedTableStore = Arc::new(ObjectTableStore::new(bucket.clone(), "p").unwrap());
     let fs: SharedFs = Arc::new(MemFs::new());
-    let db = Db::open_with_store(
-        Arc::clone(&fs),
-        Path::new("/db"),
-        Arc::clone(&store),
-        opts(WalMode::None),
-    )
-    .unwrap();
-    db.put(&WriteOptions::default(), &key(1, 1), b"x").unwrap();
-    db.flush().unwrap();
-    db.close().unwrap();
-    drop(db);
+    write_one_key(&fs, &store);
     let put = |name: &str| {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
