@@ -100,6 +100,11 @@ impl State {
     /// a fenced writer's own error, or the failure's message.
     /// (Also once a manifest write failed in a foreground call, an ingest say, before
     /// any background work found out.)
+    /// Whether writes and background work have stopped ([`State::refused`] says why).
+    fn stopped(&self) -> bool {
+        self.bg_error.is_some() || self.vset.is_broken()
+    }
+
     fn refused(&self) -> Option<Error> {
         let Some(m) = self.bg_error.as_ref() else {
             return self.vset.refusal();
@@ -1015,7 +1020,9 @@ impl Inner {
     fn set_bg_error(&self, what: &str, e: &Error) {
         let msg = format!("{what}: {e}");
         let mut st = self.state.lock();
-        if st.bg_error.is_none() {
+        // A manifest write that failed first (in a foreground call) is the failure
+        // `failure` reports; work refused because of it adds nothing.
+        if st.bg_error.is_none() && !st.vset.is_broken() {
             st.bg_error_io = is_io(e);
             if let Error::Storage(phoenix_storage::Error::Fenced { path }) = e {
                 st.bg_fenced = Some(path.clone());
@@ -1177,7 +1184,7 @@ impl Inner {
                     if st.closed {
                         return;
                     }
-                    if st.bg_error.is_none() {
+                    if !st.stopped() {
                         if let Some(m) = st.imm.front() {
                             break Arc::clone(m);
                         }
@@ -1247,7 +1254,7 @@ impl Inner {
                     if st.closed {
                         return;
                     }
-                    if st.bg_error.is_none()
+                    if !st.stopped()
                         && !self.opts.disable_auto_compactions
                         && compaction::pick(&st.vset.current(), &self.opts, &st.pointers, &st.busy)
                             .is_some()
@@ -1262,7 +1269,7 @@ impl Inner {
             let _c = self.compaction_lock.read();
             let c = {
                 let mut st = self.state.lock();
-                if st.closed || st.bg_error.is_some() {
+                if st.closed || st.stopped() {
                     continue;
                 }
                 let c = compaction::pick(&st.vset.current(), &self.opts, &st.pointers, &st.busy);

@@ -18,13 +18,15 @@
 //! Every upload is conditional (seed 004 §4.3): an object is created only if absent
 //! (`If-None-Match`), and a manifest or `CURRENT` is replaced only if it is still the
 //! version this writer last wrote (`If-Match` its ETag). An engine opening the store
-//! appends an empty record to the manifest it read (conditional on the version it read:
+//! appends a record to the manifest it read (conditional on the version it read:
 //! a writer that changed it meanwhile makes the open fail instead), so the older
 //! writer's next append finds the manifest changed and fails; then it writes its fresh
 //! manifest and replaces `CURRENT` conditionally (an older writer that rolled its
 //! manifest meanwhile fails the open the same way). The newer writer's file numbers
 //! start [`FENCE_FILE_GAP`] past the manifest's counter, so tables the older writer
-//! still writes before it finds out never share a name with its own.
+//! still writes before it finds out never share a name with its own. An upload whose
+//! condition fails is read back: finding its own bytes there (a request sent again after
+//! its answer was lost) it counts as done, not as fenced.
 //!
 //! The engine's calls are synchronous; each request runs on the store's own runtime and
 //! the caller waits for its answer (also from a thread of another tokio runtime, where
@@ -124,6 +126,72 @@ impl ObjectTableStore {
     }
 }
 
+impl ObjectTableStore {
+    /// A store on an S3 server, from a URL: `s3://<bucket>/<prefix>?<key>=<value>&…`.
+    ///
+    /// The keys are `object_store`'s S3 settings (`endpoint`, `region`,
+    /// `virtual_hosted_style_request`, `allow_http`, `timeout`, …); credentials come from
+    /// the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, and the rest of
+    /// `AWS_*`), so they never show in a command line. Plain HTTP is allowed when the
+    /// endpoint says `http://`. A missing region is `us-east-1` (what MinIO expects).
+    pub fn from_url(url: &str) -> Result<ObjectTableStore> {
+        let bad = |why: &str| Error::InvalidArgument(format!("table store URL {url:?}: {why}"));
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| bad("only s3://<bucket>/<prefix> is understood"))?;
+        let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (bucket, prefix) = location.split_once('/').unwrap_or((location, ""));
+        if bucket.is_empty() {
+            return Err(bad("no bucket"));
+        }
+        let mut builder = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_region("us-east-1");
+        let mut allow_http = None;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| bad(&format!("{pair:?} is not key=value")))?;
+            let value =
+                percent_decode(value).ok_or_else(|| bad(&format!("{pair:?}: bad %-escape")))?;
+            if key == "allow_http" {
+                allow_http = Some(value == "true");
+            }
+            if key == "endpoint" && allow_http.is_none() {
+                allow_http = Some(value.starts_with("http://"));
+            }
+            let config: object_store::aws::AmazonS3ConfigKey = key
+                .parse()
+                .map_err(|_| bad(&format!("unknown setting {key:?}")))?;
+            builder = builder.with_config(config, value);
+        }
+        if let Some(allow) = allow_http {
+            builder = builder.with_allow_http(allow);
+        }
+        let s3 = builder.build().map_err(|e| bad(&e.to_string()))?;
+        ObjectTableStore::new(Arc::new(s3), prefix.trim_matches('/'))
+    }
+}
+
+/// `s` with its `%XX` escapes decoded; `None` when one is malformed or the result is
+/// not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 impl Remote {
     fn object(&self, name: &str) -> ObjectPath {
         self.prefix.child(name)
@@ -179,23 +247,38 @@ impl Remote {
         };
         let store = Arc::clone(&self.store);
         let at = object.clone();
+        let payload = PutPayload::from(data.clone());
         let done = self.wait(async move {
             let opts = PutOptions {
                 mode,
                 ..Default::default()
             };
-            store.put_opts(&at, PutPayload::from(data), opts).await
+            store.put_opts(&at, payload, opts).await
         });
         match done {
             Ok(r) => self.need_tag(IoOp::Write, object, r.e_tag),
-            // (Gone, when replacing: the newer writer removed the manifest it took over.
-            // When creating, a missing bucket is an error of its own.)
+            // The condition failed. Either another writer got there first, or this
+            // upload did: a request whose answer was lost (a timeout, a 5xx) and that
+            // the client sent again finds its own bytes. Reading back tells them
+            // apart: another writer's bytes under this name differ (two writers' table
+            // and manifest numbers differ, and a takeover's record is one the writer it
+            // fences never writes). Identical bytes from another writer would be
+            // harmless anyway: the object is what this writer meant it to be.
             Err(
                 object_store::Error::Precondition { .. }
                 | object_store::Error::AlreadyExists { .. },
-            ) => Err(phoenix_storage::Error::Fenced {
-                path: self.location(object),
-            }),
+            ) => match self.get(object) {
+                Ok((there, tag)) if there == data => self.need_tag(IoOp::Write, object, tag),
+                Ok(_) => Err(phoenix_storage::Error::Fenced {
+                    path: self.location(object),
+                }),
+                Err(e) if e.is_not_found() => Err(phoenix_storage::Error::Fenced {
+                    path: self.location(object),
+                }),
+                Err(e) => Err(e),
+            },
+            // (Gone, when replacing: the newer writer removed the manifest it took over.
+            // When creating, a missing bucket is an error of its own.)
             Err(object_store::Error::NotFound { .. }) if replacing => {
                 Err(phoenix_storage::Error::Fenced {
                     path: self.location(object),
@@ -380,8 +463,16 @@ impl TableStore for ObjectTableStore {
             // The takeover: the writer before us finds its manifest changed at its next
             // append. (One that appended since we read it makes this fail: the open
             // fails, and nothing of ours is current.)
+            // The record says the numbers up to the new manifest's are taken. The older
+            // writer's numbers stay below it (they are [`FENCE_FILE_GAP`] short), so no
+            // record of its can have these bytes: a retried upload of its own that
+            // reads back (see `put_if`) never mistakes the fenced manifest for its own.
             let mut payload = Vec::new();
-            VersionEdit::default().encode(&mut payload);
+            VersionEdit {
+                next_file_number: Some(number.saturating_add(1)),
+                ..Default::default()
+            }
+            .encode(&mut payload);
             let mut fenced = bytes.to_vec();
             fenced.extend_from_slice(&crate::version_set::encode_record(&payload));
             self.inner.put_if(&object, Bytes::from(fenced), Some(tag))?;
@@ -606,8 +697,31 @@ mod tests {
         assert_eq!(c.read_current_manifest().unwrap().unwrap().0, 2);
     }
 
-    /// A replacement conditional on a version someone else changed is refused; a create
-    /// in a bucket that does not exist is an error, not a fence.
+    /// The URL names the bucket and prefix and carries settings; anything else is
+    /// refused with the reason.
+    #[test]
+    fn a_store_url_is_read_or_refused_clearly() {
+        let s = ObjectTableStore::from_url(
+            "s3://b/cluster/node-1/?endpoint=http%3A%2F%2F127.0.0.1:9000&region=eu",
+        )
+        .unwrap();
+        assert_eq!(s.inner.prefix.as_ref(), "cluster/node-1");
+        assert!(s.location().to_string_lossy().contains("cluster/node-1"));
+        for (url, says) in [
+            ("file:///x", "only s3://"),
+            ("s3:///p", "no bucket"),
+            ("s3://b/p?endpoint", "not key=value"),
+            ("s3://b/p?colour=red", "unknown setting"),
+            ("s3://b/p?region=%zz", "bad %-escape"),
+        ] {
+            let err = ObjectTableStore::from_url(url).unwrap_err().to_string();
+            assert!(err.contains(says), "{url}: {err}");
+        }
+    }
+
+    /// A replacement conditional on a version someone else changed is refused, and so is
+    /// a create of a name taken, unless what is there is the upload's own bytes (sent
+    /// again after its answer was lost).
     #[test]
     fn only_a_lost_race_reads_as_fenced() {
         let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
@@ -624,7 +738,7 @@ mod tests {
         assert_ne!(tag, newer);
         let err = s
             .inner
-            .put_if(&object, Bytes::from_static(b"3"), Some(tag))
+            .put_if(&object, Bytes::from_static(b"3"), Some(tag.clone()))
             .unwrap_err();
         assert!(err.is_fenced(), "{err}");
         let err = s
@@ -632,5 +746,16 @@ mod tests {
             .put_if(&object, Bytes::from_static(b"4"), None)
             .unwrap_err();
         assert!(err.is_fenced(), "{err}");
+        // An upload sent again after its answer was lost finds its own bytes: done.
+        let again = s
+            .inner
+            .put_if(&object, Bytes::from_static(b"2"), Some(tag))
+            .unwrap();
+        assert_eq!(again, newer);
+        let again = s
+            .inner
+            .put_if(&object, Bytes::from_static(b"2"), None)
+            .unwrap();
+        assert_eq!(again, newer);
     }
 }

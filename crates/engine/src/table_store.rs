@@ -197,6 +197,9 @@ impl TableStore for FsTableStore {
             let mut f = self.fs.create(&dest, Default::default())?;
             f.append(&data)?;
             f.sync_all()?;
+            // The copy's name is durable before the source goes: a power loss between
+            // the two would otherwise leave the table in neither place.
+            self.fs.sync_dir(&self.dir)?;
             Ok(())
         })();
         if let Err(e) = copied {

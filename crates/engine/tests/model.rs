@@ -5,11 +5,12 @@
 //! existing data and reopens.
 //!
 //! The same runs go on with the tables and manifest on an (in-memory) object store
-//! (`ObjectTableStore`), fewer of them.
+//! (`ObjectTableStore`), fewer of them, and on a MinIO server (fewer still; needs MinIO).
 //!
 //! `PHOENIX_SEED` picks the first seed (default 1), `PHOENIX_ENGINE_MODEL_RUNS` the number
 //! of runs (default 100; on the object store `PHOENIX_ENGINE_MODEL_OBJECT_RUNS`, default
-//! 20); a failure prints the line that replays it.
+//! 20; on MinIO `PHOENIX_ENGINE_MODEL_MINIO_RUNS`, default 3); a failure prints the line
+//! that replays it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -24,6 +25,8 @@ use phoenix_engine::{
 use phoenix_storage::{MemFs, SharedFs};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+mod support;
 
 type Model = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -215,11 +218,13 @@ fn check_iter(
 
 /// Where a run keeps the tables and manifest.
 #[derive(Clone, Copy, Debug)]
-enum Tables {
+enum Tables<'a> {
     /// In the database directory (`Db::open`).
     Directory,
     /// On an in-memory object store.
     Objects,
+    /// On a MinIO server, a prefix for each run.
+    Minio(&'a support::minio::Minio),
 }
 
 fn run(seed: u64, tables: Tables) {
@@ -233,6 +238,9 @@ fn run(seed: u64, tables: Tables) {
         Tables::Objects => Some(Arc::new(
             ObjectTableStore::new(Arc::new(object_store::memory::InMemory::new()), "db/model")
                 .unwrap(),
+        )),
+        Tables::Minio(m) => Some(Arc::new(
+            ObjectTableStore::from_url(&m.url(&format!("model/{seed}"))).unwrap(),
         )),
     };
     let open = |opts: &Options| match &objects {
@@ -431,7 +439,7 @@ fn runs(tables: Tables, runs_var: &str, default_runs: u64, test: &str) {
     let base = env_u64("PHOENIX_SEED", 1);
     let runs = env_u64(runs_var, default_runs);
     for seed in base..base + runs {
-        let r = std::panic::catch_unwind(|| run(seed, tables));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(seed, tables)));
         if let Err(e) = r {
             eprintln!(
                 "model run failed ({tables:?}); replay with: PHOENIX_SEED={seed} {runs_var}=1 \
@@ -459,5 +467,17 @@ fn db_matches_model_with_tables_on_an_object_store() {
         "PHOENIX_ENGINE_MODEL_OBJECT_RUNS",
         20,
         "db_matches_model_with_tables_on_an_object_store",
+    );
+}
+
+#[test]
+#[ignore = "needs minio"]
+fn db_matches_model_with_tables_on_minio() {
+    let minio = support::minio::Minio::start();
+    runs(
+        Tables::Minio(&minio),
+        "PHOENIX_ENGINE_MODEL_MINIO_RUNS",
+        3,
+        "db_matches_model_with_tables_on_minio --ignored",
     );
 }
