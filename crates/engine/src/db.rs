@@ -96,15 +96,15 @@ impl State {
         *self.published.write() = v;
     }
 
-    /// Why writes are refused once a background failure turned the engine read-only:
-    /// a fenced writer's own error, or the failure's message.
-    /// (Also once a manifest write failed in a foreground call, an ingest say, before
-    /// any background work found out.)
     /// Whether writes and background work have stopped ([`State::refused`] says why).
     fn stopped(&self) -> bool {
         self.bg_error.is_some() || self.vset.is_broken()
     }
 
+    /// Why writes are refused once a background failure turned the engine read-only:
+    /// a fenced writer's own error, or the failure's message.
+    /// (Also once a manifest write failed in a foreground call, an ingest say, before
+    /// any background work found out.)
     fn refused(&self) -> Option<Error> {
         let Some(m) = self.bg_error.as_ref() else {
             return self.vset.refusal();
@@ -713,11 +713,11 @@ impl Db {
                 io: st.bg_error_io,
             });
         }
-        st.vset.is_broken().then(|| Failure {
+        st.vset.broken_by().map(|why| Failure {
             message: if st.vset.is_fenced() {
-                "fenced: another writer took the table store over".into()
+                format!("fenced: another writer took the table store over ({why})")
             } else {
-                "a manifest write failed".into()
+                format!("a manifest write failed: {why}")
             },
             // Reopening takes the store back from the writer that took it over.
             io: !st.vset.is_fenced(),
@@ -1020,9 +1020,12 @@ impl Inner {
     fn set_bg_error(&self, what: &str, e: &Error) {
         let msg = format!("{what}: {e}");
         let mut st = self.state.lock();
-        // A manifest write that failed first (in a foreground call) is the failure
-        // `failure` reports; work refused because of it adds nothing.
-        if st.bg_error.is_none() && !st.vset.is_broken() {
+        // Once a manifest write failed (in this work or before it, in a foreground call
+        // too), that failure is the one `failure` reports (with its `io`): work refused
+        // because of it would hide it under a refusal's.
+        if st.vset.is_broken() {
+            tracing::error!(error = %msg, "engine is read-only after a manifest write failed");
+        } else if st.bg_error.is_none() {
             st.bg_error_io = is_io(e);
             if let Error::Storage(phoenix_storage::Error::Fenced { path }) = e {
                 st.bg_fenced = Some(path.clone());

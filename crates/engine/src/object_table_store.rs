@@ -76,6 +76,9 @@ struct Fence {
 struct Remote {
     store: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
+    /// Added before each request (`added_latency_ms`): a store on loopback made to
+    /// answer as one across a network does, for measurements.
+    added_latency: std::time::Duration,
     /// Taken only by `drop`.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -103,6 +106,14 @@ impl ObjectTableStore {
     /// A store of the objects under `prefix` in `store`. Starts the runtime that runs
     /// its requests (two threads).
     pub fn new(store: Arc<dyn ObjectStore>, prefix: &str) -> Result<ObjectTableStore> {
+        ObjectTableStore::with_latency(store, prefix, std::time::Duration::ZERO)
+    }
+
+    fn with_latency(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        added_latency: std::time::Duration,
+    ) -> Result<ObjectTableStore> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("phoenix-objects")
@@ -119,6 +130,7 @@ impl ObjectTableStore {
             inner: Arc::new(Remote {
                 store,
                 prefix: ObjectPath::from(prefix),
+                added_latency,
                 runtime: Some(runtime),
             }),
             fence: Mutex::new(Fence::default()),
@@ -134,6 +146,8 @@ impl ObjectTableStore {
     /// the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, and the rest of
     /// `AWS_*`), so they never show in a command line. Plain HTTP is allowed when the
     /// endpoint says `http://`. A missing region is `us-east-1` (what MinIO expects).
+    /// One key is ours: `added_latency_ms` delays every request by that much (to measure
+    /// a store on loopback as if it were across a network).
     pub fn from_url(url: &str) -> Result<ObjectTableStore> {
         let bad = |why: &str| Error::InvalidArgument(format!("table store URL {url:?}: {why}"));
         let rest = url
@@ -148,12 +162,22 @@ impl ObjectTableStore {
             .with_bucket_name(bucket)
             .with_region("us-east-1");
         let mut allow_http = None;
+        let mut added_latency = std::time::Duration::ZERO;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair
                 .split_once('=')
                 .ok_or_else(|| bad(&format!("{pair:?} is not key=value")))?;
             let value =
                 percent_decode(value).ok_or_else(|| bad(&format!("{pair:?}: bad %-escape")))?;
+            if key == "added_latency_ms" {
+                let ms: f64 = value
+                    .parse()
+                    .ok()
+                    .filter(|ms: &f64| ms.is_finite() && *ms >= 0.0 && *ms <= 60_000.0)
+                    .ok_or_else(|| bad(&format!("{pair:?}: milliseconds in 0..=60000")))?;
+                added_latency = std::time::Duration::from_secs_f64(ms / 1000.0);
+                continue;
+            }
             if key == "allow_http" {
                 allow_http = Some(value == "true");
             }
@@ -169,7 +193,22 @@ impl ObjectTableStore {
             builder = builder.with_allow_http(allow);
         }
         let s3 = builder.build().map_err(|e| bad(&e.to_string()))?;
-        ObjectTableStore::new(Arc::new(s3), prefix.trim_matches('/'))
+        ObjectTableStore::with_latency(Arc::new(s3), prefix.trim_matches('/'), added_latency)
+    }
+
+    /// Removes the database the store holds: `CURRENT` first (the store reads as empty
+    /// from then on, also if this stops part way), then every table, manifest and
+    /// temporary under the prefix. Objects it does not own are left.
+    pub fn destroy(&self) -> Result<()> {
+        match self.inner.delete(&self.inner.object("CURRENT")) {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+        for f in self.list()? {
+            self.remove(&f)?;
+        }
+        Ok(())
     }
 }
 
@@ -210,7 +249,11 @@ impl Remote {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         match &self.runtime {
             Some(rt) => {
+                let added = self.added_latency;
                 rt.spawn(async move {
+                    if !added.is_zero() {
+                        tokio::time::sleep(added).await;
+                    }
                     // The caller waits on the other end (it is gone only if it panicked).
                     let _ = tx.send(f.await);
                 });
@@ -230,12 +273,19 @@ impl Remote {
     /// its ETag is still `expected`. Returns the new ETag. Finding the object there, or
     /// changed, or gone, means another writer took the store over: [`Fenced`].
     ///
+    /// With `read_back`, a failed condition is checked by reading the object: its bytes
+    /// equal to `data` count as this upload done (see below). Only where no other
+    /// writer can mean to upload the same bytes: not for the uploads of an open (a
+    /// fresh manifest, the takeover record), which two engines opening the same store at
+    /// once derive alike from what both read, and of which only one may succeed.
+    ///
     /// [`Fenced`]: phoenix_storage::Error::Fenced
     fn put_if(
         &self,
         object: &ObjectPath,
         data: Bytes,
         expected: Option<String>,
+        read_back: bool,
     ) -> phoenix_storage::Result<String> {
         let replacing = expected.is_some();
         let mode = match expected {
@@ -258,24 +308,20 @@ impl Remote {
         match done {
             Ok(r) => self.need_tag(IoOp::Write, object, r.e_tag),
             // The condition failed. Either another writer got there first, or this
-            // upload did: a request whose answer was lost (a timeout, a 5xx) and that
-            // the client sent again finds its own bytes. Reading back tells them
-            // apart: another writer's bytes under this name differ (two writers' table
-            // and manifest numbers differ, and a takeover's record is one the writer it
-            // fences never writes). Identical bytes from another writer would be
-            // harmless anyway: the object is what this writer meant it to be.
+            // upload did: a request whose answer was lost (a 5xx after it landed) and
+            // that the client sent again finds its own bytes. Reading back tells them
+            // apart: past an open, two writers' table and manifest numbers differ, and
+            // a takeover's record is one the writer it fences never writes. A read
+            // that fails tells nothing: fenced, the safe side (reopening would take the
+            // store back from a newer writer).
             Err(
                 object_store::Error::Precondition { .. }
                 | object_store::Error::AlreadyExists { .. },
-            ) => match self.get(object) {
-                Ok((there, tag)) if there == data => self.need_tag(IoOp::Write, object, tag),
-                Ok(_) => Err(phoenix_storage::Error::Fenced {
+            ) => match read_back.then(|| self.get(object)) {
+                Some(Ok((there, tag))) if there == data => self.need_tag(IoOp::Write, object, tag),
+                _ => Err(phoenix_storage::Error::Fenced {
                     path: self.location(object),
                 }),
-                Err(e) if e.is_not_found() => Err(phoenix_storage::Error::Fenced {
-                    path: self.location(object),
-                }),
-                Err(e) => Err(e),
             },
             // (Gone, when replacing: the newer writer removed the manifest it took over.
             // When creating, a missing bucket is an error of its own.)
@@ -354,7 +400,7 @@ impl TableStore for ObjectTableStore {
 
     fn create_table(&self, number: u64) -> Result<Box<dyn WritableFile>> {
         let name = crate::table::table_file_name(number);
-        Ok(Box::new(ObjectWriter::new(&self.inner, &name)))
+        Ok(Box::new(ObjectWriter::new(&self.inner, &name, false)))
     }
 
     fn open_table(&self, number: u64) -> Result<Arc<dyn ReadableFile>> {
@@ -387,7 +433,7 @@ impl TableStore for ObjectTableStore {
     fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<()> {
         let data = from.read_all(src)?;
         let object = self.inner.object(&crate::table::table_file_name(number));
-        self.inner.put_if(&object, Bytes::from(data), None)?;
+        self.inner.put_if(&object, Bytes::from(data), None, true)?;
         from.delete(src)?;
         Ok(())
     }
@@ -454,6 +500,7 @@ impl TableStore for ObjectTableStore {
         Ok(Box::new(ObjectWriter::new(
             &self.inner,
             &filename::manifest_name(number),
+            true,
         )))
     }
 
@@ -475,14 +522,17 @@ impl TableStore for ObjectTableStore {
             .encode(&mut payload);
             let mut fenced = bytes.to_vec();
             fenced.extend_from_slice(&crate::version_set::encode_record(&payload));
-            self.inner.put_if(&object, Bytes::from(fenced), Some(tag))?;
+            self.inner
+                .put_if(&object, Bytes::from(fenced), Some(tag), false)?;
         }
         let current = format!("{}\n", filename::manifest_name(number));
         let expected = fence.current.clone().flatten();
+        // (Read back: two opens at once name different manifests, see `put_if`.)
         let tag = self.inner.put_if(
             &self.inner.object("CURRENT"),
             Bytes::from(current),
             expected,
+            true,
         )?;
         fence.current = Some(Some(tag));
         Ok(())
@@ -499,6 +549,8 @@ struct ObjectWriter {
     remote: Arc<Remote>,
     object: ObjectPath,
     location: PathBuf,
+    /// A manifest (else a table).
+    manifest: bool,
     buf: Vec<u8>,
     /// Bytes of `buf` the last upload held and its ETag (none yet: `None`).
     uploaded: Option<(usize, String)>,
@@ -514,12 +566,13 @@ impl std::fmt::Debug for ObjectWriter {
 }
 
 impl ObjectWriter {
-    fn new(remote: &Arc<Remote>, name: &str) -> ObjectWriter {
+    fn new(remote: &Arc<Remote>, name: &str, manifest: bool) -> ObjectWriter {
         let object = remote.object(name);
         ObjectWriter {
             location: remote.location(&object),
             remote: Arc::clone(remote),
             object,
+            manifest,
             buf: Vec::new(),
             uploaded: None,
         }
@@ -536,10 +589,16 @@ impl ObjectWriter {
             return Ok(());
         }
         let expected = self.uploaded.as_ref().map(|(_, tag)| tag.clone());
+        // A manifest's first upload is not read back: at an open, two engines may
+        // upload the same bytes under the same number (see `put_if`).
+        let read_back = !(self.manifest && expected.is_none());
         // (A copy: the writer goes on appending to its buffer.)
-        let tag = self
-            .remote
-            .put_if(&self.object, Bytes::copy_from_slice(&self.buf), expected)?;
+        let tag = self.remote.put_if(
+            &self.object,
+            Bytes::copy_from_slice(&self.buf),
+            expected,
+            read_back,
+        )?;
         self.uploaded = Some((self.buf.len(), tag));
         Ok(())
     }
@@ -729,32 +788,38 @@ mod tests {
         let object = s.inner.object("x");
         let tag = s
             .inner
-            .put_if(&object, Bytes::from_static(b"1"), None)
+            .put_if(&object, Bytes::from_static(b"1"), None, true)
             .unwrap();
         let newer = s
             .inner
-            .put_if(&object, Bytes::from_static(b"2"), Some(tag.clone()))
+            .put_if(&object, Bytes::from_static(b"2"), Some(tag.clone()), true)
             .unwrap();
         assert_ne!(tag, newer);
         let err = s
             .inner
-            .put_if(&object, Bytes::from_static(b"3"), Some(tag.clone()))
+            .put_if(&object, Bytes::from_static(b"3"), Some(tag.clone()), true)
             .unwrap_err();
         assert!(err.is_fenced(), "{err}");
         let err = s
             .inner
-            .put_if(&object, Bytes::from_static(b"4"), None)
+            .put_if(&object, Bytes::from_static(b"4"), None, true)
+            .unwrap_err();
+        assert!(err.is_fenced(), "{err}");
+        // Without reading back (an open's uploads), even its own bytes are a lost race.
+        let err = s
+            .inner
+            .put_if(&object, Bytes::from_static(b"2"), Some(tag.clone()), false)
             .unwrap_err();
         assert!(err.is_fenced(), "{err}");
         // An upload sent again after its answer was lost finds its own bytes: done.
         let again = s
             .inner
-            .put_if(&object, Bytes::from_static(b"2"), Some(tag))
+            .put_if(&object, Bytes::from_static(b"2"), Some(tag), true)
             .unwrap();
         assert_eq!(again, newer);
         let again = s
             .inner
-            .put_if(&object, Bytes::from_static(b"2"), None)
+            .put_if(&object, Bytes::from_static(b"2"), None, true)
             .unwrap();
         assert_eq!(again, newer);
     }

@@ -109,9 +109,9 @@ pub struct VersionSet {
     live: Vec<Weak<Version>>,
     /// Files removed from the current version, deleted once no live version holds them.
     pending_deletes: Vec<u64>,
-    /// A manifest write failed: the in-memory and on-disk states may differ, so no
-    /// further edits are accepted.
-    broken: bool,
+    /// A manifest write failed (why): the in-memory and on-disk states may differ, so
+    /// no further edits are accepted.
+    broken: Option<String>,
     /// The object whose conditional write found another writer's, when that is why the
     /// set is broken (the store was taken over: `Error::is_fenced`).
     fenced: Option<PathBuf>,
@@ -144,7 +144,7 @@ impl VersionSet {
             log_number: 0,
             live: Vec::new(),
             pending_deletes: Vec::new(),
-            broken: false,
+            broken: None,
             fenced: None,
             roll_bytes: MANIFEST_ROLL_BYTES,
         };
@@ -298,18 +298,21 @@ impl VersionSet {
 
     /// Whether a manifest write failed: the set refuses further edits.
     pub fn is_broken(&self) -> bool {
-        self.broken
+        self.broken.is_some()
+    }
+
+    /// What broke the set ([`VersionSet::is_broken`]): the failed manifest write's error.
+    pub fn broken_by(&self) -> Option<&str> {
+        self.broken.as_deref()
     }
 
     /// Why edits (and the engine's writes) are refused once a manifest write failed: the
     /// store taken over by another writer (`Error::is_fenced`), or the failure itself.
     pub fn refusal(&self) -> Option<Error> {
-        if !self.broken {
-            return None;
-        }
+        let why = self.broken.as_ref()?;
         Some(match &self.fenced {
             Some(path) => Error::Storage(phoenix_storage::Error::Fenced { path: path.clone() }),
-            None => Error::Background("an earlier manifest write failed".into()),
+            None => Error::Background(format!("an earlier manifest write failed: {why}")),
         })
     }
 
@@ -319,7 +322,7 @@ impl VersionSet {
     }
 
     fn break_on(&mut self, e: &phoenix_storage::Error) {
-        self.broken = true;
+        self.broken.get_or_insert_with(|| e.to_string());
         if let phoenix_storage::Error::Fenced { path } = e {
             self.fenced = Some(path.clone());
         }
@@ -393,7 +396,7 @@ impl VersionSet {
             if let Error::Storage(s) = &e {
                 self.break_on(s);
             }
-            self.broken = true;
+            self.broken.get_or_insert_with(|| e.to_string());
             return Err(e);
         }
         if let Err(e) = self.store.remove(&old) {

@@ -18,7 +18,7 @@ use phoenix_storage::{FileSystem, MemFs, ReadableFile, SharedFs, WritableFile};
 mod support;
 
 /// A table store over another that counts the calls made to it, and on request
-/// fails the pointer's replacement or holds table creation until released.
+/// fails the pointer's replacement or holds calls until released.
 #[derive(Debug)]
 struct Tap {
     inner: Box<dyn TableStore>,
@@ -29,10 +29,9 @@ struct Tap {
     manifests: AtomicU64,
     /// `set_current_manifest` fails as a request whose connection was reset.
     pointer_fails: AtomicBool,
-    /// While true, `create_table` waits (and `held` says one waits).
-    hold_tables: Mutex<bool>,
+    /// The calls held (they wait until released), and those waiting now.
+    gates: Mutex<Gates>,
     released: Condvar,
-    held: AtomicBool,
 }
 
 impl Tap {
@@ -45,16 +44,53 @@ impl Tap {
             imported: AtomicU64::new(0),
             manifests: AtomicU64::new(0),
             pointer_fails: AtomicBool::new(false),
-            hold_tables: Mutex::new(false),
+            gates: Mutex::new(Gates::default()),
             released: Condvar::new(),
-            held: AtomicBool::new(false),
         }
     }
 
-    fn hold_tables(&self, hold: bool) {
-        *self.hold_tables.lock().unwrap() = hold;
+    /// Makes calls `call` wait (`hold`) or lets them go.
+    fn hold(&self, call: Call, hold: bool) {
+        let mut g = self.gates.lock().unwrap();
+        if hold {
+            g.held.insert(call);
+        } else {
+            g.held.remove(&call);
+        }
         self.released.notify_all();
     }
+
+    /// Waits until a call `call` waits at its gate.
+    fn wait_held(&self, call: Call) {
+        let mut g = self.gates.lock().unwrap();
+        while !g.waiting.contains(&call) {
+            g = self.released.wait(g).unwrap();
+        }
+    }
+
+    fn gate(&self, call: Call) {
+        let mut g = self.gates.lock().unwrap();
+        while g.held.contains(&call) {
+            g.waiting.insert(call);
+            self.released.notify_all();
+            g = self.released.wait(g).unwrap();
+        }
+        g.waiting.remove(&call);
+    }
+}
+
+/// Calls of a [`Tap`] that can be held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Call {
+    CreateTable,
+    SetPointer,
+    RemoveManifest,
+}
+
+#[derive(Debug, Default)]
+struct Gates {
+    held: std::collections::HashSet<Call>,
+    waiting: std::collections::HashSet<Call>,
 }
 
 impl TableStore for Tap {
@@ -65,12 +101,7 @@ impl TableStore for Tap {
         self.inner.table_location(number)
     }
     fn create_table(&self, number: u64) -> Result<Box<dyn WritableFile>> {
-        let mut hold = self.hold_tables.lock().unwrap();
-        while *hold {
-            self.held.store(true, Ordering::SeqCst);
-            hold = self.released.wait(hold).unwrap();
-        }
-        drop(hold);
+        self.gate(Call::CreateTable);
         self.created.fetch_add(1, Ordering::Relaxed);
         self.inner.create_table(number)
     }
@@ -93,6 +124,9 @@ impl TableStore for Tap {
         self.inner.list()
     }
     fn remove(&self, file: &StoredFile) -> Result<()> {
+        if let StoredFile::Manifest(_) = file {
+            self.gate(Call::RemoveManifest);
+        }
         self.inner.remove(file)
     }
     fn read_current_manifest(&self) -> Result<Option<(u64, PathBuf, Vec<u8>)>> {
@@ -103,6 +137,7 @@ impl TableStore for Tap {
         self.inner.create_manifest(number)
     }
     fn set_current_manifest(&self, number: u64) -> Result<()> {
+        self.gate(Call::SetPointer);
         if self.pointer_fails.load(Ordering::SeqCst) {
             return Err(phoenix_storage::Error::io(
                 phoenix_storage::IoOp::Write,
@@ -576,9 +611,9 @@ fn an_object_store_open_clears_strays() {
 
 /// An open that uploaded its fresh manifest and then failed to name it (a crash, a
 /// network error) leaves that manifest behind under the number the next open would take
-/// again. The next open finds there the bytes it meant to upload (nothing changed
-/// since) and takes them as its own; had they changed, it takes another number, and the
-/// leftover goes as a stray.
+/// again: the next open takes another number (even where the leftover holds the bytes
+/// it meant to upload: an open's uploads are never taken as its own), and the leftover
+/// goes as a stray.
 #[test]
 fn an_open_that_failed_part_way_leaves_the_store_usable() {
     let bucket: Arc<dyn object_store::ObjectStore> =
@@ -618,29 +653,7 @@ fn an_open_that_failed_part_way_leaves_the_store_usable() {
             .filter(|f| matches!(f, StoredFile::Manifest(_)))
             .count()
     };
-    let leftovers: Vec<StoredFile> = store()
-        .list()
-        .unwrap()
-        .into_iter()
-        .filter(|f| matches!(f, StoredFile::Manifest(_)))
-        .collect();
-    assert_eq!(
-        leftovers.len(),
-        2,
-        "the current one and one leftover (the second open found its own bytes there): \
-         {leftovers:?}"
-    );
-    // Make the leftover differ from what the next open means to upload there.
-    let last = leftovers.iter().max_by_key(|f| f.name()).unwrap();
-    runtime().block_on(async {
-        bucket
-            .put(
-                &object_store::path::Path::from(format!("s/{}", last.name())),
-                object_store::PutPayload::from_static(b"someone else's"),
-            )
-            .await
-            .unwrap();
-    });
+    assert_eq!(manifests(&store()), 3, "the current one and two leftovers");
     let s = Arc::new(store());
     let db = Db::open_with_store(
         Arc::clone(&local),
@@ -655,8 +668,7 @@ fn an_open_that_failed_part_way_leaves_the_store_usable() {
     );
     db.put(&wo, &key(1, 2), b"y").unwrap();
     db.flush().unwrap();
-    assert_eq!(manifests(&s), 1, "the leftover is a stray");
-    assert!(!s.list().unwrap().contains(last), "{last:?}");
+    assert_eq!(manifests(&s), 1, "the leftovers are strays");
     db.close().unwrap();
 }
 
@@ -685,14 +697,12 @@ fn a_flush_after_a_failed_ingest_keeps_the_storages_failure() {
     );
     let wo = WriteOptions::default();
     db.put(&wo, &key(2, 1), b"x").unwrap();
-    tap.hold_tables(true);
+    tap.hold(Call::CreateTable, true);
     let flushing = {
         let db = Arc::clone(&db);
         std::thread::spawn(move || db.flush())
     };
-    while !tap.held.load(Ordering::SeqCst) {
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    tap.wait_held(Call::CreateTable);
     // The flush waits to create its table; the ingest's manifest write fails.
     let mut model = BTreeMap::new();
     let file = Path::new("/three.sst");
@@ -709,7 +719,7 @@ fn a_flush_after_a_failed_ingest_keeps_the_storages_failure() {
         .failure()
         .expect("a failure after the manifest write failed");
     assert!(before.io, "{before:?}");
-    tap.hold_tables(false);
+    tap.hold(Call::CreateTable, false);
     assert!(
         flushing.join().unwrap().is_err(),
         "the flush cannot record its table"
@@ -755,4 +765,59 @@ fn an_import_across_file_systems_keeps_the_table_through_a_power_loss() {
         in_store || at_source,
         "the table is in neither place after the power loss"
     );
+}
+
+/// Two engines opening one store at the same moment, in lockstep: both read the same
+/// manifest, so both mean to upload the same fresh manifest, takeover record and
+/// pointer. Only one open may succeed — two writers that each think they own the store
+/// would delete each other's tables as strays and write the same table numbers.
+#[test]
+fn of_two_opens_at_once_only_one_succeeds() {
+    let bucket: Arc<dyn object_store::ObjectStore> =
+        Arc::new(object_store::memory::InMemory::new());
+    let store = || ObjectTableStore::new(Arc::clone(&bucket), "s").unwrap();
+    let first: SharedTableStore = Arc::new(store());
+    let local: SharedFs = Arc::new(MemFs::new());
+    write_one_key(&local, &first);
+    drop(first);
+
+    let tap = |call: Call| {
+        let t = Arc::new(Tap::new(Box::new(store())));
+        t.hold(call, true);
+        t
+    };
+    let open = |node: &'static str, tap: &Arc<Tap>| {
+        let local = Arc::clone(&local);
+        let store: SharedTableStore = tap.clone();
+        std::thread::spawn(move || {
+            Db::open_with_store(local, Path::new(node), store, opts(WalMode::None))
+        })
+    };
+    // B reads the store and uploads its fresh manifest, then waits to take the pointer.
+    let b_tap = tap(Call::SetPointer);
+    let b = open("/b", &b_tap);
+    b_tap.wait_held(Call::SetPointer);
+    // A does the same from the same state, takes the store over, and waits to remove
+    // the manifest it took over.
+    let a_tap = tap(Call::RemoveManifest);
+    let a = open("/a", &a_tap);
+    a_tap.wait_held(Call::RemoveManifest);
+    // Now B goes on, then A.
+    b_tap.hold(Call::SetPointer, false);
+    let b = b.join().unwrap();
+    a_tap.hold(Call::RemoveManifest, false);
+    let a = a.join().unwrap();
+    match (&a, &b) {
+        (Ok(_), Err(e)) | (Err(e), Ok(_)) => assert!(e.is_fenced(), "{e}"),
+        (Ok(_), Ok(_)) => panic!("both opens succeeded: two writers own the store"),
+        (Err(a), Err(b)) => panic!("neither open succeeded: {a}; {b}"),
+    }
+    let db = a.or(b).unwrap();
+    assert_eq!(
+        db.get(&ReadOptions::default(), &key(1, 1)).unwrap(),
+        Some(b"x".to_vec())
+    );
+    db.put(&WriteOptions::default(), &key(1, 2), b"y").unwrap();
+    db.flush().unwrap();
+    db.close().unwrap();
 }

@@ -67,6 +67,10 @@ pub struct Config {
     pub engine_wal: bool,
     /// Engine memtable size in bytes.
     pub memtable_bytes: usize,
+    /// Where the engine keeps its tables and manifest when not in `db/`: an S3 URL
+    /// (`s3://bucket/prefix?endpoint=…`, see `ObjectTableStore::from_url`). The prefix is
+    /// this node's alone: a second node opening it takes it over and fences this one.
+    pub sst_store: Option<String>,
     /// Raft tick.
     pub tick: Duration,
     /// Election timeout in ticks (randomized up to twice this).
@@ -233,6 +237,7 @@ impl Config {
             split_keys: Vec::new(),
             engine_wal: false,
             memtable_bytes: 64 << 20,
+            sst_store: None,
             // Election 0.5–1 s, heartbeat 50 ms: a dead or paused leader is replaced
             // within about a second (pre-vote and check-quorum keep the short timeout
             // from unseating a healthy one; a stalled driver skips ticks rather than

@@ -53,11 +53,15 @@ impl Error {
     /// corrupt file, a bad configuration or a broken invariant would be found again.
     pub fn is_transient(&self) -> bool {
         match self {
-            // (The engine's own WAL, when on, fails as `Wal`.)
-            Error::Engine(e) => matches!(
-                e,
-                phoenix_engine::Error::Storage(_) | phoenix_engine::Error::Wal(_)
-            ),
+            // (The engine's own WAL, when on, fails as `Wal`.) A fenced engine's store
+            // was taken over by another node: opening it again would take it back.
+            Error::Engine(e) => {
+                !e.is_fenced()
+                    && matches!(
+                        e,
+                        phoenix_engine::Error::Storage(_) | phoenix_engine::Error::Wal(_)
+                    )
+            }
             Error::Log(e) => matches!(e, phoenix_log::Error::Storage(_)),
             Error::Io { .. } | Error::Transport(_) => true,
             Error::Config(_)
@@ -91,5 +95,9 @@ mod tests {
         assert!(!Error::Log(damaged).is_transient());
         assert!(!Error::Corruption("replica registry".into()).is_transient());
         assert!(!Error::Config("--listen".into()).is_transient());
+        let fenced = phoenix_storage::Error::Fenced {
+            path: "s3://b/p/CURRENT".into(),
+        };
+        assert!(!Error::Engine(phoenix_engine::Error::Storage(fenced)).is_transient());
     }
 }

@@ -236,7 +236,20 @@ async fn run_once(
         write_buffer_size: cfg.memtable_bytes,
         ..EngineOptions::default()
     };
-    let engine = Db::open(Arc::clone(&fs), &data.join("db"), engine_opts)?;
+    let engine = match &cfg.sst_store {
+        None => Db::open(Arc::clone(&fs), &data.join("db"), engine_opts)?,
+        // (The store's requests run on a runtime of its own; the open blocks this
+        // thread as a local open does on its disk.)
+        Some(url) => {
+            let store = phoenix_engine::ObjectTableStore::from_url(url)?;
+            Db::open_with_store(
+                Arc::clone(&fs),
+                &data.join("db"),
+                Arc::new(store),
+                engine_opts,
+            )?
+        }
+    };
     let cut = run.log_unsynced.lock().clone();
     let log = LogStore::open_cutting(
         Arc::clone(&fs),

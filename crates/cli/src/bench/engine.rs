@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use phoenix_engine::table::{Compression, TableOptions};
-use phoenix_engine::{Db, Options, ReadOptions, WalMode, WriteOptions};
+use phoenix_engine::{
+    Db, ObjectTableStore, Options, ReadOptions, SharedTableStore, TableStore, WalMode, WriteOptions,
+};
 use phoenix_storage::{LocalFs, SharedFs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -106,6 +108,12 @@ pub struct Args {
     /// Database directory.
     #[arg(long = "db", default_value = "/tmp/phoenixbench")]
     db: PathBuf,
+    /// Keep the tables and manifest on an S3 server instead of in `--db` (which keeps the
+    /// lock and the WAL): s3://bucket/prefix?endpoint=http://host:port, credentials from
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; `&added_latency_ms=1` delays every
+    /// request (a store on loopback measured as one across a network).
+    #[arg(long = "sst_store")]
+    sst_store: Option<String>,
     /// Keep the database found in `--db` for fill benchmarks instead of wiping it.
     #[arg(long = "use_existing_db", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     use_existing_db: bool,
@@ -451,8 +459,38 @@ fn engine_options(args: &Args) -> Result<Options, BenchError> {
     })
 }
 
-fn open_db(fs: &SharedFs, dir: &Path, opts: &Options) -> Result<Arc<Db>, BenchError> {
-    Ok(Db::open(Arc::clone(fs), dir, opts.clone())?)
+/// Where the database lives: its directory, and the store of its tables when not there.
+struct Target<'a> {
+    fs: SharedFs,
+    dir: &'a Path,
+    store: Option<Arc<ObjectTableStore>>,
+}
+
+impl Target<'_> {
+    fn open(&self, opts: &Options) -> Result<Arc<Db>, BenchError> {
+        Ok(match &self.store {
+            None => Db::open(Arc::clone(&self.fs), self.dir, opts.clone())?,
+            Some(store) => Db::open_with_store(
+                Arc::clone(&self.fs),
+                self.dir,
+                Arc::clone(store) as SharedTableStore,
+                opts.clone(),
+            )?,
+        })
+    }
+
+    /// Removes the database (its directory, and what the store holds of it).
+    fn wipe(&self) -> Result<(), BenchError> {
+        match std::fs::remove_dir_all(self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("wiping {}: {e}", self.dir.display()).into()),
+        }
+        if let Some(store) = &self.store {
+            store.destroy()?;
+        }
+        Ok(())
+    }
 }
 
 /// Prints db_bench's line for one benchmark and returns the same figures as JSON.
@@ -555,7 +593,14 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
     } else {
         args.reads as u64
     };
-    let fs: SharedFs = Arc::new(LocalFs::new());
+    let target = Target {
+        fs: Arc::new(LocalFs::new()),
+        dir: &args.db,
+        store: match &args.sst_store {
+            Some(url) => Some(Arc::new(ObjectTableStore::from_url(url)?)),
+            None => None,
+        },
+    };
     out.line(format_args!("PhoenixKV engine benchmark"));
     out.line(format_args!("Keys:       {} bytes each", args.key_size));
     out.line(format_args!("Values:     {} bytes each", args.value_size));
@@ -592,6 +637,9 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
         args.bloom_bits, args.cache_size, args.write_buffer_size, args.compression_type
     ));
     out.line(format_args!("DB path:    [{}]", args.db.display()));
+    if let Some(store) = &target.store {
+        out.line(format_args!("Tables in:  [{}]", store.location().display()));
+    }
     out.line(format_args!(
         "------------------------------------------------"
     ));
@@ -614,7 +662,7 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
             let d = match &db {
                 Some(d) => Arc::clone(d),
                 None => {
-                    let d = open_db(&fs, &args.db, &opts)?;
+                    let d = target.open(&opts)?;
                     db = Some(Arc::clone(&d));
                     d
                 }
@@ -629,7 +677,7 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
         }
         if *bench == Bench::Stats {
             if db.is_none() {
-                db = Some(open_db(&fs, &args.db, &opts)?);
+                db = Some(target.open(&opts)?);
             }
             if let Some(d) = &db {
                 print_stats(out, d);
@@ -640,16 +688,12 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
             if let Some(d) = db.take() {
                 d.close()?;
             }
-            match std::fs::remove_dir_all(&args.db) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("wiping {}: {e}", args.db.display()).into()),
-            }
+            target.wipe()?;
         }
         let handle = match &db {
             Some(d) => Arc::clone(d),
             None => {
-                let d = open_db(&fs, &args.db, &opts)?;
+                let d = target.open(&opts)?;
                 db = Some(Arc::clone(&d));
                 d
             }

@@ -39,6 +39,13 @@ pub struct Args {
     /// Engine memtable size in MiB.
     #[arg(long, default_value_t = 64)]
     pub memtable_mb: usize,
+    /// Keep the engine's tables and manifest on an S3 server instead of in db/:
+    /// s3://bucket/prefix?endpoint=http://host:port (the log store stays local).
+    /// Credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. The prefix is this
+    /// node's alone: another node opening it takes it over, and this one stops
+    /// (docs/engine.md, "The table store").
+    #[arg(long)]
+    pub sst_store: Option<String>,
     /// Log entries kept below the persisted applied index for lagging followers.
     #[arg(long, default_value_t = 10_000)]
     pub log_keep_entries: u64,
@@ -203,6 +210,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
             .collect(),
     };
     cfg.memtable_bytes = args.memtable_mb.max(1) << 20;
+    cfg.sst_store = args.sst_store;
     cfg.log_keep_entries = args.log_keep_entries;
     cfg.log_truncate_interval = Duration::from_millis(args.log_truncate_ms.max(10));
     cfg.value_bytes_max = args.value_max_bytes;
