@@ -9,6 +9,7 @@ pub mod compaction;
 pub mod db;
 pub mod db_iter;
 pub mod filename;
+pub mod flash_cache;
 pub mod memtable;
 pub mod merge;
 pub mod object_table_store;
@@ -28,6 +29,7 @@ pub use db::{
 };
 pub use db_iter::DbIterator;
 pub use error::{Error, Result};
+pub use flash_cache::{FlashCache, FlashCacheStats};
 pub use object_table_store::ObjectTableStore;
 pub use options::{Options, ReadOptions, WalMode, WriteOptions};
 pub use sst_writer::{sst_get, SstWriter};

@@ -49,6 +49,7 @@ use phoenix_storage::{FileSystem, IoOp, ReadableFile, WritableFile};
 
 use crate::error::{Error, Result};
 use crate::filename;
+use crate::flash_cache::{object_key, FlashCache, PAGE_BYTES};
 use crate::table_store::{parse_current, StoredFile, TableStore};
 use crate::version_edit::VersionEdit;
 
@@ -79,6 +80,8 @@ struct Remote {
     /// Added before each request (`added_latency_ms`): a store on loopback made to
     /// answer as one across a network does, for measurements.
     added_latency: std::time::Duration,
+    /// Pages of tables kept on local flash ([`ObjectTableStore::set_flash_cache`]).
+    cache: std::sync::OnceLock<Arc<FlashCache>>,
     /// Taken only by `drop`.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -131,6 +134,7 @@ impl ObjectTableStore {
                 store,
                 prefix: ObjectPath::from(prefix),
                 added_latency,
+                cache: std::sync::OnceLock::new(),
                 runtime: Some(runtime),
             }),
             fence: Mutex::new(Fence::default()),
@@ -194,6 +198,17 @@ impl ObjectTableStore {
         }
         let s3 = builder.build().map_err(|e| bad(&e.to_string()))?;
         ObjectTableStore::with_latency(Arc::new(s3), prefix.trim_matches('/'), added_latency)
+    }
+
+    /// Keeps the pages of tables read (and uploaded) in `cache` from now on, and reads
+    /// them from there (see `flash_cache`). Once: a second cache is refused.
+    pub fn set_flash_cache(&self, cache: Arc<FlashCache>) -> Result<()> {
+        self.inner.cache.set(cache).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "{}: the store has a flash cache already",
+                self.location().display()
+            ))
+        })
     }
 
     /// Removes the database the store holds: `CURRENT` first (the store reads as empty
@@ -411,11 +426,16 @@ impl TableStore for ObjectTableStore {
             .inner
             .wait(async move { store.head(&at).await })
             .map_err(|e| self.inner.error(IoOp::Open, &object, e))?;
+        let cached = match (self.inner.cache.get(), &meta.e_tag) {
+            (Some(cache), Some(tag)) => Some((Arc::clone(cache), object_key(object.as_ref(), tag))),
+            _ => None,
+        };
         Ok(Arc::new(ObjectReader {
             location: self.inner.location(&object),
             remote: Arc::clone(&self.inner),
             object,
             size: meta.size,
+            cached,
         }))
     }
 
@@ -599,6 +619,14 @@ impl ObjectWriter {
             expected,
             read_back,
         )?;
+        // A table this node wrote is read here soon (by compactions, by reads): keep it
+        // on flash as it goes up, as a local engine keeps what it writes.
+        if let (false, Some(cache)) = (self.manifest, self.remote.cache.get()) {
+            let key = object_key(self.object.as_ref(), &tag);
+            for (i, chunk) in self.buf.chunks(PAGE_BYTES as usize).enumerate() {
+                cache.insert(key, i as u64, chunk);
+            }
+        }
         self.uploaded = Some((self.buf.len(), tag));
         Ok(())
     }
@@ -638,6 +666,8 @@ struct ObjectReader {
     object: ObjectPath,
     location: PathBuf,
     size: u64,
+    /// The flash cache and this version's key in it.
+    cached: Option<(Arc<FlashCache>, u64)>,
 }
 
 impl std::fmt::Debug for ObjectReader {
@@ -646,6 +676,28 @@ impl std::fmt::Debug for ObjectReader {
             .field("object", &self.object.as_ref())
             .field("size", &self.size)
             .finish()
+    }
+}
+
+impl ObjectReader {
+    /// Bytes `from..to` of the object, by one ranged request.
+    fn fetch(&self, from: u64, to: u64) -> phoenix_storage::Result<Bytes> {
+        let store = Arc::clone(&self.remote.store);
+        let at = self.object.clone();
+        self.remote
+            .wait(async move { store.get_range(&at, from..to).await })
+            .map_err(|e| self.remote.error(IoOp::Read, &self.object, e))
+    }
+
+    fn short(&self, from: u64, to: u64, got: usize) -> phoenix_storage::Error {
+        phoenix_storage::Error::io(
+            IoOp::Read,
+            self.location.clone(),
+            std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("asked for bytes {from}..{to}, the store answered {got}"),
+            ),
+        )
     }
 }
 
@@ -674,15 +726,56 @@ impl ReadableFile for ObjectReader {
         if offset >= end {
             return Ok(0);
         }
-        let store = Arc::clone(&self.remote.store);
-        let at = self.object.clone();
-        let bytes = self
-            .remote
-            .wait(async move { store.get_range(&at, offset..end).await })
-            .map_err(|e| self.remote.error(IoOp::Read, &self.object, e))?;
-        let n = bytes.len().min(buf.len());
-        buf[..n].copy_from_slice(&bytes[..n]);
-        Ok(n)
+        let Some((cache, key)) = &self.cached else {
+            let bytes = self.fetch(offset, end)?;
+            let n = bytes.len().min(buf.len());
+            buf[..n].copy_from_slice(&bytes[..n]);
+            return Ok(n);
+        };
+        // Page by page: the part wanted from the cache, or whole pages fetched (a run
+        // of missing pages in one request) and kept.
+        let first = offset / PAGE_BYTES;
+        let last = (end - 1) / PAGE_BYTES;
+        // (Per page: its part of the request, as offsets in the page and in `buf`.)
+        let part = |p: u64| {
+            let start = p * PAGE_BYTES;
+            let from = offset.max(start);
+            let to = end.min(start + PAGE_BYTES);
+            (
+                (from - start) as usize,
+                (to - start) as usize,
+                (from - offset) as usize,
+            )
+        };
+        let mut missing: Vec<u64> = Vec::new();
+        for p in first..=last {
+            let (from, to, at) = part(p);
+            let want = to - from;
+            if cache.read(*key, p, from, &mut buf[at..at + want]) != Some(want) {
+                missing.push(p);
+            }
+        }
+        let mut i = 0;
+        while i < missing.len() {
+            let mut j = i + 1;
+            while j < missing.len() && missing[j] == missing[j - 1] + 1 {
+                j += 1;
+            }
+            let from = missing[i] * PAGE_BYTES;
+            let to = ((missing[j - 1] + 1) * PAGE_BYTES).min(self.size);
+            let bytes = self.fetch(from, to)?;
+            if bytes.len() as u64 != to - from {
+                return Err(self.short(from, to, bytes.len()));
+            }
+            for (k, page) in bytes.chunks(PAGE_BYTES as usize).enumerate() {
+                let p = missing[i] + k as u64;
+                cache.insert(*key, p, page);
+                let (pfrom, pto, at) = part(p);
+                buf[at..at + (pto - pfrom)].copy_from_slice(&page[pfrom..pto]);
+            }
+            i = j;
+        }
+        Ok((end - offset) as usize)
     }
 
     fn size(&self) -> u64 {
@@ -754,6 +847,53 @@ mod tests {
         // The pointer names B's manifest.
         let c = ObjectTableStore::new(bucket, "s").unwrap();
         assert_eq!(c.read_current_manifest().unwrap().unwrap().0, 2);
+    }
+
+    /// Reads through the flash cache return the object's bytes at any offset and length
+    /// (pages assembled across their bounds); a table uploaded through the store is on
+    /// flash at once, and one read through a fresh cache is fetched once, then served
+    /// from flash.
+    #[test]
+    fn reads_through_the_flash_cache_are_exact() {
+        let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let data: Vec<u8> = (0..(PAGE_BYTES * 5 + 1234))
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let check = |s: &ObjectTableStore| {
+            let t = s.open_table(3).unwrap();
+            let mut seed = 7u64;
+            for _ in 0..200 {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let off = (seed >> 33) % data.len() as u64;
+                let len = ((seed >> 13) % (3 * PAGE_BYTES)) as usize;
+                let mut buf = vec![0u8; len];
+                let n = t.read_at(off, &mut buf).unwrap();
+                let want = &data[off as usize..(off as usize + len).min(data.len())];
+                assert_eq!(&buf[..n], want, "{off}+{len}");
+            }
+        };
+        let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::MemFs::new());
+        let writer = ObjectTableStore::new(Arc::clone(&bucket), "s").unwrap();
+        let cache = FlashCache::open(Arc::clone(&fs), Path::new("/c1"), 64 << 20).unwrap();
+        writer.set_flash_cache(Arc::clone(&cache)).unwrap();
+        assert!(writer.set_flash_cache(Arc::clone(&cache)).is_err());
+        let mut t = writer.create_table(3).unwrap();
+        t.append(&data).unwrap();
+        t.sync_all().unwrap();
+        check(&writer);
+        let s = cache.stats();
+        assert_eq!((s.misses, s.inserts), (0, 6), "{s:?}");
+        assert!(s.hits > 0);
+
+        let reader = ObjectTableStore::new(Arc::clone(&bucket), "s").unwrap();
+        let cache = FlashCache::open(fs, Path::new("/c2"), 64 << 20).unwrap();
+        reader.set_flash_cache(Arc::clone(&cache)).unwrap();
+        check(&reader);
+        let s = cache.stats();
+        assert_eq!(s.inserts, 6, "each page fetched once: {s:?}");
+        assert!(s.hits > s.misses, "{s:?}");
     }
 
     /// The URL names the bucket and prefix and carries settings; anything else is

@@ -19,8 +19,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use phoenix_engine::{
-    Db, ObjectTableStore, Options, ReadOptions, SharedTableStore, Snapshot, SstWriter, WalMode,
-    WriteBatch, WriteOptions,
+    Db, FlashCache, ObjectTableStore, Options, ReadOptions, SharedTableStore, Snapshot, SstWriter,
+    WalMode, WriteBatch, WriteOptions,
 };
 use phoenix_storage::{MemFs, SharedFs};
 use rand::{Rng, SeedableRng};
@@ -233,16 +233,25 @@ fn run(seed: u64, tables: Tables) {
     let fs: SharedFs = mem.clone();
     let dir = Path::new("/model");
     let mut opts = options(&mut rng);
-    let objects: Option<SharedTableStore> = match tables {
+    let object_store = match tables {
         Tables::Directory => None,
-        Tables::Objects => Some(Arc::new(
+        Tables::Objects => Some(
             ObjectTableStore::new(Arc::new(object_store::memory::InMemory::new()), "db/model")
                 .unwrap(),
-        )),
-        Tables::Minio(m) => Some(Arc::new(
-            ObjectTableStore::from_url(&m.url(&format!("model/{seed}"))).unwrap(),
-        )),
+        ),
+        Tables::Minio(m) => {
+            Some(ObjectTableStore::from_url(&m.url(&format!("model/{seed}"))).unwrap())
+        }
     };
+    // Reads go through a flash cache small enough to evict (and, every other run, none
+    // at all: the store's own reads).
+    if let Some(store) = &object_store {
+        if seed.is_multiple_of(2) {
+            let cache = FlashCache::open(Arc::clone(&fs), Path::new("/flash"), 1 << 20).unwrap();
+            store.set_flash_cache(cache).unwrap();
+        }
+    }
+    let objects: Option<SharedTableStore> = object_store.map(|s| Arc::new(s) as SharedTableStore);
     let open = |opts: &Options| match &objects {
         Some(store) => {
             Db::open_with_store(Arc::clone(&fs), dir, Arc::clone(store), opts.clone()).unwrap()

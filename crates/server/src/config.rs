@@ -71,6 +71,9 @@ pub struct Config {
     /// (`s3://bucket/prefix?endpoint=…`, see `ObjectTableStore::from_url`). The prefix is
     /// this node's alone: a second node opening it takes it over and fences this one.
     pub sst_store: Option<String>,
+    /// Bytes of the local flash cache of remote table pages (`data/sst-cache/`), with
+    /// `sst_store`; 0: none.
+    pub sst_cache_bytes: u64,
     /// Raft tick.
     pub tick: Duration,
     /// Election timeout in ticks (randomized up to twice this).
@@ -238,6 +241,7 @@ impl Config {
             engine_wal: false,
             memtable_bytes: 64 << 20,
             sst_store: None,
+            sst_cache_bytes: 1 << 30,
             // Election 0.5–1 s, heartbeat 50 ms: a dead or paused leader is replaced
             // within about a second (pre-vote and check-quorum keep the short timeout
             // from unseating a healthy one; a stalled driver skips ticks rather than

@@ -242,6 +242,14 @@ async fn run_once(
         // thread as a local open does on its disk.)
         Some(url) => {
             let store = phoenix_engine::ObjectTableStore::from_url(url)?;
+            if cfg.sst_cache_bytes > 0 {
+                let cache = phoenix_engine::FlashCache::open(
+                    Arc::clone(&fs),
+                    &data.join("sst-cache"),
+                    cfg.sst_cache_bytes,
+                )?;
+                store.set_flash_cache(cache)?;
+            }
             Db::open_with_store(
                 Arc::clone(&fs),
                 &data.join("db"),

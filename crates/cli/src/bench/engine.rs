@@ -22,6 +22,9 @@
 //!   `overwrite` write uniformly random keys in 0..num, one key per write batch.
 //! - `readrandom`: point reads of random keys; "found" counts hits.
 //! - `readseq`: one iterator per thread from the first key, `reads` steps at most.
+//! - `multireadrandom`: `multi_get` of `--batch_size` keys per operation, random ones or,
+//!   with `--multiread_stride S`, S key numbers apart from a random first; "found" counts
+//!   keys.
 //! - `seekrandom`: a fresh iterator per operation seeks to a random key; "found" counts
 //!   seeks landing exactly on it. With `--prefix_size P --keys_per_prefix K` (db_bench
 //!   layout) every key starts with its prefix number in P bytes, and
@@ -40,13 +43,14 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 use phoenix_engine::table::{Compression, TableOptions};
 use phoenix_engine::{
-    Db, ObjectTableStore, Options, ReadOptions, SharedTableStore, TableStore, WalMode, WriteOptions,
+    Db, FlashCache, ObjectTableStore, Options, ReadOptions, SharedTableStore, TableStore, WalMode,
+    WriteOptions,
 };
 use phoenix_storage::{LocalFs, SharedFs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::common::progress;
+use super::common::{latency_histogram, latency_json, latency_summary, progress};
 use super::BenchError;
 use crate::output::Report;
 
@@ -54,7 +58,8 @@ use crate::output::Report;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Comma-separated benchmarks: fillseq, fillrandom, overwrite, readrandom, readseq,
-    /// seekrandom, compact (everything compacted down, as db_bench's), stats.
+    /// seekrandom, multireadrandom, compact (everything compacted down, as db_bench's),
+    /// stats.
     #[arg(
         long = "benchmarks",
         default_value = "fillseq,fillrandom,overwrite,readrandom,readseq,seekrandom"
@@ -114,6 +119,10 @@ pub struct Args {
     /// request (a store on loopback measured as one across a network).
     #[arg(long = "sst_store")]
     sst_store: Option<String>,
+    /// Bytes of local flash cache (in `--db`, flash/) under the block cache for the tables
+    /// on `--sst_store`; 0: none.
+    #[arg(long = "flash_cache_size", default_value_t = 0, requires = "sst_store")]
+    flash_cache_size: u64,
     /// Keep the database found in `--db` for fill benchmarks instead of wiping it.
     #[arg(long = "use_existing_db", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     use_existing_db: bool,
@@ -140,6 +149,13 @@ pub struct Args {
     /// seekrandom: steps forward after each seek (while the iterator is valid).
     #[arg(long = "seek_nexts", default_value_t = 0)]
     seek_nexts: u64,
+    /// multireadrandom: keys per `multi_get` call.
+    #[arg(long = "batch_size", default_value_t = 10)]
+    batch_size: usize,
+    /// multireadrandom: the keys of a call are this many key numbers apart, from a
+    /// random first (0: each key random).
+    #[arg(long = "multiread_stride", default_value_t = 0)]
+    multiread_stride: u64,
     /// seekrandom: upper bound of each iterator, in key numbers past the sought key
     /// (0: unbounded).
     #[arg(long = "max_scan_distance", default_value_t = 0)]
@@ -179,6 +195,7 @@ enum Bench {
     ReadRandom,
     ReadSeq,
     SeekRandom,
+    MultiReadRandom,
     Compact,
     Stats,
 }
@@ -192,6 +209,7 @@ impl Bench {
             "readrandom" => Bench::ReadRandom,
             "readseq" => Bench::ReadSeq,
             "seekrandom" => Bench::SeekRandom,
+            "multireadrandom" => Bench::MultiReadRandom,
             "compact" => Bench::Compact,
             "stats" => Bench::Stats,
             other => return Err(format!("unknown benchmark {other:?}").into()),
@@ -211,6 +229,19 @@ struct ThreadStats {
     found: u64,
     start: Option<Instant>,
     finish: Option<Instant>,
+    /// Each operation's latency, in nanoseconds (none before the first).
+    latency: Option<hdrhistogram::Histogram<u64>>,
+}
+
+impl ThreadStats {
+    /// Counts one operation begun at `began`.
+    fn record(&mut self, began: Instant) {
+        self.done += 1;
+        let ns = began.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.latency
+            .get_or_insert_with(latency_histogram)
+            .saturating_record(ns.max(1));
+    }
 }
 
 /// A db_bench-style value source: a 1 MiB buffer of runs that compress to about `ratio`.
@@ -312,6 +343,7 @@ fn run_thread(
     let salt: u64 = match bench {
         Bench::ReadRandom => 0x7265_6164,
         Bench::SeekRandom => 0x7365_656b,
+        Bench::MultiReadRandom => 0x6d67_6574,
         _ => 0,
     };
     let mut rng = StdRng::seed_from_u64(args.seed.wrapping_add(tid) ^ (salt << 32));
@@ -340,8 +372,9 @@ fn run_thread(
                 };
                 ctx.layout.write(&mut key, k);
                 let v = values.next(args.value_size);
+                let began = Instant::now();
                 ctx.db.put(&ctx.wo, &key, v)?;
-                st.done += 1;
+                st.record(began);
                 st.bytes += (key.len() + v.len()) as u64;
                 if st.done.is_multiple_of(TICK) {
                     bar.inc(TICK);
@@ -351,11 +384,12 @@ fn run_thread(
         Bench::ReadRandom => {
             for _ in 0..ctx.reads {
                 ctx.layout.write(&mut key, rng.gen_range(0..args.num));
+                let began = Instant::now();
                 if let Some(v) = ctx.db.get(&ro, &key)? {
                     st.found += 1;
                     st.bytes += (key.len() + v.len()) as u64;
                 }
-                st.done += 1;
+                st.record(began);
                 if st.done.is_multiple_of(TICK) {
                     bar.inc(TICK);
                 }
@@ -379,6 +413,7 @@ fn run_thread(
             for _ in 0..ctx.reads {
                 let at = rng.gen_range(0..args.num);
                 ctx.layout.write(&mut key, at);
+                let began = Instant::now();
                 let mut it = if args.max_scan_distance > 0 {
                     let end = args.num.min(at.saturating_add(args.max_scan_distance));
                     ctx.layout.write(&mut bound, end);
@@ -403,7 +438,38 @@ fn run_thread(
                     it.next();
                 }
                 it.status()?;
-                st.done += 1;
+                drop(it);
+                st.record(began);
+                if st.done.is_multiple_of(TICK) {
+                    bar.inc(TICK);
+                }
+            }
+        }
+        Bench::MultiReadRandom => {
+            // `batch_size` keys a call: random ones, or with `multiread_stride` a run
+            // of keys that far apart from a random first.
+            let batch = args.batch_size.max(1) as u64;
+            let mut keys = vec![vec![0u8; args.key_size]; batch as usize];
+            for _ in 0..ctx.reads {
+                let first = rng.gen_range(0..args.num);
+                for (i, k) in keys.iter_mut().enumerate() {
+                    let n = if args.multiread_stride > 0 {
+                        (first + i as u64 * args.multiread_stride) % args.num
+                    } else {
+                        rng.gen_range(0..args.num)
+                    };
+                    ctx.layout.write(k, n);
+                }
+                let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                let began = Instant::now();
+                let got = ctx.db.multi_get(&ro, &refs)?;
+                st.record(began);
+                for (k, v) in refs.iter().zip(&got) {
+                    if let Some(v) = v {
+                        st.found += 1;
+                        st.bytes += (k.len() + v.len()) as u64;
+                    }
+                }
                 if st.done.is_multiple_of(TICK) {
                     bar.inc(TICK);
                 }
@@ -464,10 +530,24 @@ struct Target<'a> {
     fs: SharedFs,
     dir: &'a Path,
     store: Option<Arc<ObjectTableStore>>,
+    flash_cache_size: u64,
+    /// The store's flash cache, once opened (in the directory, after a wipe).
+    flash: std::sync::OnceLock<Arc<FlashCache>>,
 }
 
 impl Target<'_> {
     fn open(&self, opts: &Options) -> Result<Arc<Db>, BenchError> {
+        if let (Some(store), true) = (&self.store, self.flash_cache_size > 0) {
+            if self.flash.get().is_none() {
+                let cache = FlashCache::open(
+                    Arc::clone(&self.fs),
+                    &self.dir.join("flash"),
+                    self.flash_cache_size,
+                )?;
+                store.set_flash_cache(Arc::clone(&cache))?;
+                let _ = self.flash.set(cache);
+            }
+        }
         Ok(match &self.store {
             None => Db::open(Arc::clone(&self.fs), self.dir, opts.clone())?,
             Some(store) => Db::open_with_store(
@@ -479,13 +559,33 @@ impl Target<'_> {
         })
     }
 
-    /// Removes the database (its directory, and what the store holds of it).
+    /// Removes the database (its directory, and what the store holds of it). The flash
+    /// cache stays: it is open, and its pages of removed tables are never read again
+    /// (a page is named by its object's ETag); they age out.
     fn wipe(&self) -> Result<(), BenchError> {
-        match std::fs::remove_dir_all(self.dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("wiping {}: {e}", self.dir.display()).into()),
+        let wipe_err = |e: std::io::Error| format!("wiping {}: {e}", self.dir.display());
+        let entries = match std::fs::read_dir(self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return self.destroy_store(),
+            Err(e) => return Err(wipe_err(e).into()),
+        };
+        for entry in entries {
+            let entry = entry.map_err(wipe_err)?;
+            if self.store.is_some() && entry.file_name() == "flash" {
+                continue;
+            }
+            let path = entry.path();
+            let removed = if entry.file_type().map_err(wipe_err)?.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            removed.map_err(wipe_err)?;
         }
+        self.destroy_store()
+    }
+
+    fn destroy_store(&self) -> Result<(), BenchError> {
         if let Some(store) = &self.store {
             store.destroy()?;
         }
@@ -522,12 +622,25 @@ fn report(out: Report, name: &str, stats: &[ThreadStats]) -> serde_json::Value {
     };
     let extra = match name {
         "readrandom" | "seekrandom" => format!(" ({found} of {done} found)"),
+        "multireadrandom" => format!(" ({found} keys found)"),
         _ => String::new(),
     };
+    let mut latency = latency_histogram();
+    for h in stats.iter().filter_map(|s| s.latency.as_ref()) {
+        // (Same bounds: adding cannot fail.)
+        let _ = latency.add(h);
+    }
     let ops_per_sec = (done as f64 / elapsed) as u64;
     out.line(format_args!(
         "{name:<12} : {micros:11.3} micros/op {ops_per_sec} ops/sec {elapsed:.3} seconds {done} operations;{rate}{extra}"
     ));
+    if !latency.is_empty() {
+        out.line(format_args!(
+            "{:<12}   latency {}",
+            "",
+            latency_summary(&latency)
+        ));
+    }
     let mut v = serde_json::json!({
         "name": name,
         "micros_per_op": micros,
@@ -538,7 +651,10 @@ fn report(out: Report, name: &str, stats: &[ThreadStats]) -> serde_json::Value {
     if bytes > 0 {
         v["mb_per_sec"] = (bytes as f64 / 1048576.0 / elapsed).into();
     }
-    if matches!(name, "readrandom" | "seekrandom") {
+    if !latency.is_empty() {
+        v["latency"] = latency_json(&latency);
+    }
+    if matches!(name, "readrandom" | "seekrandom" | "multireadrandom") {
         v["found"] = found.into();
     }
     v
@@ -600,6 +716,8 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
             Some(url) => Some(Arc::new(ObjectTableStore::from_url(url)?)),
             None => None,
         },
+        flash_cache_size: args.flash_cache_size,
+        flash: std::sync::OnceLock::new(),
     };
     out.line(format_args!("PhoenixKV engine benchmark"));
     out.line(format_args!("Keys:       {} bytes each", args.key_size));
@@ -681,6 +799,17 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
             }
             if let Some(d) = &db {
                 print_stats(out, d);
+            }
+            if let Some(f) = target.flash.get() {
+                let s = f.stats();
+                out.line(format_args!(
+                    "  flash cache: {:.1} MiB held, {} hits, {} misses, {} pages written, {} corrupt",
+                    s.bytes as f64 / 1048576.0,
+                    s.hits,
+                    s.misses,
+                    s.inserts,
+                    s.corrupt
+                ));
             }
             continue;
         }

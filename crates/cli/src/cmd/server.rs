@@ -46,6 +46,10 @@ pub struct Args {
     /// (docs/engine.md, "The table store").
     #[arg(long)]
     pub sst_store: Option<String>,
+    /// MiB of local flash (in the data directory, sst-cache/) that keep pages of the
+    /// tables on --sst-store, read or written; 0: none.
+    #[arg(long, default_value_t = 1024, requires = "sst_store")]
+    pub sst_cache_mb: u64,
     /// Log entries kept below the persisted applied index for lagging followers.
     #[arg(long, default_value_t = 10_000)]
     pub log_keep_entries: u64,
@@ -211,6 +215,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     };
     cfg.memtable_bytes = args.memtable_mb.max(1) << 20;
     cfg.sst_store = args.sst_store;
+    cfg.sst_cache_bytes = args.sst_cache_mb.saturating_mul(1 << 20);
     cfg.log_keep_entries = args.log_keep_entries;
     cfg.log_truncate_interval = Duration::from_millis(args.log_truncate_ms.max(10));
     cfg.value_bytes_max = args.value_max_bytes;
