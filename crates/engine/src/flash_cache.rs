@@ -24,12 +24,16 @@
 //! indexed; a scan stops at the first header that does not check (a torn tail after a
 //! crash, said in the log). A page's data is checked against its checksum at each
 //! read; one that does not match is dropped, counted and logged, and the caller reads
-//! the object store instead. A segment of another format version is removed.
+//! the object store instead. A segment of another format version (its first header does
+//! not check) holds nothing the cache serves, and ages out as the oldest. A segment that
+//! cannot be read at all is removed. The directory is locked while the cache is open.
+//! After a write fails (a full disk), nothing is written for ten seconds.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use phoenix_storage::{ReadableFile, SharedFs, WritableFile};
@@ -85,11 +89,18 @@ struct Inner {
     writer: Option<Box<dyn WritableFile>>,
     bytes: u64,
     next_seq: u64,
+    /// When a write last failed: none is tried for [`WRITE_RETRY_AFTER`] (a full or
+    /// failing disk must not cost a new segment per page).
+    write_failed: Option<Instant>,
 }
+
+/// How long the cache writes nothing after a write failed.
+const WRITE_RETRY_AFTER: Duration = Duration::from_secs(10);
 
 /// A bounded cache of object pages on a local file system (see the module docs).
 pub struct FlashCache {
     fs: SharedFs,
+    _lock: Box<dyn phoenix_storage::FileLock>,
     dir: PathBuf,
     capacity: u64,
     segment_bytes: u64,
@@ -167,18 +178,86 @@ fn decode_header(h: &[u8]) -> Option<(u64, u64, u32, u32)> {
     Some((long(4..12)?, long(12..20)?, word(20..24)?, word(24..28)?))
 }
 
+/// Indexes the pages of segment `seq` at `path` into `index`, reading only their
+/// headers and checksums; the scan stops at the first that does not check.
+fn scan(
+    fs: &SharedFs,
+    path: &Path,
+    seq: u64,
+    index: &mut HashMap<(u64, u64), Loc>,
+) -> Result<Segment> {
+    let reader = fs.open(path)?;
+    let size = reader.size();
+    let mut seg = Segment {
+        seq,
+        reader: Arc::clone(&reader),
+        // (A torn tail still takes its room; no page is appended after it.)
+        bytes: size,
+        keys: Vec::new(),
+    };
+    let mut pos = 0u64;
+    let mut header = [0u8; HEADER_BYTES];
+    while pos < size {
+        let torn = |what: &str| {
+            tracing::warn!(file = %path.display(), offset = pos, "flash cache segment {what}: the pages before are kept");
+        };
+        if pos + HEADER_BYTES as u64 > size {
+            torn("ends in a partial header (a torn tail)");
+            break;
+        }
+        reader.read_exact_at(pos, &mut header)?;
+        let Some((object, page, len, crc)) = decode_header(&header) else {
+            torn("ends in bytes that do not check (a torn tail)");
+            break;
+        };
+        let table_at = pos + HEADER_BYTES as u64;
+        let data_at = table_at + crcs_len(len) as u64;
+        let end = data_at + u64::from(len);
+        if len as u64 > PAGE_BYTES || end > size {
+            torn("is cut short");
+            break;
+        }
+        let mut table = vec![0u8; crcs_len(len)];
+        reader.read_exact_at(table_at, &mut table)?;
+        if crc32c::crc32c(&table) != crc {
+            torn("has damaged page checksums");
+            break;
+        }
+        let crcs: Arc<[u32]> = table
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let key = (object, page);
+        index.insert(
+            key,
+            Loc {
+                segment: seq,
+                pos: data_at,
+                len,
+                crcs,
+            },
+        );
+        seg.keys.push(key);
+        pos = end;
+    }
+    Ok(seg)
+}
+
 impl FlashCache {
     /// Opens the cache in `dir` (created if missing) holding at most `capacity` bytes,
     /// with the pages an earlier run left there.
     pub fn open(fs: SharedFs, dir: &Path, capacity: u64) -> Result<Arc<FlashCache>> {
         fs.create_dir_all(dir)?;
+        // One process at a time: another would number its segments as this one does.
+        let lock = fs.lock(&dir.join("LOCK"))?;
         // Eight segments or more: evicting one drops an eighth of the cache at most.
         let segment_bytes = (capacity / 8).clamp(PAGE_BYTES * 4, 256 << 20);
         let mut seqs: Vec<u64> = Vec::new();
         for name in fs.list(dir)? {
             match name.strip_suffix(SUFFIX).and_then(|s| s.parse().ok()) {
-                Some(seq) => seqs.push(seq),
-                None => {
+                Some(seq) if segment_path(dir, seq) == dir.join(&name) => seqs.push(seq),
+                _ if name == "LOCK" => {}
+                _ => {
                     tracing::warn!(file = %dir.join(&name).display(), "not a flash cache file; left alone")
                 }
             }
@@ -190,62 +269,25 @@ impl FlashCache {
             writer: None,
             bytes: 0,
             next_seq: seqs.last().map_or(1, |s| s + 1),
+            write_failed: None,
         };
         for seq in seqs {
             let path = segment_path(dir, seq);
-            let reader = fs.open(&path)?;
-            let data = fs.read_all(&path)?;
-            let mut seg = Segment {
-                seq,
-                reader,
-                bytes: 0,
-                keys: Vec::new(),
-            };
-            let mut pos = 0usize;
-            while pos < data.len() {
-                let Some((object, page, len, crc)) = decode_header(&data[pos..]) else {
-                    tracing::warn!(
-                        file = %path.display(),
-                        offset = pos,
-                        "flash cache segment ends in bytes that do not check (a torn tail): \
-                         the pages before are kept"
-                    );
-                    break;
-                };
-                let table_at = pos + HEADER_BYTES;
-                let data_at = table_at + crcs_len(len);
-                let end = data_at + len as usize;
-                if end > data.len() {
-                    tracing::warn!(file = %path.display(), offset = pos, "flash cache segment cut short: the pages before are kept");
-                    break;
+            match scan(&fs, &path, seq, &mut inner.index) {
+                Ok(seg) => {
+                    inner.bytes += seg.bytes;
+                    inner.segments.push_back(seg);
                 }
-                let table = &data[table_at..data_at];
-                if crc32c::crc32c(table) != crc {
-                    tracing::warn!(file = %path.display(), offset = pos, "flash cache page checksums damaged: the pages before are kept");
-                    break;
+                // A cache: what cannot be read is dropped, not a reason to stop.
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "flash cache segment unreadable; removed");
+                    let _ = fs.delete(&path);
                 }
-                let crcs: Arc<[u32]> = table
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
-                let key = (object, page);
-                let loc = Loc {
-                    segment: seq,
-                    pos: data_at as u64,
-                    len,
-                    crcs,
-                };
-                inner.index.insert(key, loc);
-                seg.keys.push(key);
-                pos = end;
             }
-            // (A torn tail still takes its room; no page is appended after it.)
-            seg.bytes = data.len() as u64;
-            inner.bytes += seg.bytes;
-            inner.segments.push_back(seg);
         }
         let cache = FlashCache {
             fs,
+            _lock: lock,
             dir: dir.to_path_buf(),
             capacity,
             segment_bytes,
@@ -255,7 +297,7 @@ impl FlashCache {
             inserts: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
         };
-        cache.evict(&mut cache.inner.lock())?;
+        cache.evict(&mut cache.inner.lock());
         Ok(Arc::new(cache))
     }
 
@@ -345,7 +387,11 @@ impl FlashCache {
             return Ok(());
         }
         let mut inner = self.inner.lock();
-        if inner.index.contains_key(&(object, page)) {
+        if inner.index.contains_key(&(object, page))
+            || inner
+                .write_failed
+                .is_some_and(|t| t.elapsed() < WRITE_RETRY_AFTER)
+        {
             return Ok(());
         }
         let full = inner
@@ -356,8 +402,18 @@ impl FlashCache {
             let seq = inner.next_seq;
             inner.next_seq += 1;
             let path = segment_path(&self.dir, seq);
-            let writer = self.fs.create(&path, Default::default())?;
-            let reader = self.fs.open(&path)?;
+            let opened = self
+                .fs
+                .create(&path, Default::default())
+                .and_then(|w| Ok((w, self.fs.open(&path)?)));
+            let (writer, reader) = match opened {
+                Ok(o) => o,
+                Err(e) => {
+                    inner.write_failed = Some(Instant::now());
+                    let _ = self.fs.delete(&path);
+                    return Err(e.into());
+                }
+            };
             inner.writer = Some(writer);
             inner.segments.push_back(Segment {
                 seq,
@@ -375,8 +431,12 @@ impl FlashCache {
         let start = seg.bytes;
         let written = w.append(&header).and_then(|_| w.append(data));
         if let Err(e) = written {
-            // The segment's tail is unknown now: take no more pages into it.
+            // The segment's tail is unknown now: no more pages go into it, and it counts
+            // as holding what was tried (eviction removes it in its turn).
+            seg.bytes += need;
+            inner.bytes += need;
             inner.writer = None;
+            inner.write_failed = Some(Instant::now());
             return Err(e.into());
         }
         seg.bytes += need;
@@ -390,12 +450,13 @@ impl FlashCache {
         inner.index.insert((object, page), loc);
         inner.bytes += need;
         self.inserts.fetch_add(1, Ordering::Relaxed);
-        self.evict(&mut inner)
+        self.evict(&mut inner);
+        Ok(())
     }
 
     /// Removes the oldest segments until the bytes held fit the capacity (the one taking
     /// appends last of all).
-    fn evict(&self, inner: &mut Inner) -> Result<()> {
+    fn evict(&self, inner: &mut Inner) {
         while inner.bytes > self.capacity && !inner.segments.is_empty() {
             let Some(seg) = inner.segments.pop_front() else {
                 break;
@@ -409,9 +470,13 @@ impl FlashCache {
                 }
             }
             inner.bytes = inner.bytes.saturating_sub(seg.bytes);
-            self.fs.delete(&segment_path(&self.dir, seg.seq))?;
+            let path = segment_path(&self.dir, seg.seq);
+            if let Err(e) = self.fs.delete(&path) {
+                // (Its pages are out of the index: only the room stays taken until the
+                // next open finds the file again.)
+                tracing::warn!(file = %path.display(), error = %e, "could not remove an evicted flash cache segment");
+            }
         }
-        Ok(())
     }
 
     /// The counters since the cache opened, and the bytes it holds.
@@ -474,7 +539,46 @@ mod tests {
         assert_eq!(c.get(5, 63), Some(page(63, len)), "the newest stays");
         let held = (0..64).filter(|&i| c.get(5, i).is_some()).count();
         assert!((12..=16).contains(&held), "{held}");
-        assert!(fs.list(dir).unwrap().len() <= 4);
+        let segments = fs
+            .list(dir)
+            .unwrap()
+            .iter()
+            .filter(|n| n.ends_with(SUFFIX))
+            .count();
+        assert!(segments <= 4, "{segments}");
+    }
+
+    /// A disk that refuses writes (full) costs the cache nothing more than the pages it
+    /// cannot keep: no segment per page, no error to the reader; and a file in the
+    /// directory that is not a segment of the cache does not stop it from opening.
+    #[test]
+    fn a_failing_disk_costs_no_segment_per_page() {
+        let m = MemFs::new();
+        let fs: SharedFs = Arc::new(m.clone());
+        let dir = Path::new("/cache");
+        fs.create_dir_all(dir).unwrap();
+        fs.create(&dir.join("1.fcache"), Default::default())
+            .unwrap();
+        let c = FlashCache::open(Arc::clone(&fs), dir, 16 << 20).unwrap();
+        m.inject(
+            phoenix_storage::FaultKind::Write,
+            1,
+            std::io::ErrorKind::StorageFull,
+            true,
+        );
+        for i in 0..100 {
+            c.insert(9, i, &page(i, 1000));
+        }
+        m.clear_faults();
+        let segments = fs
+            .list(dir)
+            .unwrap()
+            .iter()
+            .filter(|n| n.len() == 19)
+            .count();
+        assert!(segments <= 1, "{:?}", fs.list(dir).unwrap());
+        assert_eq!(c.get(9, 0), None);
+        assert_eq!(c.stats().inserts, 0);
     }
 
     /// A page whose bytes were damaged on flash is not served: dropped, counted, and

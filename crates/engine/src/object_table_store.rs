@@ -435,6 +435,7 @@ impl TableStore for ObjectTableStore {
             remote: Arc::clone(&self.inner),
             object,
             size: meta.size,
+            e_tag: meta.e_tag,
             cached,
         }))
     }
@@ -666,6 +667,9 @@ struct ObjectReader {
     object: ObjectPath,
     location: PathBuf,
     size: u64,
+    /// The version opened: reads ask for it (`If-Match`), so bytes of another version
+    /// are never read, nor kept on flash under this one's name.
+    e_tag: Option<String>,
     /// The flash cache and this version's key in it.
     cached: Option<(Arc<FlashCache>, u64)>,
 }
@@ -684,8 +688,13 @@ impl ObjectReader {
     fn fetch(&self, from: u64, to: u64) -> phoenix_storage::Result<Bytes> {
         let store = Arc::clone(&self.remote.store);
         let at = self.object.clone();
+        let opts = object_store::GetOptions {
+            if_match: self.e_tag.clone(),
+            range: Some((from..to).into()),
+            ..Default::default()
+        };
         self.remote
-            .wait(async move { store.get_range(&at, from..to).await })
+            .wait(async move { store.get_opts(&at, opts).await?.bytes().await })
             .map_err(|e| self.remote.error(IoOp::Read, &self.object, e))
     }
 

@@ -454,7 +454,8 @@ fn run_thread(
                 let first = rng.gen_range(0..args.num);
                 for (i, k) in keys.iter_mut().enumerate() {
                     let n = if args.multiread_stride > 0 {
-                        (first + i as u64 * args.multiread_stride) % args.num
+                        first.wrapping_add((i as u64).wrapping_mul(args.multiread_stride))
+                            % args.num
                     } else {
                         rng.gen_range(0..args.num)
                     };
@@ -560,8 +561,9 @@ impl Target<'_> {
     }
 
     /// Removes the database (its directory, and what the store holds of it). The flash
-    /// cache stays: it is open, and its pages of removed tables are never read again
-    /// (a page is named by its object's ETag); they age out.
+    /// cache stays (it is open): its pages of removed tables age out. A table made
+    /// again with the same bytes has the same ETag (an MD5) and finds its pages there:
+    /// right bytes, but a "cold" read is then warm; start from a fresh `--db` for one.
     fn wipe(&self) -> Result<(), BenchError> {
         let wipe_err = |e: std::io::Error| format!("wiping {}: {e}", self.dir.display());
         let entries = match std::fs::read_dir(self.dir) {

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Tables on a real S3 server (issue "Data on shared storage", bar 3): `phoenix bench
+# engine` with its tables in its local directory, on MinIO on loopback, and on MinIO with
+# 1 ms added to every request (`added_latency_ms`: a store measured as one across a
+# network); each remote one without and with the flash cache (1 GiB). For each: fillseq
+# and fillrandom (1 thread, NUM entries of 16-byte keys and 100-byte values), then on the
+# fillrandom database readrandom, multireadrandom (10 keys 32 apart) and seekrandom with
+# 10 nexts, at 1, 8 and 32 threads. RUNS runs of each; the table printed at the end holds
+# the medians.
+#
+# Usage: crates/cli/scripts/shared-storage.sh [OUT_DIR]
+# NUM (default 1000000), RUNS (default 3), READS (reads per thread, default 20000; 1000
+# without a flash cache, where each read is a request).
+# PHOENIX_BIN runs that binary instead of target/release/phoenix.
+# Needs: a release build (cargo build --release -p phoenix-cli), MinIO (PHOENIX_MINIO, or
+# minio on the PATH, or ~/go/bin/minio: `go install github.com/minio/minio@<version in
+# .ci/run>`), jq. Nothing else should run.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+out=${1:-/tmp/phoenix-shared-storage}
+phoenix=${PHOENIX_BIN:-$PWD/target/release/phoenix}
+[ -x "$phoenix" ] || { echo "build first: cargo build --release -p phoenix-cli" >&2; exit 1; }
+minio=${PHOENIX_MINIO:-$(command -v minio || echo "$HOME/go/bin/minio")}
+[ -x "$minio" ] || { echo "no MinIO at $minio (see .ci/run)" >&2; exit 1; }
+num=${NUM:-1000000}
+runs=${RUNS:-3}
+reads=${READS:-20000}
+rm -rf "$out"; mkdir -p "$out/minio/phoenix"
+
+export AWS_ACCESS_KEY_ID=phoenix AWS_SECRET_ACCESS_KEY=phoenix-bench-secret
+port=$((20000 + RANDOM % 20000))
+MINIO_ROOT_USER=$AWS_ACCESS_KEY_ID MINIO_ROOT_PASSWORD=$AWS_SECRET_ACCESS_KEY \
+  MINIO_BROWSER=off "$minio" server "$out/minio" --address "127.0.0.1:$port" \
+  --console-address "127.0.0.1:$((port + 1))" --quiet >"$out/minio.log" 2>&1 &
+minio_pid=$!
+trap 'kill $minio_pid 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do
+  curl -sf "http://127.0.0.1:$port/minio/health/live" >/dev/null && break
+  sleep 0.2
+done
+curl -sf "http://127.0.0.1:$port/minio/health/live" >/dev/null || { echo "MinIO did not start" >&2; exit 1; }
+echo "MinIO $("$minio" --version | head -1) on 127.0.0.1:$port; $(nproc) cores; NUM=$num RUNS=$runs"
+
+common=(--num "$num" --key_size 16 --value_size 100 --multiread_stride 32 --batch_size 10 --seek_nexts 10)
+# name | extra flags
+configs=(
+  "local|"
+  "minio|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port"
+  "minio+flash|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port --flash_cache_size 1073741824"
+  "minio-1ms|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port&added_latency_ms=1"
+  "minio-1ms+flash|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port&added_latency_ms=1 --flash_cache_size 1073741824"
+)
+results=$out/results.jsonl
+: >"$results"
+bench() { # config run threads benchmarks reads extra...
+  local config=$1 run=$2 threads=$3 benchmarks=$4 r=$5
+  shift 5
+  # shellcheck disable=SC2068
+  "$phoenix" --output json bench engine "${common[@]}" --db "$out/db-$config" --threads "$threads" \
+    --benchmarks "$benchmarks" --reads "$r" $@ 2>>"$out/bench.err" |
+    jq -c --arg c "$config" --argjson run "$run" --argjson t "$threads" \
+      '.results[] | {config: $c, run: $run, threads: $t, name, ops_per_sec, mb_per_sec, p50_us: .latency.p50_us, p99_us: .latency.p99_us}' \
+      >>"$results"
+}
+for run in $(seq 1 "$runs"); do
+  for c in "${configs[@]}"; do
+    name=${c%%|*}
+    extra=${c#*|}
+    r=$reads
+    case "$name" in *flash | local) ;; *) r=1000 ;; esac
+    echo "run $run: $name"
+    # (A fresh directory: a flash cache starts empty and warms as the fill writes.)
+    rm -rf "$out/db-$name"
+    # shellcheck disable=SC2086
+    bench "$name" "$run" 1 fillseq,fillrandom "$r" $extra
+    for t in 1 8 32; do
+      # shellcheck disable=SC2086
+      bench "$name" "$run" "$t" readrandom,multireadrandom,seekrandom "$r" $extra --use_existing_db
+    done
+  done
+done
+
+echo
+echo "Medians of $runs runs (ops/s; MB/s for fills; p50/p99 in microseconds)"
+jq -rs '
+  group_by([.config, .name, .threads])
+  | map({config: .[0].config, name: .[0].name, threads: .[0].threads,
+         ops: (map(.ops_per_sec) | sort | .[length / 2 | floor]),
+         mb: (map(.mb_per_sec // 0) | sort | .[length / 2 | floor]),
+         p50: (map(.p50_us) | sort | .[length / 2 | floor]),
+         p99: (map(.p99_us) | sort | .[length / 2 | floor])})
+  | sort_by(.name, .threads, .config)
+  | .[] | "\(.name)\tthreads \(.threads)\t\(.config)\t\(.ops) ops/s\t\(.mb * 10 | round / 10) MB/s\tp50 \(.p50 * 10 | round / 10)\tp99 \(.p99 * 10 | round / 10)"
+' "$results" | column -t -s $'\t'
