@@ -9,8 +9,8 @@
 # the medians.
 #
 # Usage: crates/cli/scripts/shared-storage.sh [OUT_DIR]
-# NUM (default 1000000), RUNS (default 3), READS (reads per thread, default 20000; 1000
-# without a flash cache, where each read is a request).
+# NUM (default 1000000), RUNS (default 3), READS (reads per thread, default 10000;
+# REMOTE_READS without a flash cache, where each block read is a request: default 200).
 # PHOENIX_BIN runs that binary instead of target/release/phoenix.
 # Needs: a release build (cargo build --release -p phoenix-cli), MinIO (PHOENIX_MINIO, or
 # minio on the PATH, or ~/go/bin/minio: `go install github.com/minio/minio@<version in
@@ -24,7 +24,8 @@ minio=${PHOENIX_MINIO:-$(command -v minio || echo "$HOME/go/bin/minio")}
 [ -x "$minio" ] || { echo "no MinIO at $minio (see .ci/run)" >&2; exit 1; }
 num=${NUM:-1000000}
 runs=${RUNS:-3}
-reads=${READS:-20000}
+reads=${READS:-10000}
+remote_reads=${REMOTE_READS:-200}
 rm -rf "$out"; mkdir -p "$out/minio/phoenix"
 
 export AWS_ACCESS_KEY_ID=phoenix AWS_SECRET_ACCESS_KEY=phoenix-bench-secret
@@ -67,7 +68,7 @@ for run in $(seq 1 "$runs"); do
     name=${c%%|*}
     extra=${c#*|}
     r=$reads
-    case "$name" in *flash | local) ;; *) r=1000 ;; esac
+    case "$name" in *flash | local) ;; *) r=$remote_reads ;; esac
     echo "run $run: $name"
     # (A fresh directory: a flash cache starts empty and warms as the fill writes.)
     rm -rf "$out/db-$name"
