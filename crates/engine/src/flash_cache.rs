@@ -65,6 +65,9 @@ pub struct FlashCacheStats {
     pub bytes: u64,
 }
 
+/// A page's key: (object, page number).
+type PageKey = (u64, u64);
+
 /// Where a page lives, and its chunks' checksums.
 #[derive(Debug, Clone)]
 struct Loc {
@@ -178,14 +181,11 @@ fn decode_header(h: &[u8]) -> Option<(u64, u64, u32, u32)> {
     Some((long(4..12)?, long(12..20)?, word(20..24)?, word(24..28)?))
 }
 
-/// Indexes the pages of segment `seq` at `path` into `index`, reading only their
-/// headers and checksums; the scan stops at the first that does not check.
-fn scan(
-    fs: &SharedFs,
-    path: &Path,
-    seq: u64,
-    index: &mut HashMap<(u64, u64), Loc>,
-) -> Result<Segment> {
+/// The pages of segment `seq` at `path` and where they lie, reading only their headers
+/// and checksums; the scan stops at the first that does not check. Nothing of a
+/// segment that fails to read is indexed.
+fn scan(fs: &SharedFs, path: &Path, seq: u64) -> Result<(Segment, Vec<(PageKey, Loc)>)> {
+    let mut found = Vec::new();
     let reader = fs.open(path)?;
     let size = reader.size();
     let mut seg = Segment {
@@ -228,7 +228,7 @@ fn scan(
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
         let key = (object, page);
-        index.insert(
+        found.push((
             key,
             Loc {
                 segment: seq,
@@ -236,11 +236,11 @@ fn scan(
                 len,
                 crcs,
             },
-        );
+        ));
         seg.keys.push(key);
         pos = end;
     }
-    Ok(seg)
+    Ok((seg, found))
 }
 
 impl FlashCache {
@@ -254,8 +254,14 @@ impl FlashCache {
         let segment_bytes = (capacity / 8).clamp(PAGE_BYTES * 4, 256 << 20);
         let mut seqs: Vec<u64> = Vec::new();
         for name in fs.list(dir)? {
-            match name.strip_suffix(SUFFIX).and_then(|s| s.parse().ok()) {
-                Some(seq) if segment_path(dir, seq) == dir.join(&name) => seqs.push(seq),
+            // (Numbers stay far from u64::MAX: the next one is always one more.)
+            match name
+                .strip_suffix(SUFFIX)
+                .and_then(|s| s.parse::<u64>().ok())
+            {
+                Some(seq) if seq < u64::MAX / 2 && segment_path(dir, seq) == dir.join(&name) => {
+                    seqs.push(seq)
+                }
                 _ if name == "LOCK" => {}
                 _ => {
                     tracing::warn!(file = %dir.join(&name).display(), "not a flash cache file; left alone")
@@ -273,8 +279,9 @@ impl FlashCache {
         };
         for seq in seqs {
             let path = segment_path(dir, seq);
-            match scan(&fs, &path, seq, &mut inner.index) {
-                Ok(seg) => {
+            match scan(&fs, &path, seq) {
+                Ok((seg, pages)) => {
+                    inner.index.extend(pages);
                     inner.bytes += seg.bytes;
                     inner.segments.push_back(seg);
                 }
@@ -431,12 +438,22 @@ impl FlashCache {
         let start = seg.bytes;
         let written = w.append(&header).and_then(|_| w.append(data));
         if let Err(e) = written {
-            // The segment's tail is unknown now: no more pages go into it, and it counts
-            // as holding what was tried (eviction removes it in its turn).
-            seg.bytes += need;
-            inner.bytes += need;
+            // The segment's tail is unknown now: no more pages go into it. One that holds
+            // none is removed (a disk that stays full must not gather empty segments);
+            // another counts as holding what was tried, and goes in its turn.
+            let (empty, seq, held) = (seg.keys.is_empty(), seg.seq, seg.bytes);
+            if !empty {
+                seg.bytes += need;
+            }
             inner.writer = None;
             inner.write_failed = Some(Instant::now());
+            if empty {
+                inner.bytes = inner.bytes.saturating_sub(held);
+                inner.segments.pop_back();
+                let _ = self.fs.delete(&segment_path(&self.dir, seq));
+            } else {
+                inner.bytes += need;
+            }
             return Err(e.into());
         }
         seg.bytes += need;
