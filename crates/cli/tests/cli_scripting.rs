@@ -219,7 +219,7 @@ fn expect_code(o: &Output, want: i32) {
     assert!(!stderr(o).contains("panicked"), "{}", stderr(o));
 }
 
-#[path = "../../server/tests/common/port.rs"]
+#[path = "../../engine/tests/support/port.rs"]
 mod port;
 use port::free_port;
 

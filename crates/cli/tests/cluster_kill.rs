@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use phoenix_proto as proto;
 
-#[path = "../../server/tests/common/port.rs"]
+#[path = "../../engine/tests/support/port.rs"]
 mod port;
 use port::free_port;
 

@@ -16,13 +16,9 @@ use phoenix_resp::{ClusterStore, InNode, ServerInfo};
 use phoenix_server::{Config, MetaMember};
 use tokio::net::TcpStream;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+#[path = "../../engine/tests/support/port.rs"]
+mod port;
+use port::free_port;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_commands_run_against_a_cluster() {

@@ -191,21 +191,64 @@ fn write_conf(path: &Path, addrs: &[SocketAddr]) -> Result<(), BoxError> {
     fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()).into())
 }
 
-/// `n` distinct free loopback ports. The listeners are held until all ports are picked
-/// so the kernel hands out distinct ones; a race with another process binding the same
-/// port in between is possible but harmless (the server then fails with a clear error).
+/// `n` distinct free loopback ports, never handed out twice by this process.
+///
+/// Taken outside the kernel's ephemeral range (read from
+/// `/proc/sys/net/ipv4/ip_local_port_range`, 32768–60999 by default): a port the kernel
+/// handed out for `bind(0)` and got back can be taken again as the source port of any
+/// outgoing connection (a neighbouring node's, another test's) before our server binds
+/// it, and that server then fails to start. Outside the range only another process
+/// binding that very port can race us. Each candidate is bound and held until all `n`
+/// are picked. Processes start at different places, so pickers side by side rarely meet.
 pub fn free_ports(n: usize) -> Result<Vec<SocketAddr>, BoxError> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("pick a free loopback port: {e}"))?;
-    listeners
-        .iter()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (low, span) = outside_ephemeral_range();
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    let mut held = Vec::with_capacity(n);
+    while held.len() < n {
+        let tried = NEXT.fetch_add(1, Ordering::Relaxed);
+        if tried >= span {
+            return Err(format!(
+                "no free loopback port left in {low}..{} for this process",
+                low + span
+            )
+            .into());
+        }
+        let port = u16::try_from(low + (start + tried) % span)
+            .map_err(|_| format!("port range {low}+{span} passes 65535"))?;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+        }
+    }
+    held.iter()
         .map(|l| {
             l.local_addr()
                 .map_err(|e| format!("local address: {e}").into())
         })
         .collect()
+}
+
+/// The first port and the length of a span of ports the kernel does not hand out on
+/// its own: below its ephemeral range when there is room there (from 10000), above it
+/// otherwise.
+fn outside_ephemeral_range() -> (u32, u32) {
+    const LOW: u32 = 10_000;
+    let (lo, hi) = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(str::parse::<u32>);
+            Some((it.next()?.ok()?, it.next()?.ok()?))
+        })
+        .unwrap_or((32_768, 60_999));
+    if lo >= LOW + 4_096 {
+        (LOW, lo - LOW)
+    } else if hi < 65_535 - 1_024 {
+        (hi + 1, 65_535 - hi)
+    } else {
+        // The whole space is ephemeral: nothing better than the kernel's own range.
+        (LOW, 65_535 - LOW + 1)
+    }
 }
 
 /// One running child process with a name and a log file.
@@ -718,6 +761,17 @@ mod tests {
     #[test]
     fn free_ports_are_distinct() {
         let p = free_ports(3).unwrap();
-        assert!(p[0] != p[1] && p[1] != p[2] && p[0] != p[2]);
+        let q = free_ports(3).unwrap();
+        let all: std::collections::BTreeSet<_> = p.iter().chain(&q).collect();
+        assert_eq!(all.len(), 6, "{p:?} {q:?}");
+        // None from the range the kernel hands out to bind(0) and to outgoing connections.
+        let (low, span) = outside_ephemeral_range();
+        for a in all {
+            let port = u32::from(a.port());
+            assert!(
+                (low..low + span).contains(&port),
+                "{a} outside {low}+{span}"
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@
 //! `.ci/run` installs it with `go install`).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -51,11 +51,6 @@ fn binary() -> PathBuf {
     p
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-    l.local_addr().expect("its address").port()
-}
-
 impl Minio {
     /// Starts a server with an empty bucket [`BUCKET`]; panics (the test needs it) when
     /// it cannot.
@@ -72,7 +67,7 @@ impl Minio {
         let mut m = Minio {
             child: None,
             dir,
-            port: free_port(),
+            port: super::free_port(),
         };
         m.restart();
         m
@@ -129,7 +124,7 @@ impl Minio {
             .arg("--address")
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--console-address")
-            .arg(format!("127.0.0.1:{}", free_port()))
+            .arg(format!("127.0.0.1:{}", super::free_port()))
             .arg("--quiet")
             .env("MINIO_ROOT_USER", USER)
             .env("MINIO_ROOT_PASSWORD", PASSWORD)

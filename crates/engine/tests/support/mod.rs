@@ -1,4 +1,8 @@
-//! What the engine's tests share: a MinIO server to run against (`minio`).
+//! What the engine's tests share: a MinIO server to run against (`minio`) and loopback
+//! ports for servers (`port`, also used by the server's, the CLI's and the Redis
+//! gateway's tests).
 #![allow(dead_code)]
 
 pub mod minio;
+mod port;
+pub use port::free_port;

@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 pub mod certs;
 pub mod workload;
 
+#[path = "../../../engine/tests/support/port.rs"]
 mod port;
 pub use port::free_port;
 

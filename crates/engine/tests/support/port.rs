@@ -1,4 +1,5 @@
-//! Loopback ports for test nodes (shared with the CLI's tests, which include this file).
+//! Loopback ports for test servers (the engine's MinIO; the server's, the CLI's and the
+//! Redis gateway's tests include this file).
 
 /// A loopback port for a node to listen on, never given twice in this process. Taken
 /// below the kernel's ephemeral range (32768 and up on Linux): a port the kernel handed
