@@ -56,6 +56,11 @@ use crate::write_batch::{BatchRecord, WriteBatch};
 /// Times a waiting writer yields its CPU before it sleeps on its condition variable.
 const WRITER_YIELDS: u32 = 16;
 
+/// First wait before background work that failed on an unavailable table store is
+/// tried again; it doubles at each failure in a row, up to
+/// `Options::retry_backoff_max`.
+pub const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(100);
+
 /// A consistent set of sources for a read: the memtables and the version.
 struct View {
     mem: Arc<MemTable>,
@@ -80,6 +85,13 @@ struct State {
     /// The object whose conditional write found another writer's, when that is what
     /// turned the engine read-only (`Error::is_fenced`).
     bg_fenced: Option<PathBuf>,
+    /// The last background failure on a table store that was unavailable, while the
+    /// work waits to be tried again (cleared when it succeeds): the engine stays
+    /// writable meanwhile, until its memtables fill and writers stall.
+    retrying: Option<Error>,
+    /// Background failures tried again so far, and of them flushes.
+    retries: u64,
+    flush_retries: u64,
     closed: bool,
     pointers: Vec<Vec<u8>>,
     /// Files that running compactions read.
@@ -250,6 +262,11 @@ pub struct Stats {
     pub last_sequence: SequenceNumber,
     /// Live snapshots.
     pub snapshots: usize,
+    /// Background flushes and compactions that failed on an unavailable table store
+    /// and were tried again.
+    pub background_retries: u64,
+    /// The last such failure, while its work waits to be tried again.
+    pub background_retrying: Option<String>,
 }
 
 struct Inner {
@@ -306,7 +323,9 @@ impl std::fmt::Debug for Db {
 fn is_io(e: &Error) -> bool {
     matches!(
         e,
-        Error::Storage(phoenix_storage::Error::Io { .. }) | Error::Wal(_)
+        Error::Storage(
+            phoenix_storage::Error::Io { .. } | phoenix_storage::Error::Unavailable { .. }
+        ) | Error::Wal(_)
     )
 }
 
@@ -444,6 +463,9 @@ impl Db {
             next_mem_id,
             bg_error: None,
             bg_error_io: false,
+            retrying: None,
+            retries: 0,
+            flush_retries: 0,
             bg_fenced: None,
             closed: false,
             pointers: vec![Vec::new(); num_levels],
@@ -608,6 +630,8 @@ impl Db {
     pub fn compact_range(&self, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<()> {
         self.inner.flush()?;
         let _c = self.inner.compaction_lock.write();
+        // (A compaction asked for: it reads with background work's patience.)
+        let _background = crate::io_class::Background::enter();
         self.inner.compact_range_locked(start, end)
     }
 
@@ -1044,6 +1068,7 @@ impl Inner {
         let mut slowed = false;
         let mut stalled = false;
         let mut st = self.state.lock();
+        let flush_retries = st.flush_retries;
         loop {
             if st.closed {
                 return Err(Error::Closed);
@@ -1082,7 +1107,21 @@ impl Inner {
             }
             let too_many_imm = st.imm.len() + 1 >= self.opts.max_write_buffer_number;
             let too_many_l0 = auto && l0 >= self.opts.level0_stop_writes_trigger;
+            if (too_many_imm || too_many_l0) && self.opts.inline_background {
+                // No thread flushes for us: what is left over from a try that failed
+                // (an unavailable store) is flushed here, or the write fails again.
+                MutexGuard::unlocked(&mut st, || self.run_background_inline())?;
+                continue;
+            }
             if too_many_imm || too_many_l0 {
+                // A flush asked for (`force`) does not wait out an unavailable store: it
+                // fails once one more try of the background flush has failed (as
+                // `wait_immutables_flushed` does). Writes wait: that is the back-pressure.
+                if force && st.flush_retries != flush_retries {
+                    if let Some(e) = &st.retrying {
+                        return Err(crate::table::clone_error(e));
+                    }
+                }
                 if !stalled {
                     stalled = true;
                     self.counters.stalls.fetch_add(1, AtOrd::Relaxed);
@@ -1110,11 +1149,15 @@ impl Inner {
 
     /// Inline mode: flushes every immutable memtable, then compacts while needed.
     fn run_background_inline(&self) -> Result<()> {
+        let _background = crate::io_class::Background::enter();
         loop {
             let front = self.state.lock().imm.front().cloned();
             let Some(mem) = front else { break };
             if let Err(e) = self.flush_one(&mem) {
-                self.set_bg_error("flush", &e);
+                // (Unavailable: the next write that switches memtables tries again.)
+                if !e.is_retryable() {
+                    self.set_bg_error("flush", &e);
+                }
                 return Err(e);
             }
         }
@@ -1129,7 +1172,9 @@ impl Inner {
             };
             let Some(c) = c else { return Ok(()) };
             if let Err(e) = self.run_compaction(&c) {
-                self.set_bg_error("compaction", &e);
+                if !e.is_retryable() {
+                    self.set_bg_error("compaction", &e);
+                }
                 return Err(e);
             }
         }
@@ -1147,19 +1192,33 @@ impl Inner {
         self.wait_immutables_flushed()
     }
 
-    /// Waits until every memtable that is immutable now has been flushed.
+    /// Waits until every memtable that is immutable now has been flushed. While the
+    /// table store is unavailable, it waits for one more try of the background flush
+    /// and returns that try's error if it fails too (the flush goes on being tried).
     fn wait_immutables_flushed(&self) -> Result<()> {
         let mut st = self.state.lock();
         let target = st.next_mem_id;
+        let retries = st.flush_retries;
         loop {
             if let Some(e) = st.refused() {
                 return Err(e);
+            }
+            if st.flush_retries != retries {
+                if let Some(e) = &st.retrying {
+                    return Err(crate::table::clone_error(e));
+                }
             }
             if st.imm.front().is_none_or(|m| m.id() >= target) {
                 return Ok(());
             }
             if st.closed {
                 return Err(Error::Closed);
+            }
+            if self.opts.inline_background {
+                // No thread flushes: a memtable left by a try that failed (an
+                // unavailable store) is flushed here, or this flush fails again.
+                MutexGuard::unlocked(&mut st, || self.run_background_inline())?;
+                continue;
             }
             self.bg_cv.wait_for(&mut st, Duration::from_millis(100));
         }
@@ -1180,6 +1239,8 @@ impl Inner {
     }
 
     fn flush_loop(&self) {
+        let _background = crate::io_class::Background::enter();
+        let mut backoff = RETRY_BACKOFF_MIN;
         loop {
             let mem = {
                 let mut st = self.state.lock();
@@ -1195,9 +1256,47 @@ impl Inner {
                     self.bg_cv.wait(&mut st);
                 }
             };
-            if let Err(e) = self.flush_one(&mem) {
-                self.set_bg_error("flush", &e);
+            match self.flush_one(&mem) {
+                Ok(()) => self.background_done("flush", &mut backoff),
+                Err(e) => self.background_failed("flush", &e, &mut backoff),
             }
+        }
+    }
+
+    /// Background work (`what`) failed: on a table store that was unavailable it is
+    /// tried again after `backoff` (doubled for the next time, up to
+    /// `Options::retry_backoff_max`) while the engine stays writable; any other failure turns
+    /// the engine read-only.
+    fn background_failed(&self, what: &str, e: &Error, backoff: &mut Duration) {
+        if !e.is_retryable() {
+            self.set_bg_error(what, e);
+            return;
+        }
+        let mut st = self.state.lock();
+        st.retries += 1;
+        if what == "flush" {
+            st.flush_retries += 1;
+        }
+        st.retrying = Some(crate::table::clone_error(e));
+        tracing::warn!(error = %e, retry_in = ?*backoff, "{what} failed on an unavailable table store; trying again");
+        self.bg_cv.notify_all();
+        let until = Instant::now() + *backoff;
+        while !st.closed {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            self.bg_cv.wait_for(&mut st, until - now);
+        }
+        *backoff = (*backoff * 2).min(self.opts.retry_backoff_max.max(RETRY_BACKOFF_MIN));
+    }
+
+    /// Background work (`what`) succeeded: a retry pending is over.
+    fn background_done(&self, what: &str, backoff: &mut Duration) {
+        *backoff = RETRY_BACKOFF_MIN;
+        let mut st = self.state.lock();
+        if let Some(e) = st.retrying.take() {
+            tracing::info!(after = %e, "{what} succeeded again: background work resumed");
         }
     }
 
@@ -1250,6 +1349,8 @@ impl Inner {
     // ---- background: compaction ----
 
     fn compaction_loop(&self) {
+        let _background = crate::io_class::Background::enter();
+        let mut backoff = RETRY_BACKOFF_MIN;
         loop {
             {
                 let mut st = self.state.lock();
@@ -1269,7 +1370,7 @@ impl Inner {
             }
             // Shared: other background compactions run beside this one on other files;
             // manual operations wait.
-            let _c = self.compaction_lock.read();
+            let shared = self.compaction_lock.read();
             let c = {
                 let mut st = self.state.lock();
                 if st.closed || st.stopped() {
@@ -1291,9 +1392,13 @@ impl Inner {
                         st.busy.remove(&f.number);
                     }
                 }
+                // (Not held through a back-off: manual compactions and group drops go
+                // on meanwhile.)
+                drop(shared);
                 self.bg_cv.notify_all();
-                if let Err(e) = r {
-                    self.set_bg_error("compaction", &e);
+                match r {
+                    Ok(()) => self.background_done("compaction", &mut backoff),
+                    Err(e) => self.background_failed("compaction", &e, &mut backoff),
                 }
             }
         }
@@ -1923,6 +2028,8 @@ impl Inner {
             block_cache_usage: self.block_cache.as_ref().map_or(0, |b| b.usage()),
             last_sequence: self.last_seq.load(AtOrd::Acquire),
             snapshots: self.snapshots.seqs.lock().values().sum(),
+            background_retries: st.retries,
+            background_retrying: st.retrying.as_ref().map(|e| e.to_string()),
         }
     }
 }

@@ -65,6 +65,13 @@ impl Error {
     pub fn is_fenced(&self) -> bool {
         matches!(self, Error::Storage(e) if e.is_fenced())
     }
+
+    /// Whether the same work may succeed if tried again later: a remote table store was
+    /// unavailable (`phoenix_storage::Error::is_retryable`). Background work failing
+    /// this way backs off and tries again instead of stopping the engine.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Storage(e) if e.is_retryable())
+    }
 }
 
 /// Result of engine operations.

@@ -10,6 +10,7 @@ pub mod db;
 pub mod db_iter;
 pub mod filename;
 pub mod flash_cache;
+mod io_class;
 pub mod memtable;
 pub mod merge;
 pub mod object_table_store;

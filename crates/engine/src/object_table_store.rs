@@ -32,9 +32,17 @@
 //! the caller waits for its answer (also from a thread of another tokio runtime, where
 //! blocking on a runtime directly is refused).
 //!
+//! Errors are classified (`error`): what the store refused for good is an I/O error;
+//! a store that did not answer (refused connections, timeouts, 5xx once the client's
+//! own retries ran out) is `Unavailable`, which the engine's background work backs off
+//! from and tries again, and a manifest write of unknown outcome is replaced by a fresh
+//! manifest (`version_set`). A `CURRENT` upload of unknown outcome is remembered: finding
+//! its manifest named there later is finding this writer's own write, not a fence. A
+//! user's read waits at most the read deadline; background work waits as long as the
+//! client tries (`io_class`).
+//!
 //! Not yet built (the issue "Data on shared storage"): multipart uploads for large
-//! tables, a manifest that does not re-upload its history at each edit, a local cache
-//! of remote blocks, and deadlines and retries by error class.
+//! tables, and a manifest that does not re-upload its history at each edit.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -56,6 +64,11 @@ use crate::version_edit::VersionEdit;
 /// File numbers an engine that takes a store over skips (see the module docs).
 pub const FENCE_FILE_GAP: u64 = 1 << 20;
 
+/// How long a user's read of a table (not a flush's or a compaction's, see
+/// `io_class`) waits for the store by default before it fails as unavailable
+/// ([`ObjectTableStore::set_read_deadline`], the URL's `read_deadline_ms`).
+pub const DEFAULT_READ_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Tables and manifest as objects under a prefix of an object store.
 pub struct ObjectTableStore {
     inner: Arc<Remote>,
@@ -70,6 +83,12 @@ struct Fence {
     current: Option<Option<String>>,
     /// The manifest read at open and not yet fenced: its object, bytes and ETag.
     opened: Option<(ObjectPath, Bytes, String)>,
+    /// Whether this writer's open named its manifest in `CURRENT`: past it, manifest
+    /// numbers are this writer's alone, so its manifest uploads may read back.
+    open_done: bool,
+    /// Manifests this writer named in a `CURRENT` upload whose outcome is unknown (the
+    /// store was unavailable): finding one of them there is finding its own write.
+    unsure: Vec<u64>,
 }
 
 /// What the store's files and writers share: the object store, the prefix and the
@@ -82,6 +101,8 @@ struct Remote {
     added_latency: std::time::Duration,
     /// Pages of tables kept on local flash ([`ObjectTableStore::set_flash_cache`]).
     cache: std::sync::OnceLock<Arc<FlashCache>>,
+    /// How long a user's read waits ([`DEFAULT_READ_DEADLINE`]), in microseconds.
+    read_deadline_us: std::sync::atomic::AtomicU64,
     /// Taken only by `drop`.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -135,6 +156,9 @@ impl ObjectTableStore {
                 prefix: ObjectPath::from(prefix),
                 added_latency,
                 cache: std::sync::OnceLock::new(),
+                read_deadline_us: std::sync::atomic::AtomicU64::new(
+                    DEFAULT_READ_DEADLINE.as_micros() as u64,
+                ),
                 runtime: Some(runtime),
             }),
             fence: Mutex::new(Fence::default()),
@@ -150,8 +174,13 @@ impl ObjectTableStore {
     /// the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, and the rest of
     /// `AWS_*`), so they never show in a command line. Plain HTTP is allowed when the
     /// endpoint says `http://`. A missing region is `us-east-1` (what MinIO expects).
-    /// One key is ours: `added_latency_ms` delays every request by that much (to measure
-    /// a store on loopback as if it were across a network).
+    /// Some keys are ours: `added_latency_ms` delays every request by that much (to
+    /// measure a store on loopback as if it were across a network); `read_deadline_ms`
+    /// bounds a user's read ([`ObjectTableStore::set_read_deadline`]); `max_retries`
+    /// (default 10) and `retry_timeout_ms` (default 180000) bound how often and how long
+    /// the client sends a request again after a refused connection, a timeout or a 5xx.
+    /// Past them a flush or compaction fails as unavailable and the engine tries it
+    /// again later itself.
     pub fn from_url(url: &str) -> Result<ObjectTableStore> {
         let bad = |why: &str| Error::InvalidArgument(format!("table store URL {url:?}: {why}"));
         let rest = url
@@ -167,20 +196,44 @@ impl ObjectTableStore {
             .with_region("us-east-1");
         let mut allow_http = None;
         let mut added_latency = std::time::Duration::ZERO;
+        let mut read_deadline = None;
+        let mut retry = object_store::RetryConfig::default();
+        let ms = |pair: &str, value: &str, max: f64| {
+            value
+                .parse()
+                .ok()
+                .filter(|ms: &f64| ms.is_finite() && *ms >= 0.0 && *ms <= max)
+                .map(|ms| std::time::Duration::from_secs_f64(ms / 1000.0))
+                .ok_or_else(|| bad(&format!("{pair:?}: milliseconds in 0..={max}")))
+        };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair
                 .split_once('=')
                 .ok_or_else(|| bad(&format!("{pair:?} is not key=value")))?;
             let value =
                 percent_decode(value).ok_or_else(|| bad(&format!("{pair:?}: bad %-escape")))?;
-            if key == "added_latency_ms" {
-                let ms: f64 = value
-                    .parse()
-                    .ok()
-                    .filter(|ms: &f64| ms.is_finite() && *ms >= 0.0 && *ms <= 60_000.0)
-                    .ok_or_else(|| bad(&format!("{pair:?}: milliseconds in 0..=60000")))?;
-                added_latency = std::time::Duration::from_secs_f64(ms / 1000.0);
-                continue;
+            match key {
+                "added_latency_ms" => {
+                    added_latency = ms(pair, &value, 60_000.0)?;
+                    continue;
+                }
+                "read_deadline_ms" => {
+                    read_deadline = Some(ms(pair, &value, 3_600_000.0)?);
+                    continue;
+                }
+                "retry_timeout_ms" => {
+                    retry.retry_timeout = ms(pair, &value, 3_600_000.0)?;
+                    continue;
+                }
+                "max_retries" => {
+                    retry.max_retries = value
+                        .parse()
+                        .ok()
+                        .filter(|n| *n <= 100)
+                        .ok_or_else(|| bad(&format!("{pair:?}: a count in 0..=100")))?;
+                    continue;
+                }
+                _ => {}
             }
             if key == "allow_http" {
                 allow_http = Some(value == "true");
@@ -196,8 +249,26 @@ impl ObjectTableStore {
         if let Some(allow) = allow_http {
             builder = builder.with_allow_http(allow);
         }
-        let s3 = builder.build().map_err(|e| bad(&e.to_string()))?;
-        ObjectTableStore::with_latency(Arc::new(s3), prefix.trim_matches('/'), added_latency)
+        let s3 = builder
+            .with_retry(retry)
+            .build()
+            .map_err(|e| bad(&e.to_string()))?;
+        let store =
+            ObjectTableStore::with_latency(Arc::new(s3), prefix.trim_matches('/'), added_latency)?;
+        if let Some(d) = read_deadline {
+            store.set_read_deadline(d);
+        }
+        Ok(store)
+    }
+
+    /// How long a user's read of a table waits for the store before it fails as
+    /// unavailable ([`DEFAULT_READ_DEADLINE`]); flushes and compactions are not cut
+    /// short (they wait as long as the store's client tries).
+    pub fn set_read_deadline(&self, deadline: std::time::Duration) {
+        self.inner.read_deadline_us.store(
+            deadline.as_micros().min(u128::from(u64::MAX)) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// Keeps the pages of tables read (and uploaded) in `cache` from now on, and reads
@@ -261,16 +332,53 @@ impl Remote {
         &self,
         f: impl Future<Output = object_store::Result<T>> + Send + 'static,
     ) -> object_store::Result<T> {
+        self.wait_within(f, None)
+    }
+
+    /// Runs the read `f` on the store's runtime and waits for its answer, within the
+    /// read deadline when the caller is not background work (see `io_class`): past
+    /// it, the request is dropped and the read fails as unavailable.
+    fn read<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = object_store::Result<T>> + Send + 'static,
+    ) -> object_store::Result<T> {
+        let deadline = (!crate::io_class::is_background()).then(|| {
+            std::time::Duration::from_micros(
+                self.read_deadline_us
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            )
+        });
+        self.wait_within(f, deadline)
+    }
+
+    fn wait_within<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = object_store::Result<T>> + Send + 'static,
+        deadline: Option<std::time::Duration>,
+    ) -> object_store::Result<T> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         match &self.runtime {
             Some(rt) => {
                 let added = self.added_latency;
                 rt.spawn(async move {
-                    if !added.is_zero() {
-                        tokio::time::sleep(added).await;
-                    }
+                    let request = async move {
+                        if !added.is_zero() {
+                            tokio::time::sleep(added).await;
+                        }
+                        f.await
+                    };
+                    let answer = match deadline {
+                        None => request.await,
+                        Some(d) => tokio::time::timeout(d, request).await.unwrap_or_else(|_| {
+                            Err(object_store::Error::Generic {
+                                store: "phoenix",
+                                source: format!("no answer within the read deadline of {d:?}")
+                                    .into(),
+                            })
+                        }),
+                    };
                     // The caller waits on the other end (it is gone only if it panicked).
-                    let _ = tx.send(f.await);
+                    let _ = tx.send(answer);
                 });
             }
             // (Only while dropping: the answer below says so.)
@@ -327,13 +435,16 @@ impl Remote {
             // that the client sent again finds its own bytes. Reading back tells them
             // apart: past an open, two writers' table and manifest numbers differ, and
             // a takeover's record is one the writer it fences never writes. A read
-            // that fails tells nothing: fenced, the safe side (reopening would take the
-            // store back from a newer writer).
+            // that fails because the store is unavailable tells nothing yet: so says
+            // the error, and the write is tried again later (it did not land: its
+            // condition failed). Any other failed read: fenced, the safe side
+            // (reopening would take the store back from a newer writer).
             Err(
                 object_store::Error::Precondition { .. }
                 | object_store::Error::AlreadyExists { .. },
             ) => match read_back.then(|| self.get(object)) {
                 Some(Ok((there, tag))) if there == data => self.need_tag(IoOp::Write, object, tag),
+                Some(Err(e)) if e.is_retryable() => Err(e),
                 _ => Err(phoenix_storage::Error::Fenced {
                     path: self.location(object),
                 }),
@@ -386,20 +497,38 @@ impl Remote {
             .map_err(|e| self.error(IoOp::Delete, object, e))
     }
 
-    /// An object store's error as a storage error of the object's location; a missing
-    /// object is `NotFound` (what `is_not_found` recognises).
+    /// An object store's error as a storage error of the object's location, classified:
+    /// a missing object is `NotFound` (what `is_not_found` recognises); what the store
+    /// said "no" to for good (permissions, an unsupported call, a bad path) is an I/O
+    /// error; the rest — refused connections, timeouts, 5xx once the client's own
+    /// retries ran out, which the client reports all alike — is
+    /// [`Unavailable`](phoenix_storage::Error::Unavailable): retried later.
     fn error(
         &self,
         op: IoOp,
         object: &ObjectPath,
         e: object_store::Error,
     ) -> phoenix_storage::Error {
+        use object_store::Error as E;
+        use std::io::ErrorKind;
+        let path = self.location(object);
         let kind = match &e {
-            object_store::Error::NotFound { .. } => std::io::ErrorKind::NotFound,
-            object_store::Error::AlreadyExists { .. } => std::io::ErrorKind::AlreadyExists,
-            _ => std::io::ErrorKind::Other,
+            E::NotFound { .. } => ErrorKind::NotFound,
+            E::AlreadyExists { .. } => ErrorKind::AlreadyExists,
+            E::PermissionDenied { .. } | E::Unauthenticated { .. } => ErrorKind::PermissionDenied,
+            E::InvalidPath { .. }
+            | E::NotSupported { .. }
+            | E::NotImplemented
+            | E::UnknownConfigurationKey { .. } => ErrorKind::Unsupported,
+            _ => {
+                return phoenix_storage::Error::Unavailable {
+                    op,
+                    path,
+                    source: std::io::Error::other(e),
+                }
+            }
         };
-        phoenix_storage::Error::io(op, self.location(object), std::io::Error::new(kind, e))
+        phoenix_storage::Error::io(op, path, std::io::Error::new(kind, e))
     }
 }
 
@@ -415,7 +544,7 @@ impl TableStore for ObjectTableStore {
 
     fn create_table(&self, number: u64) -> Result<Box<dyn WritableFile>> {
         let name = crate::table::table_file_name(number);
-        Ok(Box::new(ObjectWriter::new(&self.inner, &name, false)))
+        Ok(Box::new(ObjectWriter::new(&self.inner, &name, Kind::Table)))
     }
 
     fn open_table(&self, number: u64) -> Result<Arc<dyn ReadableFile>> {
@@ -424,7 +553,7 @@ impl TableStore for ObjectTableStore {
         let at = object.clone();
         let meta = self
             .inner
-            .wait(async move { store.head(&at).await })
+            .read(async move { store.head(&at).await })
             .map_err(|e| self.inner.error(IoOp::Open, &object, e))?;
         let cached = match (self.inner.cache.get(), &meta.e_tag) {
             (Some(cache), Some(tag)) => Some((Arc::clone(cache), object_key(object.as_ref(), tag))),
@@ -499,7 +628,7 @@ impl TableStore for ObjectTableStore {
             Err(e) if e.is_not_found() => {
                 *self.fence.lock() = Fence {
                     current: Some(None),
-                    opened: None,
+                    ..Fence::default()
                 };
                 return Ok(None);
             }
@@ -513,15 +642,23 @@ impl TableStore for ObjectTableStore {
         *self.fence.lock() = Fence {
             current: Some(Some(current_tag)),
             opened: Some((object.clone(), data.clone(), tag)),
+            ..Fence::default()
         };
         Ok(Some((number, self.inner.location(&object), data.to_vec())))
     }
 
     fn create_manifest(&self, number: u64) -> Result<Box<dyn WritableFile>> {
+        // At an open, two engines may upload the same bytes under the same number (see
+        // `put_if`): its first upload is not read back.
+        let kind = if self.fence.lock().open_done {
+            Kind::Manifest
+        } else {
+            Kind::OpeningManifest
+        };
         Ok(Box::new(ObjectWriter::new(
             &self.inner,
             &filename::manifest_name(number),
-            true,
+            kind,
         )))
     }
 
@@ -546,17 +683,38 @@ impl TableStore for ObjectTableStore {
             self.inner
                 .put_if(&object, Bytes::from(fenced), Some(tag), false)?;
         }
-        let current = format!("{}\n", filename::manifest_name(number));
+        let named = |n: u64| Bytes::from(format!("{}\n", filename::manifest_name(n)));
+        let at = self.inner.object("CURRENT");
         let expected = fence.current.clone().flatten();
         // (Read back: two opens at once name different manifests, see `put_if`.)
-        let tag = self.inner.put_if(
-            &self.inner.object("CURRENT"),
-            Bytes::from(current),
-            expected,
-            true,
-        )?;
-        fence.current = Some(Some(tag));
-        Ok(())
+        let put = match self.inner.put_if(&at, named(number), expected, true) {
+            // An earlier upload of ours whose outcome was unknown may have landed: then
+            // `CURRENT` names its manifest (no other writer names that number), and this
+            // one replaces it.
+            Err(e) if e.is_fenced() && !fence.unsure.is_empty() => match self.inner.get(&at) {
+                Ok((there, Some(tag))) if fence.unsure.iter().any(|&n| named(n) == there) => {
+                    self.inner.put_if(&at, named(number), Some(tag), true)
+                }
+                // (Tells nothing yet: tried again later.)
+                Err(read) if read.is_retryable() => Err(read),
+                _ => Err(e),
+            },
+            other => other,
+        };
+        match put {
+            Ok(tag) => {
+                fence.current = Some(Some(tag));
+                fence.open_done = true;
+                fence.unsure.clear();
+                Ok(())
+            }
+            Err(e) => {
+                if e.is_retryable() {
+                    fence.unsure.push(number);
+                }
+                Err(e.into())
+            }
+        }
     }
 
     fn file_number_gap(&self) -> u64 {
@@ -570,8 +728,7 @@ struct ObjectWriter {
     remote: Arc<Remote>,
     object: ObjectPath,
     location: PathBuf,
-    /// A manifest (else a table).
-    manifest: bool,
+    kind: Kind,
     buf: Vec<u8>,
     /// Bytes of `buf` the last upload held and its ETag (none yet: `None`).
     uploaded: Option<(usize, String)>,
@@ -586,14 +743,23 @@ impl std::fmt::Debug for ObjectWriter {
     }
 }
 
+/// What an [`ObjectWriter`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Table,
+    Manifest,
+    /// The manifest of an open, before it is named in `CURRENT`.
+    OpeningManifest,
+}
+
 impl ObjectWriter {
-    fn new(remote: &Arc<Remote>, name: &str, manifest: bool) -> ObjectWriter {
+    fn new(remote: &Arc<Remote>, name: &str, kind: Kind) -> ObjectWriter {
         let object = remote.object(name);
         ObjectWriter {
             location: remote.location(&object),
             remote: Arc::clone(remote),
             object,
-            manifest,
+            kind,
             buf: Vec::new(),
             uploaded: None,
         }
@@ -610,9 +776,9 @@ impl ObjectWriter {
             return Ok(());
         }
         let expected = self.uploaded.as_ref().map(|(_, tag)| tag.clone());
-        // A manifest's first upload is not read back: at an open, two engines may
-        // upload the same bytes under the same number (see `put_if`).
-        let read_back = !(self.manifest && expected.is_none());
+        // An open's manifest's first upload is not read back: two engines opening at
+        // once may upload the same bytes under the same number (see `put_if`).
+        let read_back = !(self.kind == Kind::OpeningManifest && expected.is_none());
         // (A copy: the writer goes on appending to its buffer.)
         let tag = self.remote.put_if(
             &self.object,
@@ -622,7 +788,7 @@ impl ObjectWriter {
         )?;
         // A table this node wrote is read here soon (by compactions, by reads): keep it
         // on flash as it goes up, as a local engine keeps what it writes.
-        if let (false, Some(cache)) = (self.manifest, self.remote.cache.get()) {
+        if let (Kind::Table, Some(cache)) = (self.kind, self.remote.cache.get()) {
             let key = object_key(self.object.as_ref(), &tag);
             for (i, chunk) in self.buf.chunks(PAGE_BYTES as usize).enumerate() {
                 cache.insert(key, i as u64, chunk);
@@ -694,7 +860,7 @@ impl ObjectReader {
             ..Default::default()
         };
         self.remote
-            .wait(async move { store.get_opts(&at, opts).await?.bytes().await })
+            .read(async move { store.get_opts(&at, opts).await?.bytes().await })
             .map_err(|e| self.remote.error(IoOp::Read, &self.object, e))
     }
 

@@ -96,6 +96,9 @@ pub struct Options {
     /// background threads: slower, but every run with the same inputs does the same file
     /// operations in the same order (deterministic crash tests and simulation).
     pub inline_background: bool,
+    /// Longest wait between two tries of background work that failed on an unavailable
+    /// table store (the first wait is 100 ms, doubled at each failure in a row).
+    pub retry_backoff_max: std::time::Duration,
 }
 
 impl Default for Options {
@@ -124,6 +127,7 @@ impl Default for Options {
             avoid_flush_during_recovery: false,
             disable_auto_compactions: false,
             inline_background: false,
+            retry_backoff_max: std::time::Duration::from_secs(10),
         }
     }
 }

@@ -112,6 +112,13 @@ pub struct VersionSet {
     /// A manifest write failed (why): the in-memory and on-disk states may differ, so
     /// no further edits are accepted.
     broken: Option<String>,
+    /// A manifest write failed on a store that was unavailable (why): the manifest in
+    /// use may hold the failed record or not, so it is never written again; the next
+    /// edit first starts a fresh manifest from the in-memory state (which lacks the
+    /// failed edit) and points the store at it ([`VersionSet::renew`]). Either manifest
+    /// recovers a consistent state: the failed edit's tables are on the store, and what
+    /// it replaced is deleted only by a later edit.
+    stale: Option<String>,
     /// The object whose conditional write found another writer's, when that is why the
     /// set is broken (the store was taken over: `Error::is_fenced`).
     fenced: Option<PathBuf>,
@@ -145,6 +152,7 @@ impl VersionSet {
             live: Vec::new(),
             pending_deletes: Vec::new(),
             broken: None,
+            stale: None,
             fenced: None,
             roll_bytes: MANIFEST_ROLL_BYTES,
         };
@@ -321,11 +329,52 @@ impl VersionSet {
         self.fenced.is_some()
     }
 
+    /// Takes in a failed manifest write: a store unavailable leaves the set stale
+    /// (renewed at the next edit); any other failure breaks it.
     fn break_on(&mut self, e: &phoenix_storage::Error) {
+        if e.is_retryable() {
+            self.stale.get_or_insert_with(|| e.to_string());
+            return;
+        }
         self.broken.get_or_insert_with(|| e.to_string());
         if let phoenix_storage::Error::Fenced { path } = e {
             self.fenced = Some(path.clone());
         }
+    }
+
+    /// Why the next edit must first start a fresh manifest (a manifest write failed on
+    /// a store that was unavailable), if it must.
+    pub fn stale_by(&self) -> Option<&str> {
+        self.stale.as_deref()
+    }
+
+    /// Starts a fresh manifest from the in-memory state and points the store at it, if
+    /// a manifest write failed on an unavailable store; the manifest that failed is
+    /// removed (best effort: a stray is removed at the next open). Stays stale when the
+    /// store is still unavailable; breaks on any other failure.
+    pub fn renew(&mut self) -> Result<()> {
+        if let Some(e) = self.refusal() {
+            return Err(e);
+        }
+        let Some(why) = self.stale.clone() else {
+            return Ok(());
+        };
+        let old = StoredFile::Manifest(self.manifest_number);
+        if let Err(e) = self.write_fresh_manifest() {
+            match &e {
+                Error::Storage(s) => self.break_on(s),
+                other => {
+                    self.broken.get_or_insert_with(|| other.to_string());
+                }
+            }
+            return Err(e);
+        }
+        tracing::info!(manifest = self.manifest_number, after = %why, "started a fresh manifest after a failed write");
+        self.stale = None;
+        if let Err(e) = self.store.remove(&old) {
+            tracing::warn!(error = %e, "could not delete the manifest whose write failed");
+        }
+        Ok(())
     }
 
     /// The number of the manifest in use.
@@ -334,11 +383,13 @@ impl VersionSet {
     }
 
     /// Makes `edit` durable in the manifest, then installs the version it produces.
-    /// On a write failure nothing is installed and the set refuses further edits.
+    /// On a write failure nothing is installed and the set refuses further edits, or,
+    /// when the store was unavailable, renews its manifest at the next edit.
     pub fn log_and_apply(&mut self, mut edit: VersionEdit) -> Result<()> {
         if let Some(e) = self.refusal() {
             return Err(e);
         }
+        self.renew()?;
         if edit.new_files.iter().any(|(l, _)| *l >= self.num_levels) {
             return Err(Error::InvalidArgument(
                 "edit names a level beyond num_levels".into(),
@@ -381,7 +432,11 @@ impl VersionSet {
             .as_ref()
             .is_some_and(|m| m.position() > self.roll_bytes)
         {
-            self.roll_manifest()?;
+            // The edit is durable and installed whatever happens to the roll: a failed
+            // roll leaves the set broken or stale, for the next edit to find.
+            if let Err(e) = self.roll_manifest() {
+                tracing::warn!(error = %e, "could not roll the manifest");
+            }
         }
         Ok(())
     }
@@ -392,11 +447,14 @@ impl VersionSet {
         let old = StoredFile::Manifest(self.manifest_number);
         if let Err(e) = self.write_fresh_manifest() {
             // The old manifest is still complete and current; only the roll failed, but
-            // the in-memory handle may be half-replaced: refuse further edits.
-            if let Error::Storage(s) = &e {
-                self.break_on(s);
+            // the in-memory handle may be half-replaced: refuse further edits (or, the
+            // store unavailable, renew at the next one).
+            match &e {
+                Error::Storage(s) => self.break_on(s),
+                other => {
+                    self.broken.get_or_insert_with(|| other.to_string());
+                }
             }
-            self.broken.get_or_insert_with(|| e.to_string());
             return Err(e);
         }
         if let Err(e) = self.store.remove(&old) {

@@ -6,11 +6,17 @@
 //!
 //! The same runs go on with the tables and manifest on an (in-memory) object store
 //! (`ObjectTableStore`), fewer of them, and on a MinIO server (fewer still; needs MinIO).
+//! On an object store that fails (`support::flaky`) now and then for a few operations
+//! (every request, or reads, or uploads refused) or loses the answer to an upload (a
+//! table's, a manifest's, `CURRENT`'s), the operations that touch no store go on, and
+//! those that may fail fail as retryable and change nothing (a write refused when its
+//! flush could not run is not in the engine; a read that failed is not compared).
 //!
 //! `PHOENIX_SEED` picks the first seed (default 1), `PHOENIX_ENGINE_MODEL_RUNS` the number
 //! of runs (default 100; on the object store `PHOENIX_ENGINE_MODEL_OBJECT_RUNS`, default
-//! 20; on MinIO `PHOENIX_ENGINE_MODEL_MINIO_RUNS`, default 3); a failure prints the line
-//! that replays it.
+//! 20; with faults `PHOENIX_ENGINE_MODEL_FAULT_RUNS`, default 10; on MinIO
+//! `PHOENIX_ENGINE_MODEL_MINIO_RUNS`, default 3); a failure prints the line that replays
+//! it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -27,6 +33,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 mod support;
+use support::flaky::{self, Flaky};
 
 type Model = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -103,6 +110,8 @@ fn options(rng: &mut ChaCha8Rng) -> Options {
         // Keeping what the WAL replays in memtables reads them (and their prefix
         // filters) after a reopen.
         avoid_flush_during_recovery: rng.gen_bool(0.5),
+        // (Faults: tries come back soon.)
+        retry_backoff_max: std::time::Duration::from_millis(200),
         ..Options::default()
     }
 }
@@ -223,6 +232,8 @@ enum Tables<'a> {
     Directory,
     /// On an in-memory object store.
     Objects,
+    /// On an in-memory object store that fails now and then.
+    FlakyObjects,
     /// On a MinIO server, a prefix for each run.
     Minio(&'a support::minio::Minio),
 }
@@ -233,11 +244,20 @@ fn run(seed: u64, tables: Tables) {
     let fs: SharedFs = mem.clone();
     let dir = Path::new("/model");
     let mut opts = options(&mut rng);
+    let flaky = matches!(tables, Tables::FlakyObjects)
+        .then(|| Flaky::new(Arc::new(object_store::memory::InMemory::new())));
     let object_store = match tables {
         Tables::Directory => None,
         Tables::Objects => Some(
             ObjectTableStore::new(Arc::new(object_store::memory::InMemory::new()), "db/model")
                 .unwrap(),
+        ),
+        Tables::FlakyObjects => Some(
+            ObjectTableStore::new(
+                Arc::clone(flaky.as_ref().unwrap()) as Arc<dyn object_store::ObjectStore>,
+                "db/model",
+            )
+            .unwrap(),
         ),
         Tables::Minio(m) => {
             Some(ObjectTableStore::from_url(&m.url(&format!("model/{seed}"))).unwrap())
@@ -263,24 +283,62 @@ fn run(seed: u64, tables: Tables) {
     let mut snaps: Vec<(Snapshot, Model)> = Vec::new();
     let wo = WriteOptions::default();
     let ops = env_u64("PHOENIX_ENGINE_MODEL_OPS", 1500);
+    // Operations left of the store's outage (with faults).
+    let mut outage = 0u32;
     for op in 0..ops {
-        match rng.gen_range(0..100) {
+        let mut pick = rng.gen_range(0..100);
+        // Whether the store may fail this operation: then only operations that fail
+        // cleanly run (no iterators, no group drop, no ingest, no reopen), and, with
+        // background threads, writes only while the memtable has room (a write that
+        // waits for a flush would wait for the store).
+        let mut faulty = false;
+        if let Some(f) = &flaky {
+            if outage > 0 {
+                outage -= 1;
+                if outage == 0 {
+                    f.set_down(0);
+                }
+            } else if rng.gen_ratio(1, 50) {
+                f.set_down([flaky::ALL, flaky::GET, flaky::PUT][rng.gen_range(0..3)]);
+                outage = rng.gen_range(1..8);
+            } else if rng.gen_ratio(1, 30) {
+                f.lose_answers_to(["MANIFEST", "CURRENT", ".sst"][rng.gen_range(0..3)], 1);
+            }
+            faulty = outage > 0 || f.losses_pending();
+            let room = opts.inline_background || {
+                let s = db.stats();
+                s.immutable_memtables == 0 && s.memtable_bytes + (2 << 10) < opts.write_buffer_size
+            };
+            if faulty && (matches!(pick, 71..=80 | 92..=97) || pick <= 50 && !room) {
+                pick = 99;
+            }
+        }
+        // An operation's result: what the store's failure may excuse is let go.
+        let excused = |r: Result<(), phoenix_engine::Error>, what: &str| -> bool {
+            match r {
+                Ok(()) => true,
+                Err(e) if faulty && e.is_retryable() => false,
+                Err(e) => panic!("seed {seed}: {what}: {e}"),
+            }
+        };
+        match pick {
             0..=34 => {
                 let k = random_key(&mut rng);
                 let v = random_value(&mut rng, op);
-                db.put(&wo, &k, &v).unwrap();
-                model.insert(k, v);
+                if excused(db.put(&wo, &k, &v), "put") {
+                    model.insert(k, v);
+                }
             }
             35..=42 => {
                 let k = random_key(&mut rng);
-                db.delete(&wo, &k).unwrap();
-                model.remove(&k);
+                if excused(db.delete(&wo, &k), "delete") {
+                    model.remove(&k);
+                }
             }
             43..=45 => {
                 let a = random_key(&mut rng);
                 let b = random_key(&mut rng);
-                if a < b {
-                    db.delete_range(&wo, &a, &b).unwrap();
+                if a < b && excused(db.delete_range(&wo, &a, &b), "delete_range") {
                     let doomed: Vec<Vec<u8>> = model.range(a..b).map(|(k, _)| k.clone()).collect();
                     for k in doomed {
                         model.remove(&k);
@@ -301,8 +359,9 @@ fn run(seed: u64, tables: Tables) {
                         staged.remove(&k);
                     }
                 }
-                db.write(&wo, b).unwrap();
-                model = staged;
+                if excused(db.write(&wo, b), "write") {
+                    model = staged;
+                }
             }
             51..=70 => {
                 let k = random_key(&mut rng);
@@ -316,11 +375,18 @@ fn run(seed: u64, tables: Tables) {
                     snapshot: snap,
                     ..Default::default()
                 };
-                assert_eq!(db.get(&ro, &k).unwrap(), m.get(&k).cloned(), "get {k:?}");
+                match db.get(&ro, &k) {
+                    Ok(got) => assert_eq!(got, m.get(&k).cloned(), "get {k:?}"),
+                    Err(e) => assert!(faulty && e.is_retryable(), "seed {seed}: get: {e}"),
+                }
                 if rng.gen_bool(0.2) {
                     let k2 = random_key(&mut rng);
-                    let got = db.multi_get(&ro, &[&k, &k2]).unwrap();
-                    assert_eq!(got, vec![m.get(&k).cloned(), m.get(&k2).cloned()]);
+                    match db.multi_get(&ro, &[&k, &k2]) {
+                        Ok(got) => {
+                            assert_eq!(got, vec![m.get(&k).cloned(), m.get(&k2).cloned()])
+                        }
+                        Err(e) => assert!(faulty && e.is_retryable(), "seed {seed}: {e}"),
+                    }
                 }
             }
             71..=80 => {
@@ -340,15 +406,20 @@ fn run(seed: u64, tables: Tables) {
                 }
             }
             85..=88 => {
-                db.flush().unwrap();
+                if !excused(db.flush(), "flush") {
+                    continue;
+                }
                 // Everything is in tables now: the persisted view is the model.
                 for _ in 0..8 {
                     let k = random_key(&mut rng);
-                    assert_eq!(
-                        db.get_persisted(&k).unwrap(),
-                        model.get(&k).cloned(),
-                        "seed {seed}: get_persisted {k:?} after a flush"
-                    );
+                    match db.get_persisted(&k) {
+                        Ok(got) => assert_eq!(
+                            got,
+                            model.get(&k).cloned(),
+                            "seed {seed}: get_persisted {k:?} after a flush"
+                        ),
+                        Err(e) => assert!(faulty && e.is_retryable(), "seed {seed}: {e}"),
+                    }
                 }
                 if opts.min_group_file_size == 0 {
                     let st = db.stats();
@@ -358,14 +429,14 @@ fn run(seed: u64, tables: Tables) {
                 }
             }
             89..=91 => {
-                if rng.gen_bool(0.5) {
-                    db.compact_range(None, None).unwrap();
+                let r = if rng.gen_bool(0.5) {
+                    db.compact_range(None, None)
                 } else {
                     let a = random_key(&mut rng);
                     let b = random_key(&mut rng);
                     db.compact_range(Some(&a.clone().min(b.clone())), Some(&a.max(b)))
-                        .unwrap();
-                }
+                };
+                excused(r, "compact_range");
             }
             92..=93 => {
                 // drop_group does not preserve older snapshots' view.
@@ -423,9 +494,20 @@ fn run(seed: u64, tables: Tables) {
             _ => {
                 let k = random_key(&mut rng);
                 let ro = ReadOptions::default();
-                assert_eq!(db.get(&ro, &k).unwrap(), model.get(&k).cloned());
+                match db.get(&ro, &k) {
+                    Ok(got) => assert_eq!(got, model.get(&k).cloned()),
+                    Err(e) => assert!(faulty && e.is_retryable(), "seed {seed}: get: {e}"),
+                }
             }
         }
+    }
+    if let Some(f) = &flaky {
+        f.heal();
+        assert_eq!(
+            db.failure(),
+            None,
+            "seed {seed}: the store's faults stopped the engine"
+        );
     }
     // Full comparison at the end, both directions.
     let ro = ReadOptions::default();
@@ -476,6 +558,16 @@ fn db_matches_model_with_tables_on_an_object_store() {
         "PHOENIX_ENGINE_MODEL_OBJECT_RUNS",
         20,
         "db_matches_model_with_tables_on_an_object_store",
+    );
+}
+
+#[test]
+fn db_matches_model_on_an_object_store_that_fails() {
+    runs(
+        Tables::FlakyObjects,
+        "PHOENIX_ENGINE_MODEL_FAULT_RUNS",
+        10,
+        "db_matches_model_on_an_object_store_that_fails",
     );
 }
 

@@ -84,6 +84,20 @@ pub enum Error {
         /// What was wrong.
         reason: String,
     },
+    /// A remote store did not answer, or answered that it cannot now (a refused
+    /// connection, a timeout, a 5xx once the client's own retries ran out, a deadline
+    /// passed): the operation may or may not have taken effect, and the same operation
+    /// may succeed later ([`Error::is_retryable`]). Local disks never fail this way.
+    #[error("{op} {path}: store unavailable: {source}")]
+    Unavailable {
+        /// What was being done.
+        op: IoOp,
+        /// On which object.
+        path: PathBuf,
+        /// What the store's client said.
+        #[source]
+        source: io::Error,
+    },
     /// Another writer took over the store this file belongs to (a conditional write
     /// found the object changed under it): this writer must write nothing more.
     #[error("{path}: fenced: another writer took the store over")]
@@ -106,9 +120,17 @@ impl Error {
     /// The `io::ErrorKind` behind this error, if it is an I/O error.
     pub fn io_kind(&self) -> Option<io::ErrorKind> {
         match self {
-            Error::Io { source, .. } => Some(source.kind()),
+            Error::Io { source, .. } | Error::Unavailable { source, .. } => Some(source.kind()),
             _ => None,
         }
+    }
+
+    /// Whether the same operation may succeed if tried again later: the store was
+    /// unavailable ([`Error::Unavailable`]). A local disk's failure is not (after a
+    /// failed `fsync` the kernel may have dropped the dirty pages, and a second `fsync`
+    /// would report success over lost data): its owner starts over from what is durable.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Unavailable { .. })
     }
 
     /// Whether this error means the file or directory does not exist.

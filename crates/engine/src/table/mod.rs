@@ -253,6 +253,13 @@ pub(crate) fn clone_error(e: &Error) -> Error {
                 source: std::io::Error::new(source.kind(), source.to_string()),
             })
         }
+        Error::Storage(phoenix_storage::Error::Unavailable { op, path, source }) => {
+            Error::Storage(phoenix_storage::Error::Unavailable {
+                op: *op,
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            })
+        }
         Error::Storage(phoenix_storage::Error::Locked { path }) => {
             Error::Storage(phoenix_storage::Error::Locked { path: path.clone() })
         }

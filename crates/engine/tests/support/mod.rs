@@ -1,8 +1,10 @@
-//! What the engine's tests share: a MinIO server to run against (`minio`) and loopback
+//! What the engine's tests share: a MinIO server to run against (`minio`), an object
+//! store that fails on request (`flaky`) and loopback
 //! ports for servers (`port`, also used by the server's, the CLI's and the Redis
 //! gateway's tests).
 #![allow(dead_code)]
 
+pub mod flaky;
 pub mod minio;
 mod port;
 pub use port::free_port;

@@ -1,0 +1,210 @@
+//! An object store over another that fails on request, as a remote store does when it
+//! is down or its answers are lost: every request of the kinds set down fails before it
+//! reaches the store; an upload whose answer is set to be lost lands, then fails.
+//! Failures are `object_store::Error::Generic`, what the S3 client reports for refused
+//! connections, timeouts and 5xx.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use object_store::path::Path;
+use object_store::{
+    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+};
+
+/// Kinds of request, as bits of [`Flaky::down`].
+pub const PUT: u32 = 1;
+/// Reads: GET, ranged GET and HEAD.
+pub const GET: u32 = 2;
+/// Listing.
+pub const LIST: u32 = 4;
+/// Deletes.
+pub const DELETE: u32 = 8;
+/// Every kind.
+pub const ALL: u32 = PUT | GET | LIST | DELETE;
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Flaky {
+    inner: Arc<dyn ObjectStore>,
+    /// Kinds of request that fail (bits above).
+    down: AtomicU32,
+    /// Uploads whose name contains [`Flaky::only`] fail (when set); others pass.
+    only: parking_lot::Mutex<Option<String>>,
+    /// Uploads to objects whose name contains the first string: the next so many of
+    /// them land, then fail.
+    lose: parking_lot::Mutex<Vec<(String, u32)>>,
+    /// Reads wait this long (milliseconds) before they go to the store.
+    slow_reads_ms: AtomicU64,
+    /// Requests failed so far.
+    pub failed: AtomicU64,
+    /// Reads (GET, ranged GET, HEAD) that reached the store so far.
+    pub reads: AtomicU64,
+}
+
+impl Flaky {
+    /// A store over `inner` that fails nothing yet.
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Arc<Flaky> {
+        Arc::new(Flaky {
+            inner,
+            down: AtomicU32::new(0),
+            only: parking_lot::Mutex::new(None),
+            lose: parking_lot::Mutex::new(Vec::new()),
+            slow_reads_ms: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+        })
+    }
+
+    /// Fails every request of `kinds` (bits; 0 heals) from now on.
+    pub fn set_down(&self, kinds: u32) {
+        self.down.store(kinds, Ordering::SeqCst);
+    }
+
+    /// Limits the failures of uploads to objects whose name contains `part`.
+    pub fn only_uploads_to(&self, part: Option<&str>) {
+        *self.only.lock() = part.map(str::to_string);
+    }
+
+    /// Makes the next `n` uploads to objects whose name contains `part` land and then
+    /// fail.
+    pub fn lose_answers_to(&self, part: &str, n: u32) {
+        self.lose.lock().push((part.to_string(), n));
+    }
+
+    /// Makes every read wait `d` before it goes to the store (zero: none).
+    pub fn slow_reads(&self, d: std::time::Duration) {
+        self.slow_reads_ms
+            .store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    async fn read_delay(&self) {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let ms = self.slow_reads_ms.load(Ordering::SeqCst);
+        if ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
+    }
+
+    /// Fails nothing more: every request goes through, and no answer is lost.
+    pub fn heal(&self) {
+        self.set_down(0);
+        self.lose.lock().clear();
+    }
+
+    /// Whether uploads are still to lose their answers.
+    pub fn losses_pending(&self) -> bool {
+        self.lose.lock().iter().any(|(_, n)| *n > 0)
+    }
+
+    fn fail(&self) -> object_store::Error {
+        self.failed.fetch_add(1, Ordering::SeqCst);
+        object_store::Error::Generic {
+            store: "flaky",
+            source: "connection refused (injected)".into(),
+        }
+    }
+
+    fn check(&self, kind: u32) -> Result<()> {
+        if self.down.load(Ordering::SeqCst) & kind != 0 {
+            return Err(self.fail());
+        }
+        Ok(())
+    }
+
+    fn check_put(&self, location: &Path) -> Result<bool> {
+        let named = self
+            .only
+            .lock()
+            .as_ref()
+            .is_none_or(|part| location.as_ref().contains(part.as_str()));
+        if named {
+            self.check(PUT)?;
+        }
+        let mut lose = self.lose.lock();
+        let lost = lose
+            .iter_mut()
+            .find(|(part, n)| *n > 0 && location.as_ref().contains(part.as_str()));
+        Ok(lost.map(|(_, n)| *n -= 1).is_some())
+    }
+}
+
+impl fmt::Display for Flaky {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Flaky({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Flaky {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        let lost = self.check_put(location)?;
+        let r = self.inner.put_opts(location, payload, opts).await?;
+        if lost {
+            return Err(self.fail());
+        }
+        Ok(r)
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.check_put(location)?;
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.check(GET)?;
+        self.read_delay().await;
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[Range<u64>],
+    ) -> Result<Vec<bytes::Bytes>> {
+        self.check(GET)?;
+        self.read_delay().await;
+        self.inner.get_ranges(location, ranges).await
+    }
+
+    async fn delete(&self, location: &Path) -> Result<()> {
+        self.check(DELETE)?;
+        self.inner.delete(location).await
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        if let Err(e) = self.check(LIST) {
+            return futures_util::stream::once(async move { Err(e) }).boxed();
+        }
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.check(LIST)?;
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy(&self, from: &Path, to: &Path) -> Result<()> {
+        self.check(PUT)?;
+        self.inner.copy(from, to).await
+    }
+
+    async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> Result<()> {
+        self.check(PUT)?;
+        self.inner.copy_if_not_exists(from, to).await
+    }
+}
