@@ -342,6 +342,17 @@ impl VersionSet {
         }
     }
 
+    /// Takes in a failed fresh manifest (a roll's or a renewal's): see
+    /// [`VersionSet::break_on`]; an error not of the storage breaks the set.
+    fn fail_on(&mut self, e: &Error) {
+        match e {
+            Error::Storage(s) => self.break_on(s),
+            other => {
+                self.broken.get_or_insert_with(|| other.to_string());
+            }
+        }
+    }
+
     /// Why the next edit must first start a fresh manifest (a manifest write failed on
     /// a store that was unavailable), if it must.
     pub fn stale_by(&self) -> Option<&str> {
@@ -361,12 +372,7 @@ impl VersionSet {
         };
         let old = StoredFile::Manifest(self.manifest_number);
         if let Err(e) = self.write_fresh_manifest() {
-            match &e {
-                Error::Storage(s) => self.break_on(s),
-                other => {
-                    self.broken.get_or_insert_with(|| other.to_string());
-                }
-            }
+            self.fail_on(&e);
             return Err(e);
         }
         tracing::info!(manifest = self.manifest_number, after = %why, "started a fresh manifest after a failed write");
@@ -449,12 +455,7 @@ impl VersionSet {
             // The old manifest is still complete and current; only the roll failed, but
             // the in-memory handle may be half-replaced: refuse further edits (or, the
             // store unavailable, renew at the next one).
-            match &e {
-                Error::Storage(s) => self.break_on(s),
-                other => {
-                    self.broken.get_or_insert_with(|| other.to_string());
-                }
-            }
+            self.fail_on(&e);
             return Err(e);
         }
         if let Err(e) = self.store.remove(&old) {
