@@ -46,7 +46,7 @@ use crate::merge::{clone_error, BoxIter, LevelIter, MergingIterator};
 use crate::options::{Options, ReadOptions, WalMode, WriteOptions, WRITE_GROUP_BYTES_MAX};
 use crate::range_del::Fragments;
 use crate::table::{BlockCache, Table, TableCache};
-use crate::table_store::{FsTableStore, SharedTableStore, StoredFile};
+use crate::table_store::{FsTableStore, Imported, SharedTableStore, StoredFile};
 use crate::version::{TableGet, Version};
 use crate::version_edit::{FileMeta, VersionEdit};
 use crate::version_set::VersionSet;
@@ -661,7 +661,8 @@ impl Db {
     /// level where no file's range overlaps it; snapshots taken before also see them.
     /// Otherwise writes are held off, overlapping memtables are flushed, and the files
     /// are copied in with one new sequence number so they shadow the older data; then
-    /// snapshots taken before do not see them. The source files are gone afterwards.
+    /// snapshots taken before do not see them. The source files are gone once it
+    /// returns `Ok` (after an error, see [`Db::replace_group`]).
     pub fn ingest(&self, paths: &[PathBuf]) -> Result<()> {
         self.inner.ingest(paths)
     }
@@ -674,7 +675,9 @@ impl Db {
     /// replaces each file sharing `g` with other groups by a copy without g's keys, and
     /// adds the new files, moved in as they are (sequence 0, each at the deepest level
     /// with room). The caller must not write to `g` meanwhile. The source files are gone
-    /// afterwards; snapshots taken before do not keep the old keys.
+    /// once it returns `Ok`; an error before the manifest edit, or an edit refused by an
+    /// unavailable store ([`Error::is_retryable`]), leaves them in place to try again
+    /// with. Snapshots taken before do not keep the old keys.
     pub fn replace_group(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
         self.inner.replace_group(g, paths)
     }
@@ -1673,7 +1676,7 @@ impl Inner {
         let view = self.view()?;
         let mut edit = VersionEdit::default();
         let mut written: Vec<u64> = Vec::new();
-        let mut moved: Vec<u64> = Vec::new();
+        let mut imported: Vec<(&Path, u64, Imported)> = Vec::new();
         let result = (|| -> Result<()> {
             for level in 0..view.version.num_levels() {
                 for f in view.version.files(level) {
@@ -1709,8 +1712,8 @@ impl Inner {
             for p in &prepared {
                 let level = ingest_level(&remaining, &p.props_meta, false);
                 let number = self.state.lock().vset.new_file_number();
-                self.store.import_table(&*self.fs, &p.path, number)?;
-                moved.push(number);
+                let how = self.store.import_table(&*self.fs, &p.path, number)?;
+                imported.push((&p.path, number, how));
                 let mut m = (*p.props_meta).clone();
                 m.number = number;
                 edit.new_files.push((level, Arc::new(m)));
@@ -1719,14 +1722,41 @@ impl Inner {
             Ok(())
         })();
         if let Err(e) = result {
-            for &n in written.iter().chain(&moved) {
-                // Best effort; a leftover is removed on the next open as not in the manifest.
-                let _ = self.store.delete_table(n);
-            }
+            self.undo_ingest(&written, &imported);
             return Err(e);
         }
         let st = self.state.lock();
-        self.install_edit(st, edit)
+        self.install_edit(st, edit)?;
+        self.remove_copied_sources(&imported);
+        Ok(())
+    }
+
+    /// Takes back the tables an ingest wrote and imported when it fails before its
+    /// manifest edit: written ones are deleted, imported ones given back to their
+    /// sources (a moved file renamed back), so the caller can try again with the same
+    /// files. Best effort; a leftover table is removed at the next open as not in the
+    /// manifest.
+    fn undo_ingest(&self, written: &[u64], imported: &[(&Path, u64, Imported)]) {
+        for &n in written {
+            let _ = self.store.delete_table(n);
+        }
+        for &(src, n, how) in imported {
+            if let Err(e) = self.store.unimport_table(&*self.fs, src, n, how) {
+                tracing::warn!(file = %src.display(), table = n, error = %e, "could not give an ingested file back");
+            }
+        }
+    }
+
+    /// Removes the sources an ingest copied in, once a durable edit names their copies
+    /// (after a failed edit they stay, to try again with).
+    fn remove_copied_sources(&self, imported: &[(&Path, u64, Imported)]) {
+        for &(src, _, how) in imported {
+            if how == Imported::Copied {
+                if let Err(e) = self.fs.delete(src) {
+                    tracing::warn!(file = %src.display(), error = %e, "could not remove an ingested source file");
+                }
+            }
+        }
     }
 
     /// Compacts every L0 file into L1 if one holds a key or tombstone of group `g`.
@@ -1829,21 +1859,31 @@ impl Inner {
     /// compaction lock.
     fn ingest_moved(&self, view: &View, prepared: &[Prepared]) -> Result<()> {
         let mut edit = VersionEdit::default();
-        for p in prepared {
-            // A file may span the range without holding anything in it: any level whose
-            // files leave room will do.
-            let level = ingest_level(&view.version, &p.props_meta, false);
-            let number = self.state.lock().vset.new_file_number();
-            self.store.import_table(&*self.fs, &p.path, number)?;
-            let mut m = (*p.props_meta).clone();
-            m.number = number;
-            edit.new_files.push((level, Arc::new(m)));
+        let mut imported: Vec<(&Path, u64, Imported)> = Vec::new();
+        let result = (|| -> Result<()> {
+            for p in prepared {
+                // A file may span the range without holding anything in it: any level
+                // whose files leave room will do.
+                let level = ingest_level(&view.version, &p.props_meta, false);
+                let number = self.state.lock().vset.new_file_number();
+                let how = self.store.import_table(&*self.fs, &p.path, number)?;
+                imported.push((&p.path, number, how));
+                let mut m = (*p.props_meta).clone();
+                m.number = number;
+                edit.new_files.push((level, Arc::new(m)));
+            }
+            self.store.sync()?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            self.undo_ingest(&[], &imported);
+            return Err(e);
         }
-        self.store.sync()?;
         let mut st = self.state.lock();
         st.vset.log_and_apply(edit)?;
         st.refresh_view();
         drop(st);
+        self.remove_copied_sources(&imported);
         self.bg_cv.notify_all();
         Ok(())
     }
@@ -1912,14 +1952,18 @@ impl Inner {
             Ok(())
         })();
         if let Err(e) = result {
-            for &n in &written {
-                // Best effort; a leftover is removed on the next open as not in the manifest.
-                let _ = self.store.delete_table(n);
-            }
+            self.undo_ingest(&written, &[]);
             return Err(e);
         }
         let mut st = self.state.lock();
-        st.vset.log_and_apply(edit)?;
+        if let Err(e) = st.vset.log_and_apply(edit) {
+            // The edit may have landed all the same (an answer lost): `seq` is spent
+            // either way, so no later write takes it — after a crash that recovers the
+            // edit, a write at `seq` and the files' entries would be one internal key's
+            // two versions. (No write is in flight: the caller holds the write gate.)
+            self.last_seq.fetch_max(seq, AtOrd::AcqRel);
+            return Err(e);
+        }
         // The view with the files first, then the sequence that makes them visible: a
         // reader never holds `seq` with a view that lacks them.
         st.refresh_view();

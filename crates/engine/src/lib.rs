@@ -34,5 +34,5 @@ pub use flash_cache::{FlashCache, FlashCacheStats};
 pub use object_table_store::ObjectTableStore;
 pub use options::{Options, ReadOptions, WalMode, WriteOptions};
 pub use sst_writer::{sst_get, SstWriter};
-pub use table_store::{FsTableStore, SharedTableStore, StoredFile, TableStore};
+pub use table_store::{FsTableStore, Imported, SharedTableStore, StoredFile, TableStore};
 pub use write_batch::WriteBatch;

@@ -58,7 +58,7 @@ use phoenix_storage::{FileSystem, IoOp, ReadableFile, WritableFile};
 use crate::error::{Error, Result};
 use crate::filename;
 use crate::flash_cache::{object_key, FlashCache, PAGE_BYTES};
-use crate::table_store::{parse_current, StoredFile, TableStore};
+use crate::table_store::{parse_current, Imported, StoredFile, TableStore};
 use crate::version_edit::VersionEdit;
 
 /// File numbers an engine that takes a store over skips (see the module docs).
@@ -372,8 +372,10 @@ impl Remote {
                         Some(d) => tokio::time::timeout(d, request).await.unwrap_or_else(|_| {
                             Err(object_store::Error::Generic {
                                 store: "phoenix",
-                                source: format!("no answer within the read deadline of {d:?}")
-                                    .into(),
+                                source: Box::new(std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    format!("no answer within the read deadline of {d:?}"),
+                                )),
                             })
                         }),
                     };
@@ -387,7 +389,10 @@ impl Remote {
         rx.recv().unwrap_or_else(|_| {
             Err(object_store::Error::Generic {
                 store: "phoenix",
-                source: "the object store's runtime dropped the request".into(),
+                source: Box::new(std::io::Error::new(
+                    std::io::ErrorKind::Interrupted,
+                    "the object store's runtime dropped the request",
+                )),
             })
         })
     }
@@ -498,11 +503,12 @@ impl Remote {
     }
 
     /// An object store's error as a storage error of the object's location, classified:
-    /// a missing object is `NotFound` (what `is_not_found` recognises); what the store
-    /// said "no" to for good (permissions, an unsupported call, a bad path) is an I/O
-    /// error; the rest — refused connections, timeouts, 5xx once the client's own
-    /// retries ran out, which the client reports all alike — is
-    /// [`Unavailable`](phoenix_storage::Error::Unavailable): retried later.
+    /// a missing object is `NotFound` (what `is_not_found` recognises); what says the
+    /// store is out of reach for now — a refused or reset connection, a timeout, a 5xx
+    /// (but 501 and 505) or 408/429 once the client's own retries ran out ([`transient`])
+    /// — is [`Unavailable`](phoenix_storage::Error::Unavailable): retried later; every
+    /// other answer (a 4xx, a failed condition, an error the client does not explain) is
+    /// an I/O error, which stops the work visibly rather than retrying it forever.
     fn error(
         &self,
         op: IoOp,
@@ -512,6 +518,13 @@ impl Remote {
         use object_store::Error as E;
         use std::io::ErrorKind;
         let path = self.location(object);
+        if transient(&e) {
+            return phoenix_storage::Error::Unavailable {
+                op,
+                path,
+                source: std::io::Error::other(e),
+            };
+        }
         let kind = match &e {
             E::NotFound { .. } => ErrorKind::NotFound,
             E::AlreadyExists { .. } => ErrorKind::AlreadyExists,
@@ -520,16 +533,67 @@ impl Remote {
             | E::NotSupported { .. }
             | E::NotImplemented
             | E::UnknownConfigurationKey { .. } => ErrorKind::Unsupported,
-            _ => {
-                return phoenix_storage::Error::Unavailable {
-                    op,
-                    path,
-                    source: std::io::Error::other(e),
-                }
-            }
+            _ => ErrorKind::Other,
         };
         phoenix_storage::Error::io(op, path, std::io::Error::new(kind, e))
     }
+}
+
+/// Whether an object store's error says the store could not be reached or answer for
+/// now. The client reports transport failures and 5xx alike as `Generic`; its own
+/// error types are private, so the cause is found down the error's chain: a transport
+/// error of a kind that means no answer ([`HttpError`](object_store::client::HttpError)
+/// connect / request / timeout / interrupted, or such an `io::Error`), or a status the
+/// client gave up retrying.
+fn transient(e: &object_store::Error) -> bool {
+    use object_store::client::HttpErrorKind as H;
+    use std::io::ErrorKind as K;
+    let object_store::Error::Generic { source, .. } = e else {
+        return false;
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+    while let Some(c) = cause {
+        if let Some(h) = c.downcast_ref::<object_store::client::HttpError>() {
+            match h.kind() {
+                H::Connect | H::Request | H::Timeout | H::Interrupted => return true,
+                // Decode / unknown: look further down (an io::Error may say more).
+                _ => {}
+            }
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                K::ConnectionRefused
+                    | K::ConnectionReset
+                    | K::ConnectionAborted
+                    | K::NotConnected
+                    | K::BrokenPipe
+                    | K::TimedOut
+                    | K::Interrupted
+                    | K::UnexpectedEof
+            ) {
+                return true;
+            }
+        }
+        if let Some(status) = status_of(c) {
+            return matches!(status, 500 | 502..=504 | 506..=599 | 408 | 429);
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// The HTTP status an error of the S3 client names, if it is one: the client's own
+/// request error reads "Server returned non-2xx status code: <code> …" (its type is
+/// private); an error *response* (a 200 carrying an S3 error document, which S3 sends
+/// for internal errors met after the status went out) counts as a 500.
+fn status_of(e: &dyn std::error::Error) -> Option<u16> {
+    let text = e.to_string();
+    if text.starts_with("Server returned error response") {
+        return Some(500);
+    }
+    let rest = text.strip_prefix("Server returned non-2xx status code: ")?;
+    rest.get(..3)?.parse().ok()
 }
 
 impl TableStore for ObjectTableStore {
@@ -580,12 +644,22 @@ impl TableStore for ObjectTableStore {
         Ok(self.inner.delete(&object)?)
     }
 
-    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<()> {
+    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<Imported> {
         let data = from.read_all(src)?;
         let object = self.inner.object(&crate::table::table_file_name(number));
         self.inner.put_if(&object, Bytes::from(data), None, true)?;
-        from.delete(src)?;
-        Ok(())
+        Ok(Imported::Copied)
+    }
+
+    fn unimport_table(
+        &self,
+        _from: &dyn FileSystem,
+        _src: &Path,
+        number: u64,
+        how: Imported,
+    ) -> Result<()> {
+        debug_assert_eq!(how, Imported::Copied, "an object store only copies");
+        self.delete_table(number)
     }
 
     fn sync(&self) -> Result<()> {

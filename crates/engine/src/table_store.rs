@@ -87,9 +87,21 @@ pub trait TableStore: Send + Sync + std::fmt::Debug {
     /// is an error that [`phoenix_storage::Error::is_not_found`] recognises.
     fn delete_table(&self, number: u64) -> Result<()>;
 
-    /// Takes the finished, synced file `src` of `from` in as table `number`; `src` is
-    /// gone afterwards. Durable after [`TableStore::sync`].
-    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<()>;
+    /// Takes the finished, synced file `src` of `from` in as table `number`, by a
+    /// rename where the store can (`src` is gone then) or a copy (`src` stays: the
+    /// caller removes it once a durable manifest names the table, and still has it to
+    /// take in again if the edit fails). Durable after [`TableStore::sync`].
+    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<Imported>;
+
+    /// Undoes an import that no manifest names (its edit was never written): a table
+    /// moved in goes back to `src`, a copy is deleted.
+    fn unimport_table(
+        &self,
+        from: &dyn FileSystem,
+        src: &Path,
+        number: u64,
+        how: Imported,
+    ) -> Result<()>;
 
     /// Makes the tables created, imported and deleted so far durable as present or
     /// absent (a directory's sync on a file system).
@@ -123,6 +135,15 @@ pub trait TableStore: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// How [`TableStore::import_table`] took a file in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Imported {
+    /// Renamed into the store: the source is gone.
+    Moved,
+    /// Copied: the source stays until the caller removes it.
+    Copied,
+}
+
 /// Tables and manifest as files in directory `dir` of `fs` (the layout of `filename.rs`).
 #[derive(Debug, Clone)]
 pub struct FsTableStore {
@@ -133,6 +154,11 @@ pub struct FsTableStore {
 }
 
 impl FsTableStore {
+    /// Whether `fs` is the store's own file system (a rename can take a file in).
+    fn same_fs(&self, fs: &dyn FileSystem) -> bool {
+        std::ptr::addr_eq(fs as *const dyn FileSystem, Arc::as_ptr(&self.fs))
+    }
+
     /// A store over `dir`, which must exist. Nothing keeps a second engine out: for the
     /// engine's own directory, whose lock the engine holds (`Db::open`).
     pub fn new(fs: SharedFs, dir: &Path) -> FsTableStore {
@@ -179,15 +205,14 @@ impl TableStore for FsTableStore {
         Ok(self.fs.delete(&self.table_location(number))?)
     }
 
-    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<()> {
+    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<Imported> {
         let dest = self.table_location(number);
         // A rename where the source is on the store's file system; a synced copy
         // otherwise (another file system, or a rename refused across devices). Any
         // other failure of the rename is the caller's to see.
-        let same_fs = std::ptr::addr_eq(from as *const dyn FileSystem, Arc::as_ptr(&self.fs));
-        if same_fs {
+        if self.same_fs(from) {
             match self.fs.rename(src, &dest) {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(Imported::Moved),
                 Err(e) if e.io_kind() == Some(std::io::ErrorKind::CrossesDevices) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -197,8 +222,8 @@ impl TableStore for FsTableStore {
             let mut f = self.fs.create(&dest, Default::default())?;
             f.append(&data)?;
             f.sync_all()?;
-            // The copy's name is durable before the source goes: a power loss between
-            // the two would otherwise leave the table in neither place.
+            // The copy's name is durable before the caller removes the source: a power
+            // loss between the two would otherwise leave the table in neither place.
             self.fs.sync_dir(&self.dir)?;
             Ok(())
         })();
@@ -207,8 +232,31 @@ impl TableStore for FsTableStore {
             let _ = self.fs.delete(&dest);
             return Err(e);
         }
-        from.delete(src)?;
-        Ok(())
+        Ok(Imported::Copied)
+    }
+
+    fn unimport_table(
+        &self,
+        from: &dyn FileSystem,
+        src: &Path,
+        number: u64,
+        how: Imported,
+    ) -> Result<()> {
+        let dest = self.table_location(number);
+        match how {
+            Imported::Moved => {
+                debug_assert!(
+                    self.same_fs(from),
+                    "a table moved in from another file system"
+                );
+                self.fs.rename(&dest, src)?;
+                if let Some(parent) = src.parent() {
+                    self.fs.sync_dir(parent)?;
+                }
+                Ok(())
+            }
+            Imported::Copied => Ok(self.fs.delete(&dest)?),
+        }
     }
 
     fn sync(&self) -> Result<()> {

@@ -1256,3 +1256,54 @@ fn a_failed_flush_is_reported_as_the_storages_failure() {
     assert!(db.put(&wo, b"k2", b"v").is_err(), "writes are refused");
     m.clear_faults();
 }
+
+/// An ingest that fails after moving its files in but before its manifest edit (here
+/// the store's directory sync fails) gives them back: each file is at its source path
+/// again, nothing of it is in the engine, and the same call succeeds afterwards.
+#[test]
+fn an_ingest_that_fails_before_its_edit_gives_its_files_back() {
+    let (mem, fs) = fs();
+    let dir = Path::new("/db");
+    let db = Db::open(Arc::clone(&fs), dir, small_opts(WalMode::None)).unwrap();
+    let table = small_opts(WalMode::None).table;
+    let mut paths = Vec::new();
+    let mut want = Vec::new();
+    for g in [4u64, 5] {
+        let path = std::path::PathBuf::from(format!("/in-{g}.sst"));
+        let mut w = phoenix_engine::SstWriter::create(&fs, &path, &table).unwrap();
+        for i in 0..20u32 {
+            let mut k = g.to_be_bytes().to_vec();
+            k.extend_from_slice(format!("d{i:04}").as_bytes());
+            w.put(&k, b"in").unwrap();
+            want.push((k, b"in".to_vec()));
+        }
+        w.finish().unwrap();
+        paths.push(path);
+    }
+    let ssts = |fs: &SharedFs| {
+        fs.list(dir)
+            .unwrap()
+            .into_iter()
+            .filter(|n| n.ends_with(".sst"))
+            .count()
+    };
+    let before = ssts(&fs);
+    mem.inject(
+        phoenix_storage::FaultKind::Sync,
+        1,
+        std::io::ErrorKind::Other,
+        false,
+    );
+    db.ingest(&paths).unwrap_err();
+    for p in &paths {
+        assert!(fs.exists(p).unwrap(), "{} not given back", p.display());
+    }
+    assert_eq!(ssts(&fs), before, "a table of the failed ingest stays");
+    let ro = ReadOptions::default();
+    assert!(scan(&db, &ro).is_empty());
+    db.ingest(&paths).unwrap();
+    assert_eq!(scan(&db, &ro), want);
+    db.close().unwrap();
+    let db = Db::open(Arc::clone(&fs), dir, small_opts(WalMode::None)).unwrap();
+    assert_eq!(scan(&db, &ro), want);
+}

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use phoenix_engine::{
-    Db, FsTableStore, ObjectTableStore, Options, ReadOptions, Result, SharedTableStore, StoredFile,
-    TableStore, WalMode, WriteOptions,
+    Db, FsTableStore, Imported, ObjectTableStore, Options, ReadOptions, Result, SharedTableStore,
+    StoredFile, TableStore, WalMode, WriteOptions,
 };
 use phoenix_storage::{FileSystem, MemFs, ReadableFile, SharedFs, WritableFile};
 
@@ -113,9 +113,18 @@ impl TableStore for Tap {
         self.deleted.fetch_add(1, Ordering::Relaxed);
         self.inner.delete_table(number)
     }
-    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<()> {
+    fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<Imported> {
         self.imported.fetch_add(1, Ordering::Relaxed);
         self.inner.import_table(from, src, number)
+    }
+    fn unimport_table(
+        &self,
+        from: &dyn FileSystem,
+        src: &Path,
+        number: u64,
+        how: Imported,
+    ) -> Result<()> {
+        self.inner.unimport_table(from, src, number, how)
     }
     fn sync(&self) -> Result<()> {
         self.inner.sync()

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -385,4 +385,209 @@ fn background_work_resumes_after_minio_is_killed_and_restarted() {
         "after reopening, seed {seed} ({writes} writes)"
     );
     db.close().unwrap();
+}
+
+/// Keys of group `g` (the first 8 bytes name the group).
+fn group_key(g: u64, i: u32) -> Vec<u8> {
+    let mut k = g.to_be_bytes().to_vec();
+    k.extend_from_slice(format!("k{i:05}").as_bytes());
+    k
+}
+
+/// A table at `path` of `fs` holding `keys` of group `g`, each with value `v`.
+fn table_file(fs: &SharedFs, path: &str, g: u64, keys: std::ops::Range<u32>, v: &str) -> PathBuf {
+    let path = PathBuf::from(path);
+    let mut w = phoenix_engine::SstWriter::create(fs, &path, &Default::default()).unwrap();
+    for i in keys {
+        w.put(&group_key(g, i), v.as_bytes()).unwrap();
+    }
+    w.finish().unwrap();
+    path
+}
+
+/// An ingest over existing data takes a new sequence number S for its files; when its
+/// manifest edit lands but the answer is lost, the engine does not know whether S is
+/// in the manifest. A write after it must not take S too: after a crash (before a fresh
+/// manifest replaced the one with the edit) the ingested value and the write would be
+/// the same internal key's two versions, and a compaction keeps one of them at random
+/// (a put at S over a delete at S: the acknowledged delete is lost).
+#[test]
+fn a_write_after_an_ingest_of_unknown_outcome_is_newer_than_the_ingest() {
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = Arc::clone(&mem) as SharedFs;
+    let store = Flaky::new(Arc::new(InMemory::new()));
+    let open_logged = || {
+        let tables =
+            ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+        let o = Options {
+            wal: WalMode::Log,
+            ..opts()
+        };
+        Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap()
+    };
+    let db = open_logged();
+    let sync = WriteOptions {
+        sync: true,
+        ..WriteOptions::default()
+    };
+    let k = group_key(7, 1);
+    db.put(&sync, &k, b"old").unwrap();
+    db.flush().unwrap();
+    // Over existing data: the ingest takes a new sequence number.
+    let file = table_file(&fs, "/ingest.sst", 7, 1..2, "ingested");
+    store.lose_answers_to("MANIFEST", 1);
+    let e = db.ingest(&[file]).unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    db.delete(&sync, &k).unwrap();
+    // A crash before anything else reaches the bucket: the manifest holding the edit is
+    // still the current one; the delete is in the synced log.
+    store.set_down(flaky::ALL);
+    drop(db);
+    mem.crash();
+    store.set_down(0);
+    let db = open_logged();
+    db.compact_range(None, None).unwrap();
+    assert_eq!(
+        db.get(&ReadOptions::default(), &k).unwrap(),
+        None,
+        "the acknowledged delete was shadowed by the ingest it followed"
+    );
+    db.close().unwrap();
+}
+
+/// A snapshot install (`replace_group`) and an ingest into an empty range whose
+/// manifest edit the store refuses fail as unavailable and keep their source files, so
+/// the caller can try them again once the store answers; then the group holds exactly
+/// the files' keys, also after reopening.
+#[test]
+fn a_refused_replace_group_or_ingest_keeps_its_sources_to_try_again() {
+    let (fs, _bucket, store) = setup();
+    let db = open(&fs, &store);
+    let mut model = BTreeMap::new();
+    for i in 0..50 {
+        let (k, v) = (group_key(3, i), b"old".to_vec());
+        db.put(&WriteOptions::default(), &k, &v).unwrap();
+        model.insert(k, v);
+    }
+    db.flush().unwrap();
+    let install = table_file(&fs, "/install.sst", 3, 10..30, "installed");
+    let moved = table_file(&fs, "/moved.sst", 9, 0..20, "moved");
+    store.only_uploads_to(Some("MANIFEST"));
+    store.set_down(flaky::PUT);
+    let e = db
+        .replace_group(3, std::slice::from_ref(&install))
+        .unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    let e = db.ingest(std::slice::from_ref(&moved)).unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert!(fs.exists(&install).unwrap() && fs.exists(&moved).unwrap());
+    assert_eq!(scan(&db), model, "nothing changed");
+    store.set_down(0);
+    db.replace_group(3, std::slice::from_ref(&install)).unwrap();
+    db.ingest(std::slice::from_ref(&moved)).unwrap();
+    assert!(!fs.exists(&install).unwrap() && !fs.exists(&moved).unwrap());
+    model.retain(|k, _| !k.starts_with(&3u64.to_be_bytes()));
+    for i in 10..30 {
+        model.insert(group_key(3, i), b"installed".to_vec());
+    }
+    for i in 0..20 {
+        model.insert(group_key(9, i), b"moved".to_vec());
+    }
+    assert_eq!(scan(&db), model);
+    db.close().unwrap();
+    reopened_holds(&fs, &store, &model);
+}
+
+/// An HTTP server on loopback that answers every request with `status` (no body) and
+/// closes the connection; it stops when dropped.
+struct Answering {
+    port: u16,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Answering {
+    fn start(status: &'static str) -> Answering {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                let Ok((mut conn, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                conn.set_nonblocking(false).unwrap();
+                conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+            }
+        });
+        Answering {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What the S3 client's answers mean to the engine: no connection or a 5xx (after the
+/// client's own retries) is unavailable, retried later; a 4xx, a failed condition or a
+/// 501 says "no" for good and is a plain error, which stops the work visibly instead
+/// of retrying it forever; a 404 is a missing object.
+#[test]
+fn answers_of_an_s3_server_are_classified() {
+    let read_pointer = |port: u16| {
+        let url = format!(
+            "s3://bucket/db?endpoint=http://127.0.0.1:{port}&skip_signature=true\
+             &max_retries=1&retry_timeout_ms=2000"
+        );
+        let store = ObjectTableStore::from_url(&url).unwrap();
+        phoenix_engine::TableStore::read_current_manifest(&store).map(|m| m.is_some())
+    };
+    for (status, retryable) in [
+        ("503 Service Unavailable", true),
+        ("500 Internal Server Error", true),
+        ("429 Too Many Requests", true),
+        ("400 Bad Request", false),
+        ("403 Forbidden", false),
+        ("412 Precondition Failed", false),
+        ("416 Range Not Satisfiable", false),
+        ("501 Not Implemented", false),
+    ] {
+        let server = Answering::start(status);
+        let e = read_pointer(server.port).unwrap_err();
+        assert_eq!(e.is_retryable(), retryable, "{status}: {e}");
+    }
+    let server = Answering::start("404 Not Found");
+    assert!(!read_pointer(server.port).unwrap(), "a 404 is no pointer");
+    // Nothing listens: the connection is refused.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let e = read_pointer(port).unwrap_err();
+    assert!(e.is_retryable(), "refused: {e}");
 }

@@ -106,7 +106,10 @@ impl Flaky {
         self.failed.fetch_add(1, Ordering::SeqCst);
         object_store::Error::Generic {
             store: "flaky",
-            source: "connection refused (injected)".into(),
+            source: Box::new(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "connection refused (injected)",
+            )),
         }
     }
 
