@@ -69,6 +69,23 @@ struct View {
     version: Arc<Version>,
 }
 
+/// Background work that is tried again on an unavailable table store (an index into
+/// `State::retrying` and `State::retries`).
+#[derive(Debug, Clone, Copy)]
+enum Work {
+    Flush = 0,
+    Compaction = 1,
+}
+
+impl Work {
+    fn name(self) -> &'static str {
+        match self {
+            Work::Flush => "flush",
+            Work::Compaction => "compaction",
+        }
+    }
+}
+
 struct State {
     mem: Arc<MemTable>,
     /// Immutable memtables, oldest first (flush order).
@@ -85,13 +102,13 @@ struct State {
     /// The object whose conditional write found another writer's, when that is what
     /// turned the engine read-only (`Error::is_fenced`).
     bg_fenced: Option<PathBuf>,
-    /// The last background failure on a table store that was unavailable, while the
-    /// work waits to be tried again (cleared when it succeeds): the engine stays
-    /// writable meanwhile, until its memtables fill and writers stall.
-    retrying: Option<Error>,
-    /// Background failures tried again so far, and of them flushes.
-    retries: u64,
-    flush_retries: u64,
+    /// For flushes and for compactions (by [`Work`]): the last failure on a table store
+    /// that was unavailable, while the work waits to be tried again (cleared when it
+    /// succeeds): the engine stays writable meanwhile, until its memtables fill (or L0
+    /// reaches the stop trigger) and writers stall.
+    retrying: [Option<Error>; 2],
+    /// Failures tried again so far, by [`Work`].
+    retries: [u64; 2],
     closed: bool,
     pointers: Vec<Vec<u8>>,
     /// Files that running compactions read.
@@ -99,6 +116,16 @@ struct State {
 }
 
 impl State {
+    /// The error of `work`'s latest failure if it has failed again since the counts
+    /// `before` were taken and still waits to be tried again.
+    fn retried_since(&self, before: &[u64; 2], work: Work) -> Option<Error> {
+        let w = work as usize;
+        if self.retries[w] == before[w] {
+            return None;
+        }
+        self.retrying[w].as_ref().map(crate::table::clone_error)
+    }
+
     fn refresh_view(&mut self) {
         let v = Arc::new(View {
             mem: Arc::clone(&self.mem),
@@ -463,9 +490,8 @@ impl Db {
             next_mem_id,
             bg_error: None,
             bg_error_io: false,
-            retrying: None,
-            retries: 0,
-            flush_retries: 0,
+            retrying: [None, None],
+            retries: [0; 2],
             bg_fenced: None,
             closed: false,
             pointers: vec![Vec::new(); num_levels],
@@ -1071,7 +1097,7 @@ impl Inner {
         let mut slowed = false;
         let mut stalled = false;
         let mut st = self.state.lock();
-        let flush_retries = st.flush_retries;
+        let retries_before = st.retries;
         loop {
             if st.closed {
                 return Err(Error::Closed);
@@ -1118,11 +1144,15 @@ impl Inner {
             }
             if too_many_imm || too_many_l0 {
                 // A flush asked for (`force`) does not wait out an unavailable store: it
-                // fails once one more try of the background flush has failed (as
-                // `wait_immutables_flushed` does). Writes wait: that is the back-pressure.
-                if force && st.flush_retries != flush_retries {
-                    if let Some(e) = &st.retrying {
-                        return Err(crate::table::clone_error(e));
+                // fails once one more try of the work it waits on (flushes for the
+                // memtables, compactions for L0) has failed, as `wait_immutables_flushed`
+                // does. Writes wait: that is the back-pressure.
+                if force {
+                    let waits_on = [(too_many_imm, Work::Flush), (too_many_l0, Work::Compaction)];
+                    for (waits, work) in waits_on {
+                        if let (true, Some(e)) = (waits, st.retried_since(&retries_before, work)) {
+                            return Err(e);
+                        }
                     }
                 }
                 if !stalled {
@@ -1201,15 +1231,13 @@ impl Inner {
     fn wait_immutables_flushed(&self) -> Result<()> {
         let mut st = self.state.lock();
         let target = st.next_mem_id;
-        let retries = st.flush_retries;
+        let retries_before = st.retries;
         loop {
             if let Some(e) = st.refused() {
                 return Err(e);
             }
-            if st.flush_retries != retries {
-                if let Some(e) = &st.retrying {
-                    return Err(crate::table::clone_error(e));
-                }
+            if let Some(e) = st.retried_since(&retries_before, Work::Flush) {
+                return Err(e);
             }
             if st.imm.front().is_none_or(|m| m.id() >= target) {
                 return Ok(());
@@ -1260,8 +1288,8 @@ impl Inner {
                 }
             };
             match self.flush_one(&mem) {
-                Ok(()) => self.background_done("flush", &mut backoff),
-                Err(e) => self.background_failed("flush", &e, &mut backoff),
+                Ok(()) => self.background_done(Work::Flush, &mut backoff),
+                Err(e) => self.background_failed(Work::Flush, &e, &mut backoff),
             }
         }
     }
@@ -1270,17 +1298,15 @@ impl Inner {
     /// tried again after `backoff` (doubled for the next time, up to
     /// `Options::retry_backoff_max`) while the engine stays writable; any other failure turns
     /// the engine read-only.
-    fn background_failed(&self, what: &str, e: &Error, backoff: &mut Duration) {
+    fn background_failed(&self, work: Work, e: &Error, backoff: &mut Duration) {
+        let what = work.name();
         if !e.is_retryable() {
             self.set_bg_error(what, e);
             return;
         }
         let mut st = self.state.lock();
-        st.retries += 1;
-        if what == "flush" {
-            st.flush_retries += 1;
-        }
-        st.retrying = Some(crate::table::clone_error(e));
+        st.retries[work as usize] += 1;
+        st.retrying[work as usize] = Some(crate::table::clone_error(e));
         tracing::warn!(error = %e, retry_in = ?*backoff, "{what} failed on an unavailable table store; trying again");
         self.bg_cv.notify_all();
         let until = Instant::now() + *backoff;
@@ -1295,11 +1321,11 @@ impl Inner {
     }
 
     /// Background work (`what`) succeeded: a retry pending is over.
-    fn background_done(&self, what: &str, backoff: &mut Duration) {
+    fn background_done(&self, work: Work, backoff: &mut Duration) {
         *backoff = RETRY_BACKOFF_MIN;
         let mut st = self.state.lock();
-        if let Some(e) = st.retrying.take() {
-            tracing::info!(after = %e, "{what} succeeded again: background work resumed");
+        if let Some(e) = st.retrying[work as usize].take() {
+            tracing::info!(after = %e, "{} succeeded again: background work resumed", work.name());
         }
     }
 
@@ -1400,8 +1426,8 @@ impl Inner {
                 drop(shared);
                 self.bg_cv.notify_all();
                 match r {
-                    Ok(()) => self.background_done("compaction", &mut backoff),
-                    Err(e) => self.background_failed("compaction", &e, &mut backoff),
+                    Ok(()) => self.background_done(Work::Compaction, &mut backoff),
+                    Err(e) => self.background_failed(Work::Compaction, &e, &mut backoff),
                 }
             }
         }
@@ -1520,6 +1546,8 @@ impl Inner {
     }
 
     fn drop_groups(&self, groups: &[u64]) -> Result<()> {
+        // Maintenance, not a user's read: its table reads wait as a compaction's do.
+        let _background = crate::io_class::Background::enter();
         let mut groups = groups.to_vec();
         groups.sort_unstable();
         groups.dedup();
@@ -1596,6 +1624,8 @@ impl Inner {
     }
 
     fn ingest(&self, paths: &[PathBuf]) -> Result<()> {
+        // Maintenance, not a user's read: its table reads wait as a compaction's do.
+        let _background = crate::io_class::Background::enter();
         if paths.is_empty() {
             return Ok(());
         }
@@ -1626,6 +1656,8 @@ impl Inner {
 
     /// See [`Db::replace_group_by_tombstone`].
     fn replace_group_by_tombstone(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
+        // Maintenance, not a user's read: its table reads wait as a compaction's do.
+        let _background = crate::io_class::Background::enter();
         let prepared = self.prepare_group_ingest(g, paths)?;
         let (start, Some(end)) = group_range(g) else {
             return Err(Error::InvalidArgument(format!(
@@ -1646,6 +1678,8 @@ impl Inner {
 
     /// See [`Db::replace_group`].
     fn replace_group(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
+        // Maintenance, not a user's read: its table reads wait as a compaction's do.
+        let _background = crate::io_class::Background::enter();
         let prepared = self.prepare_group_ingest(g, paths)?;
         let (gs, ge) = group_range(g);
         // Inclusive bound for the overlap checks: the first key past the group counts
@@ -2072,8 +2106,8 @@ impl Inner {
             block_cache_usage: self.block_cache.as_ref().map_or(0, |b| b.usage()),
             last_sequence: self.last_seq.load(AtOrd::Acquire),
             snapshots: self.snapshots.seqs.lock().values().sum(),
-            background_retries: st.retries,
-            background_retrying: st.retrying.as_ref().map(|e| e.to_string()),
+            background_retries: st.retries.iter().sum(),
+            background_retrying: st.retrying.iter().flatten().next().map(|e| e.to_string()),
         }
     }
 }

@@ -287,10 +287,18 @@ impl MergingIterator {
         }
     }
 
-    /// Rebuilds the heap from every valid child for direction `dir`.
+    /// Rebuilds the heap from every valid child for direction `dir`; none if a child
+    /// failed (see [`MergingIterator::fix_top`]).
     fn rebuild(&mut self, dir: Direction) {
         self.direction = dir;
         self.heap.clear();
+        if self
+            .children
+            .iter()
+            .any(|c| !c.valid() && c.status().is_err())
+        {
+            return;
+        }
         self.heap
             .extend((0..self.children.len()).filter(|&i| self.children[i].valid()));
         for i in (0..self.heap.len() / 2).rev() {
@@ -300,12 +308,18 @@ impl MergingIterator {
     }
 
     /// After the top child moved: keeps it in place if still first, else sifts it down
-    /// (or drops it when exhausted).
+    /// (or drops it when exhausted). A child that failed ends the merge, its error in
+    /// `status`: the others alone would show what it shadows (an older value, a deleted
+    /// key) as current.
     fn fix_top(&mut self) {
         let Some(&top) = self.heap.first() else {
             return;
         };
         if !self.children[top].valid() {
+            if self.children[top].status().is_err() {
+                self.heap.clear();
+                return;
+            }
             self.heap.swap_remove(0);
         }
         sift_down(&self.children, self.direction, &mut self.heap, 0);
@@ -435,6 +449,98 @@ mod tests {
     use super::*;
     use crate::key::{internal_key, ValueKind};
     use crate::memtable::MemTable;
+
+    /// An iterator over `inner` whose read fails after `steps` moves: it turns invalid
+    /// and reports the error, as a table iterator whose block read failed does.
+    struct FailsAfter {
+        inner: BoxIter,
+        steps: usize,
+    }
+
+    impl FailsAfter {
+        fn step(&mut self) {
+            self.steps = self.steps.saturating_sub(1);
+        }
+    }
+
+    impl InternalIterator for FailsAfter {
+        fn valid(&self) -> bool {
+            self.steps > 0 && self.inner.valid()
+        }
+        fn seek_to_first(&mut self) {
+            self.inner.seek_to_first();
+        }
+        fn seek_to_last(&mut self) {
+            self.inner.seek_to_last();
+        }
+        fn seek(&mut self, target: &[u8]) {
+            self.inner.seek(target);
+        }
+        fn seek_for_prev(&mut self, target: &[u8]) {
+            self.inner.seek_for_prev(target);
+        }
+        fn next(&mut self) {
+            self.step();
+            self.inner.next();
+        }
+        fn prev(&mut self) {
+            self.step();
+            self.inner.prev();
+        }
+        fn key(&self) -> &[u8] {
+            self.inner.key()
+        }
+        fn value(&self) -> &[u8] {
+            self.inner.value()
+        }
+        fn status(&self) -> Result<()> {
+            if self.steps == 0 {
+                return Err(Error::Background("injected read failure".into()));
+            }
+            Ok(())
+        }
+    }
+
+    /// A child that fails mid-scan ends the merge (invalid, the error in `status`): going
+    /// on with the other children would show keys the failed one shadows (an older
+    /// value, a deleted key) as if they were current.
+    #[test]
+    fn a_child_that_fails_ends_the_merge() {
+        for reverse in [false, true] {
+            let a = Arc::new(MemTable::new(1));
+            let b = Arc::new(MemTable::new(2));
+            for i in 0..20u64 {
+                let k = format!("{i:03}");
+                a.add(100 + i, ValueKind::Put, k.as_bytes(), b"new");
+                b.add(1 + i, ValueKind::Put, k.as_bytes(), b"old");
+            }
+            let failing = FailsAfter {
+                inner: Box::new(a.iter()),
+                steps: 5,
+            };
+            let mut m = MergingIterator::new(vec![Box::new(failing), Box::new(b.iter())]);
+            if reverse {
+                m.seek_to_last();
+            } else {
+                m.seek_to_first();
+            }
+            let mut seen = 0;
+            while m.valid() {
+                seen += 1;
+                assert!(seen <= 40);
+                if reverse {
+                    m.prev();
+                } else {
+                    m.next();
+                }
+            }
+            assert!(m.status().is_err(), "the failure is reported");
+            assert!(
+                seen < 12,
+                "the merge went on past the failed child: {seen} entries"
+            );
+        }
+    }
 
     #[test]
     fn merges_both_directions() {

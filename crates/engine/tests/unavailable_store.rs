@@ -591,3 +591,85 @@ fn answers_of_an_s3_server_are_classified() {
     let e = read_pointer(port).unwrap_err();
     assert!(e.is_retryable(), "refused: {e}");
 }
+
+/// Compactions fail (reads refused) until L0 reaches the stop trigger: a flush asked
+/// for then waits on compactions, not on flushes; it fails with the retryable error
+/// once one more compaction has failed, rather than wait out the outage.
+#[test]
+fn a_flush_stalled_on_failing_compactions_fails_instead_of_waiting() {
+    let (fs, _bucket, store) = setup();
+    let tables = ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+    let o = Options {
+        level0_slowdown_writes_trigger: 3,
+        level0_stop_writes_trigger: 3,
+        retry_backoff_max: Duration::from_millis(400),
+        ..opts()
+    };
+    let db = Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap();
+    let mut model = BTreeMap::new();
+    store.set_down(flaky::GET);
+    for round in 0..3 {
+        write(&db, &mut model, round * 100..round * 100 + 50, "v");
+        db.flush().unwrap();
+    }
+    assert!(db.stats().levels[0].files >= 3);
+    write(&db, &mut model, 1000..1010, "w");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let flusher = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || tx.send(db.flush()).unwrap())
+    };
+    let answer = rx.recv_timeout(Duration::from_secs(20));
+    store.set_down(0);
+    let e = answer
+        .expect("the flush still waits 20 s into the outage")
+        .unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    flusher.join().unwrap();
+    db.flush().unwrap();
+    assert_eq!(scan(&db), model);
+    db.close().unwrap();
+    reopened_holds(&fs, &store, &model);
+}
+
+/// Flushes and compactions keep their own retry state: while compactions fail (reads
+/// refused), a flush that succeeds does not make the engine report that nothing is
+/// being retried.
+#[test]
+fn a_flush_that_succeeds_does_not_hide_failing_compactions() {
+    let (fs, _bucket, store) = setup();
+    let tables = ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+    let o = Options {
+        retry_backoff_max: Duration::from_secs(2),
+        ..opts()
+    };
+    let db = Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap();
+    let mut model = BTreeMap::new();
+    store.set_down(flaky::GET);
+    for round in 0..2 {
+        write(&db, &mut model, round * 100..round * 100 + 50, "v");
+        db.flush().unwrap();
+    }
+    // Compactions have failed a few times: the next try is a while away.
+    wait_until(&db, "compactions tried again", |s| {
+        s.background_retries >= 4
+    });
+    write(&db, &mut model, 500..550, "w");
+    db.flush().unwrap();
+    let until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < until {
+        let s = db.stats();
+        assert!(
+            s.background_retrying.is_some(),
+            "compactions still fail, yet nothing is said to be retried: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    store.set_down(0);
+    wait_until(&db, "the compaction runs by itself", |s| {
+        s.compactions >= 1 && s.background_retrying.is_none()
+    });
+    assert_eq!(scan(&db), model);
+    db.close().unwrap();
+    reopened_holds(&fs, &store, &model);
+}
