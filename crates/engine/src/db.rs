@@ -1356,7 +1356,7 @@ impl Inner {
             if let Some(m) = &meta {
                 edit.new_files.push((0, Arc::clone(m)));
             }
-            st.vset.log_and_apply(edit)?;
+            self.log_and_apply(&mut st, edit)?;
             st.imm.pop_front();
             st.refresh_view();
             for n in st.vset.delete_obsolete_files() {
@@ -1498,10 +1498,26 @@ impl Inner {
         self.install_edit(st, edit)
     }
 
+    /// Makes `edit` durable in the manifest and installs its version (see
+    /// [`VersionSet::begin`]). The manifest's I/O runs without the state lock: a store
+    /// slow to answer (its client retries a request for minutes) holds up neither
+    /// writers nor `stats`, `failure` or `close`. Manifest writes go one at a time; one
+    /// that finds another out waits for it.
+    fn log_and_apply(&self, st: &mut MutexGuard<'_, State>, edit: VersionEdit) -> Result<()> {
+        while st.vset.is_writing() {
+            self.bg_cv.wait(st);
+        }
+        let mut w = st.vset.begin(edit)?;
+        MutexGuard::unlocked(st, || w.run());
+        let r = st.vset.finish(w);
+        self.bg_cv.notify_all();
+        r
+    }
+
     /// Logs `edit` to the manifest (durable before anything sees it), publishes the new
     /// view, deletes the files no version needs any more and wakes the background work.
     fn install_edit(&self, mut st: MutexGuard<'_, State>, edit: VersionEdit) -> Result<()> {
-        st.vset.log_and_apply(edit)?;
+        self.log_and_apply(&mut st, edit)?;
         st.refresh_view();
         for n in st.vset.delete_obsolete_files() {
             self.tables.evict(n);
@@ -1914,7 +1930,7 @@ impl Inner {
             return Err(e);
         }
         let mut st = self.state.lock();
-        st.vset.log_and_apply(edit)?;
+        self.log_and_apply(&mut st, edit)?;
         st.refresh_view();
         drop(st);
         self.remove_copied_sources(&imported);
@@ -1990,7 +2006,7 @@ impl Inner {
             return Err(e);
         }
         let mut st = self.state.lock();
-        if let Err(e) = st.vset.log_and_apply(edit) {
+        if let Err(e) = self.log_and_apply(&mut st, edit) {
             // The edit may have landed all the same (an answer lost): `seq` is spent
             // either way, so no later write takes it — after a crash that recovers the
             // edit, a write at `seq` and the files' entries would be one internal key's

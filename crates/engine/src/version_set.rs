@@ -124,6 +124,9 @@ pub struct VersionSet {
     fenced: Option<PathBuf>,
     /// Manifest size that triggers a roll ([`MANIFEST_ROLL_BYTES`]; tests lower it).
     roll_bytes: u64,
+    /// A [`ManifestWrite`] is out (between [`VersionSet::begin`] and
+    /// [`VersionSet::finish`]); the manifest handle is with it.
+    writing: bool,
 }
 
 impl std::fmt::Debug for VersionSet {
@@ -155,6 +158,7 @@ impl VersionSet {
             stale: None,
             fenced: None,
             roll_bytes: MANIFEST_ROLL_BYTES,
+            writing: false,
         };
         let mut old_manifest = None;
         if let Some((number, path, data)) = store.read_current_manifest()? {
@@ -224,7 +228,8 @@ impl VersionSet {
         let mut tries = 0;
         let (number, file) = loop {
             let number = vs.take_file_number();
-            match vs.upload_fresh_manifest(number) {
+            let record = vs.snapshot_record(&vs.current);
+            match upload_fresh(&store, number, &record) {
                 Ok(file) => break (number, file),
                 Err(e) if e.is_fenced() && tries < OPEN_MANIFEST_TRIES => tries += 1,
                 Err(e) => return Err(e),
@@ -244,42 +249,28 @@ impl VersionSet {
         Ok(vs)
     }
 
-    /// Writes a fresh manifest and points the store at it.
-    fn write_fresh_manifest(&mut self) -> Result<()> {
-        let number = self.take_file_number();
-        let file = self.upload_fresh_manifest(number)?;
-        self.store.set_current_manifest(number)?;
-        self.manifest = Some(file);
-        self.manifest_number = number;
-        Ok(())
-    }
-
     fn take_file_number(&mut self) -> u64 {
         let n = self.next_file_number;
         self.next_file_number += 1;
         n
     }
 
-    /// Writes manifest `number` holding a snapshot of the current version, synced (not
-    /// yet current).
-    fn upload_fresh_manifest(&mut self, number: u64) -> Result<Box<dyn WritableFile>> {
+    /// The first record of a fresh manifest: a snapshot of `v` with the counters.
+    fn snapshot_record(&self, v: &Version) -> Vec<u8> {
         let mut snap = VersionEdit {
             log_number: Some(self.log_number),
             next_file_number: Some(self.next_file_number),
             last_sequence: Some(self.last_sequence),
             ..Default::default()
         };
-        for (level, files) in self.current.levels.iter().enumerate() {
+        for (level, files) in v.levels.iter().enumerate() {
             for f in files.iter() {
                 snap.new_files.push((level, Arc::clone(f)));
             }
         }
         let mut payload = Vec::new();
         snap.encode(&mut payload);
-        let mut file = self.store.create_manifest(number)?;
-        file.append(&encode_record(&payload))?;
-        file.sync_all()?;
-        Ok(file)
+        encode_record(&payload)
     }
 
     /// The current version.
@@ -359,43 +350,39 @@ impl VersionSet {
         self.stale.as_deref()
     }
 
-    /// Starts a fresh manifest from the in-memory state and points the store at it, if
-    /// a manifest write failed on an unavailable store; the manifest that failed is
-    /// removed (best effort: a stray is removed at the next open). Stays stale when the
-    /// store is still unavailable; breaks on any other failure.
-    pub fn renew(&mut self) -> Result<()> {
-        if let Some(e) = self.refusal() {
-            return Err(e);
-        }
-        let Some(why) = self.stale.clone() else {
-            return Ok(());
-        };
-        let old = StoredFile::Manifest(self.manifest_number);
-        if let Err(e) = self.write_fresh_manifest() {
-            self.fail_on(&e);
-            return Err(e);
-        }
-        tracing::info!(manifest = self.manifest_number, after = %why, "started a fresh manifest after a failed write");
-        self.stale = None;
-        if let Err(e) = self.store.remove(&old) {
-            tracing::warn!(error = %e, "could not delete the manifest whose write failed");
-        }
-        Ok(())
-    }
-
     /// The number of the manifest in use.
     pub fn manifest_number(&self) -> u64 {
         self.manifest_number
     }
 
-    /// Makes `edit` durable in the manifest, then installs the version it produces.
-    /// On a write failure nothing is installed and the set refuses further edits, or,
-    /// when the store was unavailable, renews its manifest at the next edit.
-    pub fn log_and_apply(&mut self, mut edit: VersionEdit) -> Result<()> {
+    /// Makes `edit` durable in the manifest, then installs the version it produces:
+    /// [`VersionSet::begin`], [`ManifestWrite::run`] and [`VersionSet::finish`] in a
+    /// row (the engine runs the middle one without its state lock).
+    pub fn log_and_apply(&mut self, edit: VersionEdit) -> Result<()> {
+        let mut w = self.begin(edit)?;
+        w.run();
+        self.finish(w)
+    }
+
+    /// Whether a [`ManifestWrite`] is out: the next [`VersionSet::begin`] must wait for
+    /// its [`VersionSet::finish`].
+    pub fn is_writing(&self) -> bool {
+        self.writing
+    }
+
+    /// Prepares the manifest write of `edit` (checked against the current version),
+    /// which takes the manifest with it until [`VersionSet::finish`]: the record, and
+    /// the fresh manifests around it — first one from the in-memory state if a
+    /// manifest write failed on an unavailable store (the set is stale: that manifest
+    /// may hold the failed record or not, so it is never written again; either one
+    /// recovers a consistent state, as the failed edit's tables are on the store and
+    /// what it replaced is deleted only by a later edit), and one after it if the
+    /// manifest grows past the roll size. Nothing else may begin meanwhile.
+    pub fn begin(&mut self, mut edit: VersionEdit) -> Result<ManifestWrite> {
         if let Some(e) = self.refusal() {
             return Err(e);
         }
-        self.renew()?;
+        assert!(!self.writing, "a manifest write began while another is out");
         if edit.new_files.iter().any(|(l, _)| *l >= self.num_levels) {
             return Err(Error::InvalidArgument(
                 "edit names a level beyond num_levels".into(),
@@ -406,21 +393,108 @@ impl VersionSet {
             .apply(&edit)
             .map_err(|what| Error::Background(format!("version edit does not apply: {what}")))?;
         if let Some(s) = edit.last_sequence {
-            debug_assert!(s >= self.last_sequence, "last sequence moved backwards");
+            // Recovery takes each record's value: the manifest never goes backwards,
+            // even for an edit computed before another one landed.
+            edit.last_sequence = Some(s.max(self.last_sequence));
         }
+        let renew = self.stale.clone().map(|why| {
+            let number = self.take_file_number();
+            Fresh {
+                number,
+                record: self.snapshot_record(&self.current),
+                why,
+            }
+        });
+        // Room for the record's own counter; the roll's number is taken first so the
+        // record covers it.
+        let at = match &renew {
+            Some(f) => f.record.len() as u64,
+            None => self.manifest.as_ref().map_or(0, |m| m.position()),
+        };
+        let roll_number =
+            (renew.is_none() && at > self.roll_bytes).then(|| self.take_file_number());
         edit.next_file_number = Some(self.next_file_number);
         let mut payload = Vec::new();
         edit.encode(&mut payload);
         let record = encode_record(&payload);
-        let written = match self.manifest.as_mut() {
-            Some(m) => m.append(&record).and_then(|_| m.sync_data()),
-            None => {
-                return Err(Error::Background("manifest is not open".into()));
+        let roll = match roll_number {
+            Some(number) => {
+                // The snapshot holds the edit: its counters as after it.
+                let (log, seq) = (self.log_number, self.last_sequence);
+                if let Some(n) = edit.log_number {
+                    self.log_number = n;
+                }
+                if let Some(s) = edit.last_sequence {
+                    self.last_sequence = self.last_sequence.max(s);
+                }
+                let record = self.snapshot_record(&next);
+                (self.log_number, self.last_sequence) = (log, seq);
+                Some(Fresh {
+                    number,
+                    record,
+                    why: String::new(),
+                })
             }
+            None => None,
         };
-        if let Err(e) = written {
-            self.break_on(&e);
-            return Err(e.into());
+        self.writing = true;
+        Ok(ManifestWrite {
+            store: Arc::clone(&self.store),
+            manifest: self.manifest.take(),
+            number: self.manifest_number,
+            renew,
+            renewed: None,
+            record,
+            appended: None,
+            roll,
+            rolled: None,
+            edit,
+            next,
+        })
+    }
+
+    /// Takes the manifest back from `w` ([`ManifestWrite::run`] done) and settles its
+    /// outcome: the edit's version installed if its record is durable; a failure that
+    /// leaves the manifest in doubt makes the set stale when the store was unavailable
+    /// (renewed at the next edit) and breaks it otherwise. A roll that fails after the
+    /// record was durable does not fail the edit.
+    pub fn finish(&mut self, w: ManifestWrite) -> Result<()> {
+        debug_assert!(self.writing, "finish without begin");
+        self.writing = false;
+        let ManifestWrite {
+            manifest,
+            number,
+            renew,
+            renewed,
+            appended,
+            roll,
+            rolled,
+            edit,
+            next,
+            ..
+        } = w;
+        self.manifest = manifest;
+        self.manifest_number = number;
+        if let Some(fresh) = renew {
+            match renewed {
+                Some(Ok(())) => {
+                    tracing::info!(manifest = number, after = %fresh.why, "started a fresh manifest after a failed write");
+                    self.stale = None;
+                }
+                Some(Err(e)) => {
+                    self.fail_on(&e);
+                    return Err(e);
+                }
+                None => return Err(Error::Background("manifest renewal never ran".into())),
+            }
+        }
+        match appended {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                self.break_on(&e);
+                return Err(e.into());
+            }
+            None => return Err(Error::Background("manifest write never ran".into())),
         }
         if let Some(s) = edit.last_sequence {
             self.last_sequence = self.last_sequence.max(s);
@@ -433,33 +507,14 @@ impl VersionSet {
         let old = std::mem::replace(&mut self.current, Arc::new(next));
         self.live.retain(|w| w.strong_count() > 0);
         self.live.push(Arc::downgrade(&old));
-        if self
-            .manifest
-            .as_ref()
-            .is_some_and(|m| m.position() > self.roll_bytes)
-        {
-            // The edit is durable and installed whatever happens to the roll: a failed
-            // roll leaves the set broken or stale, for the next edit to find.
-            if let Err(e) = self.roll_manifest() {
+        if roll.is_some() {
+            if let Some(Err(e)) = rolled {
+                // The edit is durable and installed whatever happened to the roll: the
+                // old manifest is still complete and current, but the set refuses
+                // further edits (or, the store unavailable, renews at the next one).
                 tracing::warn!(error = %e, "could not roll the manifest");
+                self.fail_on(&e);
             }
-        }
-        Ok(())
-    }
-
-    /// Starts a fresh manifest with a snapshot of the current version and removes the
-    /// old one once CURRENT names the new one.
-    fn roll_manifest(&mut self) -> Result<()> {
-        let old = StoredFile::Manifest(self.manifest_number);
-        if let Err(e) = self.write_fresh_manifest() {
-            // The old manifest is still complete and current; only the roll failed, but
-            // the in-memory handle may be half-replaced: refuse further edits (or, the
-            // store unavailable, renew at the next one).
-            self.fail_on(&e);
-            return Err(e);
-        }
-        if let Err(e) = self.store.remove(&old) {
-            tracing::warn!(error = %e, "could not delete the replaced manifest");
         }
         Ok(())
     }
@@ -500,6 +555,90 @@ impl VersionSet {
     /// Whether some table files wait for old versions to be released.
     pub fn has_pending_deletes(&self) -> bool {
         !self.pending_deletes.is_empty()
+    }
+}
+
+/// A fresh manifest to start: its number and first record (a snapshot), and why.
+struct Fresh {
+    number: u64,
+    record: Vec<u8>,
+    why: String,
+}
+
+/// Uploads manifest `number` holding `record`, synced (not yet current).
+fn upload_fresh(
+    store: &SharedTableStore,
+    number: u64,
+    record: &[u8],
+) -> Result<Box<dyn WritableFile>> {
+    let mut file = store.create_manifest(number)?;
+    file.append(record)?;
+    file.sync_all()?;
+    Ok(file)
+}
+
+/// A manifest write out of the version set ([`VersionSet::begin`]): the manifest's
+/// I/O, run without the engine's state lock so that writers, readers of the engine's
+/// figures and `close` do not wait on a store that is slow to answer; handed back with
+/// [`VersionSet::finish`].
+pub struct ManifestWrite {
+    store: SharedTableStore,
+    /// The manifest in use, and its number (a fresh one's once started).
+    manifest: Option<Box<dyn WritableFile>>,
+    number: u64,
+    renew: Option<Fresh>,
+    renewed: Option<Result<()>>,
+    record: Vec<u8>,
+    appended: Option<phoenix_storage::Result<()>>,
+    roll: Option<Fresh>,
+    rolled: Option<Result<()>>,
+    edit: VersionEdit,
+    next: Version,
+}
+
+impl ManifestWrite {
+    /// The I/O: a fresh manifest named in the pointer first if the set was stale (the
+    /// one that failed removed, best effort: a stray is removed at the next open), the
+    /// record appended and synced, then a roll if due (the old manifest removed once
+    /// the pointer names the new one). Stops at the first failure; outcomes are for
+    /// [`VersionSet::finish`].
+    pub fn run(&mut self) {
+        if let Some(f) = self.renew.take() {
+            let started = self.start(f.number, &f.record);
+            let failed = started.is_err();
+            self.renewed = Some(started);
+            self.renew = Some(f);
+            if failed {
+                return;
+            }
+        }
+        let appended = match self.manifest.as_mut() {
+            Some(m) => m.append(&self.record).and_then(|_| m.sync_data()),
+            None => Err(phoenix_storage::Error::io(
+                phoenix_storage::IoOp::Write,
+                self.store.location(),
+                std::io::Error::other("manifest is not open"),
+            )),
+        };
+        let ok = appended.is_ok();
+        self.appended = Some(appended);
+        if let (true, Some(f)) = (ok, self.roll.take()) {
+            self.rolled = Some(self.start(f.number, &f.record));
+            self.roll = Some(f);
+        }
+    }
+
+    /// Starts manifest `number` with `record`, names it in the pointer and removes the
+    /// one it replaces (best effort).
+    fn start(&mut self, number: u64, record: &[u8]) -> Result<()> {
+        let file = upload_fresh(&self.store, number, record)?;
+        self.store.set_current_manifest(number)?;
+        let old = std::mem::replace(&mut self.number, number);
+        self.manifest = Some(file);
+        if let Err(e) = self.store.remove(&StoredFile::Manifest(old)) {
+            tracing::warn!(error = %e, manifest = old, "could not delete the replaced manifest");
+        }
+        Ok(())
     }
 }
 

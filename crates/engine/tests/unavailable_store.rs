@@ -673,3 +673,42 @@ fn a_flush_that_succeeds_does_not_hide_failing_compactions() {
     db.close().unwrap();
     reopened_holds(&fs, &store, &model);
 }
+
+/// A manifest upload the store is slow to answer (as while its client retries a
+/// request) holds up neither writers nor the engine's figures: the manifest's I/O runs
+/// without the engine's state lock.
+#[test]
+fn writers_do_not_wait_on_a_slow_manifest_write() {
+    let (fs, _bucket, store) = setup();
+    let db = open(&fs, &store);
+    let mut model = BTreeMap::new();
+    write(&db, &mut model, 0..100, "a");
+    store.slow_uploads_to(Some(("MANIFEST", Duration::from_secs(3))));
+    let flusher = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || db.flush())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.uploads_waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the flush never wrote its manifest record");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t = Instant::now();
+    write(&db, &mut model, 100..150, "b");
+    let s = db.stats();
+    assert_eq!(db.failure(), None);
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "writes and figures waited {:?} on the manifest upload",
+        t.elapsed()
+    );
+    assert!(
+        store.uploads_waiting.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "the upload was over before the writes were timed: {s:?}"
+    );
+    flusher.join().unwrap().unwrap();
+    store.slow_uploads_to(None);
+    assert_eq!(scan(&db), model);
+    db.close().unwrap();
+    reopened_holds(&fs, &store, &model);
+}

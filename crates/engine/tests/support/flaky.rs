@@ -41,6 +41,10 @@ pub struct Flaky {
     lose: parking_lot::Mutex<Vec<(String, u32)>>,
     /// Reads wait this long (milliseconds) before they go to the store.
     slow_reads_ms: AtomicU64,
+    /// Uploads to objects whose name contains the string wait this long first.
+    slow_uploads: parking_lot::Mutex<Option<(String, std::time::Duration)>>,
+    /// Uploads waiting so (see [`Flaky::slow_uploads_to`]) now.
+    pub uploads_waiting: AtomicU64,
     /// Requests failed so far.
     pub failed: AtomicU64,
     /// Reads (GET, ranged GET, HEAD) that reached the store so far.
@@ -56,6 +60,8 @@ impl Flaky {
             only: parking_lot::Mutex::new(None),
             lose: parking_lot::Mutex::new(Vec::new()),
             slow_reads_ms: AtomicU64::new(0),
+            slow_uploads: parking_lot::Mutex::new(None),
+            uploads_waiting: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             reads: AtomicU64::new(0),
         })
@@ -81,6 +87,26 @@ impl Flaky {
     pub fn slow_reads(&self, d: std::time::Duration) {
         self.slow_reads_ms
             .store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Makes every upload to an object whose name contains `part` wait `d` before it
+    /// goes to the store (`None`: none waits).
+    pub fn slow_uploads_to(&self, slow: Option<(&str, std::time::Duration)>) {
+        *self.slow_uploads.lock() = slow.map(|(part, d)| (part.to_string(), d));
+    }
+
+    async fn upload_delay(&self, location: &Path) {
+        let wait = self
+            .slow_uploads
+            .lock()
+            .as_ref()
+            .filter(|(part, _)| location.as_ref().contains(part.as_str()))
+            .map(|(_, d)| *d);
+        if let Some(d) = wait {
+            self.uploads_waiting.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(d).await;
+            self.uploads_waiting.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     async fn read_delay(&self) {
@@ -151,6 +177,7 @@ impl ObjectStore for Flaky {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
+        self.upload_delay(location).await;
         let lost = self.check_put(location)?;
         let r = self.inner.put_opts(location, payload, opts).await?;
         if lost {
