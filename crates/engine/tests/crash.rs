@@ -14,8 +14,13 @@
 //! - an ingest that returned is there; one cut by the crash is there whole or not at all;
 //!   a group replaced by replace_group holds its old keys or exactly the new ones.
 //!
+//! The same runs go on an object store too (tables and manifest in an in-memory bucket
+//! behind `support/flaky.rs`, the WAL on MemFs), crashed at a store request (whose
+//! upload or delete may land with its answer lost) or at a file-system operation.
+//!
 //! Runs use `inline_background`, so a seed replays exactly. `PHOENIX_ENGINE_CRASH_SEEDS`
-//! (default 3000) runs from `PHOENIX_ENGINE_CRASH_BASE_SEED` (default 1).
+//! (default 3000; `PHOENIX_ENGINE_OBJECT_CRASH_SEEDS`, default 300, on the object
+//! store) runs from `PHOENIX_ENGINE_CRASH_BASE_SEED` (default 1).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -23,11 +28,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use object_store::memory::InMemory;
+use object_store::ObjectStore;
 use phoenix_engine::compaction::group_key_range;
-use phoenix_engine::{Db, Options, ReadOptions, SstWriter, WalMode, WriteBatch, WriteOptions};
+use phoenix_engine::{
+    Db, ObjectTableStore, Options, ReadOptions, SstWriter, WalMode, WriteBatch, WriteOptions,
+};
 use phoenix_storage::{FaultKind, MemFs, SharedFs};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+mod support;
+use support::flaky::{self, Flaky};
 
 const SENTINEL: &[u8] = &[0xff; 9];
 
@@ -362,7 +374,19 @@ fn run(seed: u64) {
         mem.crash();
     }
 
-    let db = Db::open(Arc::clone(&fs), dir, opts.clone()).unwrap();
+    let at = format!("freeze at op {freeze_at} of {total}");
+    verify(
+        &out,
+        wal,
+        &|| Db::open(Arc::clone(&fs), dir, opts.clone()).unwrap(),
+        &at,
+    );
+}
+
+/// Reopens (`open`) after a crash and checks the engine against the model of what the
+/// workload learned (`out`); `at` names the crash point for messages.
+fn verify(out: &Outcome, wal: bool, open: &dyn Fn() -> Arc<Db>, at: &str) {
+    let db = open();
     let ro = ReadOptions::default();
     let got_n = db
         .get(&ro, SENTINEL)
@@ -370,7 +394,7 @@ fn run(seed: u64) {
         .map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
     assert!(
         got_n >= out.must_have,
-        "recovered prefix {got_n} lost acknowledged batch {} (freeze at op {freeze_at} of {total})",
+        "recovered prefix {got_n} lost acknowledged batch {} ({at})",
         out.must_have
     );
     assert!(
@@ -387,8 +411,8 @@ fn run(seed: u64) {
             "persisted sentinel differs from the recovered state"
         );
     }
-    let want = model_after(&out, got_n, false);
-    let want_cut = model_after(&out, got_n, true);
+    let want = model_after(out, got_n, false);
+    let want_cut = model_after(out, got_n, true);
     let mut it = db.iter(&ro).unwrap();
     it.seek_to_first();
     let mut got = BTreeMap::new();
@@ -408,7 +432,7 @@ fn run(seed: u64) {
             .collect();
         panic!(
             "state after recovery is not the model after batch {got_n}: extra {extra:?}, \
-             missing {missing:?}, different {differ:?} (freeze at op {freeze_at} of {total})"
+             missing {missing:?}, different {differ:?} ({at})"
         );
     }
     // The recovered database takes writes and survives another clean reopen.
@@ -417,7 +441,7 @@ fn run(seed: u64) {
     db.flush().unwrap();
     db.close().unwrap();
     drop(db);
-    let db = Db::open(fs, dir, opts).unwrap();
+    let db = open();
     assert_eq!(db.get(&ro, b"after").unwrap(), Some(b"crash".to_vec()));
     assert_eq!(
         db.get(&ro, SENTINEL)
@@ -425,6 +449,88 @@ fn run(seed: u64) {
             .map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap())),
         got_n
     );
+}
+
+/// [`run`] with the tables and manifest on an object store (in memory, behind
+/// `support/flaky.rs`), the WAL on MemFs. The crash comes at a store request (half the
+/// time that request, an upload or a delete, lands and its answer is lost) or at a
+/// file-system operation; either way both stop there.
+fn run_on_objects(seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let wal = rng.gen_bool(0.5);
+    let opts = options(&mut rng, wal);
+    let steps = plan(&mut rng, wal);
+    let torn = rng.gen_bool(0.5);
+    let dir = Path::new("/crash");
+    let open = |fs: &SharedFs, store: &Arc<Flaky>| {
+        let tables =
+            ObjectTableStore::new(Arc::clone(store) as Arc<dyn ObjectStore>, "db").unwrap();
+        Db::open_with_store(Arc::clone(fs), dir, Arc::new(tables), opts.clone()).unwrap()
+    };
+
+    // Count the requests and file-system operations of an undisturbed run.
+    let (requests, ops) = {
+        let mem = Arc::new(MemFs::new());
+        let fs: SharedFs = mem.clone();
+        let store = Flaky::new(Arc::new(InMemory::new()));
+        let db = open(&fs, &store);
+        let (r, o) = (store.requests(), mem.op_count(FaultKind::Any));
+        let _ = workload(&db, &fs, &steps, wal);
+        let counts = (store.requests() - r, mem.op_count(FaultKind::Any) - o);
+        store.set_down(flaky::ALL);
+        mem.freeze_after(0);
+        drop(db);
+        counts
+    };
+    let on_store = rng.gen_bool(0.5);
+    let lands = rng.gen_bool(0.5);
+    let crash_at = rng.gen_range(0..if on_store { requests } else { ops }.max(1) + 5);
+
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = mem.clone();
+    let bucket = Arc::new(InMemory::new());
+    let store = Flaky::new(Arc::clone(&bucket) as Arc<dyn ObjectStore>);
+    let db = open(&fs, &store);
+    if on_store {
+        let frozen = Arc::clone(&mem);
+        store.crash_after(crash_at, lands, move || frozen.freeze_after(0));
+    } else {
+        mem.freeze_after(crash_at);
+    }
+    let out = workload(&db, &fs, &steps, wal);
+    // Stop the world, then lose power; the old instance can touch nothing after this.
+    store.set_down(flaky::ALL);
+    mem.freeze_after(0);
+    drop(db);
+    if torn {
+        mem.crash_torn(seed);
+    } else {
+        mem.crash();
+    }
+    let at = if on_store {
+        format!("crash at store request {crash_at} of {requests}, landing: {lands}")
+    } else {
+        format!("freeze at op {crash_at} of {ops}")
+    };
+    // A new process: the same bucket, a store that answers.
+    let healed = Flaky::new(bucket as Arc<dyn ObjectStore>);
+    verify(&out, wal, &|| open(&fs, &healed), &at);
+}
+
+#[test]
+fn crash_recovery_on_an_object_store_matches_model() {
+    let base = env_u64("PHOENIX_ENGINE_CRASH_BASE_SEED", 1);
+    let seeds = env_u64("PHOENIX_ENGINE_OBJECT_CRASH_SEEDS", 300);
+    for seed in base..base + seeds {
+        if let Err(e) = std::panic::catch_unwind(|| run_on_objects(seed)) {
+            eprintln!(
+                "crash run on the object store failed; replay with: \
+                 PHOENIX_ENGINE_CRASH_BASE_SEED={seed} PHOENIX_ENGINE_OBJECT_CRASH_SEEDS=1 \
+                 cargo test -p phoenix-engine --test crash on_an_object_store"
+            );
+            std::panic::resume_unwind(e);
+        }
+    }
 }
 
 #[test]

@@ -689,8 +689,15 @@ fn writers_do_not_wait_on_a_slow_manifest_write() {
         std::thread::spawn(move || db.flush())
     };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while store.uploads_waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the flush never wrote its manifest record");
+    while store
+        .uploads_waiting
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the flush never wrote its manifest record"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let t = Instant::now();
@@ -703,7 +710,10 @@ fn writers_do_not_wait_on_a_slow_manifest_write() {
         t.elapsed()
     );
     assert!(
-        store.uploads_waiting.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        store
+            .uploads_waiting
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0,
         "the upload was over before the writes were timed: {s:?}"
     );
     flusher.join().unwrap().unwrap();

@@ -49,6 +49,25 @@ pub struct Flaky {
     pub failed: AtomicU64,
     /// Reads (GET, ranged GET, HEAD) that reached the store so far.
     pub reads: AtomicU64,
+    /// Requests of every kind so far.
+    requests: AtomicU64,
+    /// The request (by [`Flaky::requests`]) at which the store crashes: it and every
+    /// later one fail ([`Flaky::crash_after`]); `u64::MAX`: never.
+    crash_at: AtomicU64,
+    /// Whether the crashing request, an upload or a delete, is done before it fails.
+    crash_lands: std::sync::atomic::AtomicBool,
+    /// Run once when the crash comes.
+    on_crash: parking_lot::Mutex<OnCrash>,
+}
+
+/// What [`Flaky::crash_after`] runs when the crash comes.
+#[derive(Default)]
+struct OnCrash(Option<Box<dyn FnOnce() + Send>>);
+
+impl fmt::Debug for OnCrash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OnCrash({})", self.0.is_some())
+    }
 }
 
 impl Flaky {
@@ -64,6 +83,10 @@ impl Flaky {
             uploads_waiting: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            crash_at: AtomicU64::new(u64::MAX),
+            crash_lands: std::sync::atomic::AtomicBool::new(false),
+            on_crash: parking_lot::Mutex::new(OnCrash::default()),
         })
     }
 
@@ -115,6 +138,42 @@ impl Flaky {
         if ms > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
         }
+    }
+
+    /// Requests of every kind the store was sent so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    /// Lets the next `n` requests through, then crashes: `on_crash` runs, and that
+    /// request and every later one fail, as for a process that died there. With
+    /// `lands`, the crashing request, if an upload or a delete, is done before it
+    /// fails (its answer lost).
+    pub fn crash_after(&self, n: u64, lands: bool, on_crash: impl FnOnce() + Send + 'static) {
+        *self.on_crash.lock() = OnCrash(Some(Box::new(on_crash)));
+        self.crash_lands.store(lands, Ordering::SeqCst);
+        self.crash_at
+            .store(self.requests() + n + 1, Ordering::SeqCst);
+    }
+
+    /// Counts a request; fails it if the store crashed. `Ok(true)`: the crashing
+    /// request, to be done and then failed.
+    fn gate(&self) -> Result<bool> {
+        let n = self.requests.fetch_add(1, Ordering::SeqCst) + 1;
+        let at = self.crash_at.load(Ordering::SeqCst);
+        if n < at {
+            return Ok(false);
+        }
+        if n == at {
+            let f = self.on_crash.lock().0.take();
+            if let Some(f) = f {
+                f();
+            }
+            if self.crash_lands.load(Ordering::SeqCst) {
+                return Ok(true);
+            }
+        }
+        Err(self.fail())
     }
 
     /// Fails nothing more: every request goes through, and no answer is lost.
@@ -178,7 +237,8 @@ impl ObjectStore for Flaky {
         opts: PutOptions,
     ) -> Result<PutResult> {
         self.upload_delay(location).await;
-        let lost = self.check_put(location)?;
+        let crashing = self.gate()?;
+        let lost = self.check_put(location)? || crashing;
         let r = self.inner.put_opts(location, payload, opts).await?;
         if lost {
             return Err(self.fail());
@@ -191,11 +251,17 @@ impl ObjectStore for Flaky {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> Result<Box<dyn MultipartUpload>> {
+        if self.gate()? {
+            return Err(self.fail());
+        }
         self.check_put(location)?;
         self.inner.put_multipart_opts(location, opts).await
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        if self.gate()? {
+            return Err(self.fail());
+        }
         self.check(GET)?;
         self.read_delay().await;
         self.inner.get_opts(location, options).await
@@ -206,34 +272,55 @@ impl ObjectStore for Flaky {
         location: &Path,
         ranges: &[Range<u64>],
     ) -> Result<Vec<bytes::Bytes>> {
+        if self.gate()? {
+            return Err(self.fail());
+        }
         self.check(GET)?;
         self.read_delay().await;
         self.inner.get_ranges(location, ranges).await
     }
 
     async fn delete(&self, location: &Path) -> Result<()> {
+        let crashing = self.gate()?;
         self.check(DELETE)?;
-        self.inner.delete(location).await
+        self.inner.delete(location).await?;
+        if crashing {
+            return Err(self.fail());
+        }
+        Ok(())
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        if let Err(e) = self.check(LIST) {
+        if let Err(e) = self
+            .gate()
+            .and_then(|crashing| if crashing { Err(self.fail()) } else { Ok(()) })
+            .and_then(|()| self.check(LIST))
+        {
             return futures_util::stream::once(async move { Err(e) }).boxed();
         }
         self.inner.list(prefix)
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        if self.gate()? {
+            return Err(self.fail());
+        }
         self.check(LIST)?;
         self.inner.list_with_delimiter(prefix).await
     }
 
     async fn copy(&self, from: &Path, to: &Path) -> Result<()> {
+        if self.gate()? {
+            return Err(self.fail());
+        }
         self.check(PUT)?;
         self.inner.copy(from, to).await
     }
 
     async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> Result<()> {
+        if self.gate()? {
+            return Err(self.fail());
+        }
         self.check(PUT)?;
         self.inner.copy_if_not_exists(from, to).await
     }
