@@ -613,9 +613,34 @@ impl Db {
     pub fn multi_get(&self, ro: &ReadOptions<'_>, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         let view = self.inner.view()?;
         let snap = self.inner.read_seq(ro);
-        keys.iter()
-            .map(|k| self.inner.get_in(&view, k, snap, ro.fill_cache))
-            .collect()
+        let mut out: Vec<Option<Vec<u8>>> = Vec::with_capacity(keys.len());
+        // The keys the memtables do not settle go to the tables together.
+        let mut to_tables: Vec<usize> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            match self.inner.get_in_memtables(&view, k, snap) {
+                Some(v) => out.push(v),
+                None => {
+                    out.push(None);
+                    to_tables.push(i);
+                }
+            }
+        }
+        if !to_tables.is_empty() {
+            let ks: Vec<&[u8]> = to_tables.iter().map(|&i| keys[i]).collect();
+            let got = view.version.multi_get(
+                &self.inner.tables,
+                &ks,
+                snap,
+                ro.fill_cache,
+                ro.parallel_io,
+            )?;
+            for (i, g) in to_tables.into_iter().zip(got) {
+                if let TableGet::Value(v) = g {
+                    out[i] = Some(v);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Reads `key` from the persisted tables only (what survives a crash with the WAL
@@ -873,22 +898,36 @@ impl Inner {
         snap: SequenceNumber,
         fill_cache: bool,
     ) -> Result<Option<Vec<u8>>> {
+        if let Some(v) = self.get_in_memtables(view, key, snap) {
+            return Ok(v);
+        }
+        match view.version.get(&self.tables, key, snap, 0, fill_cache)? {
+            TableGet::Value(v) => Ok(Some(v)),
+            _ => Ok(None),
+        }
+    }
+
+    /// What the memtables of `view` settle about `key` as of `snap` (its value, or
+    /// `Some(None)` for a deletion); `None`: the tables are to be asked.
+    fn get_in_memtables(
+        &self,
+        view: &View,
+        key: &[u8],
+        snap: SequenceNumber,
+    ) -> Option<Option<Vec<u8>>> {
         let mut tomb = 0;
         for m in std::iter::once(&view.mem).chain(view.imms.iter()) {
             if m.has_range_tombstones() {
                 tomb = tomb.max(m.max_covering_tombstone(key, snap));
             }
             match m.get(key, snap) {
-                MemGet::Value(v, seq) => return Ok((seq > tomb).then_some(v)),
-                MemGet::Deleted(_) => return Ok(None),
-                MemGet::Absent if tomb > 0 => return Ok(None),
+                MemGet::Value(v, seq) => return Some((seq > tomb).then_some(v)),
+                MemGet::Deleted(_) => return Some(None),
+                MemGet::Absent if tomb > 0 => return Some(None),
                 MemGet::Absent => {}
             }
         }
-        match view.version.get(&self.tables, key, snap, 0, fill_cache)? {
-            TableGet::Value(v) => Ok(Some(v)),
-            _ => Ok(None),
-        }
+        None
     }
 
     fn iter(&self, ro: &ReadOptions<'_>) -> Result<DbIterator> {

@@ -901,6 +901,19 @@ impl WritableFile for ObjectWriter {
     }
 }
 
+/// Page `p`'s part of a read of bytes `offset..end`: from and to as offsets in the page,
+/// and where it goes in the read's buffer.
+fn page_part(offset: u64, end: u64, p: u64) -> (usize, usize, usize) {
+    let start = p * PAGE_BYTES;
+    let from = offset.max(start);
+    let to = end.min(start + PAGE_BYTES);
+    (
+        (from - start) as usize,
+        (to - start) as usize,
+        (from - offset) as usize,
+    )
+}
+
 /// A table read by ranged requests.
 struct ObjectReader {
     remote: Arc<Remote>,
@@ -938,72 +951,62 @@ impl ObjectReader {
             .map_err(|e| self.remote.error(IoOp::Read, &self.object, e))
     }
 
-    fn short(&self, from: u64, to: u64, got: usize) -> phoenix_storage::Error {
-        phoenix_storage::Error::io(
+    /// An error unless `len` bytes at `offset` lie within the object.
+    fn check_within(&self, offset: u64, len: usize) -> phoenix_storage::Result<()> {
+        if offset.saturating_add(len as u64) <= self.size {
+            return Ok(());
+        }
+        Err(phoenix_storage::Error::io(
             IoOp::Read,
             self.location.clone(),
             std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
-                format!("asked for bytes {from}..{to}, the store answered {got}"),
+                format!("{len} bytes at {offset} past the end ({} bytes)", self.size),
             ),
-        )
-    }
-}
-
-impl ReadableFile for ObjectReader {
-    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> phoenix_storage::Result<()> {
-        let n = self.read_at(offset, buf)?;
-        if n < buf.len() {
-            return Err(phoenix_storage::Error::io(
-                IoOp::Read,
-                self.location.clone(),
-                std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "{} bytes at {offset} past the end ({} bytes)",
-                        buf.len(),
-                        self.size
-                    ),
-                ),
-            ));
-        }
-        Ok(())
+        ))
     }
 
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> phoenix_storage::Result<usize> {
-        let end = offset.saturating_add(buf.len() as u64).min(self.size);
-        if offset >= end {
-            return Ok(0);
-        }
-        let Some((cache, key)) = &self.cached else {
-            let bytes = self.fetch(offset, end)?;
-            let n = bytes.len().min(buf.len());
-            buf[..n].copy_from_slice(&bytes[..n]);
-            return Ok(n);
-        };
-        // Page by page: the part wanted from the cache, or whole pages fetched (a run
-        // of missing pages in one request) and kept.
-        let first = offset / PAGE_BYTES;
-        let last = (end - 1) / PAGE_BYTES;
-        // (Per page: its part of the request, as offsets in the page and in `buf`.)
-        let part = |p: u64| {
-            let start = p * PAGE_BYTES;
-            let from = offset.max(start);
-            let to = end.min(start + PAGE_BYTES);
-            (
-                (from - start) as usize,
-                (to - start) as usize,
-                (from - offset) as usize,
-            )
-        };
+    /// Copies into `buf` (bytes `offset..offset + buf.len()` of the object) what the
+    /// flash cache holds of them; returns the pages left to fetch, or `None` (all of
+    /// it) without a cache.
+    fn from_flash(&self, offset: u64, buf: &mut [u8]) -> Option<Vec<u64>> {
+        let (cache, key) = self.cached.as_ref()?;
+        let end = offset + buf.len() as u64;
         let mut missing: Vec<u64> = Vec::new();
-        for p in first..=last {
-            let (from, to, at) = part(p);
+        if buf.is_empty() {
+            return Some(missing);
+        }
+        for p in offset / PAGE_BYTES..=(end - 1) / PAGE_BYTES {
+            let (from, to, at) = page_part(offset, end, p);
             let want = to - from;
             if cache.read(*key, p, from, &mut buf[at..at + want]) != Some(want) {
                 missing.push(p);
             }
         }
+        Some(missing)
+    }
+
+    /// Fetches what [`ObjectReader::from_flash`] left of `buf`: all of it by one ranged
+    /// request (`None`), or each run of missing pages by one request, the pages kept on
+    /// flash.
+    fn fetch_rest(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        missing: Option<Vec<u64>>,
+    ) -> phoenix_storage::Result<()> {
+        let end = offset + buf.len() as u64;
+        let (Some(missing), Some((cache, key))) = (missing, &self.cached) else {
+            if buf.is_empty() {
+                return Ok(());
+            }
+            let bytes = self.fetch(offset, end)?;
+            if bytes.len() != buf.len() {
+                return Err(self.short(offset, end, bytes.len()));
+            }
+            buf.copy_from_slice(&bytes);
+            return Ok(());
+        };
         let mut i = 0;
         while i < missing.len() {
             let mut j = i + 1;
@@ -1019,12 +1022,91 @@ impl ReadableFile for ObjectReader {
             for (k, page) in bytes.chunks(PAGE_BYTES as usize).enumerate() {
                 let p = missing[i] + k as u64;
                 cache.insert(*key, p, page);
-                let (pfrom, pto, at) = part(p);
+                let (pfrom, pto, at) = page_part(offset, end, p);
                 buf[at..at + (pto - pfrom)].copy_from_slice(&page[pfrom..pto]);
             }
             i = j;
         }
-        Ok((end - offset) as usize)
+        Ok(())
+    }
+
+    fn short(&self, from: u64, to: u64, got: usize) -> phoenix_storage::Error {
+        phoenix_storage::Error::io(
+            IoOp::Read,
+            self.location.clone(),
+            std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("asked for bytes {from}..{to}, the store answered {got}"),
+            ),
+        )
+    }
+}
+
+impl ReadableFile for ObjectReader {
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> phoenix_storage::Result<()> {
+        self.check_within(offset, buf.len())?;
+        let missing = self.from_flash(offset, buf);
+        self.fetch_rest(offset, buf, missing)
+    }
+
+    fn reads_at_once(&self) -> bool {
+        true
+    }
+
+    /// What the flash cache holds of each read is copied at once; the rest go out
+    /// each on a thread of its own (the first on the caller's), so their requests are
+    /// out together: a batch of block reads waits about one round trip, not one per
+    /// block. Threads inherit the caller's deadline class (`io_class`).
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> phoenix_storage::Result<()> {
+        let mut pending: Vec<(u64, &mut [u8], Option<Vec<u64>>)> = Vec::new();
+        for (offset, buf) in reads.iter_mut() {
+            self.check_within(*offset, buf.len())?;
+            let missing = self.from_flash(*offset, buf);
+            if missing.as_ref().is_some_and(Vec::is_empty) {
+                continue;
+            }
+            pending.push((*offset, &mut **buf, missing));
+        }
+        let Some(((offset, buf, missing), rest)) = pending.split_first_mut() else {
+            return Ok(());
+        };
+        let background = crate::io_class::is_background();
+        std::thread::scope(|s| {
+            let others: Vec<_> = rest
+                .iter_mut()
+                .map(|(offset, buf, missing)| {
+                    s.spawn(move || {
+                        let _class = background.then(crate::io_class::Background::enter);
+                        self.fetch_rest(*offset, buf, missing.take())
+                    })
+                })
+                .collect();
+            let mut result = self.fetch_rest(*offset, buf, missing.take());
+            for t in others {
+                let r = t.join().unwrap_or_else(|_| {
+                    Err(phoenix_storage::Error::io(
+                        IoOp::Read,
+                        self.location.clone(),
+                        std::io::Error::other("a parallel read panicked"),
+                    ))
+                });
+                if result.is_ok() {
+                    result = r;
+                }
+            }
+            result
+        })
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> phoenix_storage::Result<usize> {
+        let end = offset.saturating_add(buf.len() as u64).min(self.size);
+        if offset >= end {
+            return Ok(0);
+        }
+        let buf = &mut buf[..(end - offset) as usize];
+        let missing = self.from_flash(offset, buf);
+        self.fetch_rest(offset, buf, missing)?;
+        Ok(buf.len())
     }
 
     fn size(&self) -> u64 {

@@ -199,6 +199,10 @@ pub struct ReadOptions<'a> {
     /// out. Needs a prefix extractor (`Options::table.prefix_len`); a seek to a key
     /// shorter than the prefix reads in total order.
     pub prefix_same_as_start: bool,
+    /// `multi_get`: the data blocks its keys need from one table on an object store
+    /// are read at once rather than one after the other (default true; seed 004's
+    /// parallel I/O). Tables on a local file system read one after the other either way.
+    pub parallel_io: bool,
 }
 
 impl Default for ReadOptions<'_> {
@@ -209,6 +213,7 @@ impl Default for ReadOptions<'_> {
             upper_bound: None,
             fill_cache: true,
             prefix_same_as_start: false,
+            parallel_io: true,
         }
     }
 }

@@ -149,63 +149,91 @@ impl Version {
         mut max_tombstone: SequenceNumber,
         fill_cache: bool,
     ) -> Result<TableGet> {
-        let target = seek_key(user_key, snapshot);
-        let probe =
-            |f: &FileMeta, max_tombstone: &mut SequenceNumber| -> Result<Option<TableGet>> {
-                let t = tables.get(f.number, f.size)?;
-                for rt in t.range_tombstones() {
-                    if rt.seq <= snapshot
-                        && rt.seq > *max_tombstone
-                        && rt.start.as_slice() <= user_key
-                        && user_key < rt.end.as_slice()
-                    {
-                        *max_tombstone = rt.seq;
-                    }
-                }
-                if let Some((ikey, value)) = t.get(&target, fill_cache)? {
-                    if let Some(p) = parse_internal_key(&ikey) {
-                        if p.user_key == user_key && p.seq <= snapshot {
-                            if p.seq < *max_tombstone || p.kind != ValueKind::Put {
-                                return Ok(Some(TableGet::Deleted));
-                            }
-                            return Ok(Some(TableGet::Value(value)));
-                        }
-                    }
-                }
-                if *max_tombstone > 0 {
-                    // A tombstone newer than anything below hides every older version.
-                    return Ok(Some(TableGet::Deleted));
-                }
-                Ok(None)
-            };
         if max_tombstone > 0 {
             return Ok(TableGet::Deleted);
         }
+        let target = seek_key(user_key, snapshot);
+        let mut probe = |f: &FileMeta| -> Result<Option<TableGet>> {
+            let t = tables.get(f.number, f.size)?;
+            note_tombstones(&t, user_key, snapshot, &mut max_tombstone);
+            let found = t.get(&target, fill_cache)?;
+            Ok(settle(found, user_key, snapshot, max_tombstone))
+        };
         for f in self.files(0) {
             if f.smallest_user_key() <= user_key && user_key <= f.largest_user_key() {
-                if let Some(r) = probe(f, &mut max_tombstone)? {
+                if let Some(r) = probe(f)? {
                     return Ok(r);
                 }
             }
         }
         for level in 1..self.num_levels() {
             let files = self.files(level);
-            // The first file that may hold `target`. A file whose largest key is a range
-            // tombstone's exclusive end at `user_key` does not, although at the newest
-            // sequence that sentinel equals `target`: the key is in the next file.
-            let i = files.partition_point(|f| {
-                compare_internal(&f.largest, &target) == Ordering::Less
-                    || (f.largest_is_exclusive() && f.largest_user_key() <= user_key)
-            });
-            if let Some(f) = files.get(i) {
-                if f.smallest_user_key() <= user_key {
-                    if let Some(r) = probe(f, &mut max_tombstone)? {
-                        return Ok(r);
-                    }
+            if let Some(i) = level_file(files, &target, user_key) {
+                if let Some(r) = probe(&files[i])? {
+                    return Ok(r);
                 }
             }
         }
         Ok(TableGet::Absent)
+    }
+
+    /// [`Version::get`] of each of `user_keys` (no tombstone from newer sources), the
+    /// keys probing a table together ([`Table::multi_get`](crate::table::Table::multi_get):
+    /// with `parallel`, their blocks of a remote table are read at once).
+    pub fn multi_get(
+        &self,
+        tables: &TableCache,
+        user_keys: &[&[u8]],
+        snapshot: SequenceNumber,
+        fill_cache: bool,
+        parallel: bool,
+    ) -> Result<Vec<TableGet>> {
+        let targets: Vec<Vec<u8>> = user_keys.iter().map(|k| seek_key(k, snapshot)).collect();
+        let mut out: Vec<Option<TableGet>> = user_keys.iter().map(|_| None).collect();
+        let mut tombstone: Vec<SequenceNumber> = vec![0; user_keys.len()];
+        // Probes `f` for the keys `keys` (indices of keys not settled yet).
+        let mut probe =
+            |f: &FileMeta, keys: &[usize], out: &mut [Option<TableGet>]| -> Result<()> {
+                let t = tables.get(f.number, f.size)?;
+                for &i in keys {
+                    note_tombstones(&t, user_keys[i], snapshot, &mut tombstone[i]);
+                }
+                let seeks: Vec<&[u8]> = keys.iter().map(|&i| targets[i].as_slice()).collect();
+                let found = t.multi_get(&seeks, fill_cache, parallel)?;
+                for (&i, found) in keys.iter().zip(found) {
+                    out[i] = settle(found, user_keys[i], snapshot, tombstone[i]);
+                }
+                Ok(())
+            };
+        for f in self.files(0) {
+            let keys: Vec<usize> = (0..user_keys.len())
+                .filter(|&i| {
+                    out[i].is_none()
+                        && f.smallest_user_key() <= user_keys[i]
+                        && user_keys[i] <= f.largest_user_key()
+                })
+                .collect();
+            if !keys.is_empty() {
+                probe(f, &keys, &mut out)?;
+            }
+        }
+        for level in 1..self.num_levels() {
+            let files = self.files(level);
+            // The keys by the one file of the level that may hold each.
+            let mut by_file: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+            for i in (0..user_keys.len()).filter(|&i| out[i].is_none()) {
+                if let Some(f) = level_file(files, &targets[i], user_keys[i]) {
+                    by_file.entry(f).or_default().push(i);
+                }
+            }
+            for (f, keys) in by_file {
+                probe(&files[f], &keys, &mut out)?;
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|r| r.unwrap_or(TableGet::Absent))
+            .collect())
     }
 
     /// Bytes of the files that hold only group `g` (and how many there are).
@@ -220,6 +248,64 @@ impl Version {
         }
         out
     }
+}
+
+/// Raises `max_tombstone` to the newest range tombstone of `t` covering `user_key` as
+/// of `snapshot`.
+fn note_tombstones(
+    t: &crate::table::Table,
+    user_key: &[u8],
+    snapshot: SequenceNumber,
+    max_tombstone: &mut SequenceNumber,
+) {
+    for rt in t.range_tombstones() {
+        if rt.seq <= snapshot
+            && rt.seq > *max_tombstone
+            && rt.start.as_slice() <= user_key
+            && user_key < rt.end.as_slice()
+        {
+            *max_tombstone = rt.seq;
+        }
+    }
+}
+
+/// What a table's answer (`found`, the first entry at or after the seek key) settles
+/// about `user_key`, given the newest covering tombstone seen so far; `None`: look in
+/// older tables.
+fn settle(
+    found: Option<(Vec<u8>, Vec<u8>)>,
+    user_key: &[u8],
+    snapshot: SequenceNumber,
+    max_tombstone: SequenceNumber,
+) -> Option<TableGet> {
+    if let Some((ikey, value)) = found {
+        if let Some(p) = parse_internal_key(&ikey) {
+            if p.user_key == user_key && p.seq <= snapshot {
+                if p.seq < max_tombstone || p.kind != ValueKind::Put {
+                    return Some(TableGet::Deleted);
+                }
+                return Some(TableGet::Value(value));
+            }
+        }
+    }
+    // A tombstone newer than anything below hides every older version.
+    (max_tombstone > 0).then_some(TableGet::Deleted)
+}
+
+/// The file of a level (`files`, sorted and disjoint) that may hold `target` (the seek
+/// key of `user_key`), by its index.
+fn level_file(files: &[Arc<FileMeta>], target: &[u8], user_key: &[u8]) -> Option<usize> {
+    // The first file that may hold `target`. A file whose largest key is a range
+    // tombstone's exclusive end at `user_key` does not, although at the newest sequence
+    // that sentinel equals `target`: the key is in the next file.
+    let i = files.partition_point(|f| {
+        compare_internal(&f.largest, target) == Ordering::Less
+            || (f.largest_is_exclusive() && f.largest_user_key() <= user_key)
+    });
+    files
+        .get(i)
+        .filter(|f| f.smallest_user_key() <= user_key)
+        .map(|_| i)
 }
 
 #[cfg(test)]

@@ -380,10 +380,18 @@ fn run(seed: u64, tables: Tables) {
                     Err(e) => assert!(faulty && e.is_retryable(), "seed {seed}: get: {e}"),
                 }
                 if rng.gen_bool(0.2) {
-                    let k2 = random_key(&mut rng);
-                    match db.multi_get(&ro, &[&k, &k2]) {
+                    // Up to 10 keys (repeats allowed), their blocks read at once or not.
+                    let mut keys = vec![k.clone()];
+                    keys.extend((0..rng.gen_range(1..10)).map(|_| random_key(&mut rng)));
+                    let ro = ReadOptions {
+                        parallel_io: rng.gen_bool(0.5),
+                        ..ro
+                    };
+                    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                    match db.multi_get(&ro, &refs) {
                         Ok(got) => {
-                            assert_eq!(got, vec![m.get(&k).cloned(), m.get(&k2).cloned()])
+                            let want: Vec<_> = keys.iter().map(|k| m.get(k).cloned()).collect();
+                            assert_eq!(got, want, "multi_get {keys:?}");
                         }
                         Err(e) => assert!(faulty && e.is_retryable(), "seed {seed}: {e}"),
                     }

@@ -722,3 +722,62 @@ fn writers_do_not_wait_on_a_slow_manifest_write() {
     db.close().unwrap();
     reopened_holds(&fs, &store, &model);
 }
+
+/// `multi_get` of keys in different blocks of one table on a store slow to answer (50
+/// ms a read): with `parallel_io` their blocks are read at once, so it takes about one
+/// read's time; without, one read after the other. Both answer alike.
+#[test]
+fn multi_get_reads_the_blocks_of_a_table_at_once() {
+    let (fs, _bucket, store) = setup();
+    let tables = ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+    let o = Options {
+        block_cache_size: 0,
+        write_buffer_size: 1 << 20,
+        target_file_size_base: 1 << 20,
+        table: phoenix_engine::table::TableOptions {
+            block_size: 256,
+            ..Default::default()
+        },
+        ..opts()
+    };
+    let db = Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap();
+    // One group's keys: a table of L1 and below holds one group only.
+    let mut model = BTreeMap::new();
+    for i in 0..2000 {
+        let (k, v) = (group_key(5, i), format!("value-{i}").into_bytes());
+        db.put(&WriteOptions::default(), &k, &v).unwrap();
+        model.insert(k, v);
+    }
+    db.compact_range(None, None).unwrap();
+    assert_eq!(db.stats().levels.iter().map(|l| l.files).sum::<usize>(), 1);
+    let keys: Vec<Vec<u8>> = (0..10u32)
+        .map(|i| group_key(5, 100 + i * 32))
+        .chain([group_key(5, 99_999)])
+        .collect();
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let want: Vec<_> = keys.iter().map(|k| model.get(k).cloned()).collect();
+    // (Opens the tables, so that what is timed are the data blocks' reads.)
+    db.multi_get(&ReadOptions::default(), &refs).unwrap();
+    store.slow_reads(Duration::from_millis(50));
+    let timed = |parallel_io: bool| {
+        let ro = ReadOptions {
+            parallel_io,
+            ..Default::default()
+        };
+        let t = Instant::now();
+        let got = db.multi_get(&ro, &refs).unwrap();
+        assert_eq!(got, want, "parallel_io {parallel_io}");
+        t.elapsed()
+    };
+    let (serial, parallel) = (timed(false), timed(true));
+    assert!(
+        serial >= Duration::from_millis(450),
+        "10 blocks one after the other took {serial:?}"
+    );
+    assert!(
+        parallel * 3 < serial,
+        "at once {parallel:?}, one after the other {serial:?}"
+    );
+    store.slow_reads(Duration::ZERO);
+    db.close().unwrap();
+}

@@ -144,6 +144,22 @@ pub trait ReadableFile: Send + Sync + std::fmt::Debug {
     /// The file's size in bytes at the time of the call.
     fn size(&self) -> u64;
 
+    /// Fills each buffer with the bytes at its offset, as
+    /// [`ReadableFile::read_exact_at`] does, one after the other; a file whose reads
+    /// wait on a remote answer does them at once (seed 004's parallel I/O).
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
+        for (offset, buf) in reads.iter_mut() {
+            self.read_exact_at(*offset, buf)?;
+        }
+        Ok(())
+    }
+
+    /// Whether [`ReadableFile::read_many`] does its reads at once, so that a reader
+    /// gains by gathering its reads first.
+    fn reads_at_once(&self) -> bool {
+        false
+    }
+
     /// The path the file was opened with (for error messages).
     fn path(&self) -> &Path;
 }

@@ -359,28 +359,57 @@ pub fn read_block(
     handle: BlockHandle,
     path: &Path,
 ) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; block_len(file_size, handle, path)?];
+    file.read_exact_at(handle.offset, &mut buf)?;
+    decode_block(buf, handle, path)
+}
+
+/// [`read_block`] of every handle, the reads issued together
+/// ([`ReadableFile::read_many`]).
+pub fn read_blocks(
+    file: &dyn ReadableFile,
+    file_size: u64,
+    handles: &[BlockHandle],
+    path: &Path,
+) -> Result<Vec<Vec<u8>>> {
+    let mut bufs = handles
+        .iter()
+        .map(|&h| Ok(vec![0u8; block_len(file_size, h, path)?]))
+        .collect::<Result<Vec<_>>>()?;
+    let mut reads: Vec<(u64, &mut [u8])> = handles
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(h, b)| (h.offset, b.as_mut_slice()))
+        .collect();
+    file.read_many(&mut reads)?;
+    drop(reads);
+    handles
+        .iter()
+        .zip(bufs)
+        .map(|(&h, b)| decode_block(b, h, path))
+        .collect()
+}
+
+/// The bytes block `handle` takes with its trailer; corruption if it does not fit in a
+/// file of `file_size` bytes.
+fn block_len(file_size: u64, handle: BlockHandle, path: &Path) -> Result<usize> {
     let end = handle
         .offset
         .checked_add(handle.size)
         .and_then(|e| e.checked_add(BLOCK_TRAILER_LEN as u64));
-    let len = match end {
+    match end {
         Some(end) if end <= file_size && handle.size <= MAX_BLOCK_LEN as u64 => {
-            handle.size as usize + BLOCK_TRAILER_LEN
+            Ok(handle.size as usize + BLOCK_TRAILER_LEN)
         }
-        _ => {
-            return Err(Error::corruption(
-                path,
-                handle.offset,
-                format!(
-                    "block handle (offset {}, size {}) points past the end of the {file_size}-byte file",
-                    handle.offset, handle.size
-                ),
-            ))
-        }
-    };
-    let mut buf = vec![0u8; len];
-    file.read_exact_at(handle.offset, &mut buf)?;
-    decode_block(buf, handle, path)
+        _ => Err(Error::corruption(
+            path,
+            handle.offset,
+            format!(
+                "block handle (offset {}, size {}) points past the end of the {file_size}-byte file",
+                handle.offset, handle.size
+            ),
+        )),
+    }
 }
 
 #[cfg(test)]
