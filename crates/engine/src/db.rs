@@ -14,8 +14,9 @@
 //! sync), inserts the group into the memtable, publishes the last sequence, and wakes
 //! the group. Only a leader switches memtables, so one batch always lands in one memtable.
 //!
-//! Lock order: writer queue → state. No lock is held across table or WAL I/O except the
-//! state lock around manifest appends (rare, small).
+//! Lock order: writer queue → state. No lock is held across table, manifest or WAL I/O:
+//! a manifest write runs with the state lock released, one at a time
+//! (`VersionSet::is_writing`), and `close` waits for one under way.
 //!
 //! Durability: a flush or compaction is visible only after its manifest edit is synced
 //! (version_set.rs). With `WalMode::None` the persisted tables therefore always hold a
@@ -92,7 +93,7 @@ struct State {
     imm: VecDeque<Arc<MemTable>>,
     vset: VersionSet,
     /// The sources readers use, republished after every change; readers take only this
-    /// lock (never the state mutex, which is held across manifest syncs).
+    /// lock (never the state mutex).
     published: Arc<RwLock<Arc<View>>>,
     next_mem_id: u64,
     bg_error: Option<String>,
@@ -317,6 +318,10 @@ struct Inner {
     last_seq: AtomicU64,
     snapshots: Arc<SnapshotList>,
     compaction_lock: RwLock<()>,
+    /// Held through a flush: in inline mode a writer and a `flush` caller may both
+    /// flush, and one must not take the memtable the other is flushing (its manifest
+    /// write runs without the state lock).
+    flush_lock: Mutex<()>,
     /// Held shared by the write leader while it applies a group or switches memtables;
     /// held exclusively by an ingest that assigns a sequence number, so no write lands
     /// between its memtable check and its sequence.
@@ -516,6 +521,7 @@ impl Db {
                 seqs: Mutex::new(BTreeMap::new()),
             }),
             compaction_lock: RwLock::new(()),
+            flush_lock: Mutex::new(()),
             write_gate: RwLock::new(()),
             write_delay: Mutex::new(crate::write_delay::WriteDelay::default()),
             counters: Counters::default(),
@@ -822,6 +828,12 @@ impl Db {
         {
             let mut st = self.inner.state.lock();
             st.closed = true;
+            // A manifest write under way (an ingest's, a drop's) ends before close
+            // returns: nothing of this engine writes to the store afterwards, and no
+            // later one begins (`log_and_apply` refuses once closed).
+            while st.vset.is_writing() {
+                self.inner.bg_cv.wait(&mut st);
+            }
         }
         self.inner.closed.store(true, AtOrd::Release);
         self.inner.bg_cv.notify_all();
@@ -1339,6 +1351,10 @@ impl Inner {
     /// the engine read-only.
     fn background_failed(&self, work: Work, e: &Error, backoff: &mut Duration) {
         let what = work.name();
+        if matches!(e, Error::Closed) {
+            // Closing: the work is left for the next open (the WAL holds it).
+            return;
+        }
         if !e.is_retryable() {
             self.set_bg_error(what, e);
             return;
@@ -1369,6 +1385,11 @@ impl Inner {
     }
 
     fn flush_one(&self, mem: &Arc<MemTable>) -> Result<()> {
+        let _flushing = self.flush_lock.lock();
+        if self.state.lock().imm.front().map(|m| m.id()) != Some(mem.id()) {
+            // Flushed meanwhile by another (inline mode).
+            return Ok(());
+        }
         let alloc = || self.state.lock().vset.new_file_number();
         let env = self.env(&alloc);
         let meta = compaction::build_l0(&env, mem)?;
@@ -1396,6 +1417,14 @@ impl Inner {
                 edit.new_files.push((0, Arc::clone(m)));
             }
             self.log_and_apply(&mut st, edit)?;
+            // The memtable this edit holds leaves, and no other (flushes go one at a
+            // time: see `flush_lock`).
+            if st.imm.front().map(|m| m.id()) != Some(mem.id()) {
+                return Err(Error::Background(format!(
+                    "memtable {} was flushed while another flush was under way",
+                    mem.id()
+                )));
+            }
             st.imm.pop_front();
             st.refresh_view();
             for n in st.vset.delete_obsolete_files() {
@@ -1545,6 +1574,9 @@ impl Inner {
     fn log_and_apply(&self, st: &mut MutexGuard<'_, State>, edit: VersionEdit) -> Result<()> {
         while st.vset.is_writing() {
             self.bg_cv.wait(st);
+        }
+        if st.closed {
+            return Err(Error::Closed);
         }
         let mut w = st.vset.begin(edit)?;
         MutexGuard::unlocked(st, || w.run());

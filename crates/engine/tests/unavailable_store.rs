@@ -781,3 +781,114 @@ fn multi_get_reads_the_blocks_of_a_table_at_once() {
     store.slow_reads(Duration::ZERO);
     db.close().unwrap();
 }
+
+/// Inline background work (no flush thread): a flush whose manifest upload is slow
+/// (here 2 s) and a writer that fills the next memtable meanwhile both flush. The
+/// writer must not flush the memtable the first one is flushing and then drop its
+/// own, never flushed (its keys vanished from reads, and later from the log).
+#[test]
+fn two_inline_flushes_at_once_flush_each_memtable_once() {
+    let (fs, _bucket, store) = setup();
+    let tables = ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+    let o = Options {
+        inline_background: true,
+        disable_auto_compactions: true,
+        max_write_buffer_number: 4,
+        ..opts()
+    };
+    let db = Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap();
+    let mut model = BTreeMap::new();
+    write(&db, &mut model, 0..100, "a");
+    // A flush that failed leaves its memtable for the next flush to take, outside the
+    // writers' queue.
+    store.set_down(flaky::PUT);
+    assert!(db.flush().unwrap_err().is_retryable());
+    store.set_down(0);
+    store.slow_uploads_to(Some(("MANIFEST", Duration::from_secs(2))));
+    let flusher = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || db.flush())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store
+        .uploads_waiting
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the flush never wrote its manifest record"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Past a memtable's worth: the writer switches memtables and flushes inline too.
+    let before = db.stats().flushes;
+    write(&db, &mut model, 1000..2000, "b");
+    flusher.join().unwrap().unwrap();
+    store.slow_uploads_to(None);
+    assert!(db.stats().flushes > before);
+    assert_eq!(scan(&db), model);
+    db.flush().unwrap();
+    assert_eq!(scan(&db), model);
+    db.close().unwrap();
+    reopened_holds(&fs, &store, &model);
+}
+
+/// `close` while an ingest's manifest write is out (the store slow to answer): close
+/// waits for it, so nothing of the engine writes to the store after `close` returned
+/// (a reopening engine would otherwise sweep the ingest's tables as strays while the
+/// old one still names them); the ingest's outcome holds after reopening.
+#[test]
+fn close_waits_for_a_manifest_write_under_way() {
+    let (fs, _bucket, store) = setup();
+    // (With the WAL on, `close` does not flush, which would wait for the ingest.)
+    let open_logged = || {
+        let tables =
+            ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+        let o = Options {
+            wal: WalMode::Log,
+            ..opts()
+        };
+        Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap()
+    };
+    let db = open_logged();
+    let mut model = BTreeMap::new();
+    write(&db, &mut model, 0..10, "a");
+    db.flush().unwrap();
+    let file = table_file(&fs, "/ingest.sst", 6, 0..20, "ingested");
+    store.slow_uploads_to(Some(("MANIFEST", Duration::from_secs(2))));
+    let ingest = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || db.ingest(&[file]))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store
+        .uploads_waiting
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the ingest never wrote its manifest record"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    db.close().unwrap();
+    assert_eq!(
+        store
+            .uploads_waiting
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "close returned while a manifest upload was under way"
+    );
+    let ingested = ingest.join().unwrap();
+    store.slow_uploads_to(None);
+    if ingested.is_ok() {
+        for i in 0..20 {
+            model.insert(group_key(6, i), b"ingested".to_vec());
+        }
+    }
+    let db = open_logged();
+    assert_eq!(scan(&db), model, "after reopening from the store");
+    db.close().unwrap();
+}
