@@ -901,6 +901,10 @@ impl WritableFile for ObjectWriter {
     }
 }
 
+/// A read of [`ObjectReader::read_many`] left to fetch: its offset, its buffer, and
+/// the pages flash did not hold (`None`: all of it).
+type Pending<'a> = (u64, &'a mut [u8], Option<Vec<u64>>);
+
 /// Page `p`'s part of a read of bytes `offset..end`: from and to as offsets in the page,
 /// and where it goes in the read's buffer.
 fn page_part(offset: u64, end: u64, p: u64) -> (usize, usize, usize) {
@@ -969,7 +973,7 @@ impl ObjectReader {
     /// Copies into `buf` (bytes `offset..offset + buf.len()` of the object) what the
     /// flash cache holds of them; returns the pages left to fetch, or `None` (all of
     /// it) without a cache.
-    fn from_flash(&self, offset: u64, buf: &mut [u8]) -> Option<Vec<u64>> {
+    fn copy_from_flash(&self, offset: u64, buf: &mut [u8]) -> Option<Vec<u64>> {
         let (cache, key) = self.cached.as_ref()?;
         let end = offset + buf.len() as u64;
         let mut missing: Vec<u64> = Vec::new();
@@ -986,7 +990,7 @@ impl ObjectReader {
         Some(missing)
     }
 
-    /// Fetches what [`ObjectReader::from_flash`] left of `buf`: all of it by one ranged
+    /// Fetches what [`ObjectReader::copy_from_flash`] left of `buf`: all of it by one ranged
     /// request (`None`), or each run of missing pages by one request, the pages kept on
     /// flash.
     fn fetch_rest(
@@ -1045,7 +1049,7 @@ impl ObjectReader {
 impl ReadableFile for ObjectReader {
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> phoenix_storage::Result<()> {
         self.check_within(offset, buf.len())?;
-        let missing = self.from_flash(offset, buf);
+        let missing = self.copy_from_flash(offset, buf);
         self.fetch_rest(offset, buf, missing)
     }
 
@@ -1058,10 +1062,11 @@ impl ReadableFile for ObjectReader {
     /// out together: a batch of block reads waits about one round trip, not one per
     /// block. Threads inherit the caller's deadline class (`io_class`).
     fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> phoenix_storage::Result<()> {
-        let mut pending: Vec<(u64, &mut [u8], Option<Vec<u64>>)> = Vec::new();
+        // (Offset, buffer, what flash did not hold.)
+        let mut pending: Vec<Pending<'_>> = Vec::new();
         for (offset, buf) in reads.iter_mut() {
             self.check_within(*offset, buf.len())?;
-            let missing = self.from_flash(*offset, buf);
+            let missing = self.copy_from_flash(*offset, buf);
             if missing.as_ref().is_some_and(Vec::is_empty) {
                 continue;
             }
@@ -1104,7 +1109,7 @@ impl ReadableFile for ObjectReader {
             return Ok(0);
         }
         let buf = &mut buf[..(end - offset) as usize];
-        let missing = self.from_flash(offset, buf);
+        let missing = self.copy_from_flash(offset, buf);
         self.fetch_rest(offset, buf, missing)?;
         Ok(buf.len())
     }

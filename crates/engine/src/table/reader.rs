@@ -231,7 +231,7 @@ impl Table {
         seek_keys: &[&[u8]],
         fill_cache: bool,
         parallel: bool,
-    ) -> Result<Vec<Option<(Vec<u8>, Vec<u8>)>>> {
+    ) -> Result<Vec<Option<Entry>>> {
         let mut fetched = HashMap::new();
         if parallel && seek_keys.len() > 1 && self.file.reads_at_once() {
             let mut wanted: Vec<BlockHandle> = Vec::new();
@@ -392,6 +392,9 @@ impl Table {
         self.props.data_bytes
     }
 }
+
+/// An entry found: its internal key and value.
+pub type Entry = (Vec<u8>, Vec<u8>);
 
 /// A two-level cursor over a table: the index block picks data blocks.
 #[derive(Debug)]
