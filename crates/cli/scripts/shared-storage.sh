@@ -11,6 +11,9 @@
 # Usage: crates/cli/scripts/shared-storage.sh [OUT_DIR]
 # NUM (default 1000000), RUNS (default 3), READS (reads per thread, default 10000;
 # REMOTE_READS without a flash cache, where each block read is a request: default 200).
+# ONLY: the configurations to run, by name (default: all but the `-serial` ones, which
+# read a multi_get's blocks one after the other: `--parallel_io=false`). READ_BENCHES:
+# the read benchmarks (default readrandom,multireadrandom,seekrandom).
 # PHOENIX_BIN runs that binary instead of target/release/phoenix.
 # Needs: a release build (cargo build --release -p phoenix-cli), MinIO (PHOENIX_MINIO, or
 # minio on the PATH, or ~/go/bin/minio: `go install github.com/minio/minio@<version in
@@ -50,7 +53,11 @@ configs=(
   "minio+flash|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port --flash_cache_size 1073741824"
   "minio-1ms|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port&added_latency_ms=1"
   "minio-1ms+flash|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port&added_latency_ms=1 --flash_cache_size 1073741824"
+  "minio-serial|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port --parallel_io=false"
+  "minio-1ms-serial|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port&added_latency_ms=1 --parallel_io=false"
 )
+only=${ONLY:-local minio minio+flash minio-1ms minio-1ms+flash}
+read_benches=${READ_BENCHES:-readrandom,multireadrandom,seekrandom}
 results=$out/results.jsonl
 : >"$results"
 bench() { # config run threads benchmarks reads extra...
@@ -67,6 +74,7 @@ for run in $(seq 1 "$runs"); do
   for c in "${configs[@]}"; do
     name=${c%%|*}
     extra=${c#*|}
+    case " $only " in *" $name "*) ;; *) continue ;; esac
     r=$reads
     case "$name" in *flash | local) ;; *) r=$remote_reads ;; esac
     echo "run $run: $name"
@@ -76,7 +84,7 @@ for run in $(seq 1 "$runs"); do
     bench "$name" "$run" 1 fillseq,fillrandom "$r" $extra
     for t in 1 8 32; do
       # shellcheck disable=SC2086
-      bench "$name" "$run" "$t" readrandom,multireadrandom,seekrandom "$r" $extra --use_existing_db
+      bench "$name" "$run" "$t" "$read_benches" "$r" $extra --use_existing_db
     done
   done
 done

@@ -901,6 +901,12 @@ impl WritableFile for ObjectWriter {
     }
 }
 
+/// Reads of one batch at most this far apart go as one ranged request (the bytes
+/// between are fetched and dropped: cheaper than a request of their own).
+const COALESCE_GAP: u64 = 64 << 10;
+/// The most one coalesced request spans.
+const COALESCE_MAX: u64 = 4 << 20;
+
 /// A read of [`ObjectReader::read_many`] left to fetch: its offset, its buffer, and
 /// the pages flash did not hold (`None`: all of it).
 type Pending<'a> = (u64, &'a mut [u8], Option<Vec<u64>>);
@@ -1034,6 +1040,46 @@ impl ObjectReader {
         Ok(())
     }
 
+    /// Runs `f` on every job at once: each on a thread of its own but the first, which
+    /// runs on the caller's; the threads keep the caller's deadline class (`io_class`).
+    /// The first error is returned, once every job is done.
+    fn at_once<T: Send>(
+        &self,
+        jobs: Vec<T>,
+        f: impl Fn(T) -> phoenix_storage::Result<()> + Sync,
+    ) -> phoenix_storage::Result<()> {
+        let mut jobs = jobs.into_iter();
+        let Some(first) = jobs.next() else {
+            return Ok(());
+        };
+        let background = crate::io_class::is_background();
+        let f = &f;
+        std::thread::scope(|s| {
+            let others: Vec<_> = jobs
+                .map(|job| {
+                    s.spawn(move || {
+                        let _class = background.then(crate::io_class::Background::enter);
+                        f(job)
+                    })
+                })
+                .collect();
+            let mut result = f(first);
+            for t in others {
+                let r = t.join().unwrap_or_else(|_| {
+                    Err(phoenix_storage::Error::io(
+                        IoOp::Read,
+                        self.location.clone(),
+                        std::io::Error::other("a parallel read panicked"),
+                    ))
+                });
+                if result.is_ok() {
+                    result = r;
+                }
+            }
+            result
+        })
+    }
+
     fn short(&self, from: u64, to: u64, got: usize) -> phoenix_storage::Error {
         phoenix_storage::Error::io(
             IoOp::Read,
@@ -1058,11 +1104,11 @@ impl ReadableFile for ObjectReader {
     }
 
     /// What the flash cache holds of each read is copied at once; the rest go out
-    /// each on a thread of its own (the first on the caller's), so their requests are
-    /// out together: a batch of block reads waits about one round trip, not one per
-    /// block. Threads inherit the caller's deadline class (`io_class`).
+    /// together, each request on a thread of its own (the first on the caller's), so
+    /// a batch of block reads waits about one round trip, not one per block. Without a
+    /// flash cache, reads close to each other (within [`COALESCE_GAP`]) go as one
+    /// ranged request: fewer requests for the store to serve.
     fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> phoenix_storage::Result<()> {
-        // (Offset, buffer, what flash did not hold.)
         let mut pending: Vec<Pending<'_>> = Vec::new();
         for (offset, buf) in reads.iter_mut() {
             self.check_within(*offset, buf.len())?;
@@ -1072,34 +1118,46 @@ impl ReadableFile for ObjectReader {
             }
             pending.push((*offset, &mut **buf, missing));
         }
-        let Some(((offset, buf, missing), rest)) = pending.split_first_mut() else {
-            return Ok(());
-        };
-        let background = crate::io_class::is_background();
-        std::thread::scope(|s| {
-            let others: Vec<_> = rest
-                .iter_mut()
-                .map(|(offset, buf, missing)| {
-                    s.spawn(move || {
-                        let _class = background.then(crate::io_class::Background::enter);
-                        self.fetch_rest(*offset, buf, missing.take())
-                    })
-                })
-                .collect();
-            let mut result = self.fetch_rest(*offset, buf, missing.take());
-            for t in others {
-                let r = t.join().unwrap_or_else(|_| {
-                    Err(phoenix_storage::Error::io(
-                        IoOp::Read,
-                        self.location.clone(),
-                        std::io::Error::other("a parallel read panicked"),
-                    ))
-                });
-                if result.is_ok() {
-                    result = r;
-                }
+        if self.cached.is_some() {
+            return self.at_once(pending, |(offset, buf, missing)| {
+                self.fetch_rest(offset, buf, missing)
+            });
+        }
+        // Runs of reads close to each other, by offset.
+        pending.sort_by_key(|p| p.0);
+        let mut runs: Vec<Vec<(u64, &mut [u8])>> = Vec::new();
+        for (offset, buf, _) in pending {
+            let end = offset + buf.len() as u64;
+            let joins = runs.last().is_some_and(|run| {
+                let start = run[0].0;
+                let run_end = run
+                    .iter()
+                    .map(|(o, b)| o + b.len() as u64)
+                    .max()
+                    .unwrap_or(start);
+                offset <= run_end + COALESCE_GAP && end - start <= COALESCE_MAX
+            });
+            match runs.last_mut() {
+                Some(run) if joins => run.push((offset, buf)),
+                _ => runs.push(vec![(offset, buf)]),
             }
-            result
+        }
+        self.at_once(runs, |mut run| {
+            let from = run[0].0;
+            let to = run
+                .iter()
+                .map(|(o, b)| o + b.len() as u64)
+                .max()
+                .unwrap_or(from);
+            let bytes = self.fetch(from, to)?;
+            if bytes.len() as u64 != to - from {
+                return Err(self.short(from, to, bytes.len()));
+            }
+            for (offset, buf) in run.iter_mut() {
+                let at = (*offset - from) as usize;
+                buf.copy_from_slice(&bytes[at..at + buf.len()]);
+            }
+            Ok(())
         })
     }
 

@@ -724,8 +724,9 @@ fn writers_do_not_wait_on_a_slow_manifest_write() {
 }
 
 /// `multi_get` of keys in different blocks of one table on a store slow to answer (50
-/// ms a read): with `parallel_io` their blocks are read at once, so it takes about one
-/// read's time; without, one read after the other. Both answer alike.
+/// ms a read): with `parallel_io` their blocks are read at once — here, being close
+/// together, by one ranged request — so it takes about one read's time; without, one
+/// read after the other. Both answer alike.
 #[test]
 fn multi_get_reads_the_blocks_of_a_table_at_once() {
     let (fs, _bucket, store) = setup();
@@ -769,7 +770,14 @@ fn multi_get_reads_the_blocks_of_a_table_at_once() {
         assert_eq!(got, want, "parallel_io {parallel_io}");
         t.elapsed()
     };
-    let (serial, parallel) = (timed(false), timed(true));
+    let reads = || store.reads.load(std::sync::atomic::Ordering::SeqCst);
+    let before = reads();
+    let serial = timed(false);
+    let (serial_reads, before) = (reads() - before, reads());
+    let parallel = timed(true);
+    let parallel_reads = reads() - before;
+    // Blocks this close together go as one ranged request.
+    assert_eq!((serial_reads, parallel_reads), (10, 1));
     assert!(
         serial >= Duration::from_millis(450),
         "10 blocks one after the other took {serial:?}"

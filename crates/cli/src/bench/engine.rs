@@ -156,6 +156,10 @@ pub struct Args {
     /// random first (0: each key random).
     #[arg(long = "multiread_stride", default_value_t = 0)]
     multiread_stride: u64,
+    /// multireadrandom: read the blocks a call needs from one table on the object store
+    /// at once (`true`, the engine's default) or one after the other (`false`).
+    #[arg(long = "parallel_io", default_value_t = true, action = clap::ArgAction::Set)]
+    parallel_io: bool,
     /// seekrandom: upper bound of each iterator, in key numbers past the sought key
     /// (0: unbounded).
     #[arg(long = "max_scan_distance", default_value_t = 0)]
@@ -360,6 +364,7 @@ fn run_thread(
     const TICK: u64 = 1024;
     let ro = ReadOptions {
         prefix_same_as_start: args.prefix_same_as_start,
+        parallel_io: args.parallel_io,
         ..ReadOptions::default()
     };
     match bench {
