@@ -1830,17 +1830,7 @@ impl Inner {
                     .apply(&e)
                     .map_err(|why| Error::Background(format!("replacing group {g}: {why}")))?
             };
-            for p in &prepared {
-                let level = ingest_level(&remaining, &p.props_meta, false);
-                let number = self.state.lock().vset.new_file_number();
-                let how = self.store.import_table(&*self.fs, &p.path, number)?;
-                imported.push((&p.path, number, how));
-                let mut m = (*p.props_meta).clone();
-                m.number = number;
-                edit.new_files.push((level, Arc::new(m)));
-            }
-            self.store.sync()?;
-            Ok(())
+            self.import_prepared(&remaining, &prepared, &mut edit, &mut imported)
         })();
         if let Err(e) = result {
             self.undo_ingest(&written, &imported);
@@ -1850,6 +1840,29 @@ impl Inner {
         self.install_edit(st, edit)?;
         self.remove_copied_sources(&imported);
         Ok(())
+    }
+
+    /// Takes each prepared file in as a new table (sequence numbers as they are) at the
+    /// deepest level of `version` with room for it (a file may span a range without
+    /// holding anything in it: any level whose files leave room will do), adding it to
+    /// `edit` and to `imported`; then makes the imports durable.
+    fn import_prepared<'p>(
+        &self,
+        version: &Version,
+        prepared: &'p [Prepared],
+        edit: &mut VersionEdit,
+        imported: &mut Vec<(&'p Path, u64, Imported)>,
+    ) -> Result<()> {
+        for p in prepared {
+            let level = ingest_level(version, &p.props_meta, false);
+            let number = self.state.lock().vset.new_file_number();
+            let how = self.store.import_table(&*self.fs, &p.path, number)?;
+            imported.push((&p.path, number, how));
+            let mut m = (*p.props_meta).clone();
+            m.number = number;
+            edit.new_files.push((level, Arc::new(m)));
+        }
+        self.store.sync()
     }
 
     /// Takes back the tables an ingest wrote and imported when it fails before its
@@ -1981,21 +1994,7 @@ impl Inner {
     fn ingest_moved(&self, view: &View, prepared: &[Prepared]) -> Result<()> {
         let mut edit = VersionEdit::default();
         let mut imported: Vec<(&Path, u64, Imported)> = Vec::new();
-        let result = (|| -> Result<()> {
-            for p in prepared {
-                // A file may span the range without holding anything in it: any level
-                // whose files leave room will do.
-                let level = ingest_level(&view.version, &p.props_meta, false);
-                let number = self.state.lock().vset.new_file_number();
-                let how = self.store.import_table(&*self.fs, &p.path, number)?;
-                imported.push((&p.path, number, how));
-                let mut m = (*p.props_meta).clone();
-                m.number = number;
-                edit.new_files.push((level, Arc::new(m)));
-            }
-            self.store.sync()?;
-            Ok(())
-        })();
+        let result = self.import_prepared(&view.version, prepared, &mut edit, &mut imported);
         if let Err(e) = result {
             self.undo_ingest(&[], &imported);
             return Err(e);

@@ -86,6 +86,23 @@ fn objects(store: &InMemory) -> Vec<String> {
     list.into_iter().map(|m| m.location.to_string()).collect()
 }
 
+/// Waits (up to 10 s) until an upload made slow waits in the store (`what` was to make
+/// it).
+fn until_an_upload_waits(store: &Flaky, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store
+        .uploads_waiting
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{what} never wrote its manifest record"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Reopens the engine from the store (healed) and checks it holds `model`.
 fn reopened_holds(fs: &SharedFs, store: &Arc<Flaky>, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
     store.set_down(0);
@@ -688,18 +705,7 @@ fn writers_do_not_wait_on_a_slow_manifest_write() {
         let db = Arc::clone(&db);
         std::thread::spawn(move || db.flush())
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store
-        .uploads_waiting
-        .load(std::sync::atomic::Ordering::SeqCst)
-        == 0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the flush never wrote its manifest record"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until_an_upload_waits(&store, "the flush");
     let t = Instant::now();
     write(&db, &mut model, 100..150, "b");
     let s = db.stats();
@@ -817,18 +823,7 @@ fn two_inline_flushes_at_once_flush_each_memtable_once() {
         let db = Arc::clone(&db);
         std::thread::spawn(move || db.flush())
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store
-        .uploads_waiting
-        .load(std::sync::atomic::Ordering::SeqCst)
-        == 0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the flush never wrote its manifest record"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until_an_upload_waits(&store, "the flush");
     // Past a memtable's worth: the writer switches memtables and flushes inline too.
     let before = db.stats().flushes;
     write(&db, &mut model, 1000..2000, "b");
@@ -869,18 +864,7 @@ fn close_waits_for_a_manifest_write_under_way() {
         let db = Arc::clone(&db);
         std::thread::spawn(move || db.ingest(&[file]))
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store
-        .uploads_waiting
-        .load(std::sync::atomic::Ordering::SeqCst)
-        == 0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the ingest never wrote its manifest record"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until_an_upload_waits(&store, "the ingest");
     db.close().unwrap();
     assert_eq!(
         store
