@@ -70,6 +70,13 @@ struct View {
     version: Arc<Version>,
 }
 
+/// A manifest edit that failed, and whether the manifest may hold it (`false`: refused
+/// before anything was written, so what the edit would have added can be taken back).
+struct EditFailed {
+    error: Error,
+    maybe_written: bool,
+}
+
 /// Background work that is tried again on an unavailable table store (an index into
 /// `State::retrying` and `State::retries`).
 #[derive(Debug, Clone, Copy)]
@@ -1352,7 +1359,8 @@ impl Inner {
     fn background_failed(&self, work: Work, e: &Error, backoff: &mut Duration) {
         let what = work.name();
         if matches!(e, Error::Closed) {
-            // Closing: the work is left for the next open (the WAL holds it).
+            // Closing: with the WAL on, the next open replays it; with it off, `close`
+            // flushed first (a write racing `close` itself is not waited for).
             return;
         }
         if !e.is_retryable() {
@@ -1572,23 +1580,48 @@ impl Inner {
     /// writers nor `stats`, `failure` or `close`. Manifest writes go one at a time; one
     /// that finds another out waits for it.
     fn log_and_apply(&self, st: &mut MutexGuard<'_, State>, edit: VersionEdit) -> Result<()> {
+        self.log_and_apply_tracked(st, edit).map_err(|f| f.error)
+    }
+
+    /// [`Db::log_and_apply`], saying of a failure whether the manifest may hold the edit.
+    fn log_and_apply_tracked(
+        &self,
+        st: &mut MutexGuard<'_, State>,
+        edit: VersionEdit,
+    ) -> std::result::Result<(), EditFailed> {
         while st.vset.is_writing() {
             self.bg_cv.wait(st);
         }
+        let refused = |error| EditFailed {
+            error,
+            maybe_written: false,
+        };
         if st.closed {
-            return Err(Error::Closed);
+            return Err(refused(Error::Closed));
         }
-        let mut w = st.vset.begin(edit)?;
+        let mut w = st.vset.begin(edit).map_err(refused)?;
         MutexGuard::unlocked(st, || w.run());
         let r = st.vset.finish(w);
         self.bg_cv.notify_all();
-        r
+        r.map_err(|error| EditFailed {
+            error,
+            maybe_written: true,
+        })
     }
 
     /// Logs `edit` to the manifest (durable before anything sees it), publishes the new
     /// view, deletes the files no version needs any more and wakes the background work.
-    fn install_edit(&self, mut st: MutexGuard<'_, State>, edit: VersionEdit) -> Result<()> {
-        self.log_and_apply(&mut st, edit)?;
+    fn install_edit(&self, st: MutexGuard<'_, State>, edit: VersionEdit) -> Result<()> {
+        self.install_edit_tracked(st, edit).map_err(|f| f.error)
+    }
+
+    /// [`Db::install_edit`], saying of a failure whether the manifest may hold the edit.
+    fn install_edit_tracked(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        edit: VersionEdit,
+    ) -> std::result::Result<(), EditFailed> {
+        self.log_and_apply_tracked(&mut st, edit)?;
         st.refresh_view();
         for n in st.vset.delete_obsolete_files() {
             self.tables.evict(n);
@@ -1837,7 +1870,14 @@ impl Inner {
             return Err(e);
         }
         let st = self.state.lock();
-        self.install_edit(st, edit)?;
+        if let Err(f) = self.install_edit_tracked(st, edit) {
+            if !f.maybe_written {
+                // Refused before anything was written (closing, a broken version set):
+                // the sources go back, to install from again.
+                self.undo_ingest(&written, &imported);
+            }
+            return Err(f.error);
+        }
         self.remove_copied_sources(&imported);
         Ok(())
     }
@@ -2000,7 +2040,13 @@ impl Inner {
             return Err(e);
         }
         let mut st = self.state.lock();
-        self.log_and_apply(&mut st, edit)?;
+        if let Err(f) = self.log_and_apply_tracked(&mut st, edit) {
+            drop(st);
+            if !f.maybe_written {
+                self.undo_ingest(&[], &imported);
+            }
+            return Err(f.error);
+        }
         st.refresh_view();
         drop(st);
         self.remove_copied_sources(&imported);

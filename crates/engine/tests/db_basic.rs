@@ -1307,3 +1307,42 @@ fn an_ingest_that_fails_before_its_edit_gives_its_files_back() {
     let db = Db::open(Arc::clone(&fs), dir, small_opts(WalMode::None)).unwrap();
     assert_eq!(scan(&db, &ro), want);
 }
+
+/// An ingest whose manifest edit is refused before anything is written — here the
+/// version set broke on an earlier failed manifest sync — gives its files back: they
+/// were moved (renamed) into the store, and the next open would otherwise delete them
+/// as tables no manifest names.
+#[test]
+fn an_ingest_refused_by_a_broken_manifest_gives_its_files_back() {
+    let mut refused = 0;
+    for nth in 1..=6 {
+        let (mem, fs) = fs();
+        let dir = Path::new("/db");
+        let db = Db::open(Arc::clone(&fs), dir, small_opts(WalMode::None)).unwrap();
+        db.put(&WriteOptions::default(), b"\0\0\0\0\0\0\0\x01a", b"v")
+            .unwrap();
+        mem.inject(
+            phoenix_storage::FaultKind::Sync,
+            nth,
+            std::io::ErrorKind::Other,
+            false,
+        );
+        let _ = db.flush();
+        mem.clear_faults();
+        let path = std::path::PathBuf::from("/in.sst");
+        let mut w = phoenix_engine::SstWriter::create(&fs, &path, &Default::default()).unwrap();
+        w.put(b"\0\0\0\0\0\0\0\x09k", b"in").unwrap();
+        w.finish().unwrap();
+        if db.ingest(std::slice::from_ref(&path)).is_err() {
+            refused += 1;
+            assert!(fs.exists(&path).unwrap(), "sync {nth}: the source is gone");
+        } else {
+            assert!(!fs.exists(&path).unwrap());
+        }
+        drop(db);
+    }
+    assert!(
+        refused > 0,
+        "no ingest was refused: the case is not exercised"
+    );
+}
