@@ -66,6 +66,7 @@ pub fn config(id: u64, addr: &str, dir: &Path, meta: &[MetaMember], replication:
     let mut c = Config::new(id, addr, dir.join(format!("node-{id}")), meta.to_vec());
     c.replication = replication;
     c.tick = Duration::from_millis(10);
+    c.election_ticks = 20;
     c.heartbeat_interval = Duration::from_millis(200);
     // The host's free space must not decide a test (the full-disk test sets its own).
     c.reserve_space = 0;

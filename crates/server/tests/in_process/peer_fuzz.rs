@@ -14,14 +14,13 @@
 //! what keeps them out (docs/security.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../../proto/tests/support/random_wire.rs"]
+#[path = "../../../proto/tests/support/random_wire.rs"]
 mod random_wire;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use phoenix_client::{Client, ClientOptions};
 use phoenix_proto as proto;
 use rand::{Rng, SeedableRng};

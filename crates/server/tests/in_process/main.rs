@@ -1,7 +1,10 @@
 //! Nodes started in-process on loopback: single-node put/get through raft with
 //! restart recovery (log-as-WAL), a three-node cluster with the meta group, the meta
 //! group bootstrapping split ranges and serving its table from every node, and a
-//! leader cut off by fault injection.
+//! leader cut off by fault injection; and, in modules of this one test binary (the
+//! server is linked once for them all), limits, merges, splits, the scrub, security,
+//! peers speaking nonsense, and tables on MinIO. (Failpoints are process-wide: their
+//! tests are a binary of their own.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -10,8 +13,18 @@ use std::time::{Duration, Instant};
 use phoenix_proto as proto;
 use phoenix_server::MetaMember;
 
+#[path = "../common/mod.rs"]
 mod common;
 use common::*;
+
+// The other cluster tests: one test binary links the server once, not once per file.
+mod limits;
+mod merge;
+mod minio;
+mod peer_fuzz;
+mod scrub;
+mod security;
+mod split;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn single_node_put_get_restart() {

@@ -4,12 +4,10 @@
 //! served, plaintext, a certificate or CA from elsewhere, and a missing or wrong token.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::Duration;
 
-use common::certs::Ca;
-use common::*;
+use crate::common::certs::Ca;
+use crate::common::*;
 use phoenix_client::{Client, ClientError, ClientOptions};
 use phoenix_proto as proto;
 use phoenix_proto::security::{Credentials, TlsFiles};

@@ -10,8 +10,7 @@ use phoenix_proto as proto;
 use phoenix_server::MetaMember;
 use proto::error::Kind;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 fn kind(e: Option<proto::Error>) -> Option<Kind> {
     e.and_then(|e| e.kind)

@@ -8,11 +8,10 @@ use std::path::Path;
 use futures_util::TryStreamExt;
 use phoenix_server::MetaMember;
 
-mod common;
-use common::*;
+use crate::common::*;
 
-#[path = "../../engine/tests/support/minio.rs"]
-mod minio;
+#[path = "../../../engine/tests/support/minio.rs"]
+mod minio_server;
 
 /// Every file under `dir`, recursively.
 fn files(dir: &Path) -> Vec<String> {
@@ -34,7 +33,7 @@ fn files(dir: &Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs minio"]
 async fn a_node_keeps_its_tables_on_minio() {
-    let minio = tokio::task::spawn_blocking(minio::Minio::start)
+    let minio = tokio::task::spawn_blocking(minio_server::Minio::start)
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -4,12 +4,10 @@
 //! it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use phoenix_client::{Client, ClientOptions};
 use phoenix_server::keys;
 

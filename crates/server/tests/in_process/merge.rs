@@ -5,15 +5,13 @@
 //! waiting for the source's prepare) keeps it all.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::workload::{check_all, client, key, load, value, KEYS};
-use common::*;
+use crate::common::workload::{check_all, client, key, load, value, KEYS};
+use crate::common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_groups_merged_under_load_lose_no_write_and_serve_as_one() {

@@ -5,15 +5,13 @@
 //! log) keeps it all.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::workload::{check_all, client, key, load, value, KEYS};
-use common::*;
+use crate::common::workload::{check_all, client, key, load, value, KEYS};
+use crate::common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_group_split_under_load_loses_no_write_and_serves_both_halves() {
