@@ -12,7 +12,8 @@
 # NUM (default 1000000), RUNS (default 3), READS (reads per thread, default 10000;
 # REMOTE_READS without a flash cache, where each block read is a request: default 200).
 # ONLY: the configurations to run, by name (default: all but the `-serial` ones, which
-# read a multi_get's blocks one after the other: `--parallel_io=false`). READ_BENCHES:
+# read a multi_get's blocks, and the tables of a seek, one after the other:
+# `--parallel_io=false`). READ_BENCHES:
 # the read benchmarks (default readrandom,multireadrandom,seekrandom).
 # PHOENIX_BIN runs that binary instead of target/release/phoenix.
 # Needs: a release build (cargo build --release -p phoenix-cli), MinIO (PHOENIX_MINIO, or

@@ -57,10 +57,9 @@ use crate::write_batch::{BatchRecord, WriteBatch};
 /// Times a waiting writer yields its CPU before it sleeps on its condition variable.
 const WRITER_YIELDS: u32 = 16;
 
-/// First wait before background work that failed on an unavailable table store is
-/// tried again; it doubles at each failure in a row, up to
-/// `Options::retry_backoff_max`.
-pub const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Shortest wait between two tries of failed background work, whatever the options say
+/// (a zero would spin on an unavailable store).
+const RETRY_BACKOFF_FLOOR: Duration = Duration::from_millis(1);
 
 /// A consistent set of sources for a read: the memtables and the version.
 struct View {
@@ -1001,7 +1000,8 @@ impl Inner {
         let frags = Fragments::new(&tombstones, snap);
         let pin: Arc<dyn std::any::Any + Send + Sync> = view;
         Ok(DbIterator::new(
-            MergingIterator::new(children),
+            MergingIterator::new(children)
+                .with_parallel_seeks(ro.parallel_io && self.store.reads_at_once()),
             snap,
             frags,
             ReadScope {
@@ -1327,9 +1327,13 @@ impl Inner {
         }
     }
 
+    fn retry_backoff_min(&self) -> Duration {
+        self.opts.retry_backoff_min.max(RETRY_BACKOFF_FLOOR)
+    }
+
     fn flush_loop(&self) {
         let _background = crate::io_class::Background::enter();
-        let mut backoff = RETRY_BACKOFF_MIN;
+        let mut backoff = self.retry_backoff_min();
         loop {
             let mem = {
                 let mut st = self.state.lock();
@@ -1372,20 +1376,23 @@ impl Inner {
         st.retrying[work as usize] = Some(crate::table::clone_error(e));
         tracing::warn!(error = %e, retry_in = ?*backoff, "{what} failed on an unavailable table store; trying again");
         self.bg_cv.notify_all();
-        let until = Instant::now() + *backoff;
+        // (Elapsed time, not a deadline: a backoff of any length cannot overflow.)
+        let start = Instant::now();
         while !st.closed {
-            let now = Instant::now();
-            if now >= until {
+            let waited = start.elapsed();
+            if waited >= *backoff {
                 break;
             }
-            self.bg_cv.wait_for(&mut st, until - now);
+            self.bg_cv.wait_for(&mut st, *backoff - waited);
         }
-        *backoff = (*backoff * 2).min(self.opts.retry_backoff_max.max(RETRY_BACKOFF_MIN));
+        *backoff = backoff
+            .saturating_mul(2)
+            .min(self.opts.retry_backoff_max.max(self.retry_backoff_min()));
     }
 
     /// Background work (`what`) succeeded: a retry pending is over.
     fn background_done(&self, work: Work, backoff: &mut Duration) {
-        *backoff = RETRY_BACKOFF_MIN;
+        *backoff = self.retry_backoff_min();
         let mut st = self.state.lock();
         if let Some(e) = st.retrying[work as usize].take() {
             tracing::info!(after = %e, "{} succeeded again: background work resumed", work.name());
@@ -1455,7 +1462,7 @@ impl Inner {
 
     fn compaction_loop(&self) {
         let _background = crate::io_class::Background::enter();
-        let mut backoff = RETRY_BACKOFF_MIN;
+        let mut backoff = self.retry_backoff_min();
         loop {
             {
                 let mut st = self.state.lock();

@@ -308,6 +308,11 @@ impl FlashCache {
         Ok(Arc::new(cache))
     }
 
+    /// Whether page `page` of object `object` is held (its bytes are not checked here).
+    pub fn holds(&self, object: u64, page: u64) -> bool {
+        self.inner.lock().index.contains_key(&(object, page))
+    }
+
     /// The whole page `page` of object `object`, if held and its bytes check.
     pub fn get(&self, object: u64, page: u64) -> Option<Vec<u8>> {
         let mut buf = vec![0u8; PAGE_BYTES as usize];

@@ -62,4 +62,10 @@ pub trait InternalIterator: Send {
     /// Confines the following seeks to `scope` (see [`ReadScope`]); sources that cannot
     /// use it ignore it.
     fn set_scope(&mut self, _scope: &Arc<ReadScope>) {}
+    /// Whether a seek to `target` would read from a table file (a block not in the
+    /// block cache, or a table not open yet): a merging iterator over a remote store
+    /// seeks such sources side by side. In-memory sources never do.
+    fn seek_would_read(&self, _target: &[u8]) -> bool {
+        false
+    }
 }

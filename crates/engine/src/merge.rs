@@ -161,6 +161,20 @@ impl InternalIterator for LevelIter {
             self.skip_backward();
         }
     }
+    fn seek_would_read(&self, target: &[u8]) -> bool {
+        let i = self
+            .files
+            .partition_point(|f| compare_internal(&f.largest, target) == Ordering::Less);
+        let Some(f) = self.files.get(i) else {
+            return false;
+        };
+        // (A table not open yet is read to open it; one whose prefix filter rules the
+        // scope's prefix out is not read: `TableIter::set_scope`.)
+        let prefix = self.scope.as_ref().and_then(|s| s.prefix.as_deref());
+        self.tables.get_open(f.number).is_none_or(|t| {
+            !prefix.is_some_and(|p| t.excludes_prefix(p)) && t.seek_would_read(target)
+        })
+    }
     fn seek(&mut self, target: &[u8]) {
         let i = self
             .files
@@ -243,6 +257,53 @@ pub struct MergingIterator {
     /// Indices of the valid children; `heap[0]` is the current one.
     heap: Vec<usize>,
     direction: Direction,
+    /// Children whose seek reads a table file seek side by side (tables on a remote
+    /// store, `ReadOptions::parallel_io`).
+    parallel_seeks: bool,
+}
+
+/// Children seeking at once at most (the rest seek in the next wave).
+const SEEKS_AT_ONCE: usize = 16;
+
+/// Seeks every child to `target`. Those whose seek reads a table file, when there are
+/// two or more, seek on threads of their own (the first on the caller's), so a seek
+/// waits about one remote read rather than one per level (seed 004's parallel I/O for
+/// iterators). The threads keep the caller's deadline class (`io_class`).
+fn seek_side_by_side(children: &mut [BoxIter], target: &[u8]) {
+    let (reading, in_memory): (Vec<_>, Vec<_>) =
+        children.iter_mut().partition(|c| c.seek_would_read(target));
+    for c in in_memory {
+        c.seek(target);
+    }
+    if reading.len() < 2 {
+        for c in reading {
+            c.seek(target);
+        }
+        return;
+    }
+    let background = crate::io_class::is_background();
+    let cells: Vec<parking_lot::Mutex<&mut BoxIter>> =
+        reading.into_iter().map(parking_lot::Mutex::new).collect();
+    for wave in cells.chunks(SEEKS_AT_ONCE) {
+        std::thread::scope(|s| {
+            let mut here = vec![&wave[0]];
+            for cell in &wave[1..] {
+                let spawned = std::thread::Builder::new()
+                    .name("table-seek".into())
+                    .spawn_scoped(s, move || {
+                        let _class = background.then(crate::io_class::Background::enter);
+                        cell.lock().seek(target);
+                    });
+                // A child whose thread cannot be had seeks on the caller's.
+                if spawned.is_err() {
+                    here.push(cell);
+                }
+            }
+            for cell in here {
+                cell.lock().seek(target);
+            }
+        });
+    }
 }
 
 /// Whether child `a`'s key comes out of the heap before child `b`'s.
@@ -284,7 +345,15 @@ impl MergingIterator {
             children,
             heap,
             direction: Direction::Forward,
+            parallel_seeks: false,
         }
+    }
+
+    /// Children whose seek reads a table file seek side by side (for tables on a
+    /// remote store: on a local disk a thread costs more than the read).
+    pub fn with_parallel_seeks(mut self, parallel: bool) -> Self {
+        self.parallel_seeks = parallel;
+        self
     }
 
     /// Rebuilds the heap from every valid child for direction `dir`; none if a child
@@ -366,8 +435,12 @@ impl InternalIterator for MergingIterator {
         self.rebuild(Direction::Reverse);
     }
     fn seek(&mut self, target: &[u8]) {
-        for c in &mut self.children {
-            c.seek(target);
+        if self.parallel_seeks {
+            seek_side_by_side(&mut self.children, target);
+        } else {
+            for c in &mut self.children {
+                c.seek(target);
+            }
         }
         self.rebuild(Direction::Forward);
     }

@@ -791,6 +791,10 @@ impl TableStore for ObjectTableStore {
         }
     }
 
+    fn reads_at_once(&self) -> bool {
+        true
+    }
+
     fn file_number_gap(&self) -> u64 {
         FENCE_FILE_GAP
     }
@@ -1126,6 +1130,15 @@ impl ReadableFile for ObjectReader {
 
     fn reads_at_once(&self) -> bool {
         true
+    }
+
+    fn read_waits(&self, offset: u64, len: usize) -> bool {
+        let Some((cache, key)) = &self.cached else {
+            return true;
+        };
+        let end = offset.saturating_add(len as u64).min(self.size);
+        end > offset
+            && (offset / PAGE_BYTES..=(end - 1) / PAGE_BYTES).any(|p| !cache.holds(*key, p))
     }
 
     /// What the flash cache holds of each read is copied at once; the rest go out

@@ -96,8 +96,12 @@ pub struct Options {
     /// background threads: slower, but every run with the same inputs does the same file
     /// operations in the same order (deterministic crash tests and simulation).
     pub inline_background: bool,
+    /// First wait before background work that failed on an unavailable table store is
+    /// tried again (at least 1 ms); it doubles at each failure in a row, up to
+    /// `retry_backoff_max` (or stays at this one if that is smaller).
+    pub retry_backoff_min: std::time::Duration,
     /// Longest wait between two tries of background work that failed on an unavailable
-    /// table store (the first wait is 100 ms, doubled at each failure in a row).
+    /// table store.
     pub retry_backoff_max: std::time::Duration,
 }
 
@@ -127,6 +131,7 @@ impl Default for Options {
             avoid_flush_during_recovery: false,
             disable_auto_compactions: false,
             inline_background: false,
+            retry_backoff_min: std::time::Duration::from_millis(100),
             retry_backoff_max: std::time::Duration::from_secs(10),
         }
     }
@@ -199,9 +204,10 @@ pub struct ReadOptions<'a> {
     /// out. Needs a prefix extractor (`Options::table.prefix_len`); a seek to a key
     /// shorter than the prefix reads in total order.
     pub prefix_same_as_start: bool,
-    /// `multi_get`: the data blocks its keys need from one table on an object store
-    /// are read at once rather than one after the other (default true; seed 004's
-    /// parallel I/O). Tables on a local file system read one after the other either way.
+    /// Tables on an object store are read side by side rather than one after the
+    /// other (default true; seed 004's parallel I/O): the data blocks of one table a
+    /// `multi_get` needs, and the tables an iterator's seek reads (one per level and L0
+    /// file). Tables on a local file system are read one after the other either way.
     pub parallel_io: bool,
 }
 

@@ -133,6 +133,12 @@ pub trait TableStore: Send + Sync + std::fmt::Debug {
     fn file_number_gap(&self) -> u64 {
         0
     }
+
+    /// Whether reads of its tables are requests to a remote store that serves many at
+    /// once (each waits a round trip): readers then gain by issuing them together.
+    fn reads_at_once(&self) -> bool {
+        false
+    }
 }
 
 /// How [`TableStore::import_table`] took a file in.

@@ -111,7 +111,10 @@ fn options(rng: &mut ChaCha8Rng) -> Options {
         // filters) after a reopen.
         avoid_flush_during_recovery: rng.gen_bool(0.5),
         // (Faults: tries come back soon.)
-        retry_backoff_max: std::time::Duration::from_millis(200),
+        // Background work tried again soon after the store's outage (a few operations
+        // long) ends: the run's operations wait on it, not on the clock.
+        retry_backoff_min: std::time::Duration::from_millis(2),
+        retry_backoff_max: std::time::Duration::from_millis(20),
         ..Options::default()
     }
 }

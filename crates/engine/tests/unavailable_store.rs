@@ -796,6 +796,71 @@ fn multi_get_reads_the_blocks_of_a_table_at_once() {
     db.close().unwrap();
 }
 
+/// A seek over four tables (each holding the sought keys, newer versions above older)
+/// on a store slow to answer (50 ms a read): with `parallel_io` the four data blocks are
+/// read side by side, so the seek takes about one read's time; without, one read after
+/// the other. Both find the newest versions.
+#[test]
+fn a_seek_reads_its_tables_side_by_side() {
+    let (fs, _bucket, store) = setup();
+    let tables = ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+    let o = Options {
+        block_cache_size: 0,
+        write_buffer_size: 1 << 20,
+        disable_auto_compactions: true,
+        ..opts()
+    };
+    let db = Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap();
+    let mut model = BTreeMap::new();
+    for round in 0..4 {
+        for i in 0..50 {
+            let (k, v) = (group_key(5, i), format!("value-{round}-{i}").into_bytes());
+            db.put(&WriteOptions::default(), &k, &v).unwrap();
+            model.insert(k, v);
+        }
+        db.flush().unwrap();
+    }
+    assert_eq!(db.stats().levels[0].files, 4);
+    let from = group_key(5, 10);
+    let want: Vec<(Vec<u8>, Vec<u8>)> = model
+        .range(from.clone()..)
+        .take(10)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let scan = |parallel_io: bool| {
+        let ro = ReadOptions {
+            parallel_io,
+            ..Default::default()
+        };
+        let t = Instant::now();
+        let mut it = db.iter(&ro).unwrap();
+        it.seek(&from);
+        let mut got = Vec::new();
+        while it.valid() && got.len() < 10 {
+            got.push((it.key().to_vec(), it.value().to_vec()));
+            it.next();
+        }
+        it.status().unwrap();
+        assert_eq!(got, want, "parallel_io {parallel_io}");
+        t.elapsed()
+    };
+    // (Opens the tables, so that what is timed are the data blocks' reads.)
+    scan(true);
+    store.slow_reads(Duration::from_millis(50));
+    let serial = scan(false);
+    let parallel = scan(true);
+    assert!(
+        serial >= Duration::from_millis(200),
+        "4 tables one after the other took {serial:?}"
+    );
+    assert!(
+        parallel * 2 < serial,
+        "side by side {parallel:?}, one after the other {serial:?}"
+    );
+    store.slow_reads(Duration::ZERO);
+    db.close().unwrap();
+}
+
 /// Inline background work (no flush thread): a flush whose manifest upload is slow
 /// (here 2 s) and a writer that fills the next memtable meanwhile both flush. The
 /// writer must not flush the memtable the first one is flushing and then drop its

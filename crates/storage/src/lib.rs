@@ -160,6 +160,12 @@ pub trait ReadableFile: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Whether reading `len` bytes at `offset` waits on a remote store (a local file, or
+    /// bytes a local cache holds, do not).
+    fn read_waits(&self, _offset: u64, _len: usize) -> bool {
+        false
+    }
+
     /// The path the file was opened with (for error messages).
     fn path(&self) -> &Path;
 }

@@ -156,8 +156,9 @@ pub struct Args {
     /// random first (0: each key random).
     #[arg(long = "multiread_stride", default_value_t = 0)]
     multiread_stride: u64,
-    /// multireadrandom: read the blocks a call needs from one table on the object store
-    /// at once (`true`, the engine's default) or one after the other (`false`).
+    /// Tables on the object store read side by side (`true`, the engine's default) or
+    /// one after the other (`false`): multireadrandom's blocks of one table, seekrandom's
+    /// tables of one seek.
     #[arg(long = "parallel_io", default_value_t = true, action = clap::ArgAction::Set)]
     parallel_io: bool,
     /// seekrandom: upper bound of each iterator, in key numbers past the sought key

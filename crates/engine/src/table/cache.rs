@@ -299,6 +299,11 @@ impl TableCache {
         Ok(table)
     }
 
+    /// Table `number` if it is open (nothing is read).
+    pub fn get_open(&self, number: u64) -> Option<Arc<Table>> {
+        self.lru.get(&number)
+    }
+
     /// Forgets table `number` (after its file is deleted). Readers still holding it keep
     /// their `Arc`.
     pub fn evict(&self, number: u64) {

@@ -18,7 +18,9 @@ use crate::key::{self, compare_internal, parse_internal_key, RangeTombstone, Val
 use crate::table::block::{bytewise, Block, BlockIter};
 use crate::table::cache::BlockCache;
 use crate::table::filter::Filter;
-use crate::table::format::{read_block, read_blocks, BlockHandle, Footer, FOOTER_LEN};
+use crate::table::format::{
+    read_block, read_blocks, BlockHandle, Footer, BLOCK_TRAILER_LEN, FOOTER_LEN,
+};
 use crate::table::{
     clone_error, TableProperties, META_BLOOM, META_PREFIX_BLOOM, META_PROPERTIES, META_RANGE_DEL,
 };
@@ -334,6 +336,38 @@ impl Table {
             .is_some_and(|(len, f)| *len == prefix.len() && !f.may_contain(prefix))
     }
 
+    /// The data block a seek to `target` lands in (`None`: past the last entry, or a bad
+    /// handle, which the seek itself reports). The index is in memory: nothing is read.
+    fn seek_block(&self, target: &[u8]) -> Option<BlockHandle> {
+        let mut index = self.index.iter(compare_internal, key::TRAILER_LEN);
+        index.seek(target);
+        if !index.valid() {
+            return None;
+        }
+        self.handle_at(&index).ok()
+    }
+
+    /// Whether block `h` is in the block cache.
+    fn cached(&self, h: BlockHandle) -> bool {
+        self.cache
+            .as_ref()
+            .is_some_and(|c| c.get(self.cache_id, h.offset).is_some())
+    }
+
+    /// Whether block `h` is neither in the block cache nor in reach without waiting on a
+    /// remote store (a local file, the flash cache).
+    fn read_waits(&self, h: BlockHandle) -> bool {
+        !self.cached(h)
+            && self
+                .file
+                .read_waits(h.offset, h.size as usize + BLOCK_TRAILER_LEN)
+    }
+
+    /// Whether a seek to `target` would wait on a remote read of its data block.
+    pub fn seek_would_read(&self, target: &[u8]) -> bool {
+        self.seek_block(target).is_some_and(|h| self.read_waits(h))
+    }
+
     /// A cursor over the table's point entries; the blocks it reads enter the cache.
     pub fn iter(self: &Arc<Self>) -> TableIter {
         self.iter_with(true)
@@ -561,6 +595,14 @@ impl InternalIterator for TableIter {
             }
         }
         self.skip_backward();
+    }
+
+    fn seek_would_read(&self, target: &[u8]) -> bool {
+        // (The block this cursor holds is not read again: `load`.)
+        !self.excluded
+            && self.table.seek_block(target).is_some_and(|h| {
+                !(self.data.is_some() && self.data_offset == h.offset) && self.table.read_waits(h)
+            })
     }
 
     fn seek(&mut self, target: &[u8]) {
