@@ -262,13 +262,10 @@ pub struct MergingIterator {
     parallel_seeks: bool,
 }
 
-/// Children seeking at once at most (the rest seek in the next wave).
-const SEEKS_AT_ONCE: usize = 16;
-
 /// Seeks every child to `target`. Those whose seek reads a table file, when there are
-/// two or more, seek on threads of their own (the first on the caller's), so a seek
-/// waits about one remote read rather than one per level (seed 004's parallel I/O for
-/// iterators). The threads keep the caller's deadline class (`io_class`).
+/// two or more, seek side by side ([`crate::io_class::side_by_side`]), so a seek waits
+/// about one remote read rather than one per level (seed 004's parallel I/O for
+/// iterators).
 fn seek_side_by_side(children: &mut [BoxIter], target: &[u8]) {
     let (reading, in_memory): (Vec<_>, Vec<_>) =
         children.iter_mut().partition(|c| c.seek_would_read(target));
@@ -281,28 +278,10 @@ fn seek_side_by_side(children: &mut [BoxIter], target: &[u8]) {
         }
         return;
     }
-    let background = crate::io_class::is_background();
-    let cells: Vec<parking_lot::Mutex<&mut BoxIter>> =
-        reading.into_iter().map(parking_lot::Mutex::new).collect();
-    for wave in cells.chunks(SEEKS_AT_ONCE) {
-        std::thread::scope(|s| {
-            let mut here = vec![&wave[0]];
-            for cell in &wave[1..] {
-                let spawned = std::thread::Builder::new()
-                    .name("table-seek".into())
-                    .spawn_scoped(s, move || {
-                        let _class = background.then(crate::io_class::Background::enter);
-                        cell.lock().seek(target);
-                    });
-                // A child whose thread cannot be had seeks on the caller's.
-                if spawned.is_err() {
-                    here.push(cell);
-                }
-            }
-            for cell in here {
-                cell.lock().seek(target);
-            }
-        });
+    for r in crate::io_class::side_by_side(reading, |c| c.seek(target)) {
+        if let Err(panic) = r {
+            std::panic::resume_unwind(panic);
+        }
     }
 }
 

@@ -908,8 +908,6 @@ impl WritableFile for ObjectWriter {
 /// Reads of one batch at most this far apart go as one ranged request (the bytes
 /// between are fetched and dropped: cheaper than a request of their own).
 const COALESCE_GAP: u64 = 64 << 10;
-/// Requests of one batch out at once at most (the rest wait for the next wave).
-const READS_AT_ONCE: usize = 16;
 /// The most one coalesced request spans.
 const COALESCE_MAX: u64 = 4 << 20;
 
@@ -1046,67 +1044,24 @@ impl ObjectReader {
         Ok(())
     }
 
-    /// Runs `f` on every job at once: each on a thread of its own but the first, which
-    /// runs on the caller's; the threads keep the caller's deadline class (`io_class`).
-    /// The first error is returned, once every job is done.
+    /// Runs `f` on every job side by side ([`crate::io_class::side_by_side`]); the first
+    /// error is returned, once every job is done.
     fn at_once<T: Send>(
         &self,
         jobs: Vec<T>,
         f: impl Fn(T) -> phoenix_storage::Result<()> + Sync,
     ) -> phoenix_storage::Result<()> {
-        let background = crate::io_class::is_background();
-        let f = &f;
-        let mut jobs = jobs.into_iter();
-        let mut result = Ok(());
-        let mut note = |r: phoenix_storage::Result<()>| {
-            if result.is_ok() {
-                result = r;
-            }
-        };
-        // In waves of at most READS_AT_ONCE jobs, each but the first on a thread; a job
-        // whose thread cannot be had runs on the caller's.
-        loop {
-            let wave: Vec<parking_lot::Mutex<Option<T>>> = jobs
-                .by_ref()
-                .take(READS_AT_ONCE)
-                .map(|j| parking_lot::Mutex::new(Some(j)))
-                .collect();
-            if wave.is_empty() {
-                break;
-            }
-            std::thread::scope(|s| {
-                let mut threads = Vec::new();
-                let mut here = vec![&wave[0]];
-                for cell in &wave[1..] {
-                    let spawned = std::thread::Builder::new()
-                        .name("table-read".into())
-                        .spawn_scoped(s, move || {
-                            let _class = background.then(crate::io_class::Background::enter);
-                            cell.lock().take().map_or(Ok(()), f)
-                        });
-                    match spawned {
-                        Ok(t) => threads.push(t),
-                        Err(_) => here.push(cell),
-                    }
-                }
-                for cell in here {
-                    let job = cell.lock().take();
-                    if let Some(job) = job {
-                        note(f(job));
-                    }
-                }
-                for t in threads {
-                    note(t.join().unwrap_or_else(|_| {
-                        Err(phoenix_storage::Error::io(
-                            IoOp::Read,
-                            self.location.clone(),
-                            std::io::Error::other("a parallel read panicked"),
-                        ))
-                    }));
-                }
-            });
-        }
-        result
+        crate::io_class::side_by_side(jobs, f)
+            .into_iter()
+            .try_for_each(|r| {
+                r.unwrap_or_else(|_| {
+                    Err(phoenix_storage::Error::io(
+                        IoOp::Read,
+                        self.location.clone(),
+                        std::io::Error::other("a parallel read panicked"),
+                    ))
+                })
+            })
     }
 
     fn short(&self, from: u64, to: u64, got: usize) -> phoenix_storage::Error {
