@@ -339,6 +339,9 @@ struct Inner {
     /// Next WAL entry index; only the write leader advances it.
     wal_next: AtomicU64,
     closing: AtomicBool,
+    /// Set by `close`, which then waits for `write_gate`: no write or ingest begins
+    /// after (a flush still does).
+    writes_closed: AtomicBool,
     /// The directory's lock: released by `close`, not by the last handle's drop, so a
     /// handle still held somewhere (a task being torn down) does not keep a reopen out.
     lock: Mutex<Option<Box<dyn FileLock>>>,
@@ -534,6 +537,7 @@ impl Db {
             wal,
             wal_next: AtomicU64::new(wal_next),
             closing: AtomicBool::new(false),
+            writes_closed: AtomicBool::new(false),
             lock: Mutex::new(Some(lock)),
         });
         let mut threads = Vec::new();
@@ -819,13 +823,23 @@ impl Db {
         self.inner.last_seq.load(AtOrd::Acquire)
     }
 
-    /// Stops the background threads. With `WalMode::None` the memtables are flushed
-    /// first, so a clean close loses nothing. Later calls return `Closed`.
+    /// Stops the background threads. Writes and ingests under way end first, and later
+    /// ones are refused (`Closed`). With `WalMode::None` the memtables are then
+    /// flushed, so a clean close loses nothing acknowledged. Later calls return `Closed`.
     pub fn close(&self) -> Result<()> {
         let mut first_err = None;
         if self.inner.closing.swap(true, AtOrd::AcqRel) {
             return Err(Error::Closed);
         }
+        // Writes and ingests under way hold the gate: they end first (a write stalled
+        // on a full engine is refused, as are writes and ingests that begin now: each
+        // checks `writes_closed` under the gate). A write landing after the flush below
+        // would be acknowledged and lost without a WAL; an ingest refused as closed
+        // after taking its files in would give them back (delete or rename table
+        // numbers) after close returned, when a reopened engine may own those numbers.
+        self.inner.writes_closed.store(true, AtOrd::Release);
+        self.inner.bg_cv.notify_all();
+        drop(self.inner.write_gate.write());
         if self.inner.opts.wal == WalMode::None {
             if let Err(e) = self.inner.flush() {
                 first_err = Some(e);
@@ -834,7 +848,7 @@ impl Db {
         {
             let mut st = self.inner.state.lock();
             st.closed = true;
-            // A manifest write under way (an ingest's, a drop's) ends before close
+            // A manifest write under way (a flush's, a drop's) ends before close
             // returns: nothing of this engine writes to the store afterwards, and no
             // later one begins (`log_and_apply` refuses once closed).
             while st.vset.is_writing() {
@@ -895,6 +909,14 @@ fn insert_batch(mem: &MemTable, batch: &WriteBatch, seq: SequenceNumber) {
 }
 
 impl Inner {
+    /// Refuses an ingest once `close` began (call with `write_gate` held).
+    fn refuse_once_closing(&self) -> Result<()> {
+        if self.writes_closed.load(AtOrd::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
     fn view(&self) -> Result<Arc<View>> {
         if self.closed.load(AtOrd::Acquire) {
             return Err(Error::Closed);
@@ -1071,6 +1093,7 @@ impl Inner {
 
         let gate = self.write_gate.read();
         let result = match batch {
+            Some(_) if self.writes_closed.load(AtOrd::Acquire) => Err(Error::Closed),
             Some(b) => self.apply_group(b, sync, disable_wal),
             None => self.make_room(force, 0).map(|_| ()),
         };
@@ -1152,12 +1175,15 @@ impl Inner {
     /// not empty) and stalling when too much waits for flush or compaction. Called only
     /// by the write leader.
     fn make_room(&self, mut force: bool, bytes: u64) -> Result<Arc<MemTable>> {
+        let a_write = !force;
         let mut slowed = false;
         let mut stalled = false;
         let mut st = self.state.lock();
         let retries_before = st.retries;
         loop {
-            if st.closed {
+            // (A write stalled here would hold `close` up, which waits for writes under
+            // way; a flush asked for goes on.)
+            if st.closed || a_write && self.writes_closed.load(AtOrd::Acquire) {
                 return Err(Error::Closed);
             }
             if let Some(e) = st.refused() {
@@ -1761,6 +1787,7 @@ impl Inner {
         // landing in a range between the check below and the manifest edit could reach
         // L0 through a flush and be shadowed by an ingested file placed in L0 after it.
         let _gate = self.write_gate.write();
+        self.refuse_once_closing()?;
         let in_memtables = {
             let _c = self.compaction_lock.write();
             let view = self.view()?;
@@ -1793,6 +1820,7 @@ impl Inner {
         };
         self.flush()?;
         let _gate = self.write_gate.write();
+        self.refuse_once_closing()?;
         // Anything of the group's written since the flush goes to the tables first: the
         // tombstone table lands in L0 above every table, and a write flushed after it
         // would sit in a newer L0 file although older than the tombstone.
@@ -1827,6 +1855,7 @@ impl Inner {
         //    shares g with other groups by a copy without g's keys (same level, same
         //    sequence numbers), and adds the new files.
         let _gate = self.write_gate.write();
+        self.refuse_once_closing()?;
         if memtables_overlap(&*self.view()?, &gs, &last_key_of_group) {
             // Written (or a range deletion spanning g) since the flush: flush again.
             self.make_room(true, 0)?;

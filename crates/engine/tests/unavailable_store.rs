@@ -949,3 +949,168 @@ fn close_waits_for_a_manifest_write_under_way() {
     assert_eq!(scan(&db), model, "after reopening from the store");
     db.close().unwrap();
 }
+
+/// `close` while an ingest is between taking its file in and its manifest edit (the
+/// table's upload slow): close waits for the ingest, which lands before close returns.
+/// Were close to return first, the ingest, then refused as closed, would take its table
+/// back after the next engine on the prefix had opened and numbered tables of its own:
+/// it deletes the table of that number, whoever's it is by then.
+#[test]
+fn close_waits_for_an_ingest_taking_its_file_in() {
+    let (fs, _bucket, store) = setup();
+    let open_logged = || {
+        let tables =
+            ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+        let o = Options {
+            wal: WalMode::Log,
+            ..opts()
+        };
+        Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap()
+    };
+    let db = open_logged();
+    let mut model = BTreeMap::new();
+    write(&db, &mut model, 0..10, "a");
+    db.flush().unwrap();
+    let file = table_file(&fs, "/ingest.sst", 6, 0..20, "ingested");
+    store.slow_uploads_to(Some((".sst", Duration::from_millis(1500))));
+    let ingest = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || db.ingest(&[file]))
+    };
+    until_an_upload_waits(&store, "the ingest");
+    db.close().unwrap();
+    store.slow_uploads_to(None);
+    let waiting = store
+        .uploads_waiting
+        .load(std::sync::atomic::Ordering::SeqCst);
+    // The next engine on the prefix, at once: it writes tables of its own.
+    let next = open_logged();
+    for round in 0..4u32 {
+        write(&next, &mut model, round * 10..round * 10 + 10, "b");
+        next.flush().unwrap();
+    }
+    let ingested = ingest.join().unwrap();
+    if ingested.is_ok() {
+        for i in 0..20 {
+            model.insert(group_key(6, i), b"ingested".to_vec());
+        }
+    }
+    assert_eq!(scan(&next), model, "the next engine's data");
+    assert_eq!(
+        waiting, 0,
+        "close returned while the ingest's upload was under way (ingest: {ingested:?})"
+    );
+    next.close().unwrap();
+    let db = open_logged();
+    assert_eq!(scan(&db), model, "after reopening from the store");
+    db.close().unwrap();
+}
+
+/// Without a WAL, `close` flushes the memtables so a clean close loses nothing. A write
+/// acknowledged while that flush is under way (its manifest write slow) must be in it
+/// or refused: a write landing in the memtable after the flush took its memtables
+/// was acknowledged and then lost by the close.
+#[test]
+fn no_write_is_acknowledged_and_lost_by_a_close_without_a_wal() {
+    let (fs, _bucket, store) = setup();
+    let db = open(&fs, &store);
+    let mut model = BTreeMap::new();
+    write(&db, &mut model, 0..10, "a");
+    store.slow_uploads_to(Some(("MANIFEST", Duration::from_millis(300))));
+    let writer = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || {
+            let mut acknowledged = BTreeMap::new();
+            for i in 0..u32::MAX {
+                let (k, v) = (format!("w{i:05}").into_bytes(), b"w".to_vec());
+                match db.put(&WriteOptions::default(), &k, &v) {
+                    Ok(()) => {
+                        acknowledged.insert(k, v);
+                    }
+                    Err(phoenix_engine::Error::Closed) => return acknowledged,
+                    Err(e) => panic!("write {i}: {e}"),
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            acknowledged
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    db.close().unwrap();
+    let acknowledged = writer.join().unwrap();
+    assert!(!acknowledged.is_empty(), "the writer wrote nothing");
+    store.slow_uploads_to(None);
+    let db = open(&fs, &store);
+    let found = scan(&db);
+    let lost: Vec<_> = acknowledged
+        .keys()
+        .filter(|k| !found.contains_key(*k))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} acknowledged writes lost, the first {:?}",
+        lost.len(),
+        acknowledged.len(),
+        String::from_utf8_lossy(lost[0])
+    );
+    db.close().unwrap();
+    model.extend(acknowledged);
+    reopened_holds(&fs, &store, &model);
+}
+
+/// `close` while a write is stalled (the store down, every memtable full): `close`
+/// waits for the writes under way, so the stalled one is refused rather than waited
+/// for; close returns, and every acknowledged write is there after reopening.
+#[test]
+fn close_refuses_a_write_stalled_on_an_unavailable_store() {
+    let (fs, _bucket, store) = setup();
+    let open_logged = || {
+        let tables =
+            ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+        let o = Options {
+            wal: WalMode::Log,
+            ..opts()
+        };
+        Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap()
+    };
+    let db = open_logged();
+    store.set_down(flaky::ALL);
+    let writer = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || {
+            let mut acknowledged = BTreeMap::new();
+            for i in 0..u32::MAX {
+                let (k, v) = (format!("s{i:06}").into_bytes(), vec![b's'; 512]);
+                match db.put(&WriteOptions::default(), &k, &v) {
+                    Ok(()) => {
+                        acknowledged.insert(k, v);
+                    }
+                    Err(phoenix_engine::Error::Closed) => return acknowledged,
+                    Err(e) => panic!("write {i}: {e}"),
+                }
+            }
+            acknowledged
+        })
+    };
+    wait_until(&db, "a write stalls", |s| s.stall_count > 0);
+    let (closed_tx, closed_rx) = std::sync::mpsc::channel();
+    let closer = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || {
+            let r = db.close();
+            let _ = closed_tx.send(());
+            r
+        })
+    };
+    assert!(
+        closed_rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "close waited on a write stalled on the unavailable store"
+    );
+    closer.join().unwrap().unwrap();
+    let acknowledged = writer.join().unwrap();
+    store.set_down(0);
+    drop(db);
+    let db = open_logged();
+    assert_eq!(scan(&db), acknowledged, "after reopening");
+    db.close().unwrap();
+}
