@@ -697,6 +697,7 @@ impl Db {
     pub fn compact_range(&self, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<()> {
         self.inner.flush()?;
         let _c = self.inner.compaction_lock.write();
+        self.inner.refuse_once_closing()?;
         // (A compaction asked for: it reads with background work's patience.)
         let _background = crate::io_class::Background::enter();
         self.inner.compact_range_locked(start, end)
@@ -840,6 +841,11 @@ impl Db {
         self.inner.writes_closed.store(true, AtOrd::Release);
         self.inner.bg_cv.notify_all();
         drop(self.inner.write_gate.write());
+        // So do the compactions asked for (`compact_range`, a drop's, an install's):
+        // refused at their manifest edit once closed, they would delete their output
+        // tables after close returned. (Not held through the flush below, which may wait
+        // on compactions.)
+        drop(self.inner.compaction_lock.write());
         if self.inner.opts.wal == WalMode::None {
             if let Err(e) = self.inner.flush() {
                 first_err = Some(e);
@@ -909,7 +915,8 @@ fn insert_batch(mem: &MemTable, batch: &WriteBatch, seq: SequenceNumber) {
 }
 
 impl Inner {
-    /// Refuses an ingest once `close` began (call with `write_gate` held).
+    /// Refuses an ingest or a compaction asked for once `close` began (call with
+    /// `write_gate` or `compaction_lock` held exclusively: `close` waits for both).
     fn refuse_once_closing(&self) -> Result<()> {
         if self.writes_closed.load(AtOrd::Acquire) {
             return Err(Error::Closed);
@@ -1733,6 +1740,7 @@ impl Inner {
         })?;
         self.flush()?;
         let _c = self.compaction_lock.write();
+        self.refuse_once_closing()?;
         // L0 data of the groups goes to L1, where files are cut at group boundaries.
         let v = self.state.lock().vset.current();
         if bounds
@@ -1848,6 +1856,7 @@ impl Inner {
         self.flush()?;
         {
             let _c = self.compaction_lock.write();
+            self.refuse_once_closing()?;
             self.compact_l0_holding(g, &gs, &last_key_of_group)?;
         }
         // 2. The switch. Writes are held off so none lands between the checks and the

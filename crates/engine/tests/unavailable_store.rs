@@ -1114,3 +1114,48 @@ fn close_refuses_a_write_stalled_on_an_unavailable_store() {
     assert_eq!(scan(&db), acknowledged, "after reopening");
     db.close().unwrap();
 }
+
+/// `close` while a compaction asked for (`compact_range`) uploads its output: close
+/// waits for it. Were close to return first, the compaction, refused as closed at its
+/// manifest edit, would delete its output tables by number after close returned, when
+/// a reopened engine may own those numbers (on a local directory nothing keeps the
+/// numbers of two engines apart).
+#[test]
+fn close_waits_for_a_compaction_asked_for() {
+    let (fs, _bucket, store) = setup();
+    let tables = ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+    // (One group, big files: the compaction uploads one table per level.)
+    let o = Options {
+        disable_auto_compactions: true,
+        target_file_size_base: 64 << 20,
+        ..opts()
+    };
+    let db = Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap();
+    let mut model = BTreeMap::new();
+    for (keys, v) in [(0..50, b"a"), (25..75, b"b")] {
+        for i in keys {
+            db.put(&WriteOptions::default(), &group_key(4, i), v)
+                .unwrap();
+            model.insert(group_key(4, i), v.to_vec());
+        }
+        db.flush().unwrap();
+    }
+    store.slow_uploads_to(Some((".sst", Duration::from_millis(300))));
+    let compaction = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || db.compact_range(None, None))
+    };
+    until_an_upload_waits(&store, "the compaction");
+    db.close().unwrap();
+    let waiting = store
+        .uploads_waiting
+        .load(std::sync::atomic::Ordering::SeqCst);
+    store.slow_uploads_to(None);
+    let compacted = compaction.join().unwrap();
+    assert_eq!(
+        waiting, 0,
+        "close returned while the compaction's upload was under way ({compacted:?})"
+    );
+    drop(db);
+    reopened_holds(&fs, &store, &model);
+}
