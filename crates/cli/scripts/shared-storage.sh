@@ -24,27 +24,15 @@ cd "$(dirname "$0")/../../.."
 out=${1:-/tmp/phoenix-shared-storage}
 phoenix=${PHOENIX_BIN:-$PWD/target/release/phoenix}
 [ -x "$phoenix" ] || { echo "build first: cargo build --release -p phoenix-cli" >&2; exit 1; }
-minio=${PHOENIX_MINIO:-$(command -v minio || echo "$HOME/go/bin/minio")}
-[ -x "$minio" ] || { echo "no MinIO at $minio (see .ci/run)" >&2; exit 1; }
 num=${NUM:-1000000}
 runs=${RUNS:-3}
 reads=${READS:-10000}
 remote_reads=${REMOTE_READS:-200}
-rm -rf "$out"; mkdir -p "$out/minio/phoenix"
-
-export AWS_ACCESS_KEY_ID=phoenix AWS_SECRET_ACCESS_KEY=phoenix-bench-secret
-port=$((20000 + RANDOM % 20000))
-MINIO_ROOT_USER=$AWS_ACCESS_KEY_ID MINIO_ROOT_PASSWORD=$AWS_SECRET_ACCESS_KEY \
-  MINIO_BROWSER=off "$minio" server "$out/minio" --address "127.0.0.1:$port" \
-  --console-address "127.0.0.1:$((port + 1))" --quiet >"$out/minio.log" 2>&1 &
-minio_pid=$!
-trap 'kill $minio_pid 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  curl -sf "http://127.0.0.1:$port/minio/health/live" >/dev/null && break
-  sleep 0.2
-done
-curl -sf "http://127.0.0.1:$port/minio/health/live" >/dev/null || { echo "MinIO did not start" >&2; exit 1; }
-echo "MinIO $("$minio" --version | head -1) on 127.0.0.1:$port; $(nproc) cores; NUM=$num RUNS=$runs"
+rm -rf "$out"; mkdir -p "$out"
+# shellcheck source=crates/cli/scripts/minio.sh
+. crates/cli/scripts/minio.sh
+start_minio "$out"
+echo "NUM=$num RUNS=$runs"
 
 common=(--num "$num" --key_size 16 --value_size 100 --multiread_stride 32 --batch_size 10 --seek_nexts 10)
 # name | extra flags

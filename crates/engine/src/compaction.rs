@@ -43,7 +43,7 @@ use crate::memtable::MemTable;
 use crate::merge::{BoxIter, LevelIter, MergingIterator};
 use crate::options::Options;
 use crate::range_del::{Fragment, Fragments};
-use crate::table::{TableBuilder, TableCache, TableOptions};
+use crate::table::{Readahead, TableBuilder, TableCache, TableOptions};
 use crate::table_store::TableStore;
 use crate::version::Version;
 use crate::version_edit::FileMeta;
@@ -267,6 +267,8 @@ pub struct Env<'a> {
     pub min_group_file_size: u64,
     /// Input bytes behind the write position that make a [`Piece`]; 0: no pieces.
     pub piece_bytes: u64,
+    /// How the input tables are read.
+    pub readahead: Readahead,
     /// Hands out file numbers.
     pub new_file_number: &'a dyn Fn() -> u64,
 }
@@ -567,7 +569,7 @@ pub fn run(
         if c.level == 0 && c.inputs.iter().any(|i| i.number == f.number) {
             // L0 files overlap: one cursor each. Compaction reads stay out of the block
             // cache: its inputs are about to be deleted.
-            children.push(Box::new(t.iter_with(false)));
+            children.push(Box::new(t.iter_with(false).with_readahead(env.readahead)));
         }
     }
     // Sorted, non-overlapping inputs of one level: one concatenating cursor per level.
@@ -579,11 +581,10 @@ pub fn run(
         if !set.is_empty() {
             let mut files = set.clone();
             files.sort_by(|a, b| crate::key::compare_internal(&a.smallest, &b.smallest));
-            children.push(Box::new(LevelIter::new(
-                Arc::clone(env.tables),
-                Arc::new(files),
-                false,
-            )));
+            children.push(Box::new(
+                LevelIter::new(Arc::clone(env.tables), Arc::new(files), false)
+                    .with_readahead(env.readahead),
+            ));
         }
     }
     let stripes = Stripes { snapshots };

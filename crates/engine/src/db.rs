@@ -46,7 +46,7 @@ use crate::memtable::{MemGet, MemTable};
 use crate::merge::{clone_error, BoxIter, LevelIter, MergingIterator};
 use crate::options::{Options, ReadOptions, WalMode, WriteOptions, WRITE_GROUP_BYTES_MAX};
 use crate::range_del::Fragments;
-use crate::table::{BlockCache, Table, TableCache};
+use crate::table::{BlockCache, Readahead, Table, TableCache};
 use crate::table_store::{FsTableStore, Imported, SharedTableStore, StoredFile};
 use crate::version::{TableGet, Version};
 use crate::version_edit::{FileMeta, VersionEdit};
@@ -1001,13 +1001,19 @@ impl Inner {
             !(upper.as_deref().is_some_and(|u| f.smallest_user_key() >= u)
                 || lower.as_deref().is_some_and(|l| f.largest_user_key() < l))
         };
+        let readahead = match ro.readahead_max {
+            0 => Readahead::Off,
+            max => Readahead::Adaptive { max },
+        };
         for f in view.version.files(0) {
             if !in_bounds(f) {
                 continue;
             }
             let t = self.tables.get(f.number, f.size)?;
             tombstones.extend_from_slice(t.range_tombstones());
-            children.push(Box::new(t.iter_with(ro.fill_cache)));
+            children.push(Box::new(
+                t.iter_with(ro.fill_cache).with_readahead(readahead),
+            ));
         }
         for level in 1..view.version.num_levels() {
             let files = &view.version.levels[level];
@@ -1020,11 +1026,10 @@ impl Inner {
                     tombstones.extend_from_slice(t.range_tombstones());
                 }
             }
-            children.push(Box::new(LevelIter::new(
-                Arc::clone(&self.tables),
-                Arc::clone(files),
-                ro.fill_cache,
-            )));
+            children.push(Box::new(
+                LevelIter::new(Arc::clone(&self.tables), Arc::clone(files), ro.fill_cache)
+                    .with_readahead(readahead),
+            ));
         }
         let frags = Fragments::new(&tombstones, snap);
         let pin: Arc<dyn std::any::Any + Send + Sync> = view;
@@ -1356,7 +1361,16 @@ impl Inner {
             target_file_size: self.opts.target_file_size_base,
             min_group_file_size: self.opts.min_group_file_size,
             piece_bytes: self.opts.compaction_piece_bytes,
+            readahead: self.whole_table_readahead(),
             new_file_number: alloc,
+        }
+    }
+
+    /// How a compaction or a rewrite reads its input tables (whole, in order).
+    fn whole_table_readahead(&self) -> Readahead {
+        match self.opts.compaction_readahead_bytes {
+            0 => Readahead::Off,
+            n => Readahead::Fixed(n),
         }
     }
 
@@ -2032,7 +2046,9 @@ impl Inner {
                 }
             }
         }
-        let mut it = table.iter_with(false);
+        let mut it = table
+            .iter_with(false)
+            .with_readahead(self.whole_table_readahead());
         it.seek_to_first();
         let mut kept = Vec::new();
         while it.valid() {
@@ -2201,7 +2217,9 @@ impl Inner {
         let table = &src.table;
         let out = self.store.create_table(number)?;
         let mut b = crate::table::TableBuilder::new(out, &self.opts.table);
-        let mut it = table.iter_with(false);
+        let mut it = table
+            .iter_with(false)
+            .with_readahead(self.whole_table_readahead());
         it.seek_to_first();
         let mut key = Vec::new();
         while it.valid() {

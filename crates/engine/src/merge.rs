@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::iter::{InternalIterator, ReadScope};
 use crate::key::compare_internal;
-use crate::table::TableCache;
+use crate::table::{Readahead, TableCache};
 use crate::version_edit::FileMeta;
 
 /// A boxed internal iterator.
@@ -24,6 +24,8 @@ pub struct LevelIter {
     fill_cache: bool,
     /// What the reads are confined to: files wholly outside it are not opened.
     scope: Option<Arc<ReadScope>>,
+    /// How each table's cursor reads ahead.
+    readahead: Readahead,
 }
 
 impl LevelIter {
@@ -37,7 +39,14 @@ impl LevelIter {
             cur: None,
             error: None,
             scope: None,
+            readahead: Readahead::Off,
         }
+    }
+
+    /// Each table's cursor reads ahead as `r` says (on a file whose reads are requests).
+    pub fn with_readahead(mut self, r: Readahead) -> Self {
+        self.readahead = r;
+        self
     }
 
     fn open(&mut self, index: usize) -> bool {
@@ -48,7 +57,7 @@ impl LevelIter {
         };
         match self.tables.get(f.number, f.size) {
             Ok(t) => {
-                let mut it = t.iter_with(self.fill_cache);
+                let mut it = t.iter_with(self.fill_cache).with_readahead(self.readahead);
                 if let Some(s) = &self.scope {
                     it.set_scope(s);
                 }

@@ -1159,3 +1159,154 @@ fn close_waits_for_a_compaction_asked_for() {
     drop(db);
     reopened_holds(&fs, &store, &model);
 }
+
+/// A forward scan on the object store reads ahead of itself, more as it goes on: a
+/// table of about 80 blocks takes a handful of requests rather than one per block, and
+/// a table whose iterators lately read far is read ahead from its first block. A
+/// compaction reads its input in requests of `compaction_readahead_bytes`. Every scan
+/// returns what a block-by-block one does; bounded and backward ones read no more.
+/// (The keys are of one group: from L1 down a table holds one group only.)
+#[test]
+fn scans_and_compactions_read_ahead() {
+    let (fs, _bucket, store) = setup();
+    let open_with = |compaction_readahead_bytes| {
+        let tables =
+            ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+        let o = Options {
+            write_buffer_size: 4 << 20,
+            target_file_size_base: 64 << 20,
+            disable_auto_compactions: true,
+            compaction_readahead_bytes,
+            ..opts()
+        };
+        Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap()
+    };
+    let db = open_with(0);
+    let mut model = BTreeMap::new();
+    for i in 0..3000u32 {
+        let (k, v) = (group_key(5, i), vec![b'a' + (i % 26) as u8; 100]);
+        db.put(&WriteOptions::default(), &k, &v).unwrap();
+        model.insert(k, v);
+    }
+    db.flush().unwrap();
+    let reads = || store.reads.load(std::sync::atomic::Ordering::SeqCst);
+    // Requests of one full scan (blocks stay out of the block cache).
+    let scan_reads = |db: &Db, readahead_max: usize| {
+        let ro = ReadOptions {
+            fill_cache: false,
+            readahead_max,
+            ..ReadOptions::default()
+        };
+        let before = reads();
+        let mut it = db.iter(&ro).unwrap();
+        it.seek_to_first();
+        let mut found = BTreeMap::new();
+        while it.valid() {
+            found.insert(it.key().to_vec(), it.value().to_vec());
+            it.next();
+        }
+        it.status().unwrap();
+        drop(it);
+        assert!(
+            found == model,
+            "a scan with readahead_max {readahead_max} differs"
+        );
+        reads() - before
+    };
+    scan_reads(&db, 0); // (opens the table)
+    let block_by_block = scan_reads(&db, 0);
+    let first = scan_reads(&db, 256 << 10);
+    let again = scan_reads(&db, 256 << 10);
+    assert!(
+        block_by_block >= 60,
+        "{block_by_block} requests block by block"
+    );
+    assert!(
+        first <= 8,
+        "the first scan reading ahead took {first} requests ({block_by_block} block by block)"
+    );
+    assert!(
+        again < first,
+        "the next scan took {again} requests, the first {first}: not seeded from history"
+    );
+    // Reading ahead stops at the scope's upper bound and never serves a backward
+    // move (the table's history now says "read far"): such iterators ask the store
+    // for no more bytes than block-by-block ones.
+    let bytes = || store.bytes_read.load(std::sync::atomic::Ordering::SeqCst);
+    let bytes_of = |readahead_max: usize, upper: Option<Vec<u8>>, backward: bool| {
+        let ro = ReadOptions {
+            fill_cache: false,
+            readahead_max,
+            upper_bound: upper,
+            ..ReadOptions::default()
+        };
+        let before = bytes();
+        let mut it = db.iter(&ro).unwrap();
+        let mut n = 0;
+        if backward {
+            it.seek_to_last();
+        } else {
+            it.seek_to_first();
+        }
+        while it.valid() {
+            n += 1;
+            if backward {
+                it.prev();
+            } else {
+                it.next();
+            }
+        }
+        it.status().unwrap();
+        (bytes() - before, n)
+    };
+    let backward = (bytes_of(0, None, true), bytes_of(256 << 10, None, true));
+    assert_eq!(backward.0 .1, 3000);
+    assert!(
+        backward.1 .0 <= backward.0 .0,
+        "a backward scan read {} bytes reading ahead, {} block by block",
+        backward.1 .0,
+        backward.0 .0
+    );
+    let upper = Some(group_key(5, 100));
+    let bounded = (
+        bytes_of(0, upper.clone(), false),
+        bytes_of(256 << 10, upper, false),
+    );
+    assert_eq!(bounded.0 .1, 100);
+    assert!(
+        bounded.1 .0 <= bounded.0 .0,
+        "a scan bounded to 100 keys read {} bytes reading ahead, {} block by block",
+        bounded.1 .0,
+        bounded.0 .0
+    );
+    // Compactions of two overlapping tables: one request per block without
+    // readahead, a few with it.
+    let compaction_reads = |db: &Db, model: &mut BTreeMap<Vec<u8>, Vec<u8>>, v: u8| {
+        for i in 0..3000u32 {
+            let (k, v) = (group_key(5, i), vec![v; 100]);
+            db.put(&WriteOptions::default(), &k, &v).unwrap();
+            model.insert(k, v);
+        }
+        db.flush().unwrap();
+        let before = reads();
+        db.compact_range(None, None).unwrap();
+        reads() - before
+    };
+    let whole_block_by_block = compaction_reads(&db, &mut model, b'1');
+    db.close().unwrap();
+    drop(db);
+    let db = open_with(2 << 20);
+    let whole_read_ahead = compaction_reads(&db, &mut model, b'2');
+    assert!(
+        whole_block_by_block >= 150 && whole_read_ahead * 5 <= whole_block_by_block,
+        "a compaction took {whole_read_ahead} requests reading ahead, \
+         {whole_block_by_block} block by block"
+    );
+    eprintln!(
+        "requests: scans {block_by_block} block by block, {first} then {again} reading \
+         ahead; compactions {whole_block_by_block} block by block, {whole_read_ahead} \
+         reading ahead"
+    );
+    db.close().unwrap();
+    reopened_holds(&fs, &store, &model);
+}

@@ -364,6 +364,24 @@ pub fn read_block(
     decode_block(buf, handle, path)
 }
 
+/// [`read_block`] of block `handle` from `ahead`, bytes `start..` of the file read
+/// earlier (ahead of a cursor); `None` if they do not hold all of the block.
+pub fn block_from(
+    ahead: &[u8],
+    start: u64,
+    file_size: u64,
+    handle: BlockHandle,
+    path: &Path,
+) -> Option<Result<Vec<u8>>> {
+    let len = match block_len(file_size, handle, path) {
+        Ok(len) => len,
+        Err(e) => return Some(Err(e)),
+    };
+    let from = usize::try_from(handle.offset.checked_sub(start)?).ok()?;
+    let bytes = ahead.get(from..from.checked_add(len)?)?;
+    Some(decode_block(bytes.to_vec(), handle, path))
+}
+
 /// [`read_block`] of every handle, the reads issued together
 /// ([`ReadableFile::read_many`]).
 pub fn read_blocks(

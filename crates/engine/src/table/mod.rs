@@ -46,7 +46,7 @@ use crate::table::format::{get_varint64, put_varint64};
 pub use builder::{TableBuilder, TableSummary};
 pub use cache::{BlockCache, TableCache};
 pub use format::Compression;
-pub use reader::{Table, TableIter};
+pub use reader::{Readahead, Table, TableIter};
 
 /// Metaindex name of the bloom filter block.
 pub const META_BLOOM: &[u8] = b"phoenix.bloom";

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use phoenix_storage::ReadableFile;
@@ -19,7 +20,7 @@ use crate::table::block::{bytewise, Block, BlockIter};
 use crate::table::cache::BlockCache;
 use crate::table::filter::Filter;
 use crate::table::format::{
-    read_block, read_blocks, BlockHandle, Footer, BLOCK_TRAILER_LEN, FOOTER_LEN,
+    block_from, read_block, read_blocks, BlockHandle, Footer, BLOCK_TRAILER_LEN, FOOTER_LEN,
 };
 use crate::table::{
     clone_error, TableProperties, META_BLOOM, META_PREFIX_BLOOM, META_PROPERTIES, META_RANGE_DEL,
@@ -40,6 +41,72 @@ pub struct Table {
     prefix_filter: Option<(usize, Filter)>,
     props: TableProperties,
     tombstones: Vec<RangeTombstone>,
+    /// How many bytes of blocks the table's adaptive cursors read in a row lately (a
+    /// moving average): where the next one starts reading ahead.
+    scan_history: AtomicU64,
+}
+
+/// How a table cursor reads ahead of itself on a file whose reads are requests (an
+/// object store; on a local file system the kernel reads ahead, and cursors read block
+/// by block).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Readahead {
+    /// One read per data block.
+    #[default]
+    Off,
+    /// Reads grow along a forward run (seed 004 §4.1.4): the second block loaded in a
+    /// row reads two blocks' worth, or as far as the table's cursors read in a row
+    /// lately if that is more, and each read ahead after doubles, up to `max` bytes. A
+    /// table its cursors lately read far is read ahead from the first block.
+    Adaptive {
+        /// The most a read ahead takes, in bytes.
+        max: usize,
+    },
+    /// Every read takes at least this many bytes (compaction inputs, read whole).
+    Fixed(usize),
+}
+
+/// What a cursor read ahead of itself, and how its reads go on.
+#[derive(Debug)]
+struct Prefetch {
+    policy: Readahead,
+    /// Bytes of the file from `start`, read ahead.
+    start: u64,
+    buf: Vec<u8>,
+    /// How much the next read ahead takes (adaptive: doubles up to the maximum).
+    next: u64,
+    /// Where the block loaded last ends (with its trailer): a load there goes on a run.
+    run_end: u64,
+    /// Bytes of the blocks loaded in a row so far, in file order.
+    run: u64,
+    /// Where reading ahead stops: the end of the data block holding the keys just
+    /// below the scope's upper bound (`u64::MAX`: no bound).
+    limit: u64,
+}
+
+impl Default for Prefetch {
+    fn default() -> Self {
+        Prefetch {
+            policy: Readahead::Off,
+            start: 0,
+            buf: Vec::new(),
+            next: 0,
+            run_end: 0,
+            run: 0,
+            limit: u64::MAX,
+        }
+    }
+}
+
+impl Prefetch {
+    /// Whether block `h` is among the bytes read ahead.
+    fn holds(&self, h: BlockHandle) -> bool {
+        h.offset >= self.start
+            && h.offset
+                .saturating_add(h.size)
+                .saturating_add(BLOCK_TRAILER_LEN as u64)
+                <= self.start.saturating_add(self.buf.len() as u64)
+    }
 }
 
 impl Table {
@@ -187,7 +254,130 @@ impl Table {
             prefix_filter,
             props,
             tombstones,
+            scan_history: AtomicU64::new(0),
         })
+    }
+
+    /// Data block `h` for a cursor reading ahead as `pf` says: from the block cache,
+    /// from what the cursor read ahead, or read with more of the file after it.
+    fn block_ahead(
+        &self,
+        h: BlockHandle,
+        fill_cache: bool,
+        pf: &mut Prefetch,
+        forward: bool,
+    ) -> Result<Arc<Block>> {
+        if pf.policy == Readahead::Off {
+            return self.block(h, fill_cache);
+        }
+        let len = h.size.saturating_add(BLOCK_TRAILER_LEN as u64);
+        let in_a_row = forward && pf.run > 0 && pf.run_end == h.offset;
+        if !in_a_row {
+            self.note_run(pf);
+            pf.run = 0;
+            pf.next = 0;
+        }
+        if !forward {
+            // A backward move reads the block alone and starts no run.
+            pf.buf = Vec::new();
+            return self.block(h, fill_cache);
+        }
+        pf.run = pf.run.saturating_add(len);
+        pf.run_end = h.offset.saturating_add(len);
+        if let Some(c) = &self.cache {
+            if let Some(b) = c.get(self.cache_id, h.offset) {
+                return Ok(b);
+            }
+        }
+        let data = match block_from(&pf.buf, pf.start, self.size, h, &self.path) {
+            Some(data) => {
+                if pf.run_end >= pf.start.saturating_add(pf.buf.len() as u64) {
+                    // Its last block served: the bytes go.
+                    pf.buf = Vec::new();
+                }
+                data?
+            }
+            None => {
+                // A block at hand without waiting (on flash) is read alone: reading ahead
+                // would wait on the store for the rest.
+                let want = if self.file.read_waits(h.offset, len as usize) {
+                    self.readahead(len, in_a_row, pf)
+                } else {
+                    0
+                };
+                // Read ahead within the data blocks (the index and filters are in memory)
+                // and the cursor's scope.
+                let end = h
+                    .offset
+                    .saturating_add(want)
+                    .min(self.props.data_bytes)
+                    .min(pf.limit)
+                    .min(self.size);
+                if end > pf.run_end {
+                    let mut buf = vec![0u8; (end - h.offset) as usize];
+                    self.file.read_exact_at(h.offset, &mut buf)?;
+                    pf.start = h.offset;
+                    pf.buf = buf;
+                    match block_from(&pf.buf, pf.start, self.size, h, &self.path) {
+                        Some(data) => data?,
+                        None => read_block(&*self.file, self.size, h, &self.path)?,
+                    }
+                } else {
+                    read_block(&*self.file, self.size, h, &self.path)?
+                }
+            }
+        };
+        let block = Arc::new(Block::new(data, Arc::clone(&self.path), h.offset)?);
+        if let Some(c) = self.cache.as_ref().filter(|_| fill_cache) {
+            c.insert(self.cache_id, h.offset, Arc::clone(&block));
+        }
+        Ok(block)
+    }
+
+    /// How many bytes to read from a block of `len` bytes on (0: the block alone).
+    fn readahead(&self, len: u64, in_a_row: bool, pf: &mut Prefetch) -> u64 {
+        if !self.file.reads_at_once() {
+            return 0;
+        }
+        match pf.policy {
+            Readahead::Off => 0,
+            Readahead::Fixed(n) => n as u64,
+            Readahead::Adaptive { max } => {
+                let history = self.scan_history.load(Ordering::Relaxed);
+                let want = if in_a_row {
+                    pf.next.max(2 * len).max(history)
+                } else if history >= 2 * len {
+                    history
+                } else {
+                    return 0;
+                };
+                let want = want.min(max as u64);
+                pf.next = want.saturating_mul(2).min(max as u64);
+                want
+            }
+        }
+    }
+
+    /// The end of the data block holding the keys just below user key `upper` (where a
+    /// cursor bounded by it stops reading).
+    fn end_below(&self, upper: &[u8]) -> u64 {
+        match self.seek_block(&key::seek_key(upper, key::MAX_SEQUENCE)) {
+            Some(h) => h
+                .offset
+                .saturating_add(h.size)
+                .saturating_add(BLOCK_TRAILER_LEN as u64),
+            None => u64::MAX,
+        }
+    }
+
+    /// Takes an adaptive cursor's run of blocks read in a row into the table's history.
+    fn note_run(&self, pf: &Prefetch) {
+        if matches!(pf.policy, Readahead::Adaptive { .. }) && pf.run > 0 {
+            // The latest run weighs a quarter: a few cursors' habit, not one's.
+            let old = self.scan_history.load(Ordering::Relaxed);
+            let new = old.saturating_mul(3).saturating_add(pf.run) / 4;
+            self.scan_history.store(new, Ordering::Relaxed);
+        }
     }
 
     /// The data block `h`, from the cache when it is there; a block read from the file
@@ -385,6 +575,7 @@ impl Table {
             err: None,
             scope: None,
             excluded: false,
+            ahead: Prefetch::default(),
         }
     }
 
@@ -443,9 +634,23 @@ pub struct TableIter {
     scope: Option<Arc<ReadScope>>,
     /// The scope's prefix is ruled out by the prefix filter: every seek finds nothing.
     excluded: bool,
+    /// What the cursor read ahead (on a file whose reads are requests).
+    ahead: Prefetch,
+}
+
+impl Drop for TableIter {
+    fn drop(&mut self) {
+        self.table.note_run(&self.ahead);
+    }
 }
 
 impl TableIter {
+    /// The cursor reads ahead as `r` says (on a file whose reads are requests).
+    pub fn with_readahead(mut self, r: Readahead) -> Self {
+        self.ahead.policy = r;
+        self
+    }
+
     /// Whether the block after the current index entry's lies wholly past the scope's
     /// upper bound: the entry's separator is >= every key of its block and < every key
     /// of the next, so the next block's user keys are >= the separator's.
@@ -481,8 +686,9 @@ impl TableIter {
         self.data = None;
     }
 
-    /// Points `data` at the block named by the index's current entry.
-    fn load(&mut self) -> bool {
+    /// Points `data` at the block named by the index's current entry; `forward` when
+    /// the cursor moves towards larger keys (only those moves read ahead).
+    fn load(&mut self, forward: bool) -> bool {
         if !self.index.valid() {
             self.data = None;
             if let Err(e) = self.index.status() {
@@ -500,7 +706,10 @@ impl TableIter {
         if self.data.is_some() && self.data_offset == h.offset {
             return true;
         }
-        match self.table.block(h, self.fill_cache) {
+        match self
+            .table
+            .block_ahead(h, self.fill_cache, &mut self.ahead, forward)
+        {
             Ok(b) => {
                 self.data = Some(b.iter(compare_internal, key::TRAILER_LEN));
                 self.data_offset = h.offset;
@@ -537,7 +746,7 @@ impl TableIter {
                 return;
             }
             self.index.next();
-            if !self.load() {
+            if !self.load(true) {
                 return;
             }
             if let Some(d) = &mut self.data {
@@ -553,7 +762,7 @@ impl TableIter {
                 self.data = None;
                 return;
             }
-            if !self.load() {
+            if !self.load(false) {
                 return;
             }
             if let Some(d) = &mut self.data {
@@ -575,7 +784,7 @@ impl InternalIterator for TableIter {
             return;
         }
         self.index.seek_to_first();
-        if self.load() {
+        if self.load(true) {
             if let Some(d) = &mut self.data {
                 d.seek_to_first();
             }
@@ -589,7 +798,7 @@ impl InternalIterator for TableIter {
             return;
         }
         self.index.seek_to_last();
-        if self.load() {
+        if self.load(false) {
             if let Some(d) = &mut self.data {
                 d.seek_to_last();
             }
@@ -601,7 +810,9 @@ impl InternalIterator for TableIter {
         // (The block this cursor holds is not read again: `load`.)
         !self.excluded
             && self.table.seek_block(target).is_some_and(|h| {
-                !(self.data.is_some() && self.data_offset == h.offset) && self.table.read_waits(h)
+                // (Nor one it read ahead.)
+                let held = self.data.is_some() && self.data_offset == h.offset;
+                !(held || self.ahead.holds(h)) && self.table.read_waits(h)
             })
     }
 
@@ -611,7 +822,7 @@ impl InternalIterator for TableIter {
             return;
         }
         self.index.seek(target);
-        if self.load() {
+        if self.load(true) {
             if let Some(d) = &mut self.data {
                 d.seek(target);
             }
@@ -632,7 +843,7 @@ impl InternalIterator for TableIter {
             }
             self.index.seek_to_last();
         }
-        if self.load() {
+        if self.load(false) {
             if let Some(d) = &mut self.data {
                 d.seek_for_prev(target);
             }
@@ -686,6 +897,10 @@ impl InternalIterator for TableIter {
             .prefix
             .as_deref()
             .is_some_and(|p| self.table.excludes_prefix(p));
+        self.ahead.limit = match scope.upper.as_deref() {
+            Some(u) if self.ahead.policy != Readahead::Off => self.table.end_below(u),
+            _ => u64::MAX,
+        };
         self.scope = Some(Arc::clone(scope));
     }
 }

@@ -49,6 +49,8 @@ pub struct Flaky {
     pub failed: AtomicU64,
     /// Reads (GET, ranged GET, HEAD) that reached the store so far.
     pub reads: AtomicU64,
+    /// Bytes the ranged GETs that reached the store asked for so far.
+    pub bytes_read: AtomicU64,
     /// Requests of every kind so far.
     requests: AtomicU64,
     /// The request (by [`Flaky::requests`]) at which the store crashes: it and every
@@ -83,6 +85,7 @@ impl Flaky {
             uploads_waiting: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             crash_at: AtomicU64::new(u64::MAX),
             crash_lands: std::sync::atomic::AtomicBool::new(false),
@@ -264,6 +267,9 @@ impl ObjectStore for Flaky {
         }
         self.check(GET)?;
         self.read_delay().await;
+        if let Some(object_store::GetRange::Bounded(r)) = &options.range {
+            self.bytes_read.fetch_add(r.end - r.start, Ordering::SeqCst);
+        }
         self.inner.get_opts(location, options).await
     }
 
