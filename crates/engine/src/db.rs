@@ -339,6 +339,9 @@ struct Inner {
     /// Next WAL entry index; only the write leader advances it.
     wal_next: AtomicU64,
     closing: AtomicBool,
+    /// A write with `disable_wal` went into the memtables of an engine with a WAL: a
+    /// clean close flushes them, as without a WAL.
+    unlogged: AtomicBool,
     /// Set by `close`, which then waits for `write_gate`: no write or ingest begins
     /// after (a flush still does).
     writes_closed: AtomicBool,
@@ -538,6 +541,7 @@ impl Db {
             wal_next: AtomicU64::new(wal_next),
             closing: AtomicBool::new(false),
             writes_closed: AtomicBool::new(false),
+            unlogged: AtomicBool::new(false),
             lock: Mutex::new(Some(lock)),
         });
         let mut threads = Vec::new();
@@ -824,9 +828,10 @@ impl Db {
         self.inner.last_seq.load(AtOrd::Acquire)
     }
 
-    /// Stops the background threads. Writes and ingests under way end first, and later
-    /// ones are refused (`Closed`). With `WalMode::None` the memtables are then
-    /// flushed, so a clean close loses nothing acknowledged. Later calls return `Closed`.
+    /// Stops the background threads. Writes, ingests and compactions asked for that are
+    /// under way end first, and later ones are refused (`Closed`). With `WalMode::None`,
+    /// or after a write with `disable_wal`, the memtables are then flushed, so a clean
+    /// close loses nothing acknowledged. Later calls return `Closed`.
     pub fn close(&self) -> Result<()> {
         let mut first_err = None;
         if self.inner.closing.swap(true, AtOrd::AcqRel) {
@@ -846,7 +851,7 @@ impl Db {
         // tables after close returned. (Not held through the flush below, which may wait
         // on compactions.)
         drop(self.inner.compaction_lock.write());
-        if self.inner.opts.wal == WalMode::None {
+        if self.inner.opts.wal == WalMode::None || self.inner.unlogged.load(AtOrd::Acquire) {
             if let Err(e) = self.inner.flush() {
                 first_err = Some(e);
             }
@@ -1154,6 +1159,8 @@ impl Inner {
             if sync {
                 self.counters.wal_syncs.fetch_add(1, AtOrd::Relaxed);
             }
+        } else if self.wal.is_some() {
+            self.unlogged.store(true, AtOrd::Release);
         }
         insert_batch(&mem, &batch, seq);
         self.counters

@@ -190,7 +190,8 @@ impl Options {
 pub struct WriteOptions {
     /// Return only after the write is durable in the WAL (fsync).
     pub sync: bool,
-    /// Skip the WAL for this write (it is lost on a crash unless flushed first).
+    /// Skip the WAL for this write: a crash loses it unless a flush came first (a clean
+    /// `close` flushes).
     pub disable_wal: bool,
 }
 

@@ -1346,3 +1346,29 @@ fn an_ingest_refused_by_a_broken_manifest_gives_its_files_back() {
         "no ingest was refused: the case is not exercised"
     );
 }
+
+/// A write with `disable_wal` on an engine with a WAL is in no log: a clean close
+/// flushes it (as RocksDB's does), so it is there after reopening; a crash may lose it.
+#[test]
+fn a_clean_close_keeps_writes_made_without_the_wal() {
+    let (_mem, fs) = fs();
+    let dir = Path::new("/db");
+    let db = Db::open(fs.clone(), dir, small_opts(WalMode::Log)).unwrap();
+    let unlogged = WriteOptions {
+        disable_wal: true,
+        ..WriteOptions::default()
+    };
+    db.put(&WriteOptions::default(), b"logged", b"1").unwrap();
+    db.put(&unlogged, b"unlogged", b"2").unwrap();
+    db.close().unwrap();
+    drop(db);
+    let db = Db::open(fs, dir, small_opts(WalMode::Log)).unwrap();
+    let ro = ReadOptions::default();
+    assert_eq!(db.get(&ro, b"logged").unwrap(), Some(b"1".to_vec()));
+    assert_eq!(
+        db.get(&ro, b"unlogged").unwrap(),
+        Some(b"2".to_vec()),
+        "a write without the WAL was lost by a clean close"
+    );
+    db.close().unwrap();
+}
