@@ -13,7 +13,8 @@
 # REMOTE_READS without a flash cache, where each block read is a request: default 200).
 # ONLY: the configurations to run, by name (default: all but the `-serial` ones, which
 # read a multi_get's blocks, and the tables of a seek, one after the other:
-# `--parallel_io=false`). READ_BENCHES:
+# `--parallel_io=false`; `minio-serial`, `minio-1ms-serial`, and with the flash cache
+# `minio+flash-serial`, `minio-1ms+flash-serial`). READ_BENCHES:
 # the read benchmarks (default readrandom,multireadrandom,seekrandom).
 # PHOENIX_BIN runs that binary instead of target/release/phoenix.
 # Needs: a release build (cargo build --release -p phoenix-cli), MinIO (PHOENIX_MINIO, or
@@ -44,6 +45,8 @@ configs=(
   "minio-1ms+flash|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port&added_latency_ms=1 --flash_cache_size 1073741824"
   "minio-serial|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port --parallel_io=false"
   "minio-1ms-serial|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port&added_latency_ms=1 --parallel_io=false"
+  "minio+flash-serial|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port --flash_cache_size 1073741824 --parallel_io=false"
+  "minio-1ms+flash-serial|--sst_store s3://phoenix/bench?endpoint=http://127.0.0.1:$port&added_latency_ms=1 --flash_cache_size 1073741824 --parallel_io=false"
 )
 only=${ONLY:-local minio minio+flash minio-1ms minio-1ms+flash}
 read_benches=${READ_BENCHES:-readrandom,multireadrandom,seekrandom}
@@ -65,7 +68,7 @@ for run in $(seq 1 "$runs"); do
     extra=${c#*|}
     case " $only " in *" $name "*) ;; *) continue ;; esac
     r=$reads
-    case "$name" in *flash | local) ;; *) r=$remote_reads ;; esac
+    case "$name" in *flash* | local) ;; *) r=$remote_reads ;; esac
     echo "run $run: $name"
     # (A fresh directory: a flash cache starts empty and warms as the fill writes.)
     rm -rf "$out/db-$name"
