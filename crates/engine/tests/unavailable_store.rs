@@ -30,10 +30,23 @@ fn opts() -> Options {
     }
 }
 
+/// `opts()` with the engine's WAL on.
+fn logged() -> Options {
+    Options {
+        wal: WalMode::Log,
+        ..opts()
+    }
+}
+
 /// An engine at `/db` of `fs` keeping its tables and manifest in `store`.
 fn open(fs: &SharedFs, store: &Arc<Flaky>) -> Arc<Db> {
+    open_with(fs, store, opts())
+}
+
+/// [`open`] with options `o`.
+fn open_with(fs: &SharedFs, store: &Arc<Flaky>, o: Options) -> Arc<Db> {
     let tables = ObjectTableStore::new(Arc::clone(store) as Arc<dyn ObjectStore>, "db").unwrap();
-    Db::open_with_store(Arc::clone(fs), Path::new("/db"), Arc::new(tables), opts()).unwrap()
+    Db::open_with_store(Arc::clone(fs), Path::new("/db"), Arc::new(tables), o).unwrap()
 }
 
 fn scan(db: &Db) -> BTreeMap<Vec<u8>, Vec<u8>> {
@@ -433,15 +446,7 @@ fn a_write_after_an_ingest_of_unknown_outcome_is_newer_than_the_ingest() {
     let mem = Arc::new(MemFs::new());
     let fs: SharedFs = Arc::clone(&mem) as SharedFs;
     let store = Flaky::new(Arc::new(InMemory::new()));
-    let open_logged = || {
-        let tables =
-            ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
-        let o = Options {
-            wal: WalMode::Log,
-            ..opts()
-        };
-        Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap()
-    };
+    let open_logged = || open_with(&fs, &store, logged());
     let db = open_logged();
     let sync = WriteOptions {
         sync: true,
@@ -910,15 +915,7 @@ fn two_inline_flushes_at_once_flush_each_memtable_once() {
 fn close_waits_for_a_manifest_write_under_way() {
     let (fs, _bucket, store) = setup();
     // (With the WAL on, `close` does not flush, which would wait for the ingest.)
-    let open_logged = || {
-        let tables =
-            ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
-        let o = Options {
-            wal: WalMode::Log,
-            ..opts()
-        };
-        Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap()
-    };
+    let open_logged = || open_with(&fs, &store, logged());
     let db = open_logged();
     let mut model = BTreeMap::new();
     write(&db, &mut model, 0..10, "a");
@@ -958,15 +955,7 @@ fn close_waits_for_a_manifest_write_under_way() {
 #[test]
 fn close_waits_for_an_ingest_taking_its_file_in() {
     let (fs, _bucket, store) = setup();
-    let open_logged = || {
-        let tables =
-            ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
-        let o = Options {
-            wal: WalMode::Log,
-            ..opts()
-        };
-        Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap()
-    };
+    let open_logged = || open_with(&fs, &store, logged());
     let db = open_logged();
     let mut model = BTreeMap::new();
     write(&db, &mut model, 0..10, "a");
@@ -1064,15 +1053,7 @@ fn no_write_is_acknowledged_and_lost_by_a_close_without_a_wal() {
 #[test]
 fn close_refuses_a_write_stalled_on_an_unavailable_store() {
     let (fs, _bucket, store) = setup();
-    let open_logged = || {
-        let tables =
-            ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
-        let o = Options {
-            wal: WalMode::Log,
-            ..opts()
-        };
-        Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap()
-    };
+    let open_logged = || open_with(&fs, &store, logged());
     let db = open_logged();
     store.set_down(flaky::ALL);
     let writer = {
@@ -1123,14 +1104,13 @@ fn close_refuses_a_write_stalled_on_an_unavailable_store() {
 #[test]
 fn close_waits_for_a_compaction_asked_for() {
     let (fs, _bucket, store) = setup();
-    let tables = ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
     // (One group, big files: the compaction uploads one table per level.)
     let o = Options {
         disable_auto_compactions: true,
         target_file_size_base: 64 << 20,
         ..opts()
     };
-    let db = Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap();
+    let db = open_with(&fs, &store, o);
     let mut model = BTreeMap::new();
     for (keys, v) in [(0..50, b"a"), (25..75, b"b")] {
         for i in keys {
@@ -1169,9 +1149,7 @@ fn close_waits_for_a_compaction_asked_for() {
 #[test]
 fn scans_and_compactions_read_ahead() {
     let (fs, _bucket, store) = setup();
-    let open_with = |compaction_readahead_bytes| {
-        let tables =
-            ObjectTableStore::new(Arc::clone(&store) as Arc<dyn ObjectStore>, "db").unwrap();
+    let open_reading_ahead = |compaction_readahead_bytes| {
         let o = Options {
             write_buffer_size: 4 << 20,
             target_file_size_base: 64 << 20,
@@ -1179,9 +1157,9 @@ fn scans_and_compactions_read_ahead() {
             compaction_readahead_bytes,
             ..opts()
         };
-        Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::new(tables), o).unwrap()
+        open_with(&fs, &store, o)
     };
-    let db = open_with(0);
+    let db = open_reading_ahead(0);
     let mut model = BTreeMap::new();
     for i in 0..3000u32 {
         let (k, v) = (group_key(5, i), vec![b'a' + (i % 26) as u8; 100]);
@@ -1295,7 +1273,7 @@ fn scans_and_compactions_read_ahead() {
     let whole_block_by_block = compaction_reads(&db, &mut model, b'1');
     db.close().unwrap();
     drop(db);
-    let db = open_with(2 << 20);
+    let db = open_reading_ahead(2 << 20);
     let whole_read_ahead = compaction_reads(&db, &mut model, b'2');
     assert!(
         whole_block_by_block >= 150 && whole_read_ahead * 5 <= whole_block_by_block,
