@@ -61,6 +61,10 @@ const WRITER_YIELDS: u32 = 16;
 /// (a zero would spin on an unavailable store).
 const RETRY_BACKOFF_FLOOR: Duration = Duration::from_millis(1);
 
+mod group_copy;
+
+pub use group_copy::{CopiedTables, GroupExport, SharedTable};
+
 /// A consistent set of sources for a read: the memtables and the version.
 struct View {
     mem: Arc<MemTable>,
@@ -1862,6 +1866,18 @@ impl Inner {
 
     /// See [`Db::replace_group`].
     fn replace_group(&self, g: u64, paths: &[PathBuf]) -> Result<()> {
+        self.replace_group_with(g, paths, None)
+    }
+
+    /// [`Db::replace_group`] with the files at `paths`, and with the tables `copied` in
+    /// too if given ([`Db::replace_group_with_copies`]: the files then go to L0 above
+    /// them at one new sequence number).
+    fn replace_group_with(
+        &self,
+        g: u64,
+        paths: &[PathBuf],
+        mut copied: Option<group_copy::CopiedTables>,
+    ) -> Result<()> {
         // Maintenance, not a user's read: its table reads wait as a compaction's do.
         let _background = crate::io_class::Background::enter();
         let prepared = self.prepare_group_ingest(g, paths)?;
@@ -1929,14 +1945,44 @@ impl Inner {
                     .apply(&e)
                     .map_err(|why| Error::Background(format!("replacing group {g}: {why}")))?
             };
-            self.import_prepared(&remaining, &prepared, &mut edit, &mut imported)
+            let Some(copied) = &copied else {
+                return self.import_prepared(&remaining, &prepared, &mut edit, &mut imported);
+            };
+            // The copies keep their levels and sequence numbers (the source engine's);
+            // the files go above them, at a sequence past every copied entry and every
+            // one of this engine's, which the edit records as the last.
+            let copied_seq = self.place_copies(g, &remaining, copied, &mut edit)?;
+            let seq = self.last_seq.load(AtOrd::Acquire).max(copied_seq) + 1;
+            if seq > MAX_SEQUENCE {
+                return Err(Error::InvalidArgument("sequence numbers exhausted".into()));
+            }
+            for p in &prepared {
+                let number = self.state.lock().vset.new_file_number();
+                written.push(number);
+                let meta = self.rewrite_with_sequence(p, number, seq)?;
+                edit.new_files.push((0, meta));
+            }
+            edit.last_sequence = Some(seq);
+            self.store.sync()
         })();
         if let Err(e) = result {
             self.undo_ingest(&written, &imported);
             return Err(e);
         }
+        let seq = edit.last_sequence;
         let st = self.state.lock();
-        if let Err(f) = self.install_edit_tracked(st, edit) {
+        let installed = self.install_edit_tracked(st, edit);
+        if let (Some(seq), Some(c)) = (seq, copied.as_mut()) {
+            if installed.is_ok() || installed.as_ref().is_err_and(|f| f.maybe_written) {
+                // The manifest may name the copies now: they are the engine's. And `seq`
+                // is spent either way (see `ingest_sequenced`); once the view holds the
+                // files, the sequence makes them visible. (No write is in flight: the
+                // gate is held.)
+                group_copy::disarm(c);
+                self.last_seq.fetch_max(seq, AtOrd::AcqRel);
+            }
+        }
+        if let Err(f) = installed {
             if !f.maybe_written {
                 // Refused before anything was written (closing, a broken version set):
                 // the sources go back, to install from again.

@@ -95,6 +95,9 @@ struct Fence {
 /// runtime that runs the requests.
 struct Remote {
     store: Arc<dyn ObjectStore>,
+    /// Names the store for [`TableStore::shared_id`]: engines whose stores say the same
+    /// copy tables between them.
+    shared_id: String,
     prefix: ObjectPath,
     /// Added before each request (`added_latency_ms`): a store on loopback made to
     /// answer as one across a network does, for measurements.
@@ -129,12 +132,15 @@ impl std::fmt::Debug for ObjectTableStore {
 impl ObjectTableStore {
     /// A store of the objects under `prefix` in `store`. Starts the runtime that runs
     /// its requests (two threads).
+    /// Stores made over the same `store` (one `Arc`) copy tables between them.
     pub fn new(store: Arc<dyn ObjectStore>, prefix: &str) -> Result<ObjectTableStore> {
-        ObjectTableStore::with_latency(store, prefix, std::time::Duration::ZERO)
+        let shared_id = format!("{store}@{:p}", Arc::as_ptr(&store).cast::<()>());
+        ObjectTableStore::with_latency(store, shared_id, prefix, std::time::Duration::ZERO)
     }
 
     fn with_latency(
         store: Arc<dyn ObjectStore>,
+        shared_id: String,
         prefix: &str,
         added_latency: std::time::Duration,
     ) -> Result<ObjectTableStore> {
@@ -153,6 +159,7 @@ impl ObjectTableStore {
         Ok(ObjectTableStore {
             inner: Arc::new(Remote {
                 store,
+                shared_id,
                 prefix: ObjectPath::from(prefix),
                 added_latency,
                 cache: std::sync::OnceLock::new(),
@@ -249,12 +256,22 @@ impl ObjectTableStore {
         if let Some(allow) = allow_http {
             builder = builder.with_allow_http(allow);
         }
+        // (The bucket on the endpoint: nodes whose URLs differ in prefix or in settings
+        // of their own still copy tables between them.)
+        let endpoint = builder
+            .get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint)
+            .unwrap_or_default();
+        let shared_id = format!("s3://{bucket}@{}", endpoint.trim_end_matches('/'));
         let s3 = builder
             .with_retry(retry)
             .build()
             .map_err(|e| bad(&e.to_string()))?;
-        let store =
-            ObjectTableStore::with_latency(Arc::new(s3), prefix.trim_matches('/'), added_latency)?;
+        let store = ObjectTableStore::with_latency(
+            Arc::new(s3),
+            shared_id,
+            prefix.trim_matches('/'),
+            added_latency,
+        )?;
         if let Some(d) = read_deadline {
             store.set_read_deadline(d);
         }
@@ -793,6 +810,40 @@ impl TableStore for ObjectTableStore {
 
     fn reads_at_once(&self) -> bool {
         true
+    }
+
+    fn shared_id(&self) -> Option<String> {
+        Some(self.inner.shared_id.clone())
+    }
+
+    fn table_object(&self, number: u64) -> Option<String> {
+        Some(
+            self.inner
+                .object(&crate::table::table_file_name(number))
+                .to_string(),
+        )
+    }
+
+    fn copy_table(&self, object: &str, number: u64) -> Result<()> {
+        // Only a table may be copied in: a peer naming a manifest or `CURRENT` (or a
+        // path that does not parse) is refused before any request.
+        let from = ObjectPath::parse(object)
+            .ok()
+            .filter(|p| {
+                p.filename()
+                    .and_then(filename::parse)
+                    .is_some_and(|k| matches!(k, filename::FileKind::Table(_)))
+            })
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("{object:?} does not name a table to copy"))
+            })?;
+        let to = self.inner.object(&crate::table::table_file_name(number));
+        let store = Arc::clone(&self.inner.store);
+        let (f, t) = (from, to.clone());
+        self.inner
+            .wait(async move { store.copy(&f, &t).await })
+            .map_err(|e| self.inner.error(IoOp::Write, &to, e))?;
+        Ok(())
     }
 
     fn file_number_gap(&self) -> u64 {

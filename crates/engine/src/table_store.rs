@@ -139,6 +139,30 @@ pub trait TableStore: Send + Sync + std::fmt::Debug {
     fn reads_at_once(&self) -> bool {
         false
     }
+
+    /// Names the shared store (an object store's bucket and endpoint) when other
+    /// engines' stores on it can copy this one's tables in ([`TableStore::copy_table`]);
+    /// `None` where tables cannot be copied between engines (a local file system).
+    fn shared_id(&self) -> Option<String> {
+        None
+    }
+
+    /// The name of table `number` on the shared store, as another engine's
+    /// [`TableStore::copy_table`] takes it; `None` without a shared store.
+    fn table_object(&self, _number: u64) -> Option<String> {
+        None
+    }
+
+    /// Copies `object`, a table of another engine on the same shared store (named by its
+    /// [`TableStore::table_object`]), in as table `number`, by a copy the store makes
+    /// itself: the bytes do not pass through this process. Durable once it returns.
+    fn copy_table(&self, object: &str, number: u64) -> Result<()> {
+        Err(Error::InvalidArgument(format!(
+            "{}: cannot copy table {object:?} in as table {number}: \
+             tables are copied only between engines on one object store",
+            self.location().display()
+        )))
+    }
 }
 
 /// How [`TableStore::import_table`] took a file in.

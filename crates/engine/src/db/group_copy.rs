@@ -1,0 +1,564 @@
+//! A group rebuilt on another engine by copying its tables (seed 004 §6.2: a replica
+//! rebuilt by copying files instead of streaming its data through the nodes), between
+//! engines whose tables live on one object store, each under its own prefix:
+//! - the source pins a snapshot and its tables below L0 that hold the group alone
+//!   ([`Db::export_group`]: those files cover no other group, so they can sit in another
+//!   engine's levels as they are), then writes out the rest: what the snapshot shows of
+//!   the group that those tables alone do not ([`Db::write_group_rest`]: memtables, L0,
+//!   tables shared with other groups, tombstones over copied keys);
+//! - the destination copies the pinned tables into its own prefix under its own numbers,
+//!   by copies the store makes itself ([`Db::copy_in_group`]), then swaps the group's
+//!   data for the copies (each at the level it had) and the rest (in L0, at one sequence
+//!   number past every copied entry) in one manifest edit
+//!   ([`Db::replace_group_with_copies`]).
+//!
+//! Copies not installed are deleted when their [`CopiedTables`] is dropped (not once the
+//! engine closes: their numbers may be a reopened engine's); after a crash the next open
+//! removes them as not in the manifest.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering as AtOrd;
+use std::sync::Arc;
+
+use super::{Db, Inner, Snapshot, View};
+use crate::error::{Error, Result};
+use crate::iter::{InternalIterator, ReadScope};
+use crate::key::{compare_internal, group_range, internal_key, user_key, ValueKind, MAX_SEQUENCE};
+use crate::merge::{BoxIter, LevelIter, MergingIterator};
+use crate::options::ReadOptions;
+use crate::range_del::Fragments;
+use crate::table::{Readahead, Table};
+use crate::version_edit::FileMeta;
+use crate::DbIterator;
+
+/// One table of an exported group, as another engine copies it in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedTable {
+    /// Its level (1 or deeper) in the source engine; the copy takes the same.
+    pub level: u32,
+    /// Its name on the shared store ([`crate::TableStore::table_object`]).
+    pub object: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// A group's tables pinned for copying, with the snapshot whose data they hold part of.
+/// The tables stay on the store while it lives.
+pub struct GroupExport {
+    group: u64,
+    snapshot: Snapshot,
+    store_id: String,
+    files: Vec<(usize, Arc<FileMeta>)>,
+    tables: Vec<SharedTable>,
+    /// Pins the files (and the memtables the rest is read from).
+    view: Arc<View>,
+}
+
+impl std::fmt::Debug for GroupExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupExport")
+            .field("group", &self.group)
+            .field("seq", &self.snapshot.sequence())
+            .field("tables", &self.tables)
+            .finish()
+    }
+}
+
+impl GroupExport {
+    /// The snapshot the export describes: read the group's state at it.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    /// The tables to copy.
+    pub fn tables(&self) -> &[SharedTable] {
+        &self.tables
+    }
+
+    /// The shared store the tables are on ([`crate::TableStore::shared_id`]).
+    pub fn store_id(&self) -> &str {
+        &self.store_id
+    }
+
+    /// Their bytes in all.
+    pub fn bytes(&self) -> u64 {
+        self.tables.iter().map(|t| t.size).sum()
+    }
+}
+
+/// Tables copied into this engine's store for one group and not installed yet
+/// ([`Db::replace_group_with_copies`] takes them); deleted when dropped.
+pub struct CopiedTables {
+    group: u64,
+    inner: Arc<Inner>,
+    /// (level, meta) of each copy made (also of one whose copy failed half way: the
+    /// number is deleted all the same).
+    files: Vec<(usize, Arc<FileMeta>)>,
+    /// Numbers taken whose copy did not finish.
+    partial: Option<u64>,
+    /// Whether dropping deletes them (no manifest may name them).
+    armed: bool,
+}
+
+impl std::fmt::Debug for CopiedTables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopiedTables")
+            .field("group", &self.group)
+            .field("files", &self.files.len())
+            .finish()
+    }
+}
+
+impl CopiedTables {
+    /// Their bytes in all.
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|(_, f)| f.size).sum()
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+}
+
+impl Drop for CopiedTables {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // Under the write gate, as `close` takes it after `writes_closed`: once the
+        // engine closes, the numbers may be a reopened engine's, and the leftovers are
+        // its open's to remove.
+        let _gate = self.inner.write_gate.read();
+        if self.inner.writes_closed.load(AtOrd::Acquire) {
+            return;
+        }
+        let numbers = self.files.iter().map(|(_, f)| f.number).chain(self.partial);
+        for n in numbers {
+            if let Err(e) = self.inner.store.delete_table(n) {
+                if !e.is_not_found() {
+                    let file = self.inner.store.table_location(n);
+                    tracing::warn!(file = %file.display(), error = %e, "could not delete a table copied in and not installed");
+                }
+            }
+        }
+    }
+}
+
+impl Db {
+    /// Pins a snapshot and the tables below L0 that hold only group `g`'s keys, for
+    /// another engine on the same shared store to copy in (see the module docs). Refused
+    /// on a store whose tables cannot be copied ([`crate::TableStore::shared_id`]).
+    pub fn export_group(&self, g: u64) -> Result<GroupExport> {
+        let inner = &self.inner;
+        let store_id = inner.store.shared_id().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{}: tables on this store cannot be copied to another engine",
+                inner.store.location().display()
+            ))
+        })?;
+        // The view first, then the sequence: every entry of the view's tables is then at
+        // or below the snapshot. (An ingest publishes its files just before its sequence;
+        // a table above the snapshot is met only then: taken again.)
+        for _ in 0..8 {
+            let view = inner.view()?;
+            let snapshot = self.snapshot();
+            let mut files = Vec::new();
+            let mut tables = Vec::new();
+            let mut ahead = false;
+            for level in 1..view.version.num_levels() {
+                for f in view.version.files(level) {
+                    if f.min_group != g || f.max_group != g {
+                        continue;
+                    }
+                    ahead |= f.largest_seq > snapshot.sequence();
+                    let object = inner.store.table_object(f.number).ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "{}: table {} has no shared name",
+                            inner.store.location().display(),
+                            f.number
+                        ))
+                    })?;
+                    tables.push(SharedTable {
+                        level: level as u32,
+                        object,
+                        size: f.size,
+                    });
+                    files.push((level, Arc::clone(f)));
+                }
+            }
+            if ahead {
+                std::thread::yield_now();
+                continue;
+            }
+            return Ok(GroupExport {
+                group: g,
+                snapshot,
+                store_id,
+                files,
+                tables,
+                view,
+            });
+        }
+        Err(Error::Background(format!(
+            "exporting group {g}: its tables kept holding writes past the snapshot"
+        )))
+    }
+
+    /// Writes out, in key order, what `export`'s snapshot shows of its group that its
+    /// tables alone do not: `out(key, Some(value))` for a key whose value differs (or
+    /// that they lack), `out(key, None)` for a key they hold and the snapshot does not.
+    /// Every key at or past `always_from` in the group goes out whatever the tables hold
+    /// (a caller's system keys, which it reads back from the rest alone). Installed above
+    /// the tables, the rest makes the group read exactly as the snapshot. Reads the
+    /// tables only where something else holds the same keys. Returns how many entries
+    /// went out.
+    pub fn write_group_rest(
+        &self,
+        export: &GroupExport,
+        always_from: &[u8],
+        mut out: impl FnMut(&[u8], Option<&[u8]>) -> Result<()>,
+    ) -> Result<u64> {
+        let _background = crate::io_class::Background::enter();
+        let inner = &self.inner;
+        let g = export.group;
+        let (lo, hi) = group_range(g);
+        let seq = export.snapshot.sequence();
+        let copied: HashSet<u64> = export.files.iter().map(|(_, f)| f.number).collect();
+        let view = &export.view;
+        let last_of_group = {
+            let mut k = lo.clone();
+            k.extend_from_slice(&[0xff; crate::options::KEY_LEN_MAX]);
+            k
+        };
+        let holds = |f: &FileMeta| f.overlaps_exactly(&lo, &last_of_group);
+        let readahead = inner.whole_table_readahead();
+
+        // Everything else that may hold the group: each key it names is a candidate.
+        let mut children: Vec<BoxIter> = Vec::new();
+        let mut tombstones = Vec::new();
+        for m in std::iter::once(&view.mem).chain(view.imms.iter()) {
+            children.push(Box::new(m.iter()));
+            tombstones.extend(m.range_tombstones());
+        }
+        for f in view.version.files(0).iter().filter(|f| holds(f)) {
+            let t = inner.tables.get(f.number, f.size)?;
+            tombstones.extend_from_slice(t.range_tombstones());
+            children.push(Box::new(t.iter_with(false).with_readahead(readahead)));
+        }
+        for level in 1..view.version.num_levels() {
+            let files: Vec<Arc<FileMeta>> = view
+                .version
+                .files(level)
+                .iter()
+                .filter(|f| !copied.contains(&f.number) && holds(f))
+                .cloned()
+                .collect();
+            for f in files.iter().filter(|f| f.num_range_deletions > 0) {
+                tombstones
+                    .extend_from_slice(inner.tables.get(f.number, f.size)?.range_tombstones());
+            }
+            if !files.is_empty() {
+                children.push(Box::new(
+                    LevelIter::new(Arc::clone(&inner.tables), Arc::new(files), false)
+                        .with_readahead(readahead),
+                ));
+            }
+        }
+        let mut others = MergingIterator::new(children);
+        // The snapshot through the tables alone, and through everything.
+        let mut copies = self.iter_over(export)?;
+        let ro = ReadOptions {
+            snapshot: Some(&export.snapshot),
+            lower_bound: Some(lo.clone()),
+            upper_bound: hi.clone(),
+            fill_cache: false,
+            ..ReadOptions::default()
+        };
+        let mut all = self.iter(&ro)?;
+        let past = |k: &[u8]| hi.as_deref().is_some_and(|h| k >= h);
+
+        // Candidates the other sources do not name: copied keys under their range
+        // tombstones, and the keys that always go out. (Few: collected.)
+        let mut extra: BTreeSet<Vec<u8>> = BTreeSet::new();
+        let clipped: Vec<_> = tombstones
+            .iter()
+            .filter(|t| t.end.as_slice() > lo.as_slice() && !past(&t.start))
+            .map(|t| crate::key::RangeTombstone {
+                start: t.start.clone().max(lo.clone()),
+                end: match &hi {
+                    Some(h) if t.end > *h => h.clone(),
+                    _ => t.end.clone(),
+                },
+                seq: t.seq,
+            })
+            .collect();
+        for frag in Fragments::new(&clipped, seq).fragments() {
+            copies.seek(&frag.start);
+            while copies.valid() && copies.key() < frag.end.as_slice() {
+                extra.insert(copies.key().to_vec());
+                copies.next();
+            }
+            copies.status()?;
+        }
+        all.seek(always_from.max(lo.as_slice()));
+        while all.valid() {
+            extra.insert(all.key().to_vec());
+            all.next();
+        }
+        all.status()?;
+
+        others.seek(&internal_key(&lo, MAX_SEQUENCE, ValueKind::RangeDelete));
+        let mut extra = extra.into_iter().peekable();
+        let mut written = 0u64;
+        loop {
+            let named = (others.valid() && !past(user_key(others.key())))
+                .then(|| user_key(others.key()).to_vec());
+            let key = match (named, extra.peek()) {
+                (None, None) => break,
+                (Some(a), Some(b)) if b < &a => extra.next(),
+                (Some(a), Some(b)) if *b == a => {
+                    extra.next();
+                    Some(a)
+                }
+                (Some(a), _) => Some(a),
+                (None, Some(_)) => extra.next(),
+            };
+            let Some(key) = key else { break };
+            // Past every version of this key in the other sources.
+            while others.valid() && user_key(others.key()) == key.as_slice() {
+                others.next();
+            }
+            let want = value_at(&mut all, &key)?;
+            let have = value_at(&mut copies, &key)?;
+            if want != have || key.as_slice() >= always_from {
+                match &want {
+                    Some(v) => out(&key, Some(v))?,
+                    None if have.is_some() => out(&key, None)?,
+                    None => continue,
+                }
+                written += 1;
+            }
+        }
+        others.status()?;
+        Ok(written)
+    }
+
+    /// An iterator over the export's tables alone, at its snapshot, within its group.
+    fn iter_over(&self, export: &GroupExport) -> Result<DbIterator> {
+        let inner = &self.inner;
+        let (lo, hi) = group_range(export.group);
+        let mut children: Vec<BoxIter> = Vec::new();
+        let mut tombstones = Vec::new();
+        let deepest = export.files.iter().map(|(l, _)| *l).max().unwrap_or(0);
+        for level in 1..=deepest {
+            let files: Vec<Arc<FileMeta>> = export
+                .files
+                .iter()
+                .filter(|(l, _)| *l == level)
+                .map(|(_, f)| Arc::clone(f))
+                .collect();
+            for f in files.iter().filter(|f| f.num_range_deletions > 0) {
+                tombstones
+                    .extend_from_slice(inner.tables.get(f.number, f.size)?.range_tombstones());
+            }
+            if !files.is_empty() {
+                children.push(Box::new(
+                    LevelIter::new(Arc::clone(&inner.tables), Arc::new(files), false)
+                        .with_readahead(Readahead::Off),
+                ));
+            }
+        }
+        let seq = export.snapshot.sequence();
+        let pin: Arc<dyn std::any::Any + Send + Sync> = export.view.clone();
+        Ok(DbIterator::new(
+            MergingIterator::new(children),
+            seq,
+            Fragments::new(&tombstones, seq),
+            ReadScope {
+                lower: Some(lo),
+                upper: hi,
+                prefix: None,
+            },
+            None,
+            vec![pin],
+        ))
+    }
+
+    /// Copies the tables another engine on the same shared store exported for group `g`
+    /// ([`Db::export_group`]; `store_id` is its [`GroupExport::store_id`]) into this
+    /// engine's store, under this engine's numbers, by copies the store makes itself.
+    /// Each copy is opened and checked (size, footer, index and properties: a table of
+    /// group `g` alone; copies of one level do not overlap). The copies serve nothing
+    /// until [`Db::replace_group_with_copies`] installs them.
+    pub fn copy_in_group(
+        &self,
+        g: u64,
+        store_id: &str,
+        tables: &[SharedTable],
+    ) -> Result<CopiedTables> {
+        let _background = crate::io_class::Background::enter();
+        let inner = &self.inner;
+        match inner.store.shared_id() {
+            Some(id) if id == store_id => {}
+            mine => {
+                return Err(Error::InvalidArgument(format!(
+                    "group {g}: tables on {store_id:?} cannot be copied into {} (on {})",
+                    inner.store.location().display(),
+                    mine.as_deref().unwrap_or("no shared store")
+                )))
+            }
+        }
+        let mut copied = CopiedTables {
+            group: g,
+            inner: Arc::clone(inner),
+            files: Vec::with_capacity(tables.len()),
+            partial: None,
+            armed: true,
+        };
+        for t in tables {
+            let level = t.level as usize;
+            if level == 0 || level >= inner.opts.num_levels {
+                return Err(Error::InvalidArgument(format!(
+                    "group {g}: table {:?} is for level {level}; this engine copies into \
+                     levels 1..{}",
+                    t.object, inner.opts.num_levels
+                )));
+            }
+            // (Under the gate, as writes: none is made once `close` began.)
+            let _gate = inner.write_gate.read();
+            inner.refuse_once_closing()?;
+            let number = inner.state.lock().vset.new_file_number();
+            copied.partial = Some(number);
+            inner.store.copy_table(&t.object, number)?;
+            let file = inner.store.open_table(number)?;
+            let at = inner.store.table_location(number);
+            if file.size() != t.size {
+                return Err(Error::corruption(
+                    &at,
+                    0,
+                    format!(
+                        "the copy of {:?} holds {} bytes, the export says {}",
+                        t.object,
+                        file.size(),
+                        t.size
+                    ),
+                ));
+            }
+            let table = Table::open(file, number, t.size, None)?;
+            let p = table.properties();
+            if p.min_group != g || p.max_group != g {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: the copy of {:?} holds groups {}..={}, not group {g} alone",
+                    at.display(),
+                    t.object,
+                    p.min_group,
+                    p.max_group
+                )));
+            }
+            copied.files.push((
+                level,
+                Arc::new(FileMeta {
+                    number,
+                    size: t.size,
+                    smallest: p.smallest_key.clone(),
+                    largest: p.largest_key.clone(),
+                    smallest_seq: p.smallest_seq,
+                    largest_seq: p.largest_seq,
+                    min_group: p.min_group,
+                    max_group: p.max_group,
+                    num_entries: p.num_entries + p.num_range_deletions,
+                    num_range_deletions: p.num_range_deletions,
+                }),
+            ));
+            copied.partial = None;
+        }
+        // Copies of one level must fit in one level.
+        let mut by_level = copied.files.clone();
+        by_level.sort_by(|(la, a), (lb, b)| {
+            la.cmp(lb).then(compare_internal(&a.smallest, &b.smallest))
+        });
+        for w in by_level.windows(2) {
+            if w[0].0 == w[1].0 && compare_internal(&w[0].1.largest, &w[1].1.smallest).is_ge() {
+                return Err(Error::InvalidArgument(format!(
+                    "group {g}: exported tables of level {} overlap",
+                    w[0].0
+                )));
+            }
+        }
+        Ok(copied)
+    }
+
+    /// Replaces group `g`'s data with `copied` (each copy at its level) and the tables
+    /// at `rest` (written with [`crate::SstWriter`] from [`Db::write_group_rest`]: they
+    /// go to L0 at one sequence number past every copied entry, above the copies), in
+    /// one manifest edit, as [`Db::replace_group`] does with streamed files. The
+    /// engine's last sequence moves past the copies' (the source's numbering). On an
+    /// error before the edit could be written, the copies are deleted; the rest's files
+    /// stay, as with `replace_group`.
+    pub fn replace_group_with_copies(
+        &self,
+        g: u64,
+        copied: CopiedTables,
+        rest: &[PathBuf],
+    ) -> Result<()> {
+        if copied.group != g || !Arc::ptr_eq(&copied.inner, &self.inner) {
+            return Err(Error::InvalidArgument(format!(
+                "tables copied for group {} into another engine cannot replace group {g}",
+                copied.group
+            )));
+        }
+        self.inner.replace_group_with(g, rest, Some(copied))
+    }
+}
+
+/// The value `it` shows for exactly `key` (`None`: absent or deleted).
+fn value_at(it: &mut DbIterator, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    it.seek(key);
+    let v = (it.valid() && it.key() == key).then(|| it.value().to_vec());
+    it.status()?;
+    Ok(v)
+}
+
+impl Inner {
+    /// Places copies at their levels in `version` (what is left once the group's files
+    /// are gone): none may overlap a file staying there.
+    pub(super) fn place_copies(
+        &self,
+        g: u64,
+        version: &crate::version::Version,
+        copied: &CopiedTables,
+        edit: &mut crate::version_edit::VersionEdit,
+    ) -> Result<u64> {
+        let mut largest_seq = 0;
+        for (level, f) in &copied.files {
+            let (lo, hi) = (f.smallest_user_key(), f.largest_user_key());
+            if let Some(o) = version
+                .files(*level)
+                .iter()
+                .find(|o| o.overlaps_exactly(lo, hi))
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "replacing group {g}: a copied table does not fit in level {level}, \
+                     where table {} stays",
+                    o.number
+                )));
+            }
+            largest_seq = largest_seq.max(f.largest_seq);
+            edit.new_files.push((*level, Arc::clone(f)));
+        }
+        Ok(largest_seq)
+    }
+}
+
+/// Marks `copied` as no longer this module's to delete (installed, or named by a
+/// manifest edit that may have been written).
+pub(super) fn disarm(copied: &mut CopiedTables) {
+    copied.armed = false;
+}
