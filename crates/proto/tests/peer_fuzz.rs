@@ -111,6 +111,13 @@ fn samples(rng: &mut ChaCha8Rng) -> Vec<(&'static str, Vec<u8>)> {
                 size: num(rng),
                 crc32c: rng.gen(),
             }],
+            format: rng.gen(),
+            store_id: String::from_utf8_lossy(&bytes(rng, 16)).into_owned(),
+            copies: vec![proto::SharedTable {
+                level: rng.gen(),
+                object: String::from_utf8_lossy(&bytes(rng, 24)).into_owned(),
+                size: num(rng),
+            }],
         }),
         file_index: 0,
         offset: 0,

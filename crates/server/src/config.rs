@@ -94,6 +94,10 @@ pub struct Config {
     pub inflight_requests_max: usize,
     /// Snapshot streaming rate limit in bytes per second.
     pub snapshot_bytes_per_sec: u64,
+    /// Whether a leader whose tables are on a shared store (`sst_store`) sends a group's
+    /// snapshot by copy: the receiver copies the group's tables on the store, and only
+    /// the rest is streamed (snapshot.rs). Off: every snapshot is streamed whole.
+    pub snapshot_by_copy: bool,
     /// Node → meta heartbeat interval.
     pub heartbeat_interval: Duration,
     /// Free bytes kept on the data disk: under them the node refuses client writes
@@ -255,6 +259,7 @@ impl Config {
             value_bytes_max: phoenix_proto::limits::VALUE_BYTES_MAX,
             inflight_requests_max: 8192,
             snapshot_bytes_per_sec: 64 << 20,
+            snapshot_by_copy: true,
             heartbeat_interval: Duration::from_secs(1),
             reserve_space: Self::DEFAULT_RESERVE_SPACE,
             disk_check_interval: Duration::from_millis(250),

@@ -41,6 +41,9 @@ pub struct NodeMetrics {
     pub leader_changes: Counter,
     /// Snapshots this node sent, received and installed.
     pub snapshots: Family<Labels, Counter>,
+    /// Bytes of the snapshots this node sent, by how: streamed through it, or copied on
+    /// the shared store.
+    snapshot_bytes: Family<MethodLabel, Counter>,
     /// Requests this node forwarded to a group leader, by how (forward.rs).
     pub forwards: Family<MethodLabel, Counter>,
 }
@@ -53,6 +56,7 @@ impl Default for NodeMetrics {
             proposals: Counter::default(),
             leader_changes: Counter::default(),
             snapshots: Family::default(),
+            snapshot_bytes: Family::default(),
             forwards: Family::default(),
         }
     }
@@ -103,6 +107,13 @@ impl NodeMetrics {
             .get_or_create(&[("event", what), ("result", result)])
             .inc();
     }
+
+    /// Records the bytes of a snapshot sent (`how`: streamed or copied).
+    pub fn snapshot_bytes(&self, how: &'static str, bytes: u64) {
+        self.snapshot_bytes
+            .get_or_create(&[("how", how)])
+            .inc_by(bytes);
+    }
 }
 
 /// The registry a scrape encodes: the node's counters and the collector.
@@ -133,6 +144,11 @@ pub fn registry(shared: &Arc<Shared>) -> Registry {
         "snapshots",
         "Group snapshots sent, received and installed, by result",
         m.snapshots.clone(),
+    );
+    r.register(
+        "snapshot_bytes",
+        "Bytes of the group snapshots this node sent: streamed through it, or copied on the shared store",
+        m.snapshot_bytes.clone(),
     );
     r.register(
         "forwards",

@@ -2450,7 +2450,7 @@ fn install_snapshot(
     meta: &phoenix_raft::SnapshotMeta,
 ) -> crate::Result<()> {
     let g = p.group;
-    let Some(dir) = p.pending_snapshots.remove(&meta.index) else {
+    let Some(mut dir) = p.pending_snapshots.remove(&meta.index) else {
         return Err(crate::Error::Corruption(format!(
             "group {g}: raft installs snapshot {} but no files were received for it (have {:?})",
             meta.index,
@@ -2462,7 +2462,8 @@ fn install_snapshot(
     // expiries.
     p.sessions.clear();
     publish_expiries(shared, g, None);
-    let installed = install_files(shared, p, meta, dir.path());
+    let copies = dir.take_copies();
+    let installed = install_files(shared, p, meta, dir.path(), copies);
     // Installed or not, the received files are not needed again: a retry gets a new copy.
     drop(dir);
     installed?;
@@ -2479,6 +2480,7 @@ fn install_files(
     p: &mut Peer,
     meta: &phoenix_raft::SnapshotMeta,
     dir: &std::path::Path,
+    copies: Option<phoenix_engine::CopiedTables>,
 ) -> crate::Result<()> {
     use crate::failpoint::{check, names};
     let g = p.group;
@@ -2495,9 +2497,12 @@ fn install_files(
         )));
     }
     check(names::INSTALL_BEFORE_REPLACE, node)?;
-    match shared.cfg.drop_mode {
-        crate::config::DropMode::Files => shared.engine.replace_group(g, &files)?,
-        crate::config::DropMode::RangeDelete => {
+    match (copies, shared.cfg.drop_mode) {
+        // (A snapshot by copy: the files are the rest, above the copied tables. Taken
+        // only where groups are replaced by files: `snapshot::cannot_copy`.)
+        (Some(copies), _) => shared.engine.replace_group_with_copies(g, copies, &files)?,
+        (None, crate::config::DropMode::Files) => shared.engine.replace_group(g, &files)?,
+        (None, crate::config::DropMode::RangeDelete) => {
             shared.engine.replace_group_by_tombstone(g, &files)?
         }
     }

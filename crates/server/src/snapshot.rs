@@ -11,6 +11,15 @@
 //! Chunk stream: first chunk = header (group, raft message, route, file list with
 //! sizes and crc32c); then each file's bytes in order, in chunks of at most
 //! `CHUNK_BYTES`, with (file_index, offset) checked to be contiguous.
+//!
+//! **By copy** (seed 004 §6.2): where the engine's tables live on a shared object store,
+//! the leader sends the group's tables below L0 by name (they hold the group alone) and
+//! streams only the rest of the group (memtables, L0 and the system keys: a small file,
+//! `Db::write_group_rest`) over `SendSnapshotByCopy`; the receiver copies the tables on
+//! the store into its own prefix (the store copies the bytes; they do not pass through
+//! either node) and installs copies and rest in one manifest edit. A receiver that cannot
+//! (on another store, an older binary) says so and the leader streams instead. The
+//! leader's engine keeps the tables until the receiver answered.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -52,6 +61,10 @@ pub const SENDING_MAX: usize = 4;
 #[derive(Debug)]
 pub struct Staged {
     dir: PathBuf,
+    /// The tables copied in for a snapshot by copy, installed with the files (deleted
+    /// if dropped).
+    /// (Boxed: the staged snapshot travels in an event next to small ones.)
+    copies: Option<Box<phoenix_engine::CopiedTables>>,
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
@@ -59,6 +72,11 @@ impl Staged {
     /// The directory holding the snapshot's SST files.
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+
+    /// The tables copied in (a snapshot by copy), for the install to take.
+    pub fn take_copies(&mut self) -> Option<phoenix_engine::CopiedTables> {
+        self.copies.take().map(|c| *c)
     }
 }
 
@@ -117,9 +135,9 @@ pub fn start_send(shared: &Arc<Shared>, g: u64, route: &proto::Route, msg: Messa
             }
         }
     };
-    let snap = shared.engine.snapshot();
+    let source = Source::take(shared, g);
     let ro = ReadOptions {
-        snapshot: Some(&snap),
+        snapshot: Some(source.snapshot()),
         ..ReadOptions::default()
     };
     let sentinel = shared
@@ -165,19 +183,10 @@ pub fn start_send(shared: &Arc<Shared>, g: u64, route: &proto::Route, msg: Messa
     let spawned = std::thread::Builder::new()
         .name(format!("phoenix-snap-{g}"))
         .spawn(move || {
-            let built = build_files(&shared2, g, &snap, &dir);
-            drop(snap);
-            let ok = match built {
-                Ok(files) => {
-                    let rt = shared2.runtime.clone();
-                    let r = rt.block_on(send_files(&shared2, g, &route, &msg, &files));
-                    if let Err(e) = &r {
-                        tracing::warn!(group = g, to, "sending snapshot failed: {e}");
-                    }
-                    r.is_ok()
-                }
+            let ok = match build_and_send(&shared2, g, &route, &msg, source, &dir) {
+                Ok(()) => true,
                 Err(e) => {
-                    tracing::error!(group = g, "building snapshot failed: {e}");
+                    tracing::warn!(group = g, to, "sending snapshot failed: {e}");
                     false
                 }
             };
@@ -197,15 +206,157 @@ pub fn start_send(shared: &Arc<Shared>, g: u64, route: &proto::Route, msg: Messa
     }
 }
 
+/// What a snapshot is built from: an engine snapshot, or a group export (a snapshot and
+/// the tables to copy) where the engine's tables are on a shared store.
+enum Source {
+    Snapshot(phoenix_engine::Snapshot),
+    Export(phoenix_engine::GroupExport),
+}
+
+impl Source {
+    /// Takes the group's state as of now (on the driver thread: exactly the state at
+    /// the applied index the snapshot message names).
+    fn take(shared: &Shared, g: u64) -> Source {
+        // (The meta group is small and read by every node: streamed.)
+        if shared.cfg.snapshot_by_copy && g != crate::meta::META_GROUP {
+            match shared.engine.export_group(g) {
+                Ok(e) => return Source::Export(e),
+                Err(e) => tracing::debug!(group = g, "snapshot streamed, not copied: {e}"),
+            }
+        }
+        Source::Snapshot(shared.engine.snapshot())
+    }
+
+    fn snapshot(&self) -> &phoenix_engine::Snapshot {
+        match self {
+            Source::Snapshot(s) => s,
+            Source::Export(e) => e.snapshot(),
+        }
+    }
+}
+
+/// Why a snapshot was not sent.
+enum SendError {
+    /// The receiver cannot copy the tables: stream the snapshot instead.
+    CopyUnsupported(String),
+    Failed(String),
+}
+
+impl From<String> for SendError {
+    fn from(s: String) -> SendError {
+        SendError::Failed(s)
+    }
+}
+
+/// Builds the snapshot's files in `dir` and sends them (by copy where `source` is an
+/// export and the receiver can copy; else streamed whole).
+fn build_and_send(
+    shared: &Shared,
+    g: u64,
+    route: &proto::Route,
+    msg: &Message,
+    source: Source,
+    dir: &Path,
+) -> Result<(), String> {
+    let rt = shared.runtime.clone();
+    if let Source::Export(export) = &source {
+        let files = build_rest(shared, g, export, dir)
+            .map_err(|e| format!("building the snapshot's rest: {e}"))?;
+        match rt.block_on(send_files(shared, g, route, msg, &files, Some(export))) {
+            Ok(()) => {
+                shared.metrics.snapshot_bytes("copied", export.bytes());
+                return Ok(());
+            }
+            Err(SendError::Failed(e)) => return Err(e),
+            Err(SendError::CopyUnsupported(why)) => {
+                tracing::info!(
+                    group = g,
+                    to = msg.to,
+                    "snapshot streamed, not copied: {why}"
+                );
+            }
+        }
+    }
+    let files = build_files(shared, g, source.snapshot(), dir)
+        .map_err(|e| format!("building the snapshot: {e}"))?;
+    drop(source);
+    match rt.block_on(send_files(shared, g, route, msg, &files, None)) {
+        Ok(()) => Ok(()),
+        Err(SendError::Failed(e) | SendError::CopyUnsupported(e)) => Err(e),
+    }
+}
+
+/// Snapshot SST files being written to a directory, cut at [`FILE_BYTES_TARGET`].
+struct FileSink<'d> {
+    dir: &'d Path,
+    fs: phoenix_storage::SharedFs,
+    topts: phoenix_engine::table::TableOptions,
+    paths: Vec<PathBuf>,
+    writer: Option<(SstWriter, PathBuf)>,
+    bytes: u64,
+}
+
+impl<'d> FileSink<'d> {
+    fn new(dir: &'d Path) -> crate::Result<FileSink<'d>> {
+        remove_dir(dir);
+        std::fs::create_dir_all(dir)
+            .map_err(|e| crate::Error::io(format!("creating {}", dir.display()), e))?;
+        Ok(FileSink {
+            dir,
+            fs: Arc::new(phoenix_storage::LocalFs::new()),
+            topts: phoenix_engine::table::TableOptions::default(),
+            paths: Vec::new(),
+            writer: None,
+            bytes: 0,
+        })
+    }
+
+    /// Adds `key` (in order): its value, or a deletion (`None`).
+    fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> phoenix_engine::Result<()> {
+        if self.writer.is_none() {
+            let p = self.dir.join(format!("{:06}.sst", self.paths.len() + 1));
+            self.writer = Some((SstWriter::create(&self.fs, &p, &self.topts)?, p));
+            self.bytes = 0;
+        }
+        if let Some((w, _)) = self.writer.as_mut() {
+            match value {
+                Some(v) => w.put(key, v)?,
+                None => w.delete(key)?,
+            }
+            self.bytes += (key.len() + value.map_or(0, <[u8]>::len)) as u64;
+        }
+        if self.bytes >= FILE_BYTES_TARGET {
+            if let Some((w, p)) = self.writer.take() {
+                w.finish()?;
+                self.paths.push(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// The files written, with their sizes and crc32c.
+    fn finish(mut self) -> crate::Result<Vec<(PathBuf, u64, u32)>> {
+        if let Some((w, p)) = self.writer.take() {
+            w.finish()?;
+            self.paths.push(p);
+        }
+        let mut out = Vec::with_capacity(self.paths.len());
+        for p in self.paths {
+            let data = std::fs::read(&p)
+                .map_err(|e| crate::Error::io(format!("reading {}", p.display()), e))?;
+            out.push((p, data.len() as u64, crc32c::crc32c(&data)));
+        }
+        Ok(out)
+    }
+}
+
 fn build_files(
     shared: &Shared,
     g: u64,
     snap: &phoenix_engine::Snapshot,
     dir: &Path,
 ) -> crate::Result<Vec<(PathBuf, u64, u32)>> {
-    remove_dir(dir);
-    std::fs::create_dir_all(dir)
-        .map_err(|e| crate::Error::io(format!("creating {}", dir.display()), e))?;
+    let mut sink = FileSink::new(dir)?;
     let ro = ReadOptions {
         snapshot: Some(snap),
         lower_bound: Some(keys::group_start(g)),
@@ -216,41 +367,28 @@ fn build_files(
     };
     let mut it = shared.engine.iter(&ro)?;
     it.seek_to_first();
-    let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
-    let topts = phoenix_engine::table::TableOptions::default();
-    let mut paths = Vec::new();
-    let mut writer: Option<(SstWriter, PathBuf)> = None;
-    let mut bytes = 0u64;
     while it.valid() {
-        if writer.is_none() {
-            let p = dir.join(format!("{:06}.sst", paths.len() + 1));
-            writer = Some((SstWriter::create(&fs, &p, &topts)?, p));
-            bytes = 0;
-        }
-        if let Some((w, _)) = writer.as_mut() {
-            w.put(it.key(), it.value())?;
-            bytes += (it.key().len() + it.value().len()) as u64;
-        }
-        if bytes >= FILE_BYTES_TARGET {
-            if let Some((w, p)) = writer.take() {
-                w.finish()?;
-                paths.push(p);
-            }
-        }
+        sink.add(it.key(), Some(it.value()))?;
         it.next();
     }
     it.status()?;
-    if let Some((w, p)) = writer.take() {
-        w.finish()?;
-        paths.push(p);
-    }
-    let mut out = Vec::with_capacity(paths.len());
-    for p in paths {
-        let data = std::fs::read(&p)
-            .map_err(|e| crate::Error::io(format!("reading {}", p.display()), e))?;
-        out.push((p, data.len() as u64, crc32c::crc32c(&data)));
-    }
-    Ok(out)
+    sink.finish()
+}
+
+/// The rest of a snapshot by copy: what the export's tables alone do not hold, and
+/// every system key of the group (the receiver checks the sentinel, and reads the range
+/// and membership, in these files).
+fn build_rest(
+    shared: &Shared,
+    g: u64,
+    export: &phoenix_engine::GroupExport,
+    dir: &Path,
+) -> crate::Result<Vec<(PathBuf, u64, u32)>> {
+    let mut sink = FileSink::new(dir)?;
+    shared
+        .engine
+        .write_group_rest(export, &keys::sys_key(g, b""), |k, v| sink.add(k, v))?;
+    sink.finish()
 }
 
 async fn send_files(
@@ -259,9 +397,10 @@ async fn send_files(
     route: &proto::Route,
     msg: &Message,
     files: &[(PathBuf, u64, u32)],
-) -> Result<(), String> {
+    copies: Option<&phoenix_engine::GroupExport>,
+) -> Result<(), SendError> {
     if shared.links.is_cut(msg.to) {
-        return Err(format!("link to node {} cut (fault injection)", msg.to));
+        return Err(format!("link to node {} cut (fault injection)", msg.to).into());
     }
     let addr = shared
         .addr_of(msg.to)
@@ -275,6 +414,24 @@ async fn send_files(
         proto::raft_transport_client::RaftTransportClient::new(shared.creds.authorize(ch))
             .max_encoding_message_size(proto::limits::MESSAGE_BYTES_MAX);
     let header = proto::SnapshotHeader {
+        format: if copies.is_some() {
+            FORMAT_BY_COPY
+        } else {
+            FORMAT_FILES
+        },
+        store_id: copies.map(|e| e.store_id().to_string()).unwrap_or_default(),
+        copies: copies
+            .map(|e| {
+                e.tables()
+                    .iter()
+                    .map(|t| proto::SharedTable {
+                        level: t.level,
+                        object: t.object.clone(),
+                        size: t.size,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         group_id: g,
         from_node: shared.cfg.node_id,
         to_node: msg.to,
@@ -295,10 +452,14 @@ async fn send_files(
             .collect(),
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<proto::SnapshotChunk>(4);
+    let by_copy = copies.is_some();
     let call = tokio::spawn(async move {
-        client
-            .send_snapshot(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
+        let chunks = tokio_stream::wrappers::ReceiverStream::new(rx);
+        if by_copy {
+            client.send_snapshot_by_copy(chunks).await
+        } else {
+            client.send_snapshot(chunks).await
+        }
     });
     let rate = shared.cfg.snapshot_bytes_per_sec.max(1);
     let send_all = async {
@@ -350,16 +511,25 @@ async fn send_files(
     };
     let sent = send_all.await;
     drop(tx);
-    let done = call
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|s| s.to_string())?;
-    sent?;
-    let done = done.into_inner();
+    let done = match call.await.map_err(|e| e.to_string())? {
+        Ok(done) => done.into_inner(),
+        // (An older receiver, without the method.)
+        Err(s) if by_copy && s.code() == tonic::Code::Unimplemented => {
+            return Err(SendError::CopyUnsupported(s.message().to_string()))
+        }
+        Err(s) => return Err(s.to_string().into()),
+    };
     if done.accepted {
+        sent?;
+        shared
+            .metrics
+            .snapshot_bytes("streamed", files.iter().map(|(_, size, _)| size).sum());
         Ok(())
+    } else if by_copy && done.copy_unsupported {
+        Err(SendError::CopyUnsupported(done.reason))
     } else {
-        Err(format!("refused: {}", done.reason))
+        sent?;
+        Err(format!("refused: {}", done.reason).into())
     }
 }
 
@@ -377,8 +547,24 @@ fn refuse(why: String) -> Result<Response<proto::SnapshotDone>, Status> {
     Ok(Response::new(proto::SnapshotDone {
         accepted: false,
         reason: why,
+        copy_unsupported: false,
     }))
 }
+
+/// Refuses a snapshot by copy this node cannot copy in: the sender streams it instead.
+fn refuse_copy(why: String) -> Result<Response<proto::SnapshotDone>, Status> {
+    tracing::info!("snapshot by copy refused, to be streamed: {why}");
+    Ok(Response::new(proto::SnapshotDone {
+        accepted: false,
+        reason: why,
+        copy_unsupported: true,
+    }))
+}
+
+/// Header format of a snapshot whose files hold the whole group.
+const FORMAT_FILES: u32 = 1;
+/// Header format of a snapshot by copy.
+const FORMAT_BY_COPY: u32 = 2;
 
 /// Why a snapshot of group `g` is refused for want of disk room, if it is: a disk under
 /// its reserve takes no snapshot of a data group (a whole copy of the group's data); the
@@ -394,10 +580,12 @@ fn disk_full(shared: &Shared, g: u64) -> Option<String> {
     })
 }
 
-/// Receives one snapshot stream (the `SendSnapshot` service method).
+/// Receives one snapshot stream (the `SendSnapshot` service method, or with `by_copy`
+/// `SendSnapshotByCopy`).
 pub async fn receive(
     shared: Arc<Shared>,
     mut s: Streaming<proto::SnapshotChunk>,
+    by_copy: bool,
 ) -> Result<Response<proto::SnapshotDone>, Status> {
     let first = match s.next().await {
         Some(c) => c?,
@@ -406,6 +594,31 @@ pub async fn receive(
     let Some(header) = first.header else {
         return refuse("first snapshot chunk carries no header".into());
     };
+    let format = header.format.max(FORMAT_FILES);
+    if format > FORMAT_BY_COPY {
+        return refuse(format!(
+            "snapshot format {format} is newer than this binary's {FORMAT_BY_COPY}; \
+             upgrade the binary"
+        ));
+    }
+    if by_copy != (format == FORMAT_BY_COPY) {
+        return refuse(format!(
+            "snapshot format {format} arrived on {}",
+            if by_copy {
+                "SendSnapshotByCopy"
+            } else {
+                "SendSnapshot"
+            }
+        ));
+    }
+    if !by_copy && !header.copies.is_empty() {
+        return refuse("a streamed snapshot names tables to copy".into());
+    }
+    if by_copy {
+        if let Some(why) = cannot_copy(&shared, &header) {
+            return refuse_copy(why);
+        }
+    }
     if header.to_node != shared.cfg.node_id {
         return refuse(format!(
             "snapshot for node {} reached node {}",
@@ -456,8 +669,9 @@ pub async fn receive(
     if let Err(e) = std::fs::create_dir_all(&dir) {
         return refuse(format!("creating {}: {e}", dir.display()));
     }
-    let staged = Staged {
+    let mut staged = Staged {
         dir: dir.clone(),
+        copies: None,
         _permit: permit,
     };
     let mut r = Receiving {
@@ -487,6 +701,29 @@ pub async fn receive(
     if let Some(why) = why {
         drop(staged);
         return refuse(why);
+    }
+    if by_copy {
+        // The tables are copied now, on the store, before raft hears of the snapshot.
+        // The sender's engine keeps them until this answer.
+        let engine = Arc::clone(&shared.engine);
+        let store_id = r.header.store_id.clone();
+        let tables: Vec<phoenix_engine::SharedTable> = r
+            .header
+            .copies
+            .iter()
+            .map(|t| phoenix_engine::SharedTable {
+                level: t.level,
+                object: t.object.clone(),
+                size: t.size,
+            })
+            .collect();
+        let copied =
+            tokio::task::spawn_blocking(move || engine.copy_in_group(g, &store_id, &tables)).await;
+        match copied {
+            Ok(Ok(c)) => staged.copies = Some(Box::new(c)),
+            Ok(Err(e)) => return refuse(format!("copying the snapshot's tables: {e}")),
+            Err(e) => return refuse(format!("copying the snapshot's tables: {e}")),
+        }
     }
     let route = proto::Route {
         group_id: g,
@@ -537,7 +774,28 @@ pub async fn receive(
     Ok(Response::new(proto::SnapshotDone {
         accepted: true,
         reason: String::new(),
+        copy_unsupported: false,
     }))
+}
+
+/// Why this node cannot take the snapshot `header` names by copy, if it cannot: its
+/// tables are not on the sender's store, or it replaces groups by range tombstones.
+fn cannot_copy(shared: &Shared, header: &proto::SnapshotHeader) -> Option<String> {
+    if shared.cfg.drop_mode != crate::config::DropMode::Files {
+        return Some(format!(
+            "node {} replaces groups by range tombstones",
+            shared.cfg.node_id
+        ));
+    }
+    match shared.engine.shared_store_id() {
+        Some(id) if id == header.store_id => None,
+        mine => Some(format!(
+            "node {}'s tables are on {}, the snapshot's on {:?}",
+            shared.cfg.node_id,
+            mine.as_deref().unwrap_or("its local disk"),
+            header.store_id
+        )),
+    }
 }
 
 /// The value of `key` in the first of a snapshot's `files` that holds it.

@@ -368,7 +368,14 @@ impl proto::raft_transport_server::RaftTransport for TransportService {
         &self,
         request: Request<Streaming<proto::SnapshotChunk>>,
     ) -> SnapshotResult {
-        crate::snapshot::receive(Arc::clone(&self.shared), request.into_inner()).await
+        crate::snapshot::receive(Arc::clone(&self.shared), request.into_inner(), false).await
+    }
+
+    async fn send_snapshot_by_copy(
+        &self,
+        request: Request<Streaming<proto::SnapshotChunk>>,
+    ) -> SnapshotResult {
+        crate::snapshot::receive(Arc::clone(&self.shared), request.into_inner(), true).await
     }
 }
 
@@ -401,6 +408,13 @@ mod tests {
         }
 
         async fn send_snapshot(
+            &self,
+            _request: Request<Streaming<proto::SnapshotChunk>>,
+        ) -> Result<Response<proto::SnapshotDone>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+
+        async fn send_snapshot_by_copy(
             &self,
             _request: Request<Streaming<proto::SnapshotChunk>>,
         ) -> Result<Response<proto::SnapshotDone>, Status> {

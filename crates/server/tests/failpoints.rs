@@ -17,6 +17,11 @@ use phoenix_proto as proto;
 use phoenix_server::failpoint::names;
 use phoenix_server::{keys, MetaMember};
 
+// (Only the server and URLs are used here.)
+#[allow(dead_code)]
+#[path = "../../engine/tests/support/minio.rs"]
+mod minio_server;
+
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Cluster {
@@ -28,6 +33,9 @@ struct Cluster {
     splits: Vec<Vec<u8>>,
     /// How replaced and dropped data leaves the engine.
     drop_mode: phoenix_server::DropMode,
+    /// Each node's `--sst-store` (empty: tables on local disk) and metrics address.
+    sst_stores: Vec<String>,
+    metrics: Vec<String>,
 }
 
 impl Cluster {
@@ -40,6 +48,10 @@ impl Cluster {
         c.log_truncate_interval = Duration::from_millis(100);
         c.split_keys = self.splits.clone();
         c.drop_mode = self.drop_mode;
+        if let Some(url) = self.sst_stores.get(i) {
+            c.sst_store = Some(url.clone());
+            c.metrics_listen = Some(self.metrics[i].clone());
+        }
         c
     }
 
@@ -53,8 +65,30 @@ impl Cluster {
     }
 
     fn start_with(splits: Vec<Vec<u8>>, drop_mode: phoenix_server::DropMode) -> Cluster {
+        Cluster::start_on(splits, drop_mode, None)
+    }
+
+    /// A cluster whose nodes keep their tables on `minio` (each under its own prefix)
+    /// if given.
+    fn start_on(
+        splits: Vec<Vec<u8>>,
+        drop_mode: phoenix_server::DropMode,
+        minio: Option<&minio_server::Minio>,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let (addrs, meta) = loopback_members(3);
+        let run: u32 = rand::random();
+        let (sst_stores, metrics) = match minio {
+            None => (Vec::new(), Vec::new()),
+            Some(m) => (
+                (0..3)
+                    .map(|i| m.url(&format!("failpoints-{run:08x}/node-{}", i + 1)))
+                    .collect(),
+                (0..3)
+                    .map(|_| format!("127.0.0.1:{}", free_port()))
+                    .collect(),
+            ),
+        };
         let mut c = Cluster {
             dir,
             addrs,
@@ -62,6 +96,8 @@ impl Cluster {
             nodes: Vec::new(),
             splits,
             drop_mode,
+            sst_stores,
+            metrics,
         };
         c.nodes = (0..3).map(|i| Some(start(c.cfg(i)))).collect();
         c
@@ -194,7 +230,18 @@ impl Cluster {
 
 /// Every key of `want` is in node `i`'s engine with its value (the cluster is stopped).
 fn check_engine(dir: &Path, i: usize, group: u64, want: &[(Vec<u8>, Vec<u8>)]) {
-    let db = open_stopped_engine(dir, i);
+    check_engine_on(dir, i, None, group, want)
+}
+
+/// [`check_engine`] of a node whose tables are on `sst_store` if given.
+fn check_engine_on(
+    dir: &Path,
+    i: usize,
+    sst_store: Option<&str>,
+    group: u64,
+    want: &[(Vec<u8>, Vec<u8>)],
+) {
+    let db = open_stopped_engine_on(dir, i, sst_store);
     let ro = phoenix_engine::ReadOptions::default();
     for (k, v) in want {
         let got = db.get(&ro, &keys::data_key(group, k)).unwrap();
@@ -243,8 +290,9 @@ async fn restart_and_check(
     put_all(&c, route, more_from, more_from + 10, &mut want).await;
     c.wait_caught_up(route.group_id, follower as u64 + 1).await;
     let dir = c.dir.path().to_path_buf();
+    let store = c.sst_stores.get(follower).cloned();
     c.stop_all().await;
-    check_engine(&dir, follower, route.group_id, &want);
+    check_engine_on(&dir, follower, store.as_deref(), route.group_id, &want);
 }
 
 /// An error in one replica's apply stops that replica only: the group keeps taking
@@ -297,15 +345,44 @@ async fn snapshot_install_survives_a_failure_inside_the_log_reset() {
     install_failures(&[names::INSTALL_AFTER_SUFFIX]).await;
 }
 
+/// The same where the tables are on MinIO: the follower is rebuilt by copy (the
+/// leader's tables copied on the store, the rest streamed), and the install fails before
+/// the engine switch (the copies are deleted), after it, and inside the log reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs minio"]
+async fn a_snapshot_installed_by_copy_survives_a_failure_at_every_step_on_minio() {
+    let minio = tokio::task::spawn_blocking(minio_server::Minio::start)
+        .await
+        .unwrap();
+    install_failures_on(
+        &[
+            names::INSTALL_BEFORE_REPLACE,
+            names::INSTALL_AFTER_REPLACE,
+            names::INSTALL_AFTER_SUFFIX,
+        ],
+        phoenix_server::DropMode::Files,
+        Some(&minio),
+    )
+    .await;
+}
+
 async fn install_failures(steps: &[&str]) {
     install_failures_with(steps, phoenix_server::DropMode::Files).await
 }
 
 async fn install_failures_with(steps: &[&str], mode: phoenix_server::DropMode) {
+    install_failures_on(steps, mode, None).await
+}
+
+async fn install_failures_on(
+    steps: &[&str],
+    mode: phoenix_server::DropMode,
+    minio: Option<&minio_server::Minio>,
+) {
     let _turn = TURN.lock().await;
     let scenario = fail::FailScenario::setup();
     for &step in steps {
-        let mut c = Cluster::start_with(Vec::new(), mode);
+        let mut c = Cluster::start_on(Vec::new(), mode, minio);
         let route = wait_route(&c.addrs).await;
         let follower = (route.leader_node_id as usize) % 3;
         let fnode = follower as u64 + 1;
@@ -317,6 +394,16 @@ async fn install_failures_with(steps: &[&str], mode: phoenix_server::DropMode) {
         fail::cfg(step, &format!("return({fnode})")).unwrap();
         c.restart(follower);
         c.wait_stopped(route.group_id, fnode, step).await;
+        if minio.is_some() {
+            // The snapshot that failed to install came by copy.
+            let mut copied = 0.0;
+            for m in &c.metrics {
+                let (_, text) = http_get(m, "/metrics").await;
+                copied +=
+                    sample(&text, "phoenix_snapshot_bytes_total", "how=\"copied\"").unwrap_or(0.0);
+            }
+            assert!(copied > 0.0, "{step}: no snapshot went by copy");
+        }
         restart_and_check(c, &route, follower, step, 400, want).await;
         eprintln!("{step}: replica whole after restart");
     }

@@ -70,6 +70,11 @@ pub struct Args {
     /// Snapshot streaming rate limit in MiB/s.
     #[arg(long, default_value_t = 64)]
     pub snapshot_mb_per_sec: u64,
+    /// Stream every snapshot whole, even where the tables are on --sst-store (there, by
+    /// default, a new replica copies the group's tables on the store and only the rest
+    /// passes through the nodes).
+    #[arg(long)]
+    pub snapshot_no_copy: bool,
     /// Address to serve metrics on (`GET /metrics`, Prometheus text; names in
     /// docs/metrics.md), e.g. 127.0.0.1:9101. Off unless given.
     #[arg(long)]
@@ -222,6 +227,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.tick = Duration::from_millis(args.tick_ms.max(1));
     cfg.hibernate_ticks = args.hibernate_ticks;
     cfg.snapshot_bytes_per_sec = args.snapshot_mb_per_sec.max(1) << 20;
+    cfg.snapshot_by_copy = !args.snapshot_no_copy;
     cfg.reserve_space = args.reserve_space_mb.saturating_mul(1 << 20);
     cfg.metrics_listen = args.metrics_listen;
     cfg.security = phoenix_server::Security {

@@ -152,6 +152,12 @@ impl Drop for CopiedTables {
 }
 
 impl Db {
+    /// The shared store this engine's tables are on, which others on it can copy them
+    /// from ([`crate::TableStore::shared_id`]); `None` on a local disk.
+    pub fn shared_store_id(&self) -> Option<String> {
+        self.inner.store.shared_id()
+    }
+
     /// Pins a snapshot and the tables below L0 that hold only group `g`'s keys, for
     /// another engine on the same shared store to copy in (see the module docs). Refused
     /// on a store whose tables cannot be copied ([`crate::TableStore::shared_id`]).

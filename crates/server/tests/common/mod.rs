@@ -325,6 +325,16 @@ pub async fn wait_dropped(node_dir: &std::path::Path, g: u64) -> proto::ReplicaT
 /// Node `i`'s engine (in `dir/node-<i+1>/db`) opened directly; the node is stopped (its
 /// last tasks may hold the engine a moment longer: retried for 10 s).
 pub fn open_stopped_engine(dir: &Path, i: usize) -> std::sync::Arc<phoenix_engine::Db> {
+    open_stopped_engine_on(dir, i, None)
+}
+
+/// [`open_stopped_engine`] of a node whose tables are on `sst_store` (its
+/// `--sst-store` URL) if given.
+pub fn open_stopped_engine_on(
+    dir: &Path,
+    i: usize,
+    sst_store: Option<&str>,
+) -> std::sync::Arc<phoenix_engine::Db> {
     let fs: phoenix_storage::SharedFs = std::sync::Arc::new(phoenix_storage::LocalFs::new());
     let db_dir = dir.join(format!("node-{}", i + 1)).join("db");
     let opts = phoenix_engine::Options {
@@ -334,7 +344,18 @@ pub fn open_stopped_engine(dir: &Path, i: usize) -> std::sync::Arc<phoenix_engin
     // The stopped node's last tasks may hold the engine a moment longer.
     let deadline = Instant::now() + Duration::from_secs(10);
     let db = loop {
-        match phoenix_engine::Db::open(std::sync::Arc::clone(&fs), &db_dir, opts.clone()) {
+        let opened = match sst_store {
+            None => phoenix_engine::Db::open(std::sync::Arc::clone(&fs), &db_dir, opts.clone()),
+            Some(url) => phoenix_engine::ObjectTableStore::from_url(url).and_then(|store| {
+                phoenix_engine::Db::open_with_store(
+                    std::sync::Arc::clone(&fs),
+                    &db_dir,
+                    std::sync::Arc::new(store),
+                    opts.clone(),
+                )
+            }),
+        };
+        match opened {
             Ok(db) => break db,
             Err(e) if Instant::now() < deadline => {
                 eprintln!("opening {}: {e}; retrying", db_dir.display());
@@ -344,4 +365,31 @@ pub fn open_stopped_engine(dir: &Path, i: usize) -> std::sync::Arc<phoenix_engin
         }
     };
     db
+}
+
+/// One HTTP/1.1 GET on loopback: (status code, body).
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, body.to_string())
+}
+
+/// The value of the sample `name{labels}` (labels as written, e.g.
+/// `method="put",result="ok"`; empty for none) in a metrics text.
+pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.trim().parse().ok())
 }

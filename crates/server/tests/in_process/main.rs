@@ -1827,33 +1827,6 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
     }
 }
 
-/// One HTTP/1.1 GET on loopback: (status code, body).
-async fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (code, body.to_string())
-}
-
-/// The value of the sample `name{labels}` (labels as written, e.g.
-/// `method="put",result="ok"`; empty for none) in a metrics text.
-fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let key = if labels.is_empty() {
-        name.to_string()
-    } else {
-        format!("{name}{{{labels}}}")
-    };
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
 /// The metrics endpoint serves the node's counters and state as OpenMetrics text: every
 /// answered request by method and result, with latencies; proposals; replicas by state;
 /// engine, log store and disk figures. Other paths are 404.

@@ -152,9 +152,12 @@ fn nonsense_snapshot(rng: &mut ChaCha8Rng, to: u64, n: u64) -> Vec<proto::Snapsh
             size: data.len() as u64,
             crc32c: crc32c::crc32c(&data),
         }],
+        format: 0,
+        store_id: String::new(),
+        copies: Vec::new(),
     };
     let mut chunks = vec![data.clone()];
-    match rng.gen_range(0..8) {
+    match rng.gen_range(0..10) {
         0 => return Vec::new(),
         1 => {
             return vec![proto::SnapshotChunk {
@@ -171,6 +174,17 @@ fn nonsense_snapshot(rng: &mut ChaCha8Rng, to: u64, n: u64) -> Vec<proto::Snapsh
         // Every byte as declared, but no table: refused before raft sees it (installing
         // it would fail, and stop the replica).
         6 => {}
+        // A format from a newer binary.
+        7 => header.format = rng.gen_range(3..1000),
+        // Tables to copy named in a streamed snapshot.
+        8 => {
+            header.store_id = "s3://bucket@http://127.0.0.1:1".into();
+            header.copies = vec![proto::SharedTable {
+                level: 1,
+                object: "cluster/node-9/000007.sst".into(),
+                size: 4096,
+            }];
+        }
         _ => {
             // Bytes short of, or past, the declared size.
             if rng.gen_bool(0.5) || data.is_empty() {
