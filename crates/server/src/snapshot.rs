@@ -83,6 +83,17 @@ impl Staged {
 impl Drop for Staged {
     fn drop(&mut self) {
         remove_dir(&self.dir);
+        if let Some(copies) = self.copies.take() {
+            // Deleting copies not installed is a request per table to the store: not on
+            // the driver thread, which drops the snapshots raft did not take.
+            let spawned = std::thread::Builder::new()
+                .name("phoenix-snap-drop".into())
+                .spawn(move || drop(copies));
+            if let Err(e) = spawned {
+                // (The closure, and the copies with it, were dropped here.)
+                tracing::warn!("no thread to delete a snapshot's copies: {e}");
+            }
+        }
     }
 }
 

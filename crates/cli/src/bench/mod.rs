@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod log;
 pub mod nemesis;
 pub mod raft;
+pub mod rebuild;
 pub mod repair;
 
 use clap::Subcommand;
@@ -30,6 +31,10 @@ pub enum BenchCmd {
     /// Seed 000's full-repair experiment: a node back from the dead takes a snapshot of
     /// every group; its peak disk use and repair time, per drop mode.
     Repair(repair::Args),
+    /// Seed 004's replica rebuild on shared storage: a group of each size rebuilt on a
+    /// node by copying its tables on the S3 server, and by streaming them; time, bytes
+    /// through the nodes and the nodes' CPU.
+    Rebuild(rebuild::Args),
 }
 
 /// Runs the chosen benchmark. Its lines go to `report`; with `--output json` its
@@ -41,5 +46,6 @@ pub fn run(cmd: BenchCmd, report: Report) -> Result<(), BenchError> {
         BenchCmd::Raft(args) => raft::run(args, report),
         BenchCmd::Cluster(args) => cluster::run(args, report),
         BenchCmd::Repair(args) => repair::run(args, report),
+        BenchCmd::Rebuild(args) => rebuild::run(args, report),
     }
 }

@@ -30,7 +30,7 @@ use crate::cmd::playground::{ClusterSpec, LocalCluster};
 use crate::output::Report;
 
 /// The node killed and repaired.
-const VICTIM: u64 = 3;
+pub(super) const VICTIM: u64 = 3;
 
 /// Flags of `phoenix bench repair`.
 #[derive(Debug, clap::Args)]
@@ -384,7 +384,7 @@ async fn one_mode(
 
 /// The benchmark's key `i`: 4 bytes of a hash of `i` first (spreading the keys evenly
 /// over groups bootstrapped with even split keys), then `i`.
-fn key(i: u64) -> Vec<u8> {
+pub(super) fn key(i: u64) -> Vec<u8> {
     let mut z = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -431,7 +431,7 @@ async fn write_keys(
     Ok(())
 }
 
-async fn status(client: &Client) -> Result<ClusterStatus, BenchError> {
+pub(super) async fn status(client: &Client) -> Result<ClusterStatus, BenchError> {
     Ok(client.cluster_status().await?)
 }
 
@@ -467,7 +467,7 @@ async fn settle(dir: &Path, report: Report) -> Result<u64, BenchError> {
 }
 
 /// Each group's leader commit index (by group id).
-fn commit_indexes(s: &ClusterStatus) -> Vec<(u64, u64)> {
+pub(super) fn commit_indexes(s: &ClusterStatus) -> Vec<(u64, u64)> {
     s.groups
         .iter()
         .map(|g| {
@@ -486,7 +486,7 @@ fn commit_indexes(s: &ClusterStatus) -> Vec<(u64, u64)> {
 /// Waits (at most 15 s) until every group's leader, on a live node, has cut its log past
 /// what node 3 could hold when it died (`before`): each group then needs a snapshot.
 /// Returns how many do.
-async fn wait_truncated(
+pub(super) async fn wait_truncated(
     client: &Client,
     before: &ClusterStatus,
     report: Report,
@@ -518,7 +518,7 @@ async fn wait_truncated(
 }
 
 /// How many groups' replica on node 3 is running and has applied its target index.
-fn caught_up(s: &ClusterStatus, targets: &[(u64, u64)]) -> usize {
+pub(super) fn caught_up(s: &ClusterStatus, targets: &[(u64, u64)]) -> usize {
     targets
         .iter()
         .filter(|(g, target)| {
@@ -539,7 +539,7 @@ fn state_bytes(node_dir: &Path) -> Result<u64, BenchError> {
 }
 
 /// Bytes `dir` takes on disk (allocated blocks), files below it included; 0 if absent.
-fn du(dir: &Path) -> Result<u64, BenchError> {
+pub(super) fn du(dir: &Path) -> Result<u64, BenchError> {
     use std::os::unix::fs::MetadataExt;
     let mut total = 0;
     let mut stack = vec![dir.to_path_buf()];
@@ -563,7 +563,7 @@ fn du(dir: &Path) -> Result<u64, BenchError> {
     Ok(total)
 }
 
-fn mib(b: u64) -> f64 {
+pub(super) fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
 

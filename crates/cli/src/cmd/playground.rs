@@ -70,6 +70,21 @@ pub struct ClusterSpec {
     pub status_pages: bool,
     /// Serve TLS and ask for a token, with these files.
     pub tls: Option<LocalTls>,
+    /// Keep every node's tables on an S3 server: node N's `--sst-store` is this URL
+    /// with `/node-N` added to its prefix ([`node_sst_store`]).
+    pub sst_store: Option<String>,
+}
+
+/// Node `id`'s table store URL under `base` (`s3://bucket/prefix?settings`): the prefix
+/// gains `/node-<id>`, the settings stay.
+pub fn node_sst_store(base: &str, id: usize) -> String {
+    let (location, query) = base.split_once('?').unwrap_or((base, ""));
+    let location = location.trim_end_matches('/');
+    if query.is_empty() {
+        format!("{location}/node-{id}")
+    } else {
+        format!("{location}/node-{id}?{query}")
+    }
 }
 
 impl ClusterSpec {
@@ -107,6 +122,7 @@ impl ClusterSpec {
             server_args: Vec::new(),
             status_pages: false,
             tls: None,
+            sst_store: None,
         })
     }
 
@@ -123,6 +139,7 @@ impl ClusterSpec {
             server_args: Vec::new(),
             status_pages: false,
             tls: None,
+            sst_store: None,
         })
     }
 
@@ -318,7 +335,6 @@ impl Proc {
     }
 
     /// The process id while it runs.
-    #[cfg(test)]
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
@@ -448,6 +464,9 @@ impl LocalCluster {
             }
             if let Some(r) = resp[i] {
                 cmd.arg("--resp-listen").arg(r.to_string());
+            }
+            if let Some(base) = &spec.sst_store {
+                cmd.arg("--sst-store").arg(node_sst_store(base, id));
             }
             nodes.push(Proc::spawn(
                 format!("node {id}"),
