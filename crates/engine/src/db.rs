@@ -63,7 +63,7 @@ const RETRY_BACKOFF_FLOOR: Duration = Duration::from_millis(1);
 
 mod group_copy;
 
-pub use group_copy::{CopiedTables, GroupExport, SharedTable};
+pub use group_copy::{CopiedTables, GroupExport, RestEntry, SharedTable};
 
 /// A consistent set of sources for a read: the memtables and the version.
 struct View {
@@ -1970,19 +1970,26 @@ impl Inner {
             return Err(e);
         }
         let seq = edit.last_sequence;
-        let st = self.state.lock();
-        let installed = self.install_edit_tracked(st, edit);
+        let mut st = self.state.lock();
+        let installed = self.log_and_apply_tracked(&mut st, edit);
         if let (Some(seq), Some(c)) = (seq, copied.as_mut()) {
             if installed.is_ok() || installed.as_ref().is_err_and(|f| f.maybe_written) {
                 // The manifest may name the copies now: they are the engine's. And `seq`
-                // is spent either way (see `ingest_sequenced`); once the view holds the
-                // files, the sequence makes them visible. (No write is in flight: the
-                // gate is held.)
+                // is spent either way (see `ingest_sequenced`). (No write is in flight:
+                // the gate is held.)
                 group_copy::disarm(c);
+                // The sequence before the view: a reader takes the view, then the
+                // sequence, so one that meets the copies reads the rest above them; one
+                // with the old view reads the group as it was, at any sequence.
                 self.last_seq.fetch_max(seq, AtOrd::AcqRel);
             }
         }
+        if installed.is_ok() {
+            fail::fail_point!("engine::replace_group::published_half");
+            st.refresh_view();
+        }
         if let Err(f) = installed {
+            drop(st);
             if !f.maybe_written {
                 // Refused before anything was written (closing, a broken version set):
                 // the sources go back, to install from again.
@@ -1990,6 +1997,11 @@ impl Inner {
             }
             return Err(f.error);
         }
+        for n in st.vset.delete_obsolete_files() {
+            self.tables.evict(n);
+        }
+        drop(st);
+        self.bg_cv.notify_all();
         self.remove_copied_sources(&imported);
         Ok(())
     }

@@ -26,8 +26,8 @@ pub mod write_batch;
 mod write_delay;
 
 pub use db::{
-    check_group_files, CopiedTables, Db, Failure, GroupExport, GroupSize, LevelStats, SharedTable,
-    Snapshot, Stats, GROUP_SIZE_SPAN_MAX,
+    check_group_files, CopiedTables, Db, Failure, GroupExport, GroupSize, LevelStats, RestEntry,
+    SharedTable, Snapshot, Stats, GROUP_SIZE_SPAN_MAX,
 };
 pub use db_iter::DbIterator;
 pub use error::{Error, Result};

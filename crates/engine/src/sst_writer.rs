@@ -70,6 +70,28 @@ impl SstWriter {
             .add(&internal_key(key, 0, ValueKind::Delete), &[])
     }
 
+    /// Adds a deletion of every key in `[start, end)` that is older than this file once
+    /// ingested (the file's own entries stay). Ranges go in any order, apart from the
+    /// keys.
+    pub fn delete_range(&mut self, start: &[u8], end: &[u8]) -> Result<()> {
+        if start.len() > KEY_LEN_MAX || end.len() > KEY_LEN_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "range bound exceeds the key limit of {KEY_LEN_MAX} bytes"
+            )));
+        }
+        if start >= end {
+            return Err(Error::InvalidArgument(
+                "a range deletion needs start < end".into(),
+            ));
+        }
+        self.builder
+            .add_range_tombstone(&crate::key::RangeTombstone {
+                start: start.to_vec(),
+                end: end.to_vec(),
+                seq: 0,
+            })
+    }
+
     /// Entries added so far.
     pub fn num_entries(&self) -> u64 {
         self.builder.num_entries()

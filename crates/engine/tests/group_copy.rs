@@ -7,6 +7,9 @@
 //!
 //! Seeded: `PHOENIX_SEED` picks the first seed (default 1), `PHOENIX_GROUP_COPY_RUNS`
 //! the number of runs (default 12); a failure prints the line that replays it.
+//!
+//! Two tests stop the copy between its steps (failpoints, process-wide): every test here
+//! takes its turn (`turn`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -15,7 +18,8 @@ use std::sync::Arc;
 
 use object_store::ObjectStore;
 use phoenix_engine::{
-    Db, ObjectTableStore, Options, ReadOptions, SharedTableStore, SstWriter, WalMode, WriteOptions,
+    Db, ObjectTableStore, Options, ReadOptions, RestEntry, SharedTableStore, SstWriter, WalMode,
+    WriteOptions,
 };
 use phoenix_storage::{MemFs, SharedFs};
 use rand::{Rng, SeedableRng};
@@ -23,6 +27,13 @@ use rand_chacha::ChaCha8Rng;
 
 /// The group copied; its neighbours stay.
 const G: u64 = 2;
+
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// This test's turn: the failpoints of one would stop the copies of the others.
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 fn opts() -> Options {
     Options {
@@ -80,16 +91,20 @@ struct Engine {
 }
 
 fn open(bucket: &Arc<dyn ObjectStore>, prefix: &str, fs: Option<SharedFs>) -> Engine {
+    open_with(bucket, prefix, fs, opts())
+}
+
+fn open_with(
+    bucket: &Arc<dyn ObjectStore>,
+    prefix: &str,
+    fs: Option<SharedFs>,
+    opts: Options,
+) -> Engine {
     let fs: SharedFs = fs.unwrap_or_else(|| Arc::new(MemFs::new()));
     let store: SharedTableStore =
         Arc::new(ObjectTableStore::new(Arc::clone(bucket), prefix).unwrap());
-    let db = Db::open_with_store(
-        Arc::clone(&fs),
-        Path::new("/db"),
-        Arc::clone(&store),
-        opts(),
-    )
-    .unwrap();
+    let db =
+        Db::open_with_store(Arc::clone(&fs), Path::new("/db"), Arc::clone(&store), opts).unwrap();
     Engine { fs, db }
 }
 
@@ -129,9 +144,10 @@ fn write_rest(
     fs.create_dir_all(path.parent().unwrap()).unwrap();
     let mut w = SstWriter::create(fs, path, &Options::default().table).unwrap();
     let n = source
-        .write_group_rest(export, &always_from(G), |k, v| match v {
-            Some(v) => w.put(k, v),
-            None => w.delete(k),
+        .write_group_rest(export, &always_from(G), |e| match e {
+            RestEntry::Put(k, v) => w.put(k, v),
+            RestEntry::Delete(k) => w.delete(k),
+            RestEntry::DeleteRange(s, e) => w.delete_range(s, e),
         })
         .unwrap();
     w.finish().unwrap();
@@ -250,6 +266,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 #[test]
 fn a_copied_group_reads_as_the_snapshot() {
+    let _turn = turn();
     let base = env_u64("PHOENIX_SEED", 1);
     let runs = env_u64("PHOENIX_GROUP_COPY_RUNS", 12);
     for seed in base..base + runs {
@@ -285,6 +302,7 @@ fn tables_under(bucket: &Arc<dyn ObjectStore>, prefix: &str) -> Vec<String> {
 
 #[test]
 fn copies_not_installed_leave_nothing_behind() {
+    let _turn = turn();
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let a = open(&bucket, "node-a", None);
@@ -356,6 +374,7 @@ fn copies_not_installed_leave_nothing_behind() {
 
 #[test]
 fn copies_are_refused_between_stores_that_cannot_share_tables() {
+    let _turn = turn();
     let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let a = open(&bucket, "node-a", None);
     a.db.put(&WriteOptions::default(), &key(G, 1), b"v")
@@ -396,4 +415,218 @@ fn copies_are_refused_between_stores_that_cannot_share_tables() {
         tables_under(&bucket, "node-b").is_empty(),
         "a refused copy stays"
     );
+}
+
+/// An engine whose groups share tables below L0 (`min_group_file_size`) may hold a table
+/// spanning the copied group at a copy's level, where the install could not place the
+/// copy: the copy is refused before raft hears of it (the snapshot is streamed instead).
+#[test]
+fn a_copy_that_would_not_fit_is_refused_before_the_install() {
+    let _turn = turn();
+    let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let a = open(&bucket, "node-a", None);
+    let b = open_with(
+        &bucket,
+        "node-b",
+        None,
+        Options {
+            min_group_file_size: 1 << 30,
+            ..opts()
+        },
+    );
+    let wo = WriteOptions::default();
+    for g in [G - 1, G, G + 1] {
+        for i in 0..20 {
+            b.db.put(&wo, &key(g, i), b"b").unwrap();
+        }
+    }
+    for i in 0..20 {
+        a.db.put(&wo, &key(G, i), b"a").unwrap();
+    }
+    a.db.compact_range(None, None).unwrap();
+    b.db.compact_range(None, None).unwrap();
+    let before = tables_under(&bucket, "node-b");
+    let export = a.db.export_group(G).unwrap();
+    assert!(!export.tables().is_empty());
+    let e =
+        b.db.copy_in_group(G, export.store_id(), export.tables())
+            .unwrap_err();
+    assert!(e.to_string().contains("does not fit"), "{e}");
+    assert_eq!(
+        tables_under(&bucket, "node-b"),
+        before,
+        "a refused copy stays"
+    );
+    b.db.close().unwrap();
+    a.db.close().unwrap();
+}
+
+/// A range deletion over most of the copied tables (a split's cut, a wide DeleteRange
+/// not yet compacted down) travels as a few range tombstones in the rest, not as a
+/// deletion per key; and the copy reads as the snapshot.
+#[test]
+fn a_wide_range_deletion_travels_as_a_range_not_per_key() {
+    let _turn = turn();
+    let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let a = open(&bucket, "node-a", None);
+    let b = open(&bucket, "node-b", None);
+    let wo = WriteOptions::default();
+    for i in 0..3000 {
+        a.db.put(&wo, &key(G, i), format!("a-{i}").as_bytes())
+            .unwrap();
+    }
+    a.db.compact_range(None, None).unwrap();
+    // Two deletions over the copies (the second partly over the first), and a write
+    // back inside each.
+    a.db.delete_range(&wo, &key(G, 10), &key(G, 2000)).unwrap();
+    a.db.put(&wo, &key(G, 500), b"back").unwrap();
+    a.db.delete_range(&wo, &key(G, 1500), &key(G, 2900))
+        .unwrap();
+    a.db.put(&wo, &key(G, 2500), b"back too").unwrap();
+    a.db.put(&wo, &sys_key(G, "applied"), b"a").unwrap();
+
+    let export = a.db.export_group(G).unwrap();
+    assert!(!export.tables().is_empty());
+    let want = group(&a.db, G, Some(export.snapshot()));
+    assert_eq!(want.len(), 10 + 100 + 3, "the snapshot's group");
+    let rest_path = PathBuf::from("/snap/rest.sst");
+    let rest = write_rest(&a.db, &export, &b.fs, &rest_path);
+    assert!(
+        rest <= 8,
+        "the rest holds {rest} entries for 2 range deletions, 2 writes and 1 system key"
+    );
+    let copied =
+        b.db.copy_in_group(G, export.store_id(), export.tables())
+            .unwrap();
+    b.db.replace_group_with_copies(G, copied, &[rest_path])
+        .unwrap();
+    assert!(
+        group(&b.db, G, None) == want,
+        "the copy differs from the snapshot"
+    );
+    b.db.compact_range(None, None).unwrap();
+    assert!(
+        group(&b.db, G, None) == want,
+        "the copy differs after a compaction"
+    );
+    b.db.close().unwrap();
+    a.db.close().unwrap();
+}
+
+/// Copies group `G` of `from` into `to` (export, rest, copy, install).
+fn copy_group(from: &Engine, to: &Engine, rest_path: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let export = from.db.export_group(G).unwrap();
+    let want = group(&from.db, G, Some(export.snapshot()));
+    write_rest(&from.db, &export, &to.fs, rest_path);
+    let copied = to
+        .db
+        .copy_in_group(G, export.store_id(), export.tables())
+        .unwrap();
+    to.db
+        .replace_group_with_copies(G, copied, &[rest_path.to_path_buf()])
+        .unwrap();
+    want
+}
+
+/// Group `G` on `a` (below L0: tables to copy), a newer value of one key in a memtable;
+/// `b` holds older values of the same keys.
+fn two_engines() -> (Engine, Engine) {
+    let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let a = open(&bucket, "node-a", None);
+    let b = open(&bucket, "node-b", None);
+    let wo = WriteOptions::default();
+    for i in 0..50 {
+        a.db.put(&wo, &key(G, i), format!("a-{i}").as_bytes())
+            .unwrap();
+        b.db.put(&wo, &key(G, i), format!("b-{i}").as_bytes())
+            .unwrap();
+    }
+    b.db.put(&wo, &sys_key(G, "applied"), b"b").unwrap();
+    a.db.compact_range(None, None).unwrap();
+    b.db.compact_range(None, None).unwrap();
+    a.db.put(&wo, &key(G, 1), b"a-newest").unwrap();
+    a.db.put(&wo, &sys_key(G, "applied"), b"a").unwrap();
+    (a, b)
+}
+
+/// A write that lands while the export pins its state (here: the memtable flushed, then
+/// a group key overwritten in the new one) is in the copy exactly when the export's
+/// snapshot holds it.
+#[test]
+fn a_write_racing_the_export_travels_iff_its_snapshot_holds_it() {
+    let _turn = turn();
+    let (a, b) = two_engines();
+    let db = Arc::clone(&a.db);
+    let raced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let once = Arc::clone(&raced);
+    fail::cfg_callback("engine::export_group::between", move || {
+        if !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            db.flush().unwrap();
+            db.put(&WriteOptions::default(), &key(G, 7), b"raced")
+                .unwrap();
+        }
+    })
+    .unwrap();
+    let want = copy_group(&a, &b, Path::new("/snap/rest.sst"));
+    fail::remove("engine::export_group::between");
+    assert!(
+        raced.load(std::sync::atomic::Ordering::SeqCst),
+        "no race made"
+    );
+    let got = group(&b.db, G, None);
+    let show = |m: &BTreeMap<Vec<u8>, Vec<u8>>| {
+        m.get(&key(G, 7))
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    assert!(
+        got == want,
+        "the copy differs from the export's snapshot: key 7 is {:?}, the snapshot's {:?}",
+        show(&got),
+        show(&want)
+    );
+    b.db.close().unwrap();
+    a.db.close().unwrap();
+}
+
+/// A reader of the group while the copies are installed sees it as it was or as the
+/// copy made it, never the copies without the rest above them.
+#[test]
+fn a_reader_during_the_install_sees_the_group_before_or_after_it() {
+    let _turn = turn();
+    let (a, b) = two_engines();
+    let before = group(&b.db, G, None);
+    type Seen = Vec<Option<BTreeMap<Vec<u8>, Vec<u8>>>>;
+    let seen: Arc<std::sync::Mutex<Seen>> = Arc::default();
+    let (db, seen2) = (Arc::clone(&b.db), Arc::clone(&seen));
+    fail::cfg_callback("engine::replace_group::published_half", move || {
+        // From another thread: the installer holds the engine's locks here.
+        let db = Arc::clone(&db);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(group(&db, G, None));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10)).ok();
+        seen2.lock().unwrap().push(got);
+    })
+    .unwrap();
+    let want = copy_group(&a, &b, Path::new("/snap/rest.sst"));
+    fail::remove("engine::replace_group::published_half");
+    assert_eq!(group(&b.db, G, None), want);
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert_eq!(seen.len(), 1, "the install passed its failpoint once");
+    for got in seen {
+        let got = got.expect("a reader blocked during the install");
+        assert!(
+            got == before || got == want,
+            "a reader during the install saw {} keys, neither the {} before nor the {} after \
+             (newest key: {:?})",
+            got.len(),
+            before.len(),
+            want.len(),
+            got.get(&key(G, 1))
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        );
+    }
+    b.db.close().unwrap();
+    a.db.close().unwrap();
 }

@@ -18,6 +18,9 @@ pub mod names {
     pub const APPLY_BEFORE_WRITE: &str = "apply_before_write";
     /// Before a received snapshot replaces the group's engine data.
     pub const INSTALL_BEFORE_REPLACE: &str = "install_before_replace";
+    /// Before a received snapshot's tables are copied in on the shared store (a snapshot
+    /// by copy): the copy fails as one the store refuses would.
+    pub const SNAPSHOT_COPY_IN: &str = "snapshot_copy_in";
     /// After the engine holds the snapshot, before the log is reset.
     pub const INSTALL_AFTER_REPLACE: &str = "install_after_replace";
     /// After the log's suffix above the snapshot is gone, before its prefix is.

@@ -305,6 +305,12 @@ struct FileSink<'d> {
     paths: Vec<PathBuf>,
     writer: Option<(SstWriter, PathBuf)>,
     bytes: u64,
+    /// Bytes after which a file is cut ([`FILE_BYTES_TARGET`]).
+    target: u64,
+    /// The range deletion the keys have reached and not passed, not yet written: it
+    /// goes into the file that holds the keys it spans, cut where a file is cut (no two
+    /// files overlap).
+    range: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl<'d> FileSink<'d> {
@@ -319,34 +325,79 @@ impl<'d> FileSink<'d> {
             paths: Vec::new(),
             writer: None,
             bytes: 0,
+            target: FILE_BYTES_TARGET,
+            range: None,
         })
+    }
+
+    fn writer(&mut self) -> phoenix_engine::Result<&mut SstWriter> {
+        let w = match self.writer.take() {
+            Some(w) => w,
+            None => {
+                let p = self.dir.join(format!("{:06}.sst", self.paths.len() + 1));
+                self.bytes = 0;
+                (SstWriter::create(&self.fs, &p, &self.topts)?, p)
+            }
+        };
+        Ok(&mut self.writer.insert(w).0)
+    }
+
+    /// Adds one entry of a group's rest (in key order).
+    fn entry(&mut self, e: phoenix_engine::RestEntry<'_>) -> phoenix_engine::Result<()> {
+        match e {
+            phoenix_engine::RestEntry::Put(k, v) => self.add(k, Some(v)),
+            phoenix_engine::RestEntry::Delete(k) => self.add(k, None),
+            phoenix_engine::RestEntry::DeleteRange(s, e) => {
+                self.write_range()?;
+                self.bytes += (s.len() + e.len()) as u64;
+                self.range = Some((s.to_vec(), e.to_vec()));
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes the pending range deletion into the current file.
+    fn write_range(&mut self) -> phoenix_engine::Result<()> {
+        if let Some((s, e)) = self.range.take() {
+            self.writer()?.delete_range(&s, &e)?;
+        }
+        Ok(())
     }
 
     /// Adds `key` (in order): its value, or a deletion (`None`).
     fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> phoenix_engine::Result<()> {
-        if self.writer.is_none() {
-            let p = self.dir.join(format!("{:06}.sst", self.paths.len() + 1));
-            self.writer = Some((SstWriter::create(&self.fs, &p, &self.topts)?, p));
-            self.bytes = 0;
+        if self
+            .range
+            .as_ref()
+            .is_some_and(|(_, e)| key >= e.as_slice())
+        {
+            self.write_range()?;
         }
-        if let Some((w, _)) = self.writer.as_mut() {
-            match value {
-                Some(v) => w.put(key, v)?,
-                None => w.delete(key)?,
+        if self.bytes >= self.target {
+            // A pending range is cut at `key`: its part below goes in this file.
+            if let Some((s, e)) = self.range.take() {
+                if s.as_slice() < key {
+                    self.writer()?.delete_range(&s, key)?;
+                }
+                self.range = Some((s.max(key.to_vec()), e));
             }
-            self.bytes += (key.len() + value.map_or(0, <[u8]>::len)) as u64;
-        }
-        if self.bytes >= FILE_BYTES_TARGET {
             if let Some((w, p)) = self.writer.take() {
                 w.finish()?;
                 self.paths.push(p);
             }
         }
+        let w = self.writer()?;
+        match value {
+            Some(v) => w.put(key, v)?,
+            None => w.delete(key)?,
+        }
+        self.bytes += (key.len() + value.map_or(0, <[u8]>::len)) as u64;
         Ok(())
     }
 
     /// The files written, with their sizes and crc32c.
     fn finish(mut self) -> crate::Result<Vec<(PathBuf, u64, u32)>> {
+        self.write_range()?;
         if let Some((w, p)) = self.writer.take() {
             w.finish()?;
             self.paths.push(p);
@@ -398,7 +449,7 @@ fn build_rest(
     let mut sink = FileSink::new(dir)?;
     shared
         .engine
-        .write_group_rest(export, &keys::sys_key(g, b""), |k, v| sink.add(k, v))?;
+        .write_group_rest(export, &keys::sys_key(g, b""), |e| sink.entry(e))?;
     sink.finish()
 }
 
@@ -728,12 +779,22 @@ pub async fn receive(
                 size: t.size,
             })
             .collect();
-        let copied =
-            tokio::task::spawn_blocking(move || engine.copy_in_group(g, &store_id, &tables)).await;
+        let node = shared.cfg.node_id;
+        let copied = tokio::task::spawn_blocking(move || {
+            crate::failpoint::check_group(crate::failpoint::names::SNAPSHOT_COPY_IN, node, g)
+                .map_err(|e| e.to_string())?;
+            engine
+                .copy_in_group(g, &store_id, &tables)
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        // A copy that fails (the store refuses it to this node, a table would not fit
+        // here) is answered as one this node cannot take: the leader streams the
+        // snapshot instead, where asking for the copy again would fail again.
         match copied {
             Ok(Ok(c)) => staged.copies = Some(Box::new(c)),
-            Ok(Err(e)) => return refuse(format!("copying the snapshot's tables: {e}")),
-            Err(e) => return refuse(format!("copying the snapshot's tables: {e}")),
+            Ok(Err(e)) => return refuse_copy(format!("copying the snapshot's tables: {e}")),
+            Err(e) => return refuse_copy(format!("copying the snapshot's tables: {e}")),
         }
     }
     let route = proto::Route {
@@ -919,4 +980,65 @@ async fn receive_chunks(
         .and_then(|d| d.sync_all())
         .map_err(|e| format!("syncing {}: {e}", r.dir.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use phoenix_engine::RestEntry;
+
+    fn key(i: u32) -> Vec<u8> {
+        keys::data_key(5, format!("k{i:05}").as_bytes())
+    }
+
+    /// A range deletion spanning many files of a rest is cut with them: the files do
+    /// not overlap, and ingested over older data they delete every older key in the
+    /// range and keep their own.
+    #[test]
+    fn a_range_deletion_is_cut_with_the_files_it_spans() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::LocalFs::new());
+        let db = phoenix_engine::Db::open(
+            Arc::clone(&fs),
+            &tmp.path().join("db"),
+            phoenix_engine::Options::default(),
+        )
+        .unwrap();
+        let wo = phoenix_engine::WriteOptions::default();
+        for i in 0..1000 {
+            db.put(&wo, &key(i), b"old").unwrap();
+        }
+        let dir = tmp.path().join("rest");
+        let mut sink = FileSink::new(&dir).unwrap();
+        sink.target = 2 << 10;
+        let value = vec![b'n'; 100];
+        sink.entry(RestEntry::Put(&key(1), &value)).unwrap();
+        sink.entry(RestEntry::DeleteRange(&key(10), &key(900)))
+            .unwrap();
+        for i in (10..900).step_by(3) {
+            sink.entry(RestEntry::Put(&key(i), &value)).unwrap();
+        }
+        sink.entry(RestEntry::DeleteRange(&key(950), &key(960)))
+            .unwrap();
+        sink.entry(RestEntry::Delete(&key(990))).unwrap();
+        let files = sink.finish().unwrap();
+        assert!(files.len() > 10, "{} files", files.len());
+        let paths: Vec<PathBuf> = files.into_iter().map(|(p, _, _)| p).collect();
+        phoenix_engine::check_group_files(&fs, 5, &paths).unwrap();
+        db.ingest(&paths).unwrap();
+        let ro = ReadOptions::default();
+        for i in 0..1000 {
+            let got = db.get(&ro, &key(i)).unwrap();
+            let want: Option<&[u8]> = if i == 1 || ((10..900).contains(&i) && (i - 10) % 3 == 0) {
+                Some(&value)
+            } else if (10..900).contains(&i) || (950..960).contains(&i) || i == 990 {
+                None
+            } else {
+                Some(b"old")
+            };
+            assert_eq!(got.as_deref(), want, "key {i}");
+        }
+        db.close().unwrap();
+    }
 }

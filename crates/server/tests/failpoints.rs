@@ -366,6 +366,44 @@ async fn a_snapshot_installed_by_copy_survives_a_failure_at_every_step_on_minio(
     .await;
 }
 
+/// A follower whose copy of the leader's tables fails (the store refuses it to that
+/// node: another server behind the same name, credentials for its own prefix alone) is
+/// rebuilt all the same, by streaming, while the copy keeps failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs minio"]
+async fn a_follower_whose_copy_fails_is_rebuilt_by_streaming_on_minio() {
+    let minio = tokio::task::spawn_blocking(minio_server::Minio::start)
+        .await
+        .unwrap();
+    let _turn = TURN.lock().await;
+    let scenario = fail::FailScenario::setup();
+    let mut c = Cluster::start_on(Vec::new(), phoenix_server::DropMode::Files, Some(&minio));
+    let route = wait_route(&c.addrs).await;
+    let follower = (route.leader_node_id as usize) % 3;
+    let fnode = follower as u64 + 1;
+    let mut want = Vec::new();
+    put_all(&c, &route, 0, 20, &mut want).await;
+    c.stop(follower).await;
+    put_all(&c, &route, 20, 400, &mut want).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    fail::cfg(names::SNAPSHOT_COPY_IN, &format!("return({fnode})")).unwrap();
+    c.restart(follower);
+    c.wait_caught_up(route.group_id, fnode).await;
+    let mut streamed = 0.0;
+    for m in &c.metrics {
+        let (_, text) = http_get(m, "/metrics").await;
+        streamed +=
+            sample(&text, "phoenix_snapshot_bytes_total", "how=\"streamed\"").unwrap_or(0.0);
+    }
+    assert!(streamed > 0.0, "no snapshot was streamed");
+    fail::remove(names::SNAPSHOT_COPY_IN);
+    let dir = c.dir.path().to_path_buf();
+    let store = c.sst_stores.get(follower).cloned();
+    c.stop_all().await;
+    check_engine_on(&dir, follower, store.as_deref(), route.group_id, &want);
+    scenario.teardown();
+}
+
 async fn install_failures(steps: &[&str]) {
     install_failures_with(steps, phoenix_server::DropMode::Files).await
 }

@@ -16,7 +16,7 @@
 //! engine closes: their numbers may be a reopened engine's); after a crash the next open
 //! removes them as not in the manifest.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering as AtOrd;
 use std::sync::Arc;
@@ -31,6 +31,19 @@ use crate::range_del::Fragments;
 use crate::table::{Readahead, Table};
 use crate::version_edit::FileMeta;
 use crate::DbIterator;
+
+/// One entry of a group's rest ([`Db::write_group_rest`]), in key order (a range at its
+/// start, before the keys inside it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestEntry<'a> {
+    /// The key holds the value.
+    Put(&'a [u8], &'a [u8]),
+    /// The key is deleted.
+    Delete(&'a [u8]),
+    /// Every copied key in `[start, end)` is deleted: the rest's own entries there stay
+    /// (a range tombstone at the rest's sequence, which hides only older entries).
+    DeleteRange(&'a [u8], &'a [u8]),
+}
 
 /// One table of an exported group, as another engine copies it in.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,12 +182,16 @@ impl Db {
                 inner.store.location().display()
             ))
         })?;
-        // The view first, then the sequence: every entry of the view's tables is then at
-        // or below the snapshot. (An ingest publishes its files just before its sequence;
-        // a table above the snapshot is met only then: taken again.)
+        // The snapshot first, then the view: every entry at or below the snapshot is in
+        // the view (a write's sequence is published once a memtable holds it, and a
+        // flush or compaction publishes its output before its inputs leave), where
+        // `write_group_rest` finds it. A table to copy that holds entries past the
+        // snapshot (written and compacted down since) would carry them along: taken
+        // again.
         for _ in 0..8 {
-            let view = inner.view()?;
             let snapshot = self.snapshot();
+            fail::fail_point!("engine::export_group::between");
+            let view = inner.view()?;
             let mut files = Vec::new();
             let mut tables = Vec::new();
             let mut ahead = false;
@@ -218,18 +235,20 @@ impl Db {
     }
 
     /// Writes out, in key order, what `export`'s snapshot shows of its group that its
-    /// tables alone do not: `out(key, Some(value))` for a key whose value differs (or
-    /// that they lack), `out(key, None)` for a key they hold and the snapshot does not.
-    /// Every key at or past `always_from` in the group goes out whatever the tables hold
-    /// (a caller's system keys, which it reads back from the rest alone). Installed above
-    /// the tables, the rest makes the group read exactly as the snapshot. Reads the
-    /// tables only where something else holds the same keys. Returns how many entries
-    /// went out.
+    /// tables alone do not: [`RestEntry::Put`] for a key whose value differs (or that
+    /// they lack), [`RestEntry::Delete`] for a key they hold and the snapshot does not,
+    /// [`RestEntry::DeleteRange`] where a range deletion of another source hides copied
+    /// keys (with a put of each key the snapshot shows there). Every key at or past
+    /// `always_from` in the group goes out whatever the tables hold (a caller's system
+    /// keys, which it reads back from the rest alone). Installed above the tables, the
+    /// rest makes the group read exactly as the snapshot. Reads the tables only where
+    /// something else holds the same keys; holds one key at a time, not the keys it
+    /// found. Returns how many entries went out.
     pub fn write_group_rest(
         &self,
         export: &GroupExport,
         always_from: &[u8],
-        mut out: impl FnMut(&[u8], Option<&[u8]>) -> Result<()>,
+        mut out: impl FnMut(RestEntry<'_>) -> Result<()>,
     ) -> Result<u64> {
         let _background = crate::io_class::Background::enter();
         let inner = &self.inner;
@@ -290,9 +309,10 @@ impl Db {
         let mut all = self.iter(&ro)?;
         let past = |k: &[u8]| hi.as_deref().is_some_and(|h| k >= h);
 
-        // Candidates the other sources do not name: copied keys under their range
-        // tombstones, and the keys that always go out. (Few: collected.)
-        let mut extra: BTreeSet<Vec<u8>> = BTreeSet::new();
+        // The others' range tombstones over copied keys go out as ranges (clipped to the
+        // group, adjacent pieces joined, only where a copied key shows): installed above
+        // the copies they hide every copied key in them, and each key the snapshot shows
+        // there goes out again as a put.
         let clipped: Vec<_> = tombstones
             .iter()
             .filter(|t| t.end.as_slice() > lo.as_slice() && !past(&t.start))
@@ -305,54 +325,83 @@ impl Db {
                 seq: t.seq,
             })
             .collect();
+        let mut ranges: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         for frag in Fragments::new(&clipped, seq).fragments() {
-            copies.seek(&frag.start);
-            while copies.valid() && copies.key() < frag.end.as_slice() {
-                extra.insert(copies.key().to_vec());
-                copies.next();
+            match ranges.last_mut() {
+                Some(last) if last.1 == frag.start => last.1.clone_from(&frag.end),
+                _ => ranges.push((frag.start.clone(), frag.end.clone())),
             }
+        }
+        let mut holding = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            copies.seek(&r.0);
+            let holds = copies.valid() && copies.key() < r.1.as_slice();
             copies.status()?;
+            if holds {
+                holding.push(r);
+            }
         }
-        all.seek(always_from.max(lo.as_slice()));
-        while all.valid() {
-            extra.insert(all.key().to_vec());
-            all.next();
-        }
-        all.status()?;
+        let ranges = holding;
+        let in_range = |k: &[u8]| {
+            let i = ranges.partition_point(|(s, _)| s.as_slice() <= k);
+            i > 0 && k < ranges[i - 1].1.as_slice()
+        };
+        // Keys the other sources do not name but that must go out all the same: what the
+        // snapshot shows under those ranges, and every key from `always_from`. Scanned
+        // in order with the other sources, not collected.
+        let mut scanned: Vec<(Vec<u8>, Option<Vec<u8>>)> = ranges
+            .iter()
+            .map(|(s, e)| (s.clone(), Some(e.clone())))
+            .collect();
+        scanned.push((always_from.max(lo.as_slice()).to_vec(), None));
+        scanned.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut extra = Scan::new(self.iter(&ro)?, join(scanned))?;
 
         others.seek(&internal_key(&lo, MAX_SEQUENCE, ValueKind::RangeDelete));
-        let mut extra = extra.into_iter().peekable();
+        let mut next_range = 0;
         let mut written = 0u64;
         loop {
             let named = (others.valid() && !past(user_key(others.key())))
                 .then(|| user_key(others.key()).to_vec());
             let key = match (named, extra.peek()) {
                 (None, None) => break,
-                (Some(a), Some(b)) if b < &a => extra.next(),
-                (Some(a), Some(b)) if *b == a => {
-                    extra.next();
-                    Some(a)
-                }
-                (Some(a), _) => Some(a),
-                (None, Some(_)) => extra.next(),
+                (Some(a), Some(b)) if b < a.as_slice() => b.to_vec(),
+                (Some(a), _) => a,
+                (None, Some(b)) => b.to_vec(),
             };
-            let Some(key) = key else { break };
-            // Past every version of this key in the other sources.
+            // Past every version of this key in the other sources, and in the scan.
             while others.valid() && user_key(others.key()) == key.as_slice() {
                 others.next();
             }
+            if extra.peek() == Some(key.as_slice()) {
+                extra.advance()?;
+            }
+            // Ranges in key order with the keys: each before the keys inside it.
+            while let Some((s, e)) = ranges.get(next_range).filter(|(s, _)| *s <= key) {
+                out(RestEntry::DeleteRange(s, e))?;
+                written += 1;
+                next_range += 1;
+            }
             let want = value_at(&mut all, &key)?;
-            let have = value_at(&mut copies, &key)?;
+            let have = if in_range(&key) {
+                None
+            } else {
+                value_at(&mut copies, &key)?
+            };
             if want != have || key.as_slice() >= always_from {
                 match &want {
-                    Some(v) => out(&key, Some(v))?,
-                    None if have.is_some() => out(&key, None)?,
+                    Some(v) => out(RestEntry::Put(&key, v))?,
+                    None if have.is_some() => out(RestEntry::Delete(&key))?,
                     None => continue,
                 }
                 written += 1;
             }
         }
         others.status()?;
+        for (s, e) in &ranges[next_range..] {
+            out(RestEntry::DeleteRange(s, e))?;
+            written += 1;
+        }
         Ok(written)
     }
 
@@ -498,6 +547,29 @@ impl Db {
                 )));
             }
         }
+        // Each copy needs room at its level once the group's own tables leave it. A
+        // table there that holds other groups too (groups sharing tables, with a
+        // positive `min_group_file_size`) and spans the copy's keys stays, and the
+        // install could not place the copy: refused now, while the snapshot can still
+        // be sent another way. (Groups never share tables below L0 otherwise.)
+        let version = inner.state.lock().vset.current();
+        for (level, f) in &copied.files {
+            let (lo, hi) = (f.smallest_user_key(), f.largest_user_key());
+            if let Some(o) = version
+                .files(*level)
+                .iter()
+                .find(|o| (o.min_group != g || o.max_group != g) && o.overlaps_exactly(lo, hi))
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "group {g}: a copied table does not fit in level {level} of {}, where \
+                     table {} holds groups {}..={}",
+                    inner.store.location().display(),
+                    o.number,
+                    o.min_group,
+                    o.max_group
+                )));
+            }
+        }
         Ok(copied)
     }
 
@@ -521,6 +593,68 @@ impl Db {
             )));
         }
         self.inner.replace_group_with(g, rest, Some(copied))
+    }
+}
+
+/// Sorted ranges `[start, end)` (`None`: to the end) joined where they overlap or touch.
+fn join(sorted: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    let mut out: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(sorted.len());
+    for (s, e) in sorted {
+        if let Some((_, last)) = out.last_mut() {
+            if last.as_ref().is_none_or(|l| s <= *l) {
+                *last = match (last.take(), e) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+                continue;
+            }
+        }
+        out.push((s, e));
+    }
+    out
+}
+
+/// The keys an iterator shows inside sorted, disjoint ranges, in order.
+struct Scan {
+    it: DbIterator,
+    ranges: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    at: usize,
+}
+
+impl Scan {
+    fn new(mut it: DbIterator, ranges: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<Scan> {
+        if let Some((s, _)) = ranges.first() {
+            it.seek(s);
+        }
+        let mut scan = Scan { it, ranges, at: 0 };
+        scan.settle()?;
+        Ok(scan)
+    }
+
+    /// Moves to the first key at or past the iterator's that lies in a range.
+    fn settle(&mut self) -> Result<()> {
+        while self.it.valid() {
+            let Some((s, e)) = self.ranges.get(self.at) else {
+                break;
+            };
+            if self.it.key() < s.as_slice() {
+                self.it.seek(s);
+            } else if e.as_ref().is_some_and(|e| self.it.key() >= e.as_slice()) {
+                self.at += 1;
+            } else {
+                break;
+            }
+        }
+        self.it.status()
+    }
+
+    fn peek(&self) -> Option<&[u8]> {
+        (self.at < self.ranges.len() && self.it.valid()).then(|| self.it.key())
+    }
+
+    fn advance(&mut self) -> Result<()> {
+        self.it.next();
+        self.settle()
     }
 }
 
