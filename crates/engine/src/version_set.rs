@@ -109,6 +109,9 @@ pub struct VersionSet {
     live: Vec<Weak<Version>>,
     /// Files removed from the current version, deleted once no live version holds them.
     pending_deletes: Vec<u64>,
+    /// Files kept whatever the versions hold (an export's tables, until copied), with
+    /// how many hold each.
+    pinned: std::collections::HashMap<u64, usize>,
     /// A manifest write failed (why): the in-memory and on-disk states may differ, so
     /// no further edits are accepted.
     broken: Option<String>,
@@ -154,6 +157,7 @@ impl VersionSet {
             log_number: 0,
             live: Vec::new(),
             pending_deletes: Vec::new(),
+            pinned: std::collections::HashMap::new(),
             broken: None,
             stale: None,
             fenced: None,
@@ -521,6 +525,27 @@ impl VersionSet {
 
     /// Deletes the files removed by earlier edits that no live version holds any more;
     /// returns their numbers (for the table cache to forget).
+    /// Keeps files `numbers` (each live in the current or a held version now) until
+    /// [`VersionSet::unpin`], whatever the versions hold then.
+    pub fn pin(&mut self, numbers: &[u64]) {
+        for &n in numbers {
+            *self.pinned.entry(n).or_insert(0) += 1;
+        }
+    }
+
+    /// Lets files `numbers` go again (once per [`VersionSet::pin`]); the caller then
+    /// deletes what no version holds ([`VersionSet::delete_obsolete_files`]).
+    pub fn unpin(&mut self, numbers: &[u64]) {
+        for n in numbers {
+            if let Some(c) = self.pinned.get_mut(n) {
+                *c -= 1;
+                if *c == 0 {
+                    self.pinned.remove(n);
+                }
+            }
+        }
+    }
+
     pub fn delete_obsolete_files(&mut self) -> Vec<u64> {
         let mut deleted = Vec::new();
         if self.pending_deletes.is_empty() {
@@ -529,6 +554,7 @@ impl VersionSet {
         self.live.retain(|w| w.strong_count() > 0);
         let mut held = std::collections::HashSet::new();
         held.extend(self.current.live_files());
+        held.extend(self.pinned.keys().copied());
         for w in &self.live {
             if let Some(v) = w.upgrade() {
                 held.extend(v.live_files());

@@ -137,7 +137,7 @@ fn churn(rng: &mut ChaCha8Rng, db: &Db, ops: usize, tag: &str) {
 
 fn write_rest(
     source: &Db,
-    export: &phoenix_engine::GroupExport,
+    export: &mut phoenix_engine::GroupExport,
     fs: &SharedFs,
     path: &Path,
 ) -> u64 {
@@ -171,12 +171,12 @@ fn run(seed: u64) {
         .map(|&g| group(&b.db, g, None))
         .collect();
 
-    let export = a.db.export_group(G).unwrap();
+    let mut export = a.db.export_group(G).unwrap();
     let want = group(&a.db, G, Some(export.snapshot()));
     // Writes after the export are not the snapshot's: they must not travel.
     churn(&mut rng, &a.db, 500, "late");
     let rest_path = PathBuf::from("/snap/rest.sst");
-    let rest = write_rest(&a.db, &export, &b.fs, &rest_path);
+    let rest = write_rest(&a.db, &mut export, &b.fs, &rest_path);
     assert!(
         !export.tables().is_empty() || !compacted,
         "seed {seed}: a compacted group exports no table"
@@ -485,12 +485,12 @@ fn a_wide_range_deletion_travels_as_a_range_not_per_key() {
     a.db.put(&wo, &key(G, 2500), b"back too").unwrap();
     a.db.put(&wo, &sys_key(G, "applied"), b"a").unwrap();
 
-    let export = a.db.export_group(G).unwrap();
+    let mut export = a.db.export_group(G).unwrap();
     assert!(!export.tables().is_empty());
     let want = group(&a.db, G, Some(export.snapshot()));
     assert_eq!(want.len(), 10 + 100 + 3, "the snapshot's group");
     let rest_path = PathBuf::from("/snap/rest.sst");
-    let rest = write_rest(&a.db, &export, &b.fs, &rest_path);
+    let rest = write_rest(&a.db, &mut export, &b.fs, &rest_path);
     assert!(
         rest <= 8,
         "the rest holds {rest} entries for 2 range deletions, 2 writes and 1 system key"
@@ -513,11 +513,64 @@ fn a_wide_range_deletion_travels_as_a_range_not_per_key() {
     a.db.close().unwrap();
 }
 
+/// Once the rest is written, an export keeps its tables on the store and nothing else:
+/// the tables compactions replace meanwhile (the copies can take minutes) are deleted
+/// as usual; the copied ones stay until the export goes.
+#[test]
+fn an_export_keeps_only_its_tables_once_the_rest_is_written() {
+    let _turn = turn();
+    let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let a = open(&bucket, "node-a", None);
+    let b = open(&bucket, "node-b", None);
+    let wo = WriteOptions::default();
+    for i in 0..400 {
+        a.db.put(&wo, &key(G, i), format!("a-{i}").as_bytes())
+            .unwrap();
+        a.db.put(&wo, &key(G + 1, i), b"next").unwrap();
+    }
+    a.db.put(&wo, &sys_key(G, "applied"), b"a").unwrap();
+    a.db.compact_range(None, None).unwrap();
+    // Tables of other groups in L0 and below when the export is taken.
+    a.db.put(&wo, &key(G - 1, 0), b"other").unwrap();
+    a.db.flush().unwrap();
+    let mut export = a.db.export_group(G).unwrap();
+    let rest_path = PathBuf::from("/snap/rest.sst");
+    write_rest(&a.db, &mut export, &b.fs, &rest_path);
+    // Every group is rewritten: the tables of the export's time leave the version.
+    for i in 0..400 {
+        a.db.put(&wo, &key(G, i), b"later").unwrap();
+        a.db.put(&wo, &key(G - 1, i), b"other").unwrap();
+        a.db.put(&wo, &key(G + 1, i), b"next, later").unwrap();
+    }
+    a.db.flush().unwrap();
+    a.db.compact_range(None, None).unwrap();
+    let live: usize = a.db.stats().levels.iter().map(|l| l.files).sum();
+    let stored = tables_under(&bucket, "node-a").len();
+    assert_eq!(
+        stored,
+        live + export.tables().len(),
+        "tables on the store: the live ones and the export's"
+    );
+    let copied =
+        b.db.copy_in_group(G, export.store_id(), export.tables())
+            .unwrap();
+    b.db.replace_group_with_copies(G, copied, &[rest_path])
+        .unwrap();
+    drop(export);
+    assert_eq!(
+        tables_under(&bucket, "node-a").len(),
+        live,
+        "the export's tables stay once it is gone"
+    );
+    b.db.close().unwrap();
+    a.db.close().unwrap();
+}
+
 /// Copies group `G` of `from` into `to` (export, rest, copy, install).
 fn copy_group(from: &Engine, to: &Engine, rest_path: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    let export = from.db.export_group(G).unwrap();
+    let mut export = from.db.export_group(G).unwrap();
     let want = group(&from.db, G, Some(export.snapshot()));
-    write_rest(&from.db, &export, &to.fs, rest_path);
+    write_rest(&from.db, &mut export, &to.fs, rest_path);
     let copied = to
         .db
         .copy_in_group(G, export.store_id(), export.tables())

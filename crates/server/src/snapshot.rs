@@ -270,10 +270,11 @@ fn build_and_send(
     dir: &Path,
 ) -> Result<(), String> {
     let rt = shared.runtime.clone();
-    if let Source::Export(export) = &source {
+    let mut source = source;
+    if let Source::Export(export) = &mut source {
         let files = build_rest(shared, g, export, dir)
             .map_err(|e| format!("building the snapshot's rest: {e}"))?;
-        match rt.block_on(send_files(shared, g, route, msg, &files, Some(export))) {
+        match rt.block_on(send_files(shared, g, route, msg, &files, Some(&*export))) {
             Ok(()) => {
                 shared.metrics.snapshot_bytes("copied", export.bytes());
                 return Ok(());
@@ -443,7 +444,7 @@ fn build_files(
 fn build_rest(
     shared: &Shared,
     g: u64,
-    export: &phoenix_engine::GroupExport,
+    export: &mut phoenix_engine::GroupExport,
     dir: &Path,
 ) -> crate::Result<Vec<(PathBuf, u64, u32)>> {
     let mut sink = FileSink::new(dir)?;

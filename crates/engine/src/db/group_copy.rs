@@ -64,8 +64,29 @@ pub struct GroupExport {
     store_id: String,
     files: Vec<(usize, Arc<FileMeta>)>,
     tables: Vec<SharedTable>,
-    /// Pins the files (and the memtables the rest is read from).
-    view: Arc<View>,
+    /// The state the rest is read from (memtables, every table), until it is written.
+    view: Option<Arc<View>>,
+    /// Keeps the tables to copy on the store.
+    _pins: Pins,
+}
+
+/// Tables kept on the store whatever compactions do, while it lives.
+struct Pins {
+    inner: Arc<Inner>,
+    numbers: Vec<u64>,
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let mut st = self.inner.state.lock();
+        st.vset.unpin(&self.numbers);
+        // (Once the engine closed, what is left is the next open's to remove.)
+        if !st.closed {
+            for n in st.vset.delete_obsolete_files() {
+                self.inner.tables.evict(n);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for GroupExport {
@@ -220,13 +241,21 @@ impl Db {
                 std::thread::yield_now();
                 continue;
             }
+            let numbers: Vec<u64> = files.iter().map(|(_, f)| f.number).collect();
+            // (The view holds them until pinned.)
+            inner.state.lock().vset.pin(&numbers);
+            let pins = Pins {
+                inner: Arc::clone(inner),
+                numbers,
+            };
             return Ok(GroupExport {
                 group: g,
                 snapshot,
                 store_id,
                 files,
                 tables,
-                view,
+                view: Some(view),
+                _pins: pins,
             });
         }
         Err(Error::Background(format!(
@@ -246,7 +275,7 @@ impl Db {
     /// found. Returns how many entries went out.
     pub fn write_group_rest(
         &self,
-        export: &GroupExport,
+        export: &mut GroupExport,
         always_from: &[u8],
         mut out: impl FnMut(RestEntry<'_>) -> Result<()>,
     ) -> Result<u64> {
@@ -256,7 +285,12 @@ impl Db {
         let (lo, hi) = group_range(g);
         let seq = export.snapshot.sequence();
         let copied: HashSet<u64> = export.files.iter().map(|(_, f)| f.number).collect();
-        let view = &export.view;
+        // Taken: once the rest is out the export holds its tables alone, not every
+        // memtable and table of the engine while the copies are made.
+        let view = export.view.take().ok_or_else(|| {
+            Error::InvalidArgument(format!("group {g}: the export's rest was written already"))
+        })?;
+        let export = &*export;
         let last_of_group = {
             let mut k = lo.clone();
             k.extend_from_slice(&[0xff; crate::options::KEY_LEN_MAX]);
@@ -298,7 +332,7 @@ impl Db {
         }
         let mut others = MergingIterator::new(children);
         // The snapshot through the tables alone, and through everything.
-        let mut copies = self.iter_over(export)?;
+        let mut copies = self.iter_over(export, &view)?;
         let ro = ReadOptions {
             snapshot: Some(&export.snapshot),
             lower_bound: Some(lo.clone()),
@@ -406,7 +440,7 @@ impl Db {
     }
 
     /// An iterator over the export's tables alone, at its snapshot, within its group.
-    fn iter_over(&self, export: &GroupExport) -> Result<DbIterator> {
+    fn iter_over(&self, export: &GroupExport, view: &Arc<View>) -> Result<DbIterator> {
         let inner = &self.inner;
         let (lo, hi) = group_range(export.group);
         let mut children: Vec<BoxIter> = Vec::new();
@@ -431,7 +465,7 @@ impl Db {
             }
         }
         let seq = export.snapshot.sequence();
-        let pin: Arc<dyn std::any::Any + Send + Sync> = export.view.clone();
+        let pin: Arc<dyn std::any::Any + Send + Sync> = view.clone();
         Ok(DbIterator::new(
             MergingIterator::new(children),
             seq,
