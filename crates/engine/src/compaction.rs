@@ -274,19 +274,11 @@ pub struct Env<'a> {
 }
 
 pub(crate) fn meta_from(number: u64, summary: &crate::table::TableSummary) -> Arc<FileMeta> {
-    let p = &summary.properties;
-    Arc::new(FileMeta {
+    Arc::new(FileMeta::from_properties(
         number,
-        size: summary.file_size,
-        smallest: p.smallest_key.clone(),
-        largest: p.largest_key.clone(),
-        smallest_seq: p.smallest_seq,
-        largest_seq: p.largest_seq,
-        min_group: p.min_group,
-        max_group: p.max_group,
-        num_entries: p.num_entries + p.num_range_deletions,
-        num_range_deletions: p.num_range_deletions,
-    })
+        summary.file_size,
+        &summary.properties,
+    ))
 }
 
 /// Writes an L0 table with everything in `mem`; `None` if the memtable is empty.

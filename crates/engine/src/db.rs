@@ -2451,17 +2451,11 @@ fn prepare_ingest(fs: &SharedFs, paths: &[PathBuf]) -> Result<Vec<Prepared>> {
                 path.display()
             )));
         }
+        // (Sequence 0 throughout: `validate_ingest_table` checked every entry.)
         let meta = Arc::new(FileMeta {
-            number: 0,
-            size,
-            smallest: p.smallest_key.clone(),
-            largest: p.largest_key.clone(),
             smallest_seq: 0,
             largest_seq: 0,
-            min_group: p.min_group,
-            max_group: p.max_group,
-            num_entries: p.num_entries + p.num_range_deletions,
-            num_range_deletions: p.num_range_deletions,
+            ..FileMeta::from_properties(0, size, p)
         });
         prepared.push(Prepared {
             path: path.clone(),

@@ -65,6 +65,22 @@ pub struct FileMeta {
 }
 
 impl FileMeta {
+    /// The meta of table `number` of `size` bytes, from its properties.
+    pub fn from_properties(number: u64, size: u64, p: &crate::table::TableProperties) -> FileMeta {
+        FileMeta {
+            number,
+            size,
+            smallest: p.smallest_key.clone(),
+            largest: p.largest_key.clone(),
+            smallest_seq: p.smallest_seq,
+            largest_seq: p.largest_seq,
+            min_group: p.min_group,
+            max_group: p.max_group,
+            num_entries: p.num_entries + p.num_range_deletions,
+            num_range_deletions: p.num_range_deletions,
+        }
+    }
+
     /// The smallest user key.
     pub fn smallest_user_key(&self) -> &[u8] {
         crate::key::user_key(&self.smallest)

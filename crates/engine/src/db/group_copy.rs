@@ -319,16 +319,7 @@ impl Db {
                 .filter(|f| !copied.contains(&f.number) && holds(f))
                 .cloned()
                 .collect();
-            for f in files.iter().filter(|f| f.num_range_deletions > 0) {
-                tombstones
-                    .extend_from_slice(inner.tables.get(f.number, f.size)?.range_tombstones());
-            }
-            if !files.is_empty() {
-                children.push(Box::new(
-                    LevelIter::new(Arc::clone(&inner.tables), Arc::new(files), false)
-                        .with_readahead(readahead),
-                ));
-            }
+            inner.add_level(files, readahead, &mut children, &mut tombstones)?;
         }
         let mut others = MergingIterator::new(children);
         // The snapshot through the tables alone, and through everything.
@@ -453,16 +444,7 @@ impl Db {
                 .filter(|(l, _)| *l == level)
                 .map(|(_, f)| Arc::clone(f))
                 .collect();
-            for f in files.iter().filter(|f| f.num_range_deletions > 0) {
-                tombstones
-                    .extend_from_slice(inner.tables.get(f.number, f.size)?.range_tombstones());
-            }
-            if !files.is_empty() {
-                children.push(Box::new(
-                    LevelIter::new(Arc::clone(&inner.tables), Arc::new(files), false)
-                        .with_readahead(Readahead::Off),
-                ));
-            }
+            inner.add_level(files, Readahead::Off, &mut children, &mut tombstones)?;
         }
         let seq = export.snapshot.sequence();
         let pin: Arc<dyn std::any::Any + Send + Sync> = view.clone();
@@ -553,18 +535,7 @@ impl Db {
             }
             copied.files.push((
                 level,
-                Arc::new(FileMeta {
-                    number,
-                    size: t.size,
-                    smallest: p.smallest_key.clone(),
-                    largest: p.largest_key.clone(),
-                    smallest_seq: p.smallest_seq,
-                    largest_seq: p.largest_seq,
-                    min_group: p.min_group,
-                    max_group: p.max_group,
-                    num_entries: p.num_entries + p.num_range_deletions,
-                    num_range_deletions: p.num_range_deletions,
-                }),
+                Arc::new(FileMeta::from_properties(number, t.size, p)),
             ));
             copied.partial = None;
         }
@@ -701,6 +672,27 @@ fn value_at(it: &mut DbIterator, key: &[u8]) -> Result<Option<Vec<u8>>> {
 }
 
 impl Inner {
+    /// Adds one level's `files` (not overlapping) as a source: an iterator to
+    /// `children`, their range tombstones to `tombstones`.
+    fn add_level(
+        &self,
+        files: Vec<Arc<FileMeta>>,
+        readahead: Readahead,
+        children: &mut Vec<BoxIter>,
+        tombstones: &mut Vec<crate::key::RangeTombstone>,
+    ) -> Result<()> {
+        for f in files.iter().filter(|f| f.num_range_deletions > 0) {
+            tombstones.extend_from_slice(self.tables.get(f.number, f.size)?.range_tombstones());
+        }
+        if !files.is_empty() {
+            children.push(Box::new(
+                LevelIter::new(Arc::clone(&self.tables), Arc::new(files), false)
+                    .with_readahead(readahead),
+            ));
+        }
+        Ok(())
+    }
+
     /// Places copies at their levels in `version` (what is left once the group's files
     /// are gone): none may overlap a file staying there.
     pub(super) fn place_copies(
