@@ -458,6 +458,61 @@ fn the_redis_port_asks_for_the_password_in_its_file() {
     ask(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n", "+OK");
 }
 
+/// `playground --shared-storage`: the nodes keep their tables on a MinIO the playground
+/// started (each node's objects under its prefix in MinIO's data directory) and serve as
+/// usual; the same data directory is refused without the flag, before anything starts.
+#[test]
+#[ignore = "needs minio"]
+fn a_shared_storage_playground_keeps_its_tables_on_minio() {
+    let pg = Playground::launch(&["--shared-storage"], &[]);
+    let shared = &pg.ready["shared_storage"];
+    let data = std::path::PathBuf::from(
+        shared["data"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{shared}")),
+    );
+    for i in 0..50 {
+        let put = pg.run(&["put", &format!("shared-{i:02}"), "on minio"]);
+        assert_eq!(put.status.code(), Some(0), "{}", stderr(&put));
+    }
+    let get = pg.run(&["get", "shared-07"]);
+    assert_eq!(get.status.code(), Some(0), "{}", stderr(&get));
+    assert_eq!(String::from_utf8_lossy(&get.stdout).trim(), "on minio");
+    for n in 1..=3 {
+        let prefix = data.join("phoenix/cluster").join(format!("node-{n}"));
+        let objects = std::fs::read_dir(&prefix).map(|d| d.count()).unwrap_or(0);
+        assert!(
+            objects > 0,
+            "node {n} has no objects under {}",
+            prefix.display()
+        );
+        assert!(
+            !pg.dir
+                .path()
+                .join(format!("data/node-{n}/db/MANIFEST"))
+                .exists()
+                && !pg
+                    .dir
+                    .path()
+                    .join(format!("data/node-{n}/db/CURRENT"))
+                    .exists(),
+            "node {n} keeps a manifest on local disk"
+        );
+    }
+    let local = Command::new(PHOENIX)
+        .args(["playground", "--base-port", "0", "--data-dir"])
+        .arg(pg.dir.path().join("data"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(local.status.code(), Some(4), "{}", stderr(&local));
+    assert!(
+        stderr(&local).contains("start it with --shared-storage"),
+        "{}",
+        stderr(&local)
+    );
+}
+
 /// `playground --tls`: every port speaks TLS and asks for the token it made. The CLI
 /// gets in with the CA and the token (flags or environment) or with the client
 /// certificate, and is refused without them, with a message saying what is missing.

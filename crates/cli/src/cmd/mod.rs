@@ -3,6 +3,7 @@
 pub mod client;
 pub mod cluster;
 pub mod local_tls;
+pub mod minio;
 pub mod playground;
 pub mod server;
 

@@ -20,6 +20,7 @@ use phoenix_client::routing::Route;
 use phoenix_client::{Client, ClientOptions};
 
 use super::local_tls::LocalTls;
+use super::minio::Minio;
 use super::BoxError;
 use crate::output::{self, Report};
 
@@ -45,6 +46,15 @@ pub struct Args {
     /// ready message says how to connect.
     #[arg(long)]
     pub tls: bool,
+    /// Keep every node's tables on a MinIO server the playground starts on loopback
+    /// (data in <data-dir>/minio; the logs stay on local disk). A data directory keeps
+    /// the storage it was made with.
+    #[arg(long = "shared-storage")]
+    pub shared_storage: bool,
+    /// The MinIO binary for --shared-storage (default: `minio` on the PATH, else
+    /// ~/go/bin/minio).
+    #[arg(long = "minio", env = "PHOENIX_MINIO", value_name = "PATH")]
+    pub minio: Option<PathBuf>,
 }
 
 /// Number of nodes of a local cluster: the meta group needs three.
@@ -73,6 +83,8 @@ pub struct ClusterSpec {
     /// Keep every node's tables on an S3 server: node N's `--sst-store` is this URL
     /// with `/node-N` added to its prefix ([`node_sst_store`]).
     pub sst_store: Option<String>,
+    /// Environment every server gets (the table store's credentials).
+    pub env: Vec<(String, String)>,
 }
 
 /// Node `id`'s table store URL under `base` (`s3://bucket/prefix?settings`): the prefix
@@ -123,6 +135,7 @@ impl ClusterSpec {
             status_pages: false,
             tls: None,
             sst_store: None,
+            env: Vec::new(),
         })
     }
 
@@ -140,6 +153,7 @@ impl ClusterSpec {
             status_pages: false,
             tls: None,
             sst_store: None,
+            env: Vec::new(),
         })
     }
 
@@ -279,6 +293,8 @@ pub struct Proc {
     /// The command line it was started with (for [`Proc::restart`]).
     program: std::ffi::OsString,
     args: Vec<std::ffi::OsString>,
+    /// The environment it was given (set, or removed: `None`).
+    envs: Vec<(std::ffi::OsString, Option<std::ffi::OsString>)>,
 }
 
 impl Proc {
@@ -300,6 +316,10 @@ impl Proc {
             child: Some(child),
             program: cmd.get_program().to_os_string(),
             args: cmd.get_args().map(|a| a.to_os_string()).collect(),
+            envs: cmd
+                .get_envs()
+                .map(|(k, v)| (k.to_os_string(), v.map(|v| v.to_os_string())))
+                .collect(),
         })
     }
 
@@ -311,6 +331,12 @@ impl Proc {
         }
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args);
+        for (k, v) in &self.envs {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
         let again = Proc::spawn(self.name.clone(), cmd, self.log.clone())?;
         self.child = Some(again.into_child()?);
         Ok(())
@@ -468,6 +494,7 @@ impl LocalCluster {
             if let Some(base) = &spec.sst_store {
                 cmd.arg("--sst-store").arg(node_sst_store(base, id));
             }
+            cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
             nodes.push(Proc::spawn(
                 format!("node {id}"),
                 cmd,
@@ -559,6 +586,16 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
     if args.tls {
         spec.tls = Some(LocalTls::load_or_create(&args.data_dir)?);
     }
+    check_storage(&args.data_dir, reused, args.shared_storage)?;
+    // (Declared before the cluster: dropped after it, once the nodes stopped.)
+    let minio = match args.shared_storage {
+        true => Some(Minio::start(&args.data_dir, args.minio.clone())?),
+        false => None,
+    };
+    if let Some(m) = &minio {
+        spec.sst_store = Some(m.table_store_url("cluster"));
+        spec.env = m.client_env();
+    }
     let mut cluster = LocalCluster::start(spec)?;
     report.line(format_args!(
         "Starting a PhoenixKV playground: {} nodes, data in {} ({})",
@@ -582,9 +619,9 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
     let routes = client.cached_routes();
     drop(client);
     if report.json() {
-        report.summary(&ready_json(&cluster, &routes, reused))?;
+        report.summary(&ready_json(&cluster, &routes, reused, minio.as_ref()))?;
     } else {
-        report.text(&ready_text(&cluster, &routes));
+        report.text(&ready_text(&cluster, &routes, minio.as_ref()));
     }
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -616,6 +653,7 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
     }
     report.line(format_args!("stopping the playground..."));
     cluster.stop();
+    drop(minio);
     report.line(format_args!(
         "stopped; the data stays in {}",
         args.data_dir.display()
@@ -623,8 +661,46 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Name of the file that records where a playground's tables are (`local` or
+/// `shared`).
+const STORAGE_FILE: &str = "storage";
+
+/// Refuses to start the cluster in `dir` on another storage than it was made with (its
+/// tables would not be found: the nodes would start empty); records it on the first
+/// start. A directory made before the record existed is `local`.
+fn check_storage(dir: &Path, reused: bool, shared: bool) -> Result<(), BoxError> {
+    let path = dir.join(STORAGE_FILE);
+    let want = if shared { "shared" } else { "local" };
+    let had = match fs::read_to_string(&path) {
+        Ok(s) => s.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && reused => "local".to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs::write(&path, format!("{want}\n"))
+                .map_err(|e| format!("write {}: {e}", path.display()))?;
+            return Ok(());
+        }
+        Err(e) => return Err(format!("read {}: {e}", path.display()).into()),
+    };
+    match (had.as_str(), shared) {
+        ("shared", true) | ("local", false) => Ok(()),
+        ("shared", false) => Err(format!(
+            "{} holds a cluster whose tables are on MinIO: start it with --shared-storage, \
+             or use another --data-dir",
+            dir.display()
+        )
+        .into()),
+        ("local", true) => Err(format!(
+            "{} holds a cluster whose tables are on local disk: start it without \
+             --shared-storage, or use another --data-dir",
+            dir.display()
+        )
+        .into()),
+        (other, _) => Err(format!("{}: unknown storage {other:?}", path.display()).into()),
+    }
+}
+
 /// The "playground is up" message: addresses, groups, commands to try.
-fn ready_text(cluster: &LocalCluster, routes: &[Route]) -> String {
+fn ready_text(cluster: &LocalCluster, routes: &[Route], minio: Option<&Minio>) -> String {
     let mut out = String::new();
     let first = cluster.spec.addrs[0];
     let _ = writeln!(out, "\nPhoenixKV playground is up.");
@@ -641,6 +717,16 @@ fn ready_text(cluster: &LocalCluster, routes: &[Route]) -> String {
         let _ = writeln!(
             out,
             "  status page: http://{m}/  (metrics: http://{m}/metrics)"
+        );
+    }
+    if let Some(m) = minio {
+        let _ = writeln!(
+            out,
+            "  tables: on MinIO at {}, bucket {}, prefix cluster/node-N  (data {}, log {})",
+            m.endpoint(),
+            super::minio::BUCKET,
+            m.data().display(),
+            m.log().display()
         );
     }
     let tls = cluster.spec.tls.as_ref();
@@ -687,7 +773,12 @@ fn ready_text(cluster: &LocalCluster, routes: &[Route]) -> String {
 
 /// The same as one JSON object, for scripts that start a playground. Paths are given as
 /// displayed (`json!` would panic on a path that is not UTF-8).
-fn ready_json(cluster: &LocalCluster, routes: &[Route], reused: bool) -> serde_json::Value {
+fn ready_json(
+    cluster: &LocalCluster,
+    routes: &[Route],
+    reused: bool,
+    minio: Option<&Minio>,
+) -> serde_json::Value {
     let nodes: Vec<serde_json::Value> = cluster
         .spec
         .addrs
@@ -723,6 +814,15 @@ fn ready_json(cluster: &LocalCluster, routes: &[Route], reused: bool) -> serde_j
             "client_key": t.client_key.display().to_string(),
         })
     });
+    let shared_storage = minio.map(|m| {
+        serde_json::json!({
+            "endpoint": m.endpoint(),
+            "bucket": super::minio::BUCKET,
+            "prefix": "cluster",
+            "data": m.data().display().to_string(),
+            "log": m.log().display().to_string(),
+        })
+    });
     serde_json::json!({
         "ready": true,
         "data_dir": cluster.spec.dir.display().to_string(),
@@ -731,12 +831,39 @@ fn ready_json(cluster: &LocalCluster, routes: &[Route], reused: bool) -> serde_j
         "nodes": nodes,
         "groups": groups,
         "tls": tls,
+        "shared_storage": shared_storage,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A data directory keeps the storage it was made with: the other is refused with
+    /// a message naming the flag; one made before the record is local.
+    #[test]
+    fn a_data_dir_keeps_its_storage() {
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = tmp.path().join("shared");
+        fs::create_dir_all(&shared).unwrap();
+        check_storage(&shared, false, true).unwrap();
+        check_storage(&shared, true, true).unwrap();
+        let e = check_storage(&shared, true, false).unwrap_err().to_string();
+        assert!(e.contains("start it with --shared-storage"), "{e}");
+        let local = tmp.path().join("local");
+        fs::create_dir_all(&local).unwrap();
+        check_storage(&local, false, false).unwrap();
+        let e = check_storage(&local, true, true).unwrap_err().to_string();
+        assert!(e.contains("without --shared-storage"), "{e}");
+        // Made before the record: local.
+        let old = tmp.path().join("old");
+        fs::create_dir_all(&old).unwrap();
+        assert!(check_storage(&old, true, true).is_err());
+        check_storage(&old, true, false).unwrap();
+        fs::write(old.join(STORAGE_FILE), "tape\n").unwrap();
+        let e = check_storage(&old, true, false).unwrap_err().to_string();
+        assert!(e.contains("unknown storage"), "{e}");
+    }
 
     #[test]
     fn conf_round_trip_and_errors() {
