@@ -378,30 +378,49 @@ async fn a_follower_whose_copy_fails_is_rebuilt_by_streaming_on_minio() {
     let _turn = TURN.lock().await;
     let scenario = fail::FailScenario::setup();
     let mut c = Cluster::start_on(Vec::new(), phoenix_server::DropMode::Files, Some(&minio));
-    let route = wait_route(&c.addrs).await;
-    let follower = (route.leader_node_id as usize) % 3;
+    let (route, follower, want) = follower_behind(&mut c).await;
     let fnode = follower as u64 + 1;
-    let mut want = Vec::new();
-    put_all(&c, &route, 0, 20, &mut want).await;
-    c.stop(follower).await;
-    put_all(&c, &route, 20, 400, &mut want).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
     fail::cfg(names::SNAPSHOT_COPY_IN, &format!("return({fnode})")).unwrap();
     c.restart(follower);
     c.wait_caught_up(route.group_id, fnode).await;
-    let mut streamed = 0.0;
-    for m in &c.metrics {
-        let (_, text) = http_get(m, "/metrics").await;
-        streamed +=
-            sample(&text, "phoenix_snapshot_bytes_total", "how=\"streamed\"").unwrap_or(0.0);
-    }
-    assert!(streamed > 0.0, "no snapshot was streamed");
+    assert!(
+        snapshot_bytes(&c, "streamed").await > 0.0,
+        "no snapshot was streamed"
+    );
     fail::remove(names::SNAPSHOT_COPY_IN);
     let dir = c.dir.path().to_path_buf();
     let store = c.sst_stores.get(follower).cloned();
     c.stop_all().await;
     check_engine_on(&dir, follower, store.as_deref(), route.group_id, &want);
     scenario.teardown();
+}
+
+/// The data group's route, a follower stopped while the group took 380 more writes
+/// (past its leader's log: it needs a snapshot), and every acknowledged write.
+async fn follower_behind(c: &mut Cluster) -> (proto::Route, usize, Vec<(Vec<u8>, Vec<u8>)>) {
+    let route = wait_route(&c.addrs).await;
+    let follower = (route.leader_node_id as usize) % 3;
+    let mut want = Vec::new();
+    put_all(c, &route, 0, 20, &mut want).await;
+    c.stop(follower).await;
+    put_all(c, &route, 20, 400, &mut want).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    (route, follower, want)
+}
+
+/// Snapshot bytes the cluster's nodes sent `how` ("streamed", "copied").
+async fn snapshot_bytes(c: &Cluster, how: &str) -> f64 {
+    let mut total = 0.0;
+    for m in &c.metrics {
+        let (_, text) = http_get(m, "/metrics").await;
+        total += sample(
+            &text,
+            "phoenix_snapshot_bytes_total",
+            &format!("how=\"{how}\""),
+        )
+        .unwrap_or(0.0);
+    }
+    total
 }
 
 async fn install_failures(steps: &[&str]) {
@@ -421,26 +440,17 @@ async fn install_failures_on(
     let scenario = fail::FailScenario::setup();
     for &step in steps {
         let mut c = Cluster::start_on(Vec::new(), mode, minio);
-        let route = wait_route(&c.addrs).await;
-        let follower = (route.leader_node_id as usize) % 3;
+        let (route, follower, want) = follower_behind(&mut c).await;
         let fnode = follower as u64 + 1;
-        let mut want = Vec::new();
-        put_all(&c, &route, 0, 20, &mut want).await;
-        c.stop(follower).await;
-        put_all(&c, &route, 20, 400, &mut want).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
         fail::cfg(step, &format!("return({fnode})")).unwrap();
         c.restart(follower);
         c.wait_stopped(route.group_id, fnode, step).await;
         if minio.is_some() {
             // The snapshot that failed to install came by copy.
-            let mut copied = 0.0;
-            for m in &c.metrics {
-                let (_, text) = http_get(m, "/metrics").await;
-                copied +=
-                    sample(&text, "phoenix_snapshot_bytes_total", "how=\"copied\"").unwrap_or(0.0);
-            }
-            assert!(copied > 0.0, "{step}: no snapshot went by copy");
+            assert!(
+                snapshot_bytes(&c, "copied").await > 0.0,
+                "{step}: no snapshot went by copy"
+            );
         }
         restart_and_check(c, &route, follower, step, 400, want).await;
         eprintln!("{step}: replica whole after restart");
