@@ -41,8 +41,11 @@
 //! user's read waits at most the read deadline; background work waits as long as the
 //! client tries (`io_class`).
 //!
+//! The manifest is rolled once it holds twice the state it started from (or 64 KiB):
+//! an edit uploads a few times the live state, not the history since the last roll.
 //! Not yet built (the issue "Data on shared storage"): multipart uploads for large
-//! tables, and a manifest that does not re-upload its history at each edit.
+//! tables, and manifest edits as objects of their own (an edit then uploads itself
+//! alone).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -814,6 +817,10 @@ impl TableStore for ObjectTableStore {
 
     fn shared_id(&self) -> Option<String> {
         Some(self.inner.shared_id.clone())
+    }
+
+    fn rewrites_manifest_whole(&self) -> bool {
+        true
     }
 
     fn table_object(&self, number: u64) -> Option<String> {

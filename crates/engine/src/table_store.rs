@@ -134,6 +134,13 @@ pub trait TableStore: Send + Sync + std::fmt::Debug {
         0
     }
 
+    /// Whether each manifest write uploads the whole manifest again (an object store:
+    /// nothing appends), so that a long manifest makes every edit costly: it is then
+    /// rolled sooner (`version_set::WHOLE_MANIFEST_ROLL_FLOOR`).
+    fn rewrites_manifest_whole(&self) -> bool {
+        false
+    }
+
     /// Whether reads of its tables are requests to a remote store that serves many at
     /// once (each waits a round trip): readers then gain by issuing them together.
     fn reads_at_once(&self) -> bool {

@@ -34,6 +34,12 @@ use crate::version_edit::VersionEdit;
 const RECORD_HEADER: usize = 8;
 /// A manifest grown past this is replaced by a fresh one holding a snapshot.
 pub const MANIFEST_ROLL_BYTES: u64 = 64 << 20;
+
+/// On a store that uploads the whole manifest at each edit
+/// ([`crate::TableStore::rewrites_manifest_whole`]), the manifest rolls once it holds
+/// twice its first record (the live state) or this much, whichever is more: each edit
+/// then uploads a few times the live state, not every edit since the last roll.
+pub const WHOLE_MANIFEST_ROLL_FLOOR: u64 = 64 << 10;
 /// Manifest numbers an open tries past ones already taken (see `VersionSet::open`).
 const OPEN_MANIFEST_TRIES: u32 = 64;
 
@@ -127,6 +133,8 @@ pub struct VersionSet {
     fenced: Option<PathBuf>,
     /// Manifest size that triggers a roll ([`MANIFEST_ROLL_BYTES`]; tests lower it).
     roll_bytes: u64,
+    /// Size of the current manifest's first record (the state it started from).
+    base_bytes: u64,
     /// A [`ManifestWrite`] is out (between [`VersionSet::begin`] and
     /// [`VersionSet::finish`]); the manifest handle is with it.
     writing: bool,
@@ -162,6 +170,7 @@ impl VersionSet {
             stale: None,
             fenced: None,
             roll_bytes: MANIFEST_ROLL_BYTES,
+            base_bytes: 0,
             writing: false,
         };
         let mut old_manifest = None;
@@ -234,7 +243,10 @@ impl VersionSet {
             let number = vs.take_file_number();
             let record = vs.snapshot_record(&vs.current);
             match upload_fresh(&store, number, &record) {
-                Ok(file) => break (number, file),
+                Ok(file) => {
+                    vs.base_bytes = record.len() as u64;
+                    break (number, file);
+                }
                 Err(e) if e.is_fenced() && tries < OPEN_MANIFEST_TRIES => tries += 1,
                 Err(e) => return Err(e),
             }
@@ -415,8 +427,13 @@ impl VersionSet {
             Some(f) => f.record.len() as u64,
             None => self.manifest.as_ref().map_or(0, |m| m.position()),
         };
-        let roll_number =
-            (renew.is_none() && at > self.roll_bytes).then(|| self.take_file_number());
+        let roll_at = if self.store.rewrites_manifest_whole() {
+            self.roll_bytes
+                .min(WHOLE_MANIFEST_ROLL_FLOOR.max(2 * self.base_bytes))
+        } else {
+            self.roll_bytes
+        };
+        let roll_number = (renew.is_none() && at > roll_at).then(|| self.take_file_number());
         edit.next_file_number = Some(self.next_file_number);
         let mut payload = Vec::new();
         edit.encode(&mut payload);
@@ -482,6 +499,7 @@ impl VersionSet {
         if let Some(fresh) = renew {
             match renewed {
                 Some(Ok(())) => {
+                    self.base_bytes = fresh.record.len() as u64;
                     tracing::info!(manifest = number, after = %fresh.why, "started a fresh manifest after a failed write");
                     self.stale = None;
                 }
@@ -511,7 +529,10 @@ impl VersionSet {
         let old = std::mem::replace(&mut self.current, Arc::new(next));
         self.live.retain(|w| w.strong_count() > 0);
         self.live.push(Arc::downgrade(&old));
-        if roll.is_some() {
+        if let Some(fresh) = &roll {
+            if let Some(Ok(())) = rolled {
+                self.base_bytes = fresh.record.len() as u64;
+            }
             if let Some(Err(e)) = rolled {
                 // The edit is durable and installed whatever happened to the roll: the
                 // old manifest is still complete and current, but the set refuses
@@ -523,8 +544,6 @@ impl VersionSet {
         Ok(())
     }
 
-    /// Deletes the files removed by earlier edits that no live version holds any more;
-    /// returns their numbers (for the table cache to forget).
     /// Keeps files `numbers` (each live in the current or a held version now) until
     /// [`VersionSet::unpin`], whatever the versions hold then.
     pub fn pin(&mut self, numbers: &[u64]) {
@@ -546,6 +565,8 @@ impl VersionSet {
         }
     }
 
+    /// Deletes the files removed by earlier edits that no live version holds any more;
+    /// returns their numbers (for the table cache to forget).
     pub fn delete_obsolete_files(&mut self) -> Vec<u64> {
         let mut deleted = Vec::new();
         if self.pending_deletes.is_empty() {
@@ -719,6 +740,61 @@ mod tests {
         let names = fs.list(dir).unwrap();
         let manifests = names.iter().filter(|n| n.starts_with("MANIFEST-")).count();
         assert_eq!(manifests, 1, "{names:?}");
+    }
+
+    /// On a store that uploads the whole manifest at each edit, the manifest rolls once
+    /// it is twice its first record (or past a floor): an edit uploads about the live
+    /// state, not the history of every edit since the last roll.
+    #[test]
+    fn a_manifest_uploaded_whole_stays_near_the_live_state() {
+        let bucket: Arc<dyn object_store::ObjectStore> =
+            Arc::new(object_store::memory::InMemory::new());
+        let open = |create| {
+            let store: SharedTableStore =
+                Arc::new(crate::ObjectTableStore::new(Arc::clone(&bucket), "p").unwrap());
+            VersionSet::open(store, 4, create).unwrap()
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // (Read on the bucket: the store's own read is an open's, which takes it over.)
+        let current_size = || {
+            rt.block_on(async {
+                use object_store::path::Path as Object;
+                let named = bucket.get(&Object::from("p/CURRENT")).await.unwrap();
+                let named = named.bytes().await.unwrap();
+                let name = String::from_utf8_lossy(&named).trim().to_string();
+                let meta = bucket.head(&Object::from(format!("p/{name}"))).await;
+                meta.unwrap().size
+            })
+        };
+        let mut vs = open(true);
+        let mut largest = 0;
+        let mut prev = None;
+        for seq in 1..3000 {
+            // One live file at a time: the state stays small, the history grows.
+            let n = vs.new_file_number();
+            let mut e = VersionEdit {
+                last_sequence: Some(seq),
+                ..Default::default()
+            };
+            e.new_files.push((1, meta(n)));
+            if let Some(p) = prev.replace(n) {
+                e.deleted_files.push((1, p));
+            }
+            vs.log_and_apply(e).unwrap();
+            largest = largest.max(current_size());
+        }
+        assert!(
+            largest <= WHOLE_MANIFEST_ROLL_FLOOR + 512,
+            "the manifest grew to {largest} bytes"
+        );
+        drop(vs);
+        let vs = open(false);
+        assert_eq!(vs.current().files(1).len(), 1);
+        assert_eq!(vs.current().files(1)[0].number, prev.unwrap());
+        assert_eq!(vs.last_sequence(), 2999);
     }
 
     #[test]
