@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use phoenix_client::Client;
 
-use super::repair::{caught_up, commit_indexes, key, mib, status, wait_truncated, VICTIM};
+use super::repair::{
+    caught_up, commit_indexes, groups_held_still, key, mib, status, wait_truncated, VICTIM,
+};
 use super::BenchError;
 use crate::cmd::playground::{node_sst_store, ClusterSpec, LocalCluster};
 use crate::output::Report;
@@ -204,35 +206,8 @@ async fn one_run(
     spec.sst_store = Some(base.to_string());
     let memtable = args.memtable_mb.to_string();
     let rate = args.snapshot_mb_per_sec.to_string();
-    let mut server_args: Vec<String> = [
-        "--initial-groups",
-        "1",
-        "--memtable-mb",
-        &memtable,
-        "--snapshot-mb-per-sec",
-        &rate,
-        // Logs cut to what is applied: the node back needs a snapshot.
-        "--log-keep-entries",
-        "0",
-        "--log-truncate-ms",
-        "500",
-        // The dead node's replica is waited for, not replaced; the group stays whole.
-        "--down-after",
-        "0s",
-        "--split-size-mb",
-        "0",
-        "--split-size-keys",
-        "0",
-        "--split-qps",
-        "0",
-        "--merge-size-mb",
-        "0",
-        "--scrub-interval",
-        "0s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut server_args = groups_held_still("1", &memtable);
+    server_args.extend(["--snapshot-mb-per-sec".to_string(), rate]);
     if how == How::Stream {
         server_args.push("--snapshot-no-copy".into());
     }

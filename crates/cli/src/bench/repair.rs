@@ -232,36 +232,11 @@ async fn one_mode(
     let mut spec = ClusterSpec::ephemeral_nodes(dir, 3)?;
     let groups = args.groups.to_string();
     let memtable = args.memtable_mb.to_string();
-    spec.server_args = [
-        "--initial-groups",
-        &groups,
-        "--drop-mode",
-        mode.arg(),
-        "--memtable-mb",
-        &memtable,
-        // Logs cut to what is applied: a node back from the dead needs snapshots.
-        "--log-keep-entries",
-        "0",
-        "--log-truncate-ms",
-        "500",
-        // The dead node's replicas are waited for, not replaced; the groups stay put.
-        "--down-after",
-        "0s",
-        "--split-size-mb",
-        "0",
-        "--split-size-keys",
-        "0",
-        "--split-qps",
-        "0",
-        "--merge-size-mb",
-        "0",
-        "--scrub-interval",
-        "0s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain(args.server_args.iter().cloned())
-    .collect();
+    spec.server_args = groups_held_still(&groups, &memtable)
+        .into_iter()
+        .chain(["--drop-mode".to_string(), mode.arg().to_string()])
+        .chain(args.server_args.iter().cloned())
+        .collect();
     let mut cluster = LocalCluster::start(spec)?;
     let client = cluster.wait_ready(Duration::from_secs(180)).await?;
     let started = Instant::now();
@@ -565,6 +540,38 @@ pub(super) fn du(dir: &Path) -> Result<u64, BenchError> {
 
 pub(super) fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
+}
+
+/// Server arguments of a bench that brings a node back from the dead: `groups` data
+/// groups of `memtable` MiB memtables that never split, merge, scrub or move, and logs
+/// cut to what is applied (the node back needs snapshots).
+pub(super) fn groups_held_still(groups: &str, memtable: &str) -> Vec<String> {
+    [
+        "--initial-groups",
+        groups,
+        "--memtable-mb",
+        memtable,
+        "--log-keep-entries",
+        "0",
+        "--log-truncate-ms",
+        "500",
+        // The dead node's replicas are waited for, not replaced.
+        "--down-after",
+        "0s",
+        "--split-size-mb",
+        "0",
+        "--split-size-keys",
+        "0",
+        "--split-qps",
+        "0",
+        "--merge-size-mb",
+        "0",
+        "--scrub-interval",
+        "0s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 #[cfg(test)]
