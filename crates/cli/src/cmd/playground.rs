@@ -586,12 +586,17 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
     if args.tls {
         spec.tls = Some(LocalTls::load_or_create(&args.data_dir)?);
     }
-    check_storage(&args.data_dir, reused, args.shared_storage)?;
+    let record = check_storage(&args.data_dir, reused, args.shared_storage)?;
     // (Declared before the cluster: dropped after it, once the nodes stopped.)
     let minio = match args.shared_storage {
         true => Some(Minio::start(&args.data_dir, args.minio.clone())?),
         false => None,
     };
+    // Recorded once the storage serves, before any node writes to it: a first start that
+    // failed before leaves the choice open.
+    if let Some(record) = record {
+        record.write()?;
+    }
     if let Some(m) = &minio {
         spec.sst_store = Some(m.table_store_url("cluster"));
         spec.env = m.client_env();
@@ -666,23 +671,26 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
 const STORAGE_FILE: &str = "storage";
 
 /// Refuses to start the cluster in `dir` on another storage than it was made with (its
-/// tables would not be found: the nodes would start empty); records it on the first
-/// start. A directory made before the record existed is `local`.
-fn check_storage(dir: &Path, reused: bool, shared: bool) -> Result<(), BoxError> {
+/// tables would not be found: the nodes would start empty). A directory made before the
+/// record existed is `local`. On a first start, returns the record to write once the
+/// storage serves.
+fn check_storage(
+    dir: &Path,
+    reused: bool,
+    shared: bool,
+) -> Result<Option<StorageRecord>, BoxError> {
     let path = dir.join(STORAGE_FILE);
     let want = if shared { "shared" } else { "local" };
     let had = match fs::read_to_string(&path) {
         Ok(s) => s.trim().to_string(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && reused => "local".to_string(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            fs::write(&path, format!("{want}\n"))
-                .map_err(|e| format!("write {}: {e}", path.display()))?;
-            return Ok(());
+            return Ok(Some(StorageRecord { path, want }));
         }
         Err(e) => return Err(format!("read {}: {e}", path.display()).into()),
     };
     match (had.as_str(), shared) {
-        ("shared", true) | ("local", false) => Ok(()),
+        ("shared", true) | ("local", false) => Ok(None),
         ("shared", false) => Err(format!(
             "{} holds a cluster whose tables are on MinIO: start it with --shared-storage, \
              or use another --data-dir",
@@ -696,6 +704,20 @@ fn check_storage(dir: &Path, reused: bool, shared: bool) -> Result<(), BoxError>
         )
         .into()),
         (other, _) => Err(format!("{}: unknown storage {other:?}", path.display()).into()),
+    }
+}
+
+/// The storage a data directory's first start chose, to record.
+#[derive(Debug)]
+struct StorageRecord {
+    path: PathBuf,
+    want: &'static str,
+}
+
+impl StorageRecord {
+    fn write(self) -> Result<(), BoxError> {
+        fs::write(&self.path, format!("{}\n", self.want))
+            .map_err(|e| format!("write {}: {e}", self.path.display()).into())
     }
 }
 
@@ -846,13 +868,23 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let shared = tmp.path().join("shared");
         fs::create_dir_all(&shared).unwrap();
-        check_storage(&shared, false, true).unwrap();
-        check_storage(&shared, true, true).unwrap();
+        // Not recorded until written: either way is open.
+        assert!(check_storage(&shared, false, false).unwrap().is_some());
+        check_storage(&shared, false, true)
+            .unwrap()
+            .unwrap()
+            .write()
+            .unwrap();
+        assert!(check_storage(&shared, true, true).unwrap().is_none());
         let e = check_storage(&shared, true, false).unwrap_err().to_string();
         assert!(e.contains("start it with --shared-storage"), "{e}");
         let local = tmp.path().join("local");
         fs::create_dir_all(&local).unwrap();
-        check_storage(&local, false, false).unwrap();
+        check_storage(&local, false, false)
+            .unwrap()
+            .unwrap()
+            .write()
+            .unwrap();
         let e = check_storage(&local, true, true).unwrap_err().to_string();
         assert!(e.contains("without --shared-storage"), "{e}");
         // Made before the record: local.
