@@ -457,6 +457,32 @@ fn a_copy_that_would_not_fit_is_refused_before_the_install() {
         before,
         "a refused copy stays"
     );
+
+    // A table reaching into the group from one side alone is rewritten without it by the
+    // install: the copy fits.
+    let c = open_with(
+        &bucket,
+        "node-c",
+        None,
+        Options {
+            min_group_file_size: 1 << 30,
+            ..opts()
+        },
+    );
+    for g in [G - 1, G] {
+        for i in 0..20 {
+            c.db.put(&wo, &key(g, i), b"c").unwrap();
+        }
+    }
+    c.db.compact_range(None, None).unwrap();
+    a.db.put(&wo, &sys_key(G, "applied"), b"a").unwrap();
+    let want = copy_group(&a, &c, Path::new("/snap/rest.sst"));
+    assert!(
+        group(&c.db, G, None) == want,
+        "the copy differs from the snapshot"
+    );
+    assert_eq!(group(&c.db, G - 1, None).len(), 20, "the neighbour group");
+    c.db.close().unwrap();
     b.db.close().unwrap();
     a.db.close().unwrap();
 }

@@ -783,19 +783,27 @@ pub async fn receive(
         let node = shared.cfg.node_id;
         let copied = tokio::task::spawn_blocking(move || {
             crate::failpoint::check_group(crate::failpoint::names::SNAPSHOT_COPY_IN, node, g)
-                .map_err(|e| e.to_string())?;
-            engine
-                .copy_in_group(g, &store_id, &tables)
-                .map_err(|e| e.to_string())
+                .map_err(|e| (e.to_string(), false))?;
+            engine.copy_in_group(g, &store_id, &tables).map_err(|e| {
+                (
+                    e.to_string(),
+                    e.is_retryable() || matches!(e, phoenix_engine::Error::Closed),
+                )
+            })
         })
         .await;
-        // A copy that fails (the store refuses it to this node, a table would not fit
-        // here) is answered as one this node cannot take: the leader streams the
-        // snapshot instead, where asking for the copy again would fail again.
+        // A copy that fails for good (the store refuses it to this node, a table would
+        // not fit here) is answered as one this node cannot take: the leader streams the
+        // snapshot instead, where asking for the copy again would fail again. A passing
+        // failure (the store unavailable for now, the node closing) is refused plainly:
+        // the leader asks for the copy again later.
         match copied {
             Ok(Ok(c)) => staged.copies = Some(Box::new(c)),
-            Ok(Err(e)) => return refuse_copy(format!("copying the snapshot's tables: {e}")),
-            Err(e) => return refuse_copy(format!("copying the snapshot's tables: {e}")),
+            Ok(Err((e, true))) => return refuse(format!("copying the snapshot's tables: {e}")),
+            Ok(Err((e, false))) => {
+                return refuse_copy(format!("copying the snapshot's tables: {e}"))
+            }
+            Err(e) => return refuse(format!("copying the snapshot's tables: {e}")),
         }
     }
     let route = proto::Route {

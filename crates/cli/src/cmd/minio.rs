@@ -59,6 +59,10 @@ fn binary(given: Option<PathBuf>) -> Result<PathBuf, BoxError> {
 fn secret(path: &Path) -> Result<String, BoxError> {
     match std::fs::read_to_string(path) {
         Ok(s) if s.trim().len() >= 8 => return Ok(s.trim().to_string()),
+        // Cut short before it was synced (a crash): MinIO never ran with it.
+        Ok(s) if s.is_empty() => {
+            std::fs::remove_file(path).map_err(|e| format!("remove {}: {e}", path.display()))?
+        }
         Ok(_) => {
             return Err(
                 format!("{} holds no secret of 8 characters or more", path.display()).into(),

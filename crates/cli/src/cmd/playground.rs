@@ -586,7 +586,16 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
     if args.tls {
         spec.tls = Some(LocalTls::load_or_create(&args.data_dir)?);
     }
-    let record = check_storage(&args.data_dir, reused, args.shared_storage)?;
+    // (A node's directory, not the conf: a first start that failed before any node
+    // started leaves the conf but no data.)
+    let record = check_storage(
+        &args.data_dir,
+        has_data(&args.data_dir),
+        args.shared_storage,
+    )?;
+    // (Before anything starts: a SIGTERM while the cluster comes up stops it too.)
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("install the SIGTERM handler: {e}"))?;
     // (Declared before the cluster: dropped after it, once the nodes stopped.)
     let minio = match args.shared_storage {
         true => Some(Minio::start(&args.data_dir, args.minio.clone())?),
@@ -619,6 +628,11 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
             cluster.stop();
             return Ok(());
         }
+        _ = sigterm.recv() => {
+            report.line(format_args!("terminated; stopping"));
+            cluster.stop();
+            return Ok(());
+        }
     };
     // The client found each group's leader while probing readiness.
     let routes = client.cached_routes();
@@ -629,8 +643,6 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
         report.text(&ready_text(&cluster, &routes, minio.as_ref()));
     }
 
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| format!("install the SIGTERM handler: {e}"))?;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tokio::select! {
@@ -671,19 +683,19 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
 const STORAGE_FILE: &str = "storage";
 
 /// Refuses to start the cluster in `dir` on another storage than it was made with (its
-/// tables would not be found: the nodes would start empty). A directory made before the
-/// record existed is `local`. On a first start, returns the record to write once the
+/// tables would not be found: the nodes would start empty). A directory whose nodes
+/// hold data (`has_data`) from before the record existed is `local`. On a first start, returns the record to write once the
 /// storage serves.
 fn check_storage(
     dir: &Path,
-    reused: bool,
+    has_data: bool,
     shared: bool,
 ) -> Result<Option<StorageRecord>, BoxError> {
     let path = dir.join(STORAGE_FILE);
     let want = if shared { "shared" } else { "local" };
     let had = match fs::read_to_string(&path) {
         Ok(s) => s.trim().to_string(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && reused => "local".to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && has_data => "local".to_string(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Ok(Some(StorageRecord { path, want }));
         }
@@ -705,6 +717,12 @@ fn check_storage(
         .into()),
         (other, _) => Err(format!("{}: unknown storage {other:?}", path.display()).into()),
     }
+}
+
+/// Whether any node of the playground in `dir` has a data directory (a start got as far
+/// as its nodes).
+fn has_data(dir: &Path) -> bool {
+    (1..=LOCAL_NODES).any(|n| dir.join(format!("node-{n}")).exists())
 }
 
 /// The storage a data directory's first start chose, to record.
@@ -892,6 +910,17 @@ mod tests {
         fs::create_dir_all(&old).unwrap();
         assert!(check_storage(&old, true, true).is_err());
         check_storage(&old, true, false).unwrap();
+        // A first start that failed before its nodes (no MinIO yet) left its conf, not
+        // data: either way is still open.
+        let failed = tmp.path().join("failed");
+        fs::create_dir_all(&failed).unwrap();
+        fs::write(failed.join(CONF_FILE), "").unwrap();
+        assert!(!has_data(&failed));
+        assert!(check_storage(&failed, has_data(&failed), false)
+            .unwrap()
+            .is_some());
+        fs::create_dir_all(failed.join("node-2")).unwrap();
+        assert!(has_data(&failed));
         fs::write(old.join(STORAGE_FILE), "tape\n").unwrap();
         let e = check_storage(&old, true, false).unwrap_err().to_string();
         assert!(e.contains("unknown storage"), "{e}");

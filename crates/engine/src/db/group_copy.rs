@@ -553,8 +553,8 @@ impl Db {
             }
         }
         // Each copy needs room at its level once the group's own tables leave it. A
-        // table there that holds other groups too (groups sharing tables, with a
-        // positive `min_group_file_size`) and spans the copy's keys stays, and the
+        // table there that holds groups on both sides of g (groups sharing tables,
+        // with a positive `min_group_file_size`) stays across the copy's keys, and the
         // install could not place the copy: refused now, while the snapshot can still
         // be sent another way. (Groups never share tables below L0 otherwise.)
         let version = inner.state.lock().vset.current();
@@ -563,7 +563,9 @@ impl Db {
             if let Some(o) = version
                 .files(*level)
                 .iter()
-                .find(|o| (o.min_group != g || o.max_group != g) && o.overlaps_exactly(lo, hi))
+                // (One reaching into g from one side alone is rewritten without g by the
+                // install and leaves room.)
+                .find(|o| o.min_group < g && o.max_group > g && o.overlaps_exactly(lo, hi))
             {
                 return Err(Error::InvalidArgument(format!(
                     "group {g}: a copied table does not fit in level {level} of {}, where \
