@@ -130,6 +130,22 @@ impl Cluster {
             .find(|r| r.node_id == node)
     }
 
+    /// The stats of `node`'s replica of `group` once the meta service has its report
+    /// (reports go every 200 ms: right after the group elects, there may be none yet).
+    async fn reported(&self, group: u64, node: u64) -> proto::ReplicaStats {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(r) = self.replica(group, node).await {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no report of group {group}'s replica on node {node}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The stats of every replica of `group`, as some live node's meta service sees them.
     async fn replicas(&self, group: u64) -> Vec<proto::ReplicaStats> {
         cluster_groups(&self.live())
@@ -492,11 +508,7 @@ async fn a_failed_log_truncation_is_retried_and_loses_nothing() {
     let follower = (route.leader_node_id as usize) % 3;
     let fnode = follower as u64 + 1;
     let mut want = Vec::new();
-    let first = c
-        .replica(route.group_id, fnode)
-        .await
-        .unwrap()
-        .log_first_index;
+    let first = c.reported(route.group_id, fnode).await.log_first_index;
     fail::cfg(names::TRUNCATE_BEFORE, &format!("return({fnode})")).unwrap();
     // 300 KiB through 64 KiB memtables: flushes move the persisted index, so every
     // replica whose truncation works cuts its log.
