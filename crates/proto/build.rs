@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/raft.proto",
         "proto/internal.proto",
         "proto/faults.proto",
+        "proto/compactor.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");

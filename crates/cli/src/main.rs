@@ -48,6 +48,9 @@ enum Command {
     },
     /// Run one PhoenixKV node (see docs/cluster.md).
     Server(Box<cmd::server::Args>),
+    /// Run a compaction worker for nodes whose tables are on an S3 server (`server
+    /// --compactor`).
+    Compactor(cmd::compactor::Args),
     /// Check linearizability of a spawned 3-node cluster under faults (kill -9, pause,
     /// partition, disk errors, power loss); exit code 1 if the history is not
     /// linearizable or the cluster stopped serving.
@@ -77,6 +80,7 @@ fn run(cli: Cli) -> Result<Outcome, CmdError> {
         Command::Check(args) => check::run(args, format),
         Command::Playground(args) => done(cmd::playground::run(args, report)),
         Command::Server(args) => done(cmd::server::run(*args)),
+        Command::Compactor(args) => done(cmd::compactor::run(args)),
         Command::Completions { shell } => completions(shell),
     }
 }

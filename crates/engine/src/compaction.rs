@@ -269,8 +269,8 @@ pub struct Env<'a> {
     pub piece_bytes: u64,
     /// How the input tables are read.
     pub readahead: Readahead,
-    /// Hands out file numbers.
-    pub new_file_number: &'a dyn Fn() -> u64,
+    /// Hands out file numbers (a worker's job has only so many).
+    pub new_file_number: &'a dyn Fn() -> Result<u64>,
 }
 
 pub(crate) fn meta_from(number: u64, summary: &crate::table::TableSummary) -> Arc<FileMeta> {
@@ -286,7 +286,7 @@ pub fn build_l0(env: &Env<'_>, mem: &Arc<MemTable>) -> Result<Option<Arc<FileMet
     if mem.is_empty() {
         return Ok(None);
     }
-    let number = (env.new_file_number)();
+    let number = (env.new_file_number)()?;
     let result = (|| {
         let file = env.store.create_table(number)?;
         let mut b = TableBuilder::new(file, env.table);
@@ -433,7 +433,7 @@ struct OutputState<'a, 'e> {
 
 impl OutputState<'_, '_> {
     fn open(&mut self, first_user_key: &[u8], lo: Option<Vec<u8>>) -> Result<()> {
-        let number = (self.env.new_file_number)();
+        let number = (self.env.new_file_number)()?;
         self.created.push(number);
         let file = self.env.store.create_table(number)?;
         self.current = Some((number, TableBuilder::new(file, self.env.table)));
@@ -528,7 +528,7 @@ impl OutputState<'_, '_> {
     }
 
     fn write_tombstone_file(&mut self, ts: &[RangeTombstone]) -> Result<()> {
-        let number = (self.env.new_file_number)();
+        let number = (self.env.new_file_number)()?;
         self.created.push(number);
         let file = self.env.store.create_table(number)?;
         let mut b = TableBuilder::new(file, self.env.table);

@@ -46,6 +46,7 @@ use crate::memtable::{MemGet, MemTable};
 use crate::merge::{clone_error, BoxIter, LevelIter, MergingIterator};
 use crate::options::{Options, ReadOptions, WalMode, WriteOptions, WRITE_GROUP_BYTES_MAX};
 use crate::range_del::Fragments;
+use crate::remote_compaction::{self, CompactionJob, CompactionService};
 use crate::table::{BlockCache, Readahead, Table, TableCache};
 use crate::table_store::{FsTableStore, Imported, SharedTableStore, StoredFile};
 use crate::version::{TableGet, Version};
@@ -194,6 +195,8 @@ struct Counters {
     compactions: AtomicU64,
     trivial_moves: AtomicU64,
     compaction_pieces: AtomicU64,
+    remote_compactions: AtomicU64,
+    remote_fallbacks: AtomicU64,
     stalls: AtomicU64,
     stall_micros: AtomicU64,
     slowdowns: AtomicU64,
@@ -285,6 +288,11 @@ pub struct Stats {
     /// Pieces compactions installed before they finished
     /// (`Options::compaction_piece_bytes`).
     pub compaction_pieces: u64,
+    /// Compactions a worker ran (`Options::compaction_service`); counted in
+    /// `compactions` too.
+    pub remote_compactions: u64,
+    /// Compactions handed to a worker that failed or answered wrongly, then run here.
+    pub remote_compaction_fallbacks: u64,
     /// (flush + compaction bytes written) / user bytes written; the WAL is not counted.
     pub write_amplification: f64,
     /// Times a writer waited for a flush or an L0 compaction (stop conditions).
@@ -1364,7 +1372,7 @@ impl Inner {
 
     // ---- background: flush ----
 
-    fn env<'a>(&'a self, alloc: &'a dyn Fn() -> u64) -> compaction::Env<'a> {
+    fn env<'a>(&'a self, alloc: &'a dyn Fn() -> Result<u64>) -> compaction::Env<'a> {
         compaction::Env {
             store: &*self.store,
             table: &self.opts.table,
@@ -1463,7 +1471,7 @@ impl Inner {
             // Flushed meanwhile by another (inline mode).
             return Ok(());
         }
-        let alloc = || self.state.lock().vset.new_file_number();
+        let alloc = || Ok(self.state.lock().vset.new_file_number());
         let env = self.env(&alloc);
         let meta = compaction::build_l0(&env, mem)?;
         // Read the WAL position before looking at the memtables (see apply_group).
@@ -1589,30 +1597,23 @@ impl Inner {
                 .push((c.output_level, Arc::clone(&c.inputs[0])));
             self.counters.trivial_moves.fetch_add(1, AtOrd::Relaxed);
         } else {
-            let snaps = self.live_snapshots();
-            let alloc = || self.state.lock().vset.new_file_number();
-            let env = self.env(&alloc);
-            let mut install = |p: compaction::Piece| -> Result<()> {
-                let mut edit = VersionEdit::default();
-                for (level, f) in &p.consumed {
-                    edit.deleted_files.push((*level, f.number));
-                    gone.insert(f.number);
-                }
-                for f in p.files {
-                    edit.new_files.push((c.output_level, f));
-                }
-                self.install_edit(self.state.lock(), edit)?;
-                self.counters.compaction_pieces.fetch_add(1, AtOrd::Relaxed);
-                Ok(())
+            let remote = match &self.opts.compaction_service {
+                Some(service) => match self.compact_remotely(c, service.as_ref()) {
+                    Ok(files) => Some(files),
+                    Err(e) if matches!(e, Error::Closed) || e.is_fenced() => return Err(e),
+                    Err(e) => {
+                        tracing::warn!(error = %e, level = c.level, "a compaction worker failed; compacting here");
+                        self.counters.remote_fallbacks.fetch_add(1, AtOrd::Relaxed);
+                        None
+                    }
+                },
+                None => None,
             };
-            let out = compaction::run(&env, c, &snaps, &mut install)?;
-            self.counters
-                .compaction_read
-                .fetch_add(out.bytes_read, AtOrd::Relaxed);
-            self.counters
-                .compaction_written
-                .fetch_add(out.bytes_written, AtOrd::Relaxed);
-            for f in out.files {
+            let files = match remote {
+                Some(files) => files,
+                None => self.compact_here(c, &mut gone)?,
+            };
+            for f in files {
                 edit.new_files.push((c.output_level, f));
             }
         }
@@ -1637,6 +1638,99 @@ impl Inner {
             st.pointers[c.level] = last.clone();
         }
         self.install_edit(st, edit)
+    }
+
+    /// Merges the inputs of `c` here, installing pieces on the way (their consumed
+    /// inputs go to `gone`); the outputs left to install.
+    fn compact_here(
+        &self,
+        c: &Compaction,
+        gone: &mut std::collections::HashSet<u64>,
+    ) -> Result<Vec<Arc<FileMeta>>> {
+        let snaps = self.live_snapshots();
+        let alloc = || Ok(self.state.lock().vset.new_file_number());
+        let env = self.env(&alloc);
+        let mut install = |p: compaction::Piece| -> Result<()> {
+            let mut edit = VersionEdit::default();
+            for (level, f) in &p.consumed {
+                edit.deleted_files.push((*level, f.number));
+                gone.insert(f.number);
+            }
+            for f in p.files {
+                edit.new_files.push((c.output_level, f));
+            }
+            self.install_edit(self.state.lock(), edit)?;
+            self.counters.compaction_pieces.fetch_add(1, AtOrd::Relaxed);
+            Ok(())
+        };
+        let out = compaction::run(&env, c, &snaps, &mut install)?;
+        self.counters
+            .compaction_read
+            .fetch_add(out.bytes_read, AtOrd::Relaxed);
+        self.counters
+            .compaction_written
+            .fetch_add(out.bytes_written, AtOrd::Relaxed);
+        Ok(out.files)
+    }
+
+    /// Has `service` merge the inputs of `c` (`remote_compaction`); the outputs, read
+    /// back and checked, to install.
+    fn compact_remotely(
+        &self,
+        c: &Compaction,
+        service: &dyn CompactionService,
+    ) -> Result<Vec<Arc<FileMeta>>> {
+        let count = remote_compaction::file_numbers_for(c, self.opts.target_file_size_base);
+        // The counter past the job's numbers is durable before the job leaves: after a
+        // crash this engine never writes a table a worker may still write.
+        let first = {
+            let mut st = self.state.lock();
+            let first = st
+                .vset
+                .reserve_file_numbers(count)
+                .ok_or_else(|| Error::InvalidArgument("file numbers run out".into()))?;
+            self.log_and_apply(&mut st, VersionEdit::default())?;
+            first
+        };
+        let job = CompactionJob {
+            level: c.level,
+            output_level: c.output_level,
+            inputs: c.inputs.clone(),
+            next_inputs: c.next_inputs.clone(),
+            bottommost: c.bottommost,
+            snapshots: self.live_snapshots(),
+            first_file_number: first,
+            file_numbers: count,
+            target_file_size: self.opts.target_file_size_base,
+            min_group_file_size: self.opts.min_group_file_size,
+            readahead_bytes: self.opts.compaction_readahead_bytes as u64,
+            table: self.opts.table.clone(),
+        };
+        let out = service.compact(&job).map_err(Error::Remote)?;
+        match remote_compaction::check_outputs(&job, &out, &self.tables) {
+            Ok(files) => {
+                self.counters
+                    .compaction_read
+                    .fetch_add(out.bytes_read, AtOrd::Relaxed);
+                self.counters
+                    .compaction_written
+                    .fetch_add(files.iter().map(|f| f.size).sum(), AtOrd::Relaxed);
+                self.counters
+                    .remote_compactions
+                    .fetch_add(1, AtOrd::Relaxed);
+                Ok(files)
+            }
+            Err(e) => {
+                // None of them is installed: take back what the worker says it wrote.
+                for &(n, _) in &out.files {
+                    if (first..first + count).contains(&n) {
+                        self.tables.evict(n);
+                        let _ = self.store.delete_table(n);
+                    }
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Makes `edit` durable in the manifest and installs its version (see
@@ -2355,6 +2449,8 @@ impl Inner {
             compactions: c.compactions.load(AtOrd::Relaxed),
             trivial_moves: c.trivial_moves.load(AtOrd::Relaxed),
             compaction_pieces: c.compaction_pieces.load(AtOrd::Relaxed),
+            remote_compactions: c.remote_compactions.load(AtOrd::Relaxed),
+            remote_compaction_fallbacks: c.remote_fallbacks.load(AtOrd::Relaxed),
             write_amplification: if user == 0 {
                 0.0
             } else {

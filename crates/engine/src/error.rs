@@ -35,6 +35,10 @@ pub enum Error {
     #[error("engine is read-only after a background error: {0}")]
     Background(String),
 
+    /// A compaction worker failed or refused a job (`remote_compaction`).
+    #[error("compaction worker: {0}")]
+    Remote(String),
+
     /// The engine was closed.
     #[error("engine is closed")]
     Closed,

@@ -109,6 +109,10 @@ pub struct Options {
     /// Longest wait between two tries of background work that failed on an unavailable
     /// table store.
     pub retry_backoff_max: std::time::Duration,
+    /// Where background compactions run when not here: a worker reaching the same table
+    /// store (`remote_compaction`). A compaction the worker fails or answers wrongly runs
+    /// here after all. `None`: every compaction runs in this process.
+    pub compaction_service: Option<std::sync::Arc<dyn crate::remote_compaction::CompactionService>>,
 }
 
 impl Default for Options {
@@ -140,6 +144,7 @@ impl Default for Options {
             retry_backoff_min: std::time::Duration::from_millis(100),
             compaction_readahead_bytes: 2 << 20,
             retry_backoff_max: std::time::Duration::from_secs(10),
+            compaction_service: None,
         }
     }
 }

@@ -301,6 +301,14 @@ impl VersionSet {
         n
     }
 
+    /// Hands out `n` consecutive file numbers (the first; `None` if the counter would
+    /// overflow). The next edit written records the counter past them.
+    pub fn reserve_file_numbers(&mut self, n: u64) -> Option<u64> {
+        let first = self.next_file_number;
+        self.next_file_number = first.checked_add(n)?;
+        Some(first)
+    }
+
     /// Largest sequence number recorded in the manifest.
     pub fn last_sequence(&self) -> SequenceNumber {
         self.last_sequence

@@ -454,18 +454,31 @@ fn verify(out: &Outcome, wal: bool, open: &dyn Fn() -> Arc<Db>, at: &str) {
 /// [`run`] with the tables and manifest on an object store (in memory, behind
 /// `support/flaky.rs`), the WAL on MemFs. The crash comes at a store request (half the
 /// time that request, an upload or a delete, lands and its answer is lost) or at a
-/// file-system operation; either way both stop there.
+/// file-system operation; either way both stop there. Odd seeds run the compactions on
+/// an in-process worker (`support/worker.rs`) over the same store.
 fn run_on_objects(seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let wal = rng.gen_bool(0.5);
     let opts = options(&mut rng, wal);
     let steps = plan(&mut rng, wal);
     let torn = rng.gen_bool(0.5);
+    // Every other run hands compactions to a worker writing through the same store: a
+    // crash then also comes while it reads and writes.
+    let on_worker = seed % 2 == 1;
     let dir = Path::new("/crash");
     let open = |fs: &SharedFs, store: &Arc<Flaky>| {
         let tables =
             ObjectTableStore::new(Arc::clone(store) as Arc<dyn ObjectStore>, "db").unwrap();
-        Db::open_with_store(Arc::clone(fs), dir, Arc::new(tables), opts.clone()).unwrap()
+        let mut opts = opts.clone();
+        if on_worker {
+            let own =
+                ObjectTableStore::new(Arc::clone(store) as Arc<dyn ObjectStore>, "db").unwrap();
+            opts.compaction_service = Some(support::worker::Worker::new(
+                Arc::new(own),
+                support::worker::Behaviour::default(),
+            ));
+        }
+        Db::open_with_store(Arc::clone(fs), dir, Arc::new(tables), opts).unwrap()
     };
 
     // Count the requests and file-system operations of an undisturbed run.

@@ -237,6 +237,9 @@ enum Tables<'a> {
     Objects,
     /// On an in-memory object store that fails now and then.
     FlakyObjects,
+    /// On an in-memory object store, compactions run by a worker (`support::worker`)
+    /// that refuses some jobs.
+    ObjectsWithWorker,
     /// On a MinIO server, a prefix for each run.
     Minio(&'a support::minio::Minio),
 }
@@ -247,14 +250,29 @@ fn run(seed: u64, tables: Tables) {
     let fs: SharedFs = mem.clone();
     let dir = Path::new("/model");
     let mut opts = options(&mut rng);
+    let in_memory: Arc<dyn object_store::ObjectStore> =
+        Arc::new(object_store::memory::InMemory::new());
+    // The worker's own store over the same objects (it takes no writer's place).
+    let worker = matches!(tables, Tables::ObjectsWithWorker).then(|| {
+        let store = ObjectTableStore::new(Arc::clone(&in_memory), "db/model").unwrap();
+        support::worker::Worker::new(
+            Arc::new(store),
+            support::worker::Behaviour {
+                fail_every: rng.gen_range(0..6),
+                ..Default::default()
+            },
+        )
+    });
+    if let Some(w) = &worker {
+        opts.compaction_service = Some(Arc::clone(w) as Arc<dyn phoenix_engine::CompactionService>);
+    }
     let flaky = matches!(tables, Tables::FlakyObjects)
         .then(|| Flaky::new(Arc::new(object_store::memory::InMemory::new())));
     let object_store = match tables {
         Tables::Directory => None,
-        Tables::Objects => Some(
-            ObjectTableStore::new(Arc::new(object_store::memory::InMemory::new()), "db/model")
-                .unwrap(),
-        ),
+        Tables::Objects | Tables::ObjectsWithWorker => {
+            Some(ObjectTableStore::new(Arc::clone(&in_memory), "db/model").unwrap())
+        }
         Tables::FlakyObjects => Some(
             ObjectTableStore::new(
                 Arc::clone(flaky.as_ref().unwrap()) as Arc<dyn object_store::ObjectStore>,
@@ -282,6 +300,8 @@ fn run(seed: u64, tables: Tables) {
         None => Db::open(Arc::clone(&fs), dir, opts.clone()).unwrap(),
     };
     let mut db = open(&opts);
+    // Compactions the worker ran, and those it failed, over the run's engines.
+    let mut remote = (0u64, 0u64);
     let mut model = Model::new();
     let mut snaps: Vec<(Snapshot, Model)> = Vec::new();
     let wo = WriteOptions::default();
@@ -459,6 +479,10 @@ fn run(seed: u64, tables: Tables) {
             94..=95 => {
                 snaps.clear();
                 db.close().unwrap();
+                // (After the close: a compaction under way finishes first.)
+                let st = db.stats();
+                remote.0 += st.remote_compactions;
+                remote.1 += st.remote_compaction_fallbacks;
                 drop(db);
                 if rng.gen_bool(0.3) {
                     // Another prefix length: tables keep filters of the old one, which
@@ -535,6 +559,18 @@ fn run(seed: u64, tables: Tables) {
     drop(it);
     drop(snaps);
     db.close().unwrap();
+    let st = db.stats();
+    if let Some(w) = &worker {
+        let (ran, fell_back) = (
+            remote.0 + st.remote_compactions,
+            remote.1 + st.remote_compaction_fallbacks,
+        );
+        let jobs = w.jobs.load(std::sync::atomic::Ordering::SeqCst);
+        let done = w.done.load(std::sync::atomic::Ordering::SeqCst);
+        // Every job the worker finished was installed (none rejected); every other one
+        // was compacted here instead.
+        assert_eq!((ran, fell_back), (done, jobs - done), "seed {seed}");
+    }
 }
 
 fn runs(tables: Tables, runs_var: &str, default_runs: u64, test: &str) {
@@ -569,6 +605,16 @@ fn db_matches_model_with_tables_on_an_object_store() {
         "PHOENIX_ENGINE_MODEL_OBJECT_RUNS",
         20,
         "db_matches_model_with_tables_on_an_object_store",
+    );
+}
+
+#[test]
+fn db_matches_model_with_compactions_on_a_worker() {
+    runs(
+        Tables::ObjectsWithWorker,
+        "PHOENIX_ENGINE_MODEL_OBJECT_RUNS",
+        20,
+        "db_matches_model_with_compactions_on_a_worker",
     );
 }
 

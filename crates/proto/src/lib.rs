@@ -7,7 +7,9 @@
 //! - [`raft_transport_server`]/[`raft_transport_client`]: batched raft messages between
 //!   nodes and chunked snapshot upload;
 //! - [`faults_server`]/[`faults_client`]: fault injection for fault runs (cut links),
-//!   served only by nodes started with `--fault-injection`.
+//!   served only by nodes started with `--fault-injection`;
+//! - [`compactor_server`]/[`compactor_client`]: compaction jobs a node hands to a
+//!   worker (`phoenix compactor`) over its table store.
 //!
 //! Errors travel inside responses as [`Error`] (a typed `oneof`); gRPC statuses are
 //! reserved for transport failures. [`convert`] maps raft messages to and from the

@@ -74,6 +74,12 @@ pub struct Config {
     /// Bytes of the local flash cache of remote table pages (`data/sst-cache/`), with
     /// `sst_store`; 0: none.
     pub sst_cache_bytes: u64,
+    /// A compaction worker (`phoenix compactor`, host:port) that runs the engine's
+    /// background compactions over `sst_store` (compactor.rs); `None`: they run here.
+    pub compactor: Option<String>,
+    /// How long the node waits for the worker's answer to one compaction before it
+    /// compacts itself.
+    pub compactor_timeout: Duration,
     /// Raft tick.
     pub tick: Duration,
     /// Election timeout in ticks (randomized up to twice this).
@@ -180,6 +186,21 @@ impl Security {
             .map_err(|e| Error::Config(e.to_string()))
     }
 
+    /// A gRPC server builder speaking TLS when configured (`what` serves, for messages).
+    /// Without tokens a caller can come in by its certificate only.
+    pub fn server(&self, what: &str) -> Result<tonic::transport::Server> {
+        let server = tonic::transport::Server::builder();
+        let Some(t) = &self.tls else {
+            return Ok(server);
+        };
+        let tls = t
+            .server_config(!self.tokens.is_empty())
+            .map_err(|e| Error::Config(e.to_string()))?;
+        server
+            .tls_config(tls)
+            .map_err(|e| Error::Config(format!("TLS for {what}: {e}")))
+    }
+
     /// What this node asks of its callers.
     pub fn gate(&self) -> Gate {
         Gate::new(self.tokens.clone(), self.tls.is_some())
@@ -245,6 +266,8 @@ impl Config {
             engine_wal: false,
             memtable_bytes: 64 << 20,
             sst_store: None,
+            compactor: None,
+            compactor_timeout: Duration::from_secs(30 * 60),
             sst_cache_bytes: 1 << 30,
             // Election 0.5–1 s, heartbeat 50 ms: a dead or paused leader is replaced
             // within about a second (pre-vote and check-quorum keep the short timeout
@@ -287,6 +310,9 @@ impl Config {
         let bad = |s: &str| Err(Error::Config(s.to_string()));
         if self.node_id == 0 {
             return bad("node id 0 is reserved");
+        }
+        if self.compactor.is_some() && self.sst_store.is_none() {
+            return bad("a compactor needs the tables on a shared store (--sst-store)");
         }
         if self.replication == 0 || self.replication > 7 {
             return bad("replication must be in 1..=7");

@@ -25,6 +25,7 @@
 
 pub mod apply;
 pub mod batch;
+pub mod compactor;
 pub mod config;
 pub mod control;
 pub mod disk;
@@ -200,16 +201,7 @@ async fn run_once(
     let creds = cfg.security.credentials()?;
     // (Before anything starts: a TLS setup that fails must stop the start, not a node
     // half up.)
-    let mut server = tonic::transport::Server::builder();
-    if let Some(t) = &cfg.security.tls {
-        // Without tokens a caller can come in by its certificate only.
-        let tls = t
-            .server_config(!cfg.security.tokens.is_empty())
-            .map_err(|e| Error::Config(e.to_string()))?;
-        server = server
-            .tls_config(tls)
-            .map_err(|e| Error::Config(format!("TLS for {}: {e}", cfg.listen)))?;
-    }
+    let server = cfg.security.server(&cfg.listen)?;
     let data = cfg.data_dir.clone();
     std::fs::create_dir_all(&data)
         .map_err(|e| Error::io(format!("creating {}", data.display()), e))?;
@@ -234,6 +226,15 @@ async fn run_once(
             WalMode::None
         },
         write_buffer_size: cfg.memtable_bytes,
+        compaction_service: match (&cfg.compactor, &cfg.sst_store) {
+            (Some(addr), Some(url)) => Some(Arc::new(compactor::RemoteCompactor::new(
+                addr,
+                url,
+                creds.clone(),
+                cfg.compactor_timeout,
+            )?)),
+            _ => None,
+        },
         ..EngineOptions::default()
     };
     let engine = match &cfg.sst_store {

@@ -366,6 +366,18 @@ impl Collector for NodeCollector {
         )?;
         counter(
             &mut enc,
+            "engine_remote_compactions",
+            "Engine compactions a compaction worker ran (--compactor)",
+            es.remote_compactions,
+        )?;
+        counter(
+            &mut enc,
+            "engine_remote_compaction_fallbacks",
+            "Compactions the worker failed or answered wrongly, then run by the node",
+            es.remote_compaction_fallbacks,
+        )?;
+        counter(
+            &mut enc,
             "engine_write_stalls",
             "Times an engine writer waited for a flush or an L0 compaction",
             es.stall_count,

@@ -1,4 +1,4 @@
-//! Pieces every benchmark shares: progress bars and latency summaries.
+//! Pieces every benchmark shares: progress bars, latency summaries, CPU time.
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -51,4 +51,24 @@ pub fn latency_json(h: &Histogram<u64>) -> serde_json::Value {
         "p999_us": us(h.value_at_quantile(0.999)),
         "max_us": us(h.max()),
     })
+}
+
+/// CPU seconds (user + system) process `pid` (or `self`) used so far, from
+/// `/proc/<pid>/stat` (at the kernel's 100 ticks per second).
+pub fn cpu_secs(pid: &str) -> Result<f64, String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| format!("read /proc/{pid}/stat: {e}"))?;
+    // Fields after the command name (which may hold spaces): state is the first;
+    // utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let tick = |n: usize| -> Result<f64, String> {
+        fields
+            .get(n)
+            .and_then(|f| f.parse::<f64>().ok())
+            .ok_or_else(|| format!("/proc/{pid}/stat: no field {n}"))
+    };
+    Ok((tick(11)? + tick(12)?) / 100.0)
 }

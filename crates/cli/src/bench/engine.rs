@@ -123,6 +123,10 @@ pub struct Args {
     /// on `--sst_store`; 0: none.
     #[arg(long = "flash_cache_size", default_value_t = 0, requires = "sst_store")]
     flash_cache_size: u64,
+    /// Hand background compactions to a compaction worker (`phoenix compactor`,
+    /// host:port) serving the bucket of `--sst_store`; it is called without a token.
+    #[arg(long = "compactor", requires = "sst_store")]
+    compactor: Option<String>,
     /// Keep the database found in `--db` for fill benchmarks instead of wiping it.
     #[arg(long = "use_existing_db", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     use_existing_db: bool,
@@ -727,7 +731,15 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
         .filter(|s| !s.is_empty())
         .map(Bench::parse)
         .collect::<Result<Vec<_>, _>>()?;
-    let opts = engine_options(&args)?;
+    let mut opts = engine_options(&args)?;
+    if let (Some(addr), Some(url)) = (&args.compactor, &args.sst_store) {
+        opts.compaction_service = Some(Arc::new(phoenix_server::compactor::RemoteCompactor::new(
+            addr,
+            url,
+            phoenix_proto::security::Credentials::default(),
+            Duration::from_secs(30 * 60),
+        )?));
+    }
     let reads = if args.reads < 0 {
         args.num
     } else {
@@ -781,6 +793,9 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
     out.line(format_args!("DB path:    [{}]", args.db.display()));
     if let Some(store) = &target.store {
         out.line(format_args!("Tables in:  [{}]", store.location().display()));
+    }
+    if let Some(addr) = &args.compactor {
+        out.line(format_args!("Compactor:  [{addr}]"));
     }
     out.line(format_args!(
         "------------------------------------------------"
@@ -864,6 +879,7 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
             wo,
             reads,
         };
+        let cpu0 = super::common::cpu_secs("self")?;
         let first_tid = threads_started;
         threads_started += args.threads as u64;
         let results: Vec<Result<ThreadStats, BenchError>> = std::thread::scope(|s| {
@@ -884,7 +900,18 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
         });
         bar.finish_and_clear();
         let stats = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-        summaries.push(report(out, name, &stats));
+        let mut summary = report(out, name, &stats);
+        // Everything this process spent meanwhile: the benchmark's threads and the
+        // engine's flushes and compactions (those a worker ran are not here).
+        let cpu = super::common::cpu_secs("self")? - cpu0;
+        out.line(format_args!(
+            "{:<12} : {cpu:.2} CPU seconds in this process",
+            ""
+        ));
+        if let Some(o) = summary.as_object_mut() {
+            o.insert("cpu_secs".into(), serde_json::json!(cpu));
+        }
+        summaries.push(summary);
     }
     if let Some(d) = db {
         d.close()?;
@@ -914,8 +941,13 @@ fn print_stats(out: Report, db: &Db) {
         }
     }
     out.line(format_args!(
-        "  flushes {}, compactions {} ({} trivial moves), write amplification {:.2}",
-        s.flushes, s.compactions, s.trivial_moves, s.write_amplification
+        "  flushes {}, compactions {} ({} trivial moves, {} on a worker, {} failed there), write amplification {:.2}",
+        s.flushes,
+        s.compactions,
+        s.trivial_moves,
+        s.remote_compactions,
+        s.remote_compaction_fallbacks,
+        s.write_amplification
     ));
     out.line(format_args!(
         "  stalls {} ({:.1} ms), slowdowns {}, block cache {:.1} MiB",

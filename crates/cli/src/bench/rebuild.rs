@@ -355,27 +355,12 @@ fn value(i: u64, size: usize) -> Vec<u8> {
     v
 }
 
-/// Node `i`'s CPU seconds (user + system) so far, from `/proc/<pid>/stat` (at the
-/// kernel's 100 ticks per second).
+/// Node `i`'s CPU seconds (user + system) so far.
 fn cpu_secs(cluster: &LocalCluster, i: usize) -> Result<f64, BenchError> {
     let pid = cluster.nodes[i]
         .pid()
         .ok_or_else(|| format!("node {} is not running", i + 1))?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_err(|e| format!("read /proc/{pid}/stat: {e}"))?;
-    // Fields after the command name (which may hold spaces): state is the first;
-    // utime and stime are the 12th and 13th.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let tick = |n: usize| -> Result<f64, BenchError> {
-        fields
-            .get(n)
-            .and_then(|f| f.parse::<f64>().ok())
-            .ok_or_else(|| format!("/proc/{pid}/stat: no field {n}").into())
-    };
-    Ok((tick(11)? + tick(12)?) / 100.0)
+    Ok(super::common::cpu_secs(&pid.to_string())?)
 }
 
 /// Waits until the nodes `which` (indexes) use less than 5% of a core together over

@@ -2,6 +2,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod compactor;
 pub mod local_tls;
 pub mod minio;
 pub mod playground;

@@ -50,6 +50,15 @@ pub struct Args {
     /// tables on --sst-store, read or written; 0: none.
     #[arg(long, default_value_t = 1024, requires = "sst_store")]
     pub sst_cache_mb: u64,
+    /// Hand the engine's background compactions to a worker (`phoenix compactor`,
+    /// host:port) that reaches the same bucket: it reads and writes the tables there,
+    /// the node only installs what it wrote. A worker that fails or is unreachable
+    /// leaves the compaction to the node. Calls carry the node's token and TLS.
+    #[arg(long, requires = "sst_store")]
+    pub compactor: Option<String>,
+    /// How long to wait for the worker to finish one compaction before running it here.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration, requires = "compactor")]
+    pub compactor_timeout: Duration,
     /// Log entries kept below the persisted applied index for lagging followers.
     #[arg(long, default_value_t = 10_000)]
     pub log_keep_entries: u64,
@@ -221,6 +230,8 @@ pub fn run(args: Args) -> Result<(), BoxError> {
     cfg.memtable_bytes = args.memtable_mb.max(1) << 20;
     cfg.sst_store = args.sst_store;
     cfg.sst_cache_bytes = args.sst_cache_mb.saturating_mul(1 << 20);
+    cfg.compactor = args.compactor;
+    cfg.compactor_timeout = args.compactor_timeout;
     cfg.log_keep_entries = args.log_keep_entries;
     cfg.log_truncate_interval = Duration::from_millis(args.log_truncate_ms.max(10));
     cfg.value_bytes_max = args.value_max_bytes;
@@ -331,24 +342,8 @@ pub fn run(args: Args) -> Result<(), BoxError> {
             }
             None => None,
         };
-        let signal = async {
-            let mut term =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!("cannot watch SIGTERM: {e}");
-                        let _ = tokio::signal::ctrl_c().await;
-                        return;
-                    }
-                };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            tracing::info!("stopping");
-        };
         let shutdown = async move {
-            signal.await;
+            stop_signal().await;
             let _ = stopping.send(true);
         };
         let ran = phoenix_server::run_with(cfg, shutdown, requests).await;
@@ -361,6 +356,23 @@ pub fn run(args: Args) -> Result<(), BoxError> {
         ran.map_err(BoxError::from)
     })?;
     Ok(())
+}
+
+/// Resolves at Ctrl-C or SIGTERM.
+pub async fn stop_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot watch SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("stopping");
 }
 
 /// The Redis password in `file` (one trailing newline dropped; empty is refused).

@@ -1,5 +1,5 @@
 //! What the engine's tests share: a MinIO server to run against (`minio`), an object
-//! store that fails on request (`flaky`) and loopback
+//! store that fails on request (`flaky`), a compaction worker in the process (`worker`) and loopback
 //! ports for servers (`port`, also used by the server's, the CLI's and the Redis
 //! gateway's tests).
 #![allow(dead_code)]
@@ -7,4 +7,5 @@
 pub mod flaky;
 pub mod minio;
 mod port;
+pub mod worker;
 pub use port::free_port;

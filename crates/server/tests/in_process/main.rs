@@ -18,6 +18,7 @@ mod common;
 use common::*;
 
 // The other cluster tests: one test binary links the server once, not once per file.
+mod compactor;
 mod limits;
 mod merge;
 mod minio;

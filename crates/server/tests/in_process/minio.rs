@@ -12,7 +12,7 @@ use phoenix_server::MetaMember;
 use crate::common::*;
 
 #[path = "../../../engine/tests/support/minio.rs"]
-mod minio_server;
+pub(crate) mod minio_server;
 
 /// Every file under `dir`, recursively.
 fn files(dir: &Path) -> Vec<String> {

@@ -1,0 +1,200 @@
+//! Compactions run by a worker (`remote_compaction`): the engine installs what a worker
+//! wrote, compacts itself when the worker fails or answers wrongly, and never lets a
+//! worker still running a job from before a crash write over a table of the engine
+//! after it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use phoenix_engine::{
+    CompactionService, Db, FsTableStore, Options, ReadOptions, SharedTableStore, StoredFile,
+    TableStore, WalMode, WriteOptions,
+};
+use phoenix_storage::{MemFs, SharedFs};
+
+mod support;
+use support::worker::{Behaviour, Worker};
+
+const DIR: &str = "/db";
+
+fn options(worker: Option<&Arc<Worker>>) -> Options {
+    Options {
+        write_buffer_size: 8 << 10,
+        target_file_size_base: 4 << 10,
+        disable_auto_compactions: true,
+        wal: WalMode::Log,
+        compaction_service: worker.map(|w| Arc::clone(w) as Arc<dyn CompactionService>),
+        ..Options::default()
+    }
+}
+
+fn key(i: u32) -> Vec<u8> {
+    // Four groups, so outputs are cut at group boundaries too.
+    let mut k = vec![0u8; 8];
+    k[7] = (i % 4) as u8 + 1;
+    k.extend_from_slice(format!("k{i:05}").as_bytes());
+    k
+}
+
+/// Writes keys `range` with values tagged `tag`, flushing every 100.
+fn fill(db: &Db, range: std::ops::Range<u32>, tag: &str) {
+    for i in range {
+        db.put(
+            &WriteOptions::default(),
+            &key(i),
+            format!("{tag}-{i}").as_bytes(),
+        )
+        .unwrap();
+        if i % 100 == 99 {
+            db.flush().unwrap();
+        }
+    }
+    db.flush().unwrap();
+}
+
+fn check(db: &Db, range: std::ops::Range<u32>, tag: &str) {
+    for i in range {
+        let got = db.get(&ReadOptions::default(), &key(i)).unwrap();
+        assert_eq!(
+            got.as_deref(),
+            Some(format!("{tag}-{i}").as_bytes()),
+            "key {i}"
+        );
+    }
+}
+
+fn tables(store: &dyn TableStore) -> Vec<u64> {
+    let mut t: Vec<u64> = store
+        .list()
+        .unwrap()
+        .into_iter()
+        .filter_map(|f| match f {
+            StoredFile::Table(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    t.sort_unstable();
+    t
+}
+
+fn live_tables(db: &Db) -> usize {
+    db.stats().levels.iter().map(|l| l.files).sum()
+}
+
+#[test]
+fn a_worker_s_compaction_is_installed_and_reads_see_it() {
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = mem.clone();
+    let store: SharedTableStore = Arc::new(FsTableStore::new(Arc::clone(&fs), Path::new(DIR)));
+    let worker = Worker::new(Arc::clone(&store), Behaviour::default());
+    let db = Db::open(Arc::clone(&fs), Path::new(DIR), options(Some(&worker))).unwrap();
+    fill(&db, 0..1000, "a");
+    fill(&db, 0..500, "b");
+    let before = db.stats();
+    assert!(before.levels[0].files >= 10, "{:?}", before.levels);
+    db.compact_range(None, None).unwrap();
+    let st = db.stats();
+    assert_eq!(st.levels[0].files, 0, "{:?}", st.levels);
+    assert!(st.remote_compactions >= 1, "{st:?}");
+    assert_eq!(st.remote_compaction_fallbacks, 0);
+    assert_eq!(worker.done.load(Ordering::SeqCst), st.remote_compactions);
+    check(&db, 0..500, "b");
+    check(&db, 500..1000, "a");
+    // The store holds the tree's tables and nothing else.
+    assert_eq!(tables(&*store).len(), live_tables(&db));
+    db.close().unwrap();
+    let db = Db::open(Arc::clone(&fs), Path::new(DIR), options(None)).unwrap();
+    check(&db, 0..500, "b");
+    check(&db, 500..1000, "a");
+    db.close().unwrap();
+}
+
+#[test]
+fn a_failing_or_lying_worker_leaves_the_compaction_to_the_engine() {
+    for behaviour in [
+        Behaviour {
+            fail_every: 1,
+            ..Default::default()
+        },
+        // The outputs are written, but the answer names other tables.
+        Behaviour {
+            shift_numbers: 1 << 30,
+            ..Default::default()
+        },
+    ] {
+        let what = format!("{behaviour:?}");
+        let mem = Arc::new(MemFs::new());
+        let fs: SharedFs = mem.clone();
+        let store: SharedTableStore = Arc::new(FsTableStore::new(Arc::clone(&fs), Path::new(DIR)));
+        let worker = Worker::new(Arc::clone(&store), behaviour);
+        let db = Db::open(Arc::clone(&fs), Path::new(DIR), options(Some(&worker))).unwrap();
+        fill(&db, 0..1000, "a");
+        db.compact_range(None, None).unwrap();
+        let st = db.stats();
+        assert_eq!(st.levels[0].files, 0, "{what}: {:?}", st.levels);
+        assert_eq!(st.remote_compactions, 0, "{what}");
+        assert!(st.remote_compaction_fallbacks >= 1, "{what}: {st:?}");
+        assert_eq!(
+            st.remote_compaction_fallbacks,
+            worker.jobs.load(Ordering::SeqCst),
+            "{what}"
+        );
+        check(&db, 0..1000, "a");
+        db.close().unwrap();
+        // What the lying worker wrote is a stray the next open deletes.
+        let db = Db::open(Arc::clone(&fs), Path::new(DIR), options(None)).unwrap();
+        assert_eq!(tables(&*store).len(), live_tables(&db), "{what}");
+        check(&db, 0..1000, "a");
+        db.close().unwrap();
+    }
+}
+
+/// A crash while a worker runs a job, then the engine opened again, writes and
+/// flushes: the worker, still running, then writes its outputs. They must not land on
+/// a table of the new engine (the job's numbers were made durable before it left), and
+/// the next open deletes them as strays.
+#[test]
+fn a_worker_running_past_a_crash_never_writes_over_the_engine_s_tables() {
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = mem.clone();
+    let store: SharedTableStore = Arc::new(FsTableStore::new(Arc::clone(&fs), Path::new(DIR)));
+    let worker = Worker::new(Arc::clone(&store), Behaviour::default());
+    let (release, held) = std::sync::mpsc::channel();
+    *worker.hold.lock().unwrap() = Some(held);
+    let db = Db::open(Arc::clone(&fs), Path::new(DIR), options(Some(&worker))).unwrap();
+    fill(&db, 0..1000, "a");
+    let compacting = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || db.compact_range(None, None))
+    };
+    while worker.jobs.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let job = worker.seen.lock().unwrap()[0].clone();
+    let job_numbers = job.first_file_number..job.first_file_number + job.file_numbers;
+    mem.crash();
+    let db2 = Db::open(Arc::clone(&fs), Path::new(DIR), options(None)).unwrap();
+    check(&db2, 0..1000, "a");
+    fill(&db2, 0..300, "b");
+    for n in tables(&*store) {
+        assert!(
+            !job_numbers.contains(&n),
+            "table {n} of the reopened engine takes a number of the job {job_numbers:?}"
+        );
+    }
+    // The worker goes on: its outputs land beside the new engine's tables.
+    release.send(()).unwrap();
+    let _ = compacting.join().unwrap();
+    assert_eq!(worker.done.load(Ordering::SeqCst), 1);
+    check(&db2, 0..300, "b");
+    check(&db2, 300..1000, "a");
+    db2.close().unwrap();
+    drop(db);
+    let db3 = Db::open(Arc::clone(&fs), Path::new(DIR), options(None)).unwrap();
+    assert_eq!(tables(&*store).len(), live_tables(&db3));
+    check(&db3, 0..300, "b");
+    check(&db3, 300..1000, "a");
+    db3.close().unwrap();
+}
