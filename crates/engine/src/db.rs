@@ -709,6 +709,36 @@ impl Db {
         self.inner.flush()
     }
 
+    /// Waits until the background work has nothing left to do: every immutable
+    /// memtable flushed, no compaction running and none due (RocksDB's
+    /// `WaitForCompact`). An engine stopped by a background error says so; with
+    /// `disable_auto_compactions` only the flushes are waited for.
+    pub fn wait_for_background_work(&self) -> Result<()> {
+        let inner = &self.inner;
+        let mut st = inner.state.lock();
+        loop {
+            if let Some(e) = st.refused() {
+                return Err(e);
+            }
+            if st.closed {
+                return Err(Error::Closed);
+            }
+            let idle = st.imm.is_empty()
+                && st.busy.is_empty()
+                && (inner.opts.disable_auto_compactions
+                    || compaction::pick(&st.vset.current(), &inner.opts, &st.pointers, &st.busy)
+                        .is_none());
+            if idle {
+                return Ok(());
+            }
+            if inner.opts.inline_background {
+                MutexGuard::unlocked(&mut st, || inner.run_background_inline())?;
+                continue;
+            }
+            inner.bg_cv.wait_for(&mut st, Duration::from_millis(100));
+        }
+    }
+
     /// Compacts every file overlapping `[start, end]` down level by level.
     pub fn compact_range(&self, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<()> {
         self.inner.flush()?;

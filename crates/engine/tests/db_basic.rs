@@ -1372,3 +1372,42 @@ fn a_clean_close_keeps_writes_made_without_the_wal() {
     );
     db.close().unwrap();
 }
+
+#[test]
+fn waiting_for_background_work_leaves_nothing_due() {
+    let (_mem, fs) = fs();
+    let opts = Options {
+        write_buffer_size: 4 << 10,
+        max_write_buffer_number: 4,
+        level0_file_num_compaction_trigger: 2,
+        max_bytes_for_level_base: 16 << 10,
+        max_bytes_for_level_multiplier: 2,
+        target_file_size_base: 4 << 10,
+        ..small_opts(WalMode::None)
+    };
+    let db = Db::open(fs, Path::new("/db"), opts.clone()).unwrap();
+    let wo = WriteOptions::default();
+    for i in 0..3000u32 {
+        db.put(
+            &wo,
+            format!("k{:05}", (i * 7919) % 3000).as_bytes(),
+            &[b'v'; 40],
+        )
+        .unwrap();
+    }
+    db.wait_for_background_work().unwrap();
+    let st = db.stats();
+    assert_eq!(st.immutable_memtables, 0, "{st:?}");
+    assert!(st.levels[0].files < 2, "{:?}", st.levels);
+    // No level but the last over its target (a compaction would be due).
+    for l in 1..st.levels.len() - 1 {
+        let target = (16u64 << 10) << (l - 1);
+        assert!(st.levels[l].bytes < target, "L{l}: {:?}", st.levels);
+    }
+    assert!(st.compactions > 0);
+    db.close().unwrap();
+    assert!(matches!(
+        db.wait_for_background_work(),
+        Err(phoenix_engine::Error::Closed)
+    ));
+}

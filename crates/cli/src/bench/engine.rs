@@ -59,6 +59,7 @@ use crate::output::Report;
 pub struct Args {
     /// Comma-separated benchmarks: fillseq, fillrandom, overwrite, readrandom, readseq,
     /// seekrandom, multireadrandom, compact (everything compacted down, as db_bench's),
+    /// waitforcompaction (until flushes and due compactions are done, as db_bench's),
     /// stats.
     #[arg(
         long = "benchmarks",
@@ -216,6 +217,7 @@ enum Bench {
     SeekRandom,
     MultiReadRandom,
     Compact,
+    WaitForCompaction,
     Stats,
 }
 
@@ -230,6 +232,7 @@ impl Bench {
             "seekrandom" => Bench::SeekRandom,
             "multireadrandom" => Bench::MultiReadRandom,
             "compact" => Bench::Compact,
+            "waitforcompaction" => Bench::WaitForCompaction,
             "stats" => Bench::Stats,
             other => return Err(format!("unknown benchmark {other:?}").into()),
         })
@@ -499,7 +502,7 @@ fn run_thread(
                 }
             }
         }
-        Bench::Compact | Bench::Stats => {}
+        Bench::Compact | Bench::WaitForCompaction | Bench::Stats => {}
     }
     st.finish = Some(Instant::now());
     Ok(st)
@@ -831,6 +834,27 @@ pub fn run(args: Args, out: Report) -> Result<(), BenchError> {
                 "compact      : {seconds:.3} seconds (every file compacted down to one level)"
             ));
             summaries.push(serde_json::json!({ "name": "compact", "seconds": seconds }));
+            continue;
+        }
+        if *bench == Bench::WaitForCompaction {
+            let d = match &db {
+                Some(d) => Arc::clone(d),
+                None => {
+                    let d = target.open(&opts)?;
+                    db = Some(Arc::clone(&d));
+                    d
+                }
+            };
+            let (t, cpu0) = (Instant::now(), super::common::cpu_secs("self")?);
+            d.wait_for_background_work()?;
+            let seconds = t.elapsed().as_secs_f64();
+            let cpu = super::common::cpu_secs("self")? - cpu0;
+            out.line(format_args!(
+                "waitforcompaction : {seconds:.3} seconds ({cpu:.2} CPU seconds in this process)"
+            ));
+            summaries.push(
+                serde_json::json!({ "name": "waitforcompaction", "seconds": seconds, "cpu_secs": cpu }),
+            );
             continue;
         }
         if *bench == Bench::Stats {
