@@ -63,8 +63,10 @@ const WRITER_YIELDS: u32 = 16;
 const RETRY_BACKOFF_FLOOR: Duration = Duration::from_millis(1);
 
 mod group_copy;
+mod secondary;
 
 pub use group_copy::{CopiedTables, GroupExport, RestEntry, SharedTable};
+pub use secondary::Secondary;
 
 /// A consistent set of sources for a read: the memtables and the version.
 struct View {
@@ -417,7 +419,9 @@ impl Db {
             fs.create_dir_all(dir)?;
         }
         let lock = fs.lock(&filename::lock_path(dir))?;
-        let vset = VersionSet::open(Arc::clone(&store), opts.num_levels, opts.create_if_missing)?;
+        let mut vset =
+            VersionSet::open(Arc::clone(&store), opts.num_levels, opts.create_if_missing)?;
+        vset.set_deletion_delay(opts.obsolete_table_delay);
         let version = vset.current();
 
         // Files not in the manifest are half-written flush or compaction outputs (or
@@ -431,6 +435,14 @@ impl Db {
                 StoredFile::Temp(_) => true,
             };
             if stale {
+                if let (StoredFile::Table(n), false) = (&file, opts.obsolete_table_delay.is_zero())
+                {
+                    // A follower may still read it (a table of a version before the
+                    // crash): it waits out the delay as any replaced table does.
+                    if vset.defer_delete(*n) {
+                        continue;
+                    }
+                }
                 tracing::warn!(file = ?file, store = %store.location().display(), "deleting a file the manifest does not reference");
                 store.remove(&file)?;
                 removed = true;
@@ -929,6 +941,83 @@ impl Db {
     }
 }
 
+/// A cursor over `view` at `snap` (see [`Db::iter`]); `reads_at_once`: the store serves
+/// concurrent reads, so seeks go to the tables in parallel when asked.
+fn iter_over(
+    view: Arc<View>,
+    tables: &Arc<TableCache>,
+    reads_at_once: bool,
+    table_prefix_len: usize,
+    ro: &ReadOptions<'_>,
+    snap: SequenceNumber,
+) -> Result<DbIterator> {
+    let prefix_len = match (ro.prefix_same_as_start, table_prefix_len) {
+        (false, _) => None,
+        (true, 0) => {
+            return Err(Error::InvalidArgument(
+                "prefix_same_as_start needs a prefix extractor (table.prefix_len)".into(),
+            ))
+        }
+        (true, len) => Some(len),
+    };
+    let lower = ro.lower_bound.clone();
+    let upper = ro.upper_bound.clone();
+    let mut children: Vec<BoxIter> = Vec::new();
+    let mut tombstones = Vec::new();
+    for m in std::iter::once(&view.mem).chain(view.imms.iter()) {
+        children.push(Box::new(m.iter()));
+        tombstones.extend(m.range_tombstones());
+    }
+    let in_bounds = |f: &FileMeta| {
+        !(upper.as_deref().is_some_and(|u| f.smallest_user_key() >= u)
+            || lower.as_deref().is_some_and(|l| f.largest_user_key() < l))
+    };
+    let readahead = match ro.readahead_max {
+        0 => Readahead::Off,
+        max => Readahead::Adaptive { max },
+    };
+    for f in view.version.files(0) {
+        if !in_bounds(f) {
+            continue;
+        }
+        let t = tables.get(f.number, f.size)?;
+        tombstones.extend_from_slice(t.range_tombstones());
+        children.push(Box::new(
+            t.iter_with(ro.fill_cache).with_readahead(readahead),
+        ));
+    }
+    for level in 1..view.version.num_levels() {
+        let files = &view.version.levels[level];
+        if files.is_empty() {
+            continue;
+        }
+        for f in files.iter() {
+            if f.num_range_deletions > 0 && in_bounds(f) {
+                let t = tables.get(f.number, f.size)?;
+                tombstones.extend_from_slice(t.range_tombstones());
+            }
+        }
+        children.push(Box::new(
+            LevelIter::new(Arc::clone(tables), Arc::clone(files), ro.fill_cache)
+                .with_readahead(readahead),
+        ));
+    }
+    let frags = Fragments::new(&tombstones, snap);
+    let pin: Arc<dyn std::any::Any + Send + Sync> = view;
+    Ok(DbIterator::new(
+        MergingIterator::new(children).with_parallel_seeks(ro.parallel_io && reads_at_once),
+        snap,
+        frags,
+        ReadScope {
+            lower,
+            upper,
+            prefix: None,
+        },
+        prefix_len,
+        vec![pin],
+    ))
+}
+
 impl Drop for Db {
     fn drop(&mut self) {
         if !self.inner.state.lock().closed {
@@ -1025,74 +1114,16 @@ impl Inner {
     }
 
     fn iter(&self, ro: &ReadOptions<'_>) -> Result<DbIterator> {
-        let prefix_len = match (ro.prefix_same_as_start, self.opts.table.prefix_len) {
-            (false, _) => None,
-            (true, 0) => {
-                return Err(Error::InvalidArgument(
-                    "prefix_same_as_start needs a prefix extractor (table.prefix_len)".into(),
-                ))
-            }
-            (true, len) => Some(len),
-        };
         let view = self.view()?;
         let snap = self.read_seq(ro);
-        let lower = ro.lower_bound.clone();
-        let upper = ro.upper_bound.clone();
-        let mut children: Vec<BoxIter> = Vec::new();
-        let mut tombstones = Vec::new();
-        for m in std::iter::once(&view.mem).chain(view.imms.iter()) {
-            children.push(Box::new(m.iter()));
-            tombstones.extend(m.range_tombstones());
-        }
-        let in_bounds = |f: &FileMeta| {
-            !(upper.as_deref().is_some_and(|u| f.smallest_user_key() >= u)
-                || lower.as_deref().is_some_and(|l| f.largest_user_key() < l))
-        };
-        let readahead = match ro.readahead_max {
-            0 => Readahead::Off,
-            max => Readahead::Adaptive { max },
-        };
-        for f in view.version.files(0) {
-            if !in_bounds(f) {
-                continue;
-            }
-            let t = self.tables.get(f.number, f.size)?;
-            tombstones.extend_from_slice(t.range_tombstones());
-            children.push(Box::new(
-                t.iter_with(ro.fill_cache).with_readahead(readahead),
-            ));
-        }
-        for level in 1..view.version.num_levels() {
-            let files = &view.version.levels[level];
-            if files.is_empty() {
-                continue;
-            }
-            for f in files.iter() {
-                if f.num_range_deletions > 0 && in_bounds(f) {
-                    let t = self.tables.get(f.number, f.size)?;
-                    tombstones.extend_from_slice(t.range_tombstones());
-                }
-            }
-            children.push(Box::new(
-                LevelIter::new(Arc::clone(&self.tables), Arc::clone(files), ro.fill_cache)
-                    .with_readahead(readahead),
-            ));
-        }
-        let frags = Fragments::new(&tombstones, snap);
-        let pin: Arc<dyn std::any::Any + Send + Sync> = view;
-        Ok(DbIterator::new(
-            MergingIterator::new(children)
-                .with_parallel_seeks(ro.parallel_io && self.store.reads_at_once()),
+        iter_over(
+            view,
+            &self.tables,
+            self.store.reads_at_once(),
+            self.opts.table.prefix_len,
+            ro,
             snap,
-            frags,
-            ReadScope {
-                lower,
-                upper,
-                prefix: None,
-            },
-            prefix_len,
-            vec![pin],
-        ))
+        )
     }
 
     // ---- write path ----
@@ -1442,7 +1473,18 @@ impl Inner {
                             break Arc::clone(m);
                         }
                     }
-                    self.bg_cv.wait(&mut st);
+                    // Tables waiting out `obsolete_table_delay` go when it has passed.
+                    match st.vset.next_deletion_due() {
+                        Some(due) if due <= Instant::now() => {
+                            for n in st.vset.delete_obsolete_files() {
+                                self.tables.evict(n);
+                            }
+                        }
+                        Some(due) => {
+                            self.bg_cv.wait_until(&mut st, due);
+                        }
+                        None => self.bg_cv.wait(&mut st),
+                    }
                 }
             };
             match self.flush_one(&mem) {

@@ -28,7 +28,7 @@ mod write_delay;
 
 pub use db::{
     check_group_files, CopiedTables, Db, Failure, GroupExport, GroupSize, LevelStats, RestEntry,
-    SharedTable, Snapshot, Stats, GROUP_SIZE_SPAN_MAX,
+    Secondary, SharedTable, Snapshot, Stats, GROUP_SIZE_SPAN_MAX,
 };
 pub use db_iter::DbIterator;
 pub use error::{Error, Result};

@@ -113,6 +113,11 @@ pub struct Options {
     /// store (`remote_compaction`). A compaction the worker fails or answers wrongly runs
     /// here after all. `None`: every compaction runs in this process.
     pub compaction_service: Option<std::sync::Arc<dyn crate::remote_compaction::CompactionService>>,
+    /// How long a table a compaction (or a drop, an ingest's rewrite) replaced stays in
+    /// the store before it is deleted: read-only followers of this engine (`Secondary`)
+    /// that catch up more often than this never find a table of their version gone.
+    /// 0: deleted once no version of this engine holds it.
+    pub obsolete_table_delay: std::time::Duration,
 }
 
 impl Default for Options {
@@ -145,6 +150,7 @@ impl Default for Options {
             compaction_readahead_bytes: 2 << 20,
             retry_backoff_max: std::time::Duration::from_secs(10),
             compaction_service: None,
+            obsolete_table_delay: std::time::Duration::ZERO,
         }
     }
 }

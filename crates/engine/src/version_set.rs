@@ -114,7 +114,10 @@ pub struct VersionSet {
     log_number: u64,
     live: Vec<Weak<Version>>,
     /// Files removed from the current version, deleted once no live version holds them.
-    pending_deletes: Vec<u64>,
+    /// Tables removed by edits, with when: deleted once no version holds them and
+    /// `deletion_delay` has passed.
+    pending_deletes: Vec<(u64, std::time::Instant)>,
+    deletion_delay: std::time::Duration,
     /// Files kept whatever the versions hold (an export's tables, until copied), with
     /// how many hold each.
     pinned: std::collections::HashMap<u64, usize>,
@@ -165,6 +168,7 @@ impl VersionSet {
             log_number: 0,
             live: Vec::new(),
             pending_deletes: Vec::new(),
+            deletion_delay: std::time::Duration::ZERO,
             pinned: std::collections::HashMap::new(),
             broken: None,
             stale: None,
@@ -174,59 +178,15 @@ impl VersionSet {
             writing: false,
         };
         let mut old_manifest = None;
-        if let Some((number, path, data)) = store.read_current_manifest()? {
-            let (edits, torn) = decode_manifest(&path, &data)?;
-            if torn {
-                tracing::warn!(manifest = %path.display(), "dropping a torn record at the end of the manifest");
-            }
-            if edits.is_empty() {
-                return Err(Error::corruption(
-                    &path,
-                    0,
-                    "manifest holds no complete record",
-                ));
-            }
-            let mut v = Version::empty(num_levels);
-            for (offset, e) in &edits {
-                if e.new_files.iter().any(|(l, _)| *l >= num_levels)
-                    || e.deleted_files.iter().any(|(l, _)| *l >= num_levels)
-                {
-                    return Err(Error::corruption(
-                        &path,
-                        *offset,
-                        format!("edit names a level beyond num_levels = {num_levels}"),
-                    ));
-                }
-                v = v.apply(e).map_err(|what| {
-                    Error::corruption(&path, *offset, format!("edit does not apply: {what}"))
-                })?;
-                if let Some(n) = e.log_number {
-                    vs.log_number = n;
-                }
-                if let Some(n) = e.next_file_number {
-                    vs.next_file_number = n;
-                }
-                if let Some(s) = e.last_sequence {
-                    vs.last_sequence = s;
-                }
-            }
-            let max_file = v.live_files().max().unwrap_or(0);
-            if max_file >= vs.next_file_number {
-                return Err(Error::corruption(
-                    &path,
-                    0,
-                    format!(
-                        "file {max_file} is not below next_file_number {}",
-                        vs.next_file_number
-                    ),
-                ));
-            }
-            vs.current = Arc::new(v);
-            vs.next_file_number = vs
+        if let Some(r) = replay(&store, num_levels)? {
+            vs.log_number = r.log_number;
+            vs.last_sequence = r.last_sequence;
+            vs.current = Arc::new(r.version);
+            vs.next_file_number = r
                 .next_file_number
                 .checked_add(store.file_number_gap())
-                .ok_or_else(|| Error::corruption(&path, 0, "next_file_number overflows"))?;
-            old_manifest = Some(number);
+                .ok_or_else(|| Error::corruption(&r.path, 0, "next_file_number overflows"))?;
+            old_manifest = Some(r.number);
         } else if !create {
             return Err(Error::InvalidArgument(format!(
                 "{} holds no database and create_if_missing is off",
@@ -532,8 +492,9 @@ impl VersionSet {
         if let Some(n) = edit.log_number {
             self.log_number = n;
         }
+        let now = std::time::Instant::now();
         self.pending_deletes
-            .extend(edit.deleted_files.iter().map(|&(_, n)| n));
+            .extend(edit.deleted_files.iter().map(|&(_, n)| (n, now)));
         let old = std::mem::replace(&mut self.current, Arc::new(next));
         self.live.retain(|w| w.strong_count() > 0);
         self.live.push(Arc::downgrade(&old));
@@ -590,9 +551,9 @@ impl VersionSet {
             }
         }
         let mut keep = Vec::new();
-        for n in std::mem::take(&mut self.pending_deletes) {
-            if held.contains(&n) {
-                keep.push(n);
+        for (n, since) in std::mem::take(&mut self.pending_deletes) {
+            if held.contains(&n) || since.elapsed() < self.deletion_delay {
+                keep.push((n, since));
                 continue;
             }
             deleted.push(n);
@@ -611,6 +572,113 @@ impl VersionSet {
     pub fn has_pending_deletes(&self) -> bool {
         !self.pending_deletes.is_empty()
     }
+
+    /// Keeps tables an edit removed for `delay` before deleting them, so that readers
+    /// following the manifest from elsewhere (`Secondary`) still find the tables of the
+    /// version they read until they catch up.
+    pub fn set_deletion_delay(&mut self, delay: std::time::Duration) {
+        self.deletion_delay = delay;
+    }
+
+    /// Deletes table `number`, which no version holds, once the deletion delay has
+    /// passed (a stray found at open); `false` if the number is still to be handed out
+    /// (the stray of a write that never reached the manifest): the caller deletes it
+    /// now, before a new table takes the number.
+    pub fn defer_delete(&mut self, number: u64) -> bool {
+        if number >= self.next_file_number {
+            return false;
+        }
+        self.pending_deletes
+            .push((number, std::time::Instant::now()));
+        true
+    }
+
+    /// When the oldest table waiting out the deletion delay may go (`None`: none waits).
+    pub fn next_deletion_due(&self) -> Option<std::time::Instant> {
+        if self.deletion_delay.is_zero() {
+            return None;
+        }
+        self.pending_deletes
+            .iter()
+            .map(|&(_, since)| since + self.deletion_delay)
+            .min()
+    }
+}
+
+/// The tree a store's current manifest describes ([`replay`]).
+pub(crate) struct Replayed {
+    /// The manifest's number.
+    pub number: u64,
+    /// Where it is, for messages.
+    pub path: std::path::PathBuf,
+    /// Its bytes' length: a manifest that grew holds more edits.
+    pub len: usize,
+    pub version: Version,
+    pub log_number: u64,
+    pub next_file_number: u64,
+    pub last_sequence: SequenceNumber,
+}
+
+/// Reads the manifest the store's pointer names and applies its edits (a torn last
+/// record is dropped, and said); `None` when the store holds no database. Writes
+/// nothing: a read-only follower replays the primary's manifest with it.
+pub(crate) fn replay(store: &SharedTableStore, num_levels: usize) -> Result<Option<Replayed>> {
+    let Some((number, path, data)) = store.read_current_manifest()? else {
+        return Ok(None);
+    };
+    let (edits, torn) = decode_manifest(&path, &data)?;
+    if torn {
+        tracing::warn!(manifest = %path.display(), "dropping a torn record at the end of the manifest");
+    }
+    if edits.is_empty() {
+        return Err(Error::corruption(
+            &path,
+            0,
+            "manifest holds no complete record",
+        ));
+    }
+    let (mut log_number, mut next_file_number, mut last_sequence) = (0, 1, 0);
+    let mut v = Version::empty(num_levels);
+    for (offset, e) in &edits {
+        if e.new_files.iter().any(|(l, _)| *l >= num_levels)
+            || e.deleted_files.iter().any(|(l, _)| *l >= num_levels)
+        {
+            return Err(Error::corruption(
+                &path,
+                *offset,
+                format!("edit names a level beyond num_levels = {num_levels}"),
+            ));
+        }
+        v = v.apply(e).map_err(|what| {
+            Error::corruption(&path, *offset, format!("edit does not apply: {what}"))
+        })?;
+        if let Some(n) = e.log_number {
+            log_number = n;
+        }
+        if let Some(n) = e.next_file_number {
+            next_file_number = n;
+        }
+        if let Some(s) = e.last_sequence {
+            last_sequence = s;
+        }
+    }
+    let max_file = v.live_files().max().unwrap_or(0);
+    if max_file >= next_file_number {
+        return Err(Error::corruption(
+            &path,
+            0,
+            format!("file {max_file} is not below next_file_number {next_file_number}"),
+        ));
+    }
+    Ok(Some(Replayed {
+        number,
+        path,
+        len: data.len(),
+        version: v,
+        log_number,
+        next_file_number,
+        last_sequence,
+    }))
 }
 
 /// A fresh manifest to start: its number and first record (a snapshot), and why.
