@@ -287,7 +287,7 @@ pub fn build_l0(env: &Env<'_>, mem: &Arc<MemTable>) -> Result<Option<Arc<FileMet
         return Ok(None);
     }
     let number = (env.new_file_number)()?;
-    let result = (|| {
+    let result: Result<Arc<FileMeta>> = (|| {
         let file = env.store.create_table(number)?;
         let mut b = TableBuilder::new(file, env.table);
         let mut it = mem.iter();
@@ -303,9 +303,14 @@ pub fn build_l0(env: &Env<'_>, mem: &Arc<MemTable>) -> Result<Option<Arc<FileMet
         env.store.sync()?;
         Ok(meta_from(number, &summary))
     })();
-    if result.is_err() {
+    match &result {
+        // Taken: not this flush's table (see `OutputState::finish_table`).
+        Err(e) if e.is_fenced() => {}
         // Best effort; a leftover is removed on the next open as not in the manifest.
-        let _ = env.store.delete_table(number);
+        Err(_) => {
+            let _ = env.store.delete_table(number);
+        }
+        Ok(_) => {}
     }
     result.map(Some)
 }
@@ -458,7 +463,7 @@ impl OutputState<'_, '_> {
             b.add_range_tombstone(&t)?;
         }
         self.intervals.push(iv);
-        let summary = b.finish()?;
+        let summary = self.finish_table(number, b)?;
         self.out.bytes_written += summary.file_size;
         self.out.files.push(meta_from(number, &summary));
         Ok(())
@@ -527,6 +532,17 @@ impl OutputState<'_, '_> {
         install(Piece { files, consumed })
     }
 
+    /// Finishes table `number`. A store that refuses it as taken (create-if-absent on
+    /// an object store: another writer's table, or a job given numbers in use) holds
+    /// a table that is not this compaction's: the cleanup must leave it alone.
+    fn finish_table(&mut self, number: u64, b: TableBuilder) -> Result<crate::table::TableSummary> {
+        b.finish().inspect_err(|e| {
+            if e.is_fenced() {
+                self.created.retain(|&n| n != number);
+            }
+        })
+    }
+
     fn write_tombstone_file(&mut self, ts: &[RangeTombstone]) -> Result<()> {
         let number = (self.env.new_file_number)()?;
         self.created.push(number);
@@ -535,7 +551,7 @@ impl OutputState<'_, '_> {
         for t in ts {
             b.add_range_tombstone(t)?;
         }
-        let summary = b.finish()?;
+        let summary = self.finish_table(number, b)?;
         self.out.bytes_written += summary.file_size;
         self.out.files.push(meta_from(number, &summary));
         Ok(())

@@ -1380,7 +1380,7 @@ impl Inner {
                 compaction::pick(&st.vset.current(), &self.opts, &st.pointers, &st.busy)
             };
             let Some(c) = c else { return Ok(()) };
-            if let Err(e) = self.run_compaction(&c) {
+            if let Err(e) = self.run_compaction(&c, true) {
                 if !e.is_retryable() {
                     self.set_bg_error("compaction", &e);
                 }
@@ -1635,7 +1635,7 @@ impl Inner {
                 c
             };
             if let Some(c) = c {
-                let r = self.run_compaction(&c);
+                let r = self.run_compaction(&c, true);
                 {
                     let mut st = self.state.lock();
                     for f in c.inputs.iter().chain(c.next_inputs.iter()) {
@@ -1660,7 +1660,10 @@ impl Inner {
 
     /// Executes `c` and installs its result, in pieces as it goes
     /// (`Options::compaction_piece_bytes`). Caller holds `compaction_lock`.
-    fn run_compaction(&self, c: &Compaction) -> Result<()> {
+    /// `remote`: the compaction may go to `Options::compaction_service` (background and
+    /// asked-for compactions; a drop's and a group replacement's run here: they hold
+    /// up writes or the group's install).
+    fn run_compaction(&self, c: &Compaction, remote: bool) -> Result<()> {
         let mut edit = VersionEdit::default();
         // Inputs a piece already replaced.
         let mut gone = std::collections::HashSet::new();
@@ -1669,7 +1672,7 @@ impl Inner {
                 .push((c.output_level, Arc::clone(&c.inputs[0])));
             self.counters.trivial_moves.fetch_add(1, AtOrd::Relaxed);
         } else {
-            let remote = match &self.opts.compaction_service {
+            let remote = match self.opts.compaction_service.as_ref().filter(|_| remote) {
                 Some(service) => match self.compact_remotely(c, service.as_ref()) {
                     Ok(files) => Some(files),
                     Err(e) if matches!(e, Error::Closed) || e.is_fenced() => return Err(e),
@@ -1752,7 +1755,15 @@ impl Inner {
         c: &Compaction,
         service: &dyn CompactionService,
     ) -> Result<Vec<Arc<FileMeta>>> {
-        let count = remote_compaction::file_numbers_for(c, self.opts.target_file_size_base);
+        // Every job's numbers together stay far below the gap a newer writer of the
+        // store leaves above this one's durable counter: numbers this engine takes
+        // after a takeover it has not yet noticed never reach the newer writer's.
+        let cap = match self.store.file_number_gap() {
+            0 => remote_compaction::JOB_FILE_NUMBERS_MAX,
+            gap => gap / (4 * self.opts.max_background_jobs.max(2) as u64),
+        };
+        let count =
+            remote_compaction::file_numbers_for(c, self.opts.target_file_size_base).min(cap);
         // The counter past the job's numbers is durable before the job leaves: after a
         // crash this engine never writes a table a worker may still write.
         let first = {
@@ -1779,7 +1790,35 @@ impl Inner {
             table: self.opts.table.clone(),
         };
         let out = service.compact(&job).map_err(Error::Remote)?;
-        match remote_compaction::check_outputs(&job, &out, &self.tables) {
+        let checked =
+            remote_compaction::check_outputs(&job, &out, &self.tables).and_then(|files| {
+                // The edit must apply to the tree as it is now (no output overlapping a file
+                // of the output level beside the inputs): refused here, it is a fallback,
+                // not an edit the manifest refuses.
+                let edit = VersionEdit {
+                    deleted_files: c
+                        .inputs
+                        .iter()
+                        .map(|f| (c.level, f.number))
+                        .chain(c.next_inputs.iter().map(|f| (c.output_level, f.number)))
+                        .collect(),
+                    new_files: files
+                        .iter()
+                        .map(|f| (c.output_level, Arc::clone(f)))
+                        .collect(),
+                    ..Default::default()
+                };
+                self.state
+                    .lock()
+                    .vset
+                    .current()
+                    .apply(&edit)
+                    .map_err(|why| {
+                        Error::InvalidArgument(format!("compaction worker's output: {why}"))
+                    })?;
+                Ok(files)
+            });
+        match checked {
             Ok(files) => {
                 self.counters
                     .compaction_read
@@ -1882,7 +1921,7 @@ impl Inner {
             }
             let c = compaction::complete(&v, level, inputs, Reason::Manual);
             drop(v);
-            self.run_compaction(&c)?;
+            self.run_compaction(&c, true)?;
         }
         self.purge_obsolete();
         Ok(())
@@ -1940,7 +1979,7 @@ impl Inner {
         {
             let c = compaction::complete(&v, 0, v.files(0).to_vec(), Reason::Manual);
             drop(v);
-            self.run_compaction(&c)?;
+            self.run_compaction(&c, false)?;
         }
         // Files mixing a group with other groups (ingested or tombstone-only ones):
         // rewrite them down so the group's data meets the tombstone and is dropped or
@@ -2240,7 +2279,7 @@ impl Inner {
         if holds {
             let c = compaction::complete(&v, 0, v.files(0).to_vec(), Reason::Manual);
             drop(v);
-            self.run_compaction(&c)?;
+            self.run_compaction(&c, false)?;
         }
         Ok(())
     }

@@ -271,6 +271,17 @@ impl CompactionJob {
         if inputs.is_empty() {
             return Err(bad("no inputs"));
         }
+        let range = first_file_number..first_file_number + file_numbers;
+        if let Some(f) = inputs
+            .iter()
+            .chain(next_inputs.iter())
+            .find(|f| range.contains(&f.number))
+        {
+            return Err(bad(&format!(
+                "the output numbers {range:?} hold input table {}",
+                f.number
+            )));
+        }
         Ok(CompactionJob {
             level,
             output_level,
@@ -349,9 +360,16 @@ impl JobOutput {
 pub(crate) fn file_numbers_for(c: &Compaction, target_file_size: u64) -> u64 {
     let files = c.inputs.iter().chain(c.next_inputs.iter());
     let bytes: u64 = files.clone().map(|f| f.size).sum();
+    // (A group is a key's first 8 bytes: keys without a group prefix make the span
+    // huge, but a file cuts no more often than it has entries.)
     let groups: u64 = files
         .clone()
-        .map(|f| f.max_group.saturating_sub(f.min_group).saturating_add(1))
+        .map(|f| {
+            f.max_group
+                .saturating_sub(f.min_group)
+                .saturating_add(1)
+                .min(f.num_entries.max(1))
+        })
         .fold(0u64, u64::saturating_add);
     let tombstones: u64 = files.map(|f| f.num_range_deletions).sum();
     let n = (bytes / target_file_size.max(1))
@@ -430,11 +448,22 @@ pub(crate) fn check_outputs(
         .map(|f| f.smallest_user_key())
         .min()
         .unwrap_or_default();
-    let hi = inputs
+    // The inputs' upper bound, and whether it is only a range tombstone's exclusive end
+    // (then no output may hold a point at it).
+    let (hi, hi_exclusive) = inputs
         .iter()
-        .map(|f| f.largest_user_key())
-        .max()
+        .map(|f| (f.largest_user_key(), f.largest_is_exclusive()))
+        .max_by(|a, b| a.0.cmp(b.0).then(b.1.cmp(&a.1)))
         .unwrap_or_default();
+    let points = |f: &FileMeta| f.num_entries.saturating_sub(f.num_range_deletions);
+    let in_points: u64 = inputs.iter().map(|f| points(f)).sum();
+    if out.bytes_read != job.input_bytes() {
+        return Err(bad(format!(
+            "it read {} bytes of inputs holding {}",
+            out.bytes_read,
+            job.input_bytes()
+        )));
+    }
     let max_seq = inputs.iter().map(|f| f.largest_seq).max().unwrap_or(0);
     let min_seq = inputs.iter().map(|f| f.smallest_seq).min().unwrap_or(0);
     let mut metas = Vec::with_capacity(out.files.len());
@@ -446,8 +475,10 @@ pub(crate) fn check_outputs(
         }
         let t = tables.get(number, size)?;
         let m = Arc::new(FileMeta::from_properties(number, size, t.properties()));
+        let past_hi = m.largest_user_key() > hi
+            || (m.largest_user_key() == hi && hi_exclusive && !m.largest_is_exclusive());
         if m.smallest_user_key() < lo
-            || m.largest_user_key() > hi
+            || past_hi
             || m.largest_seq > max_seq
             || (m.num_entries > 0 && m.smallest_seq < min_seq)
         {
@@ -456,6 +487,14 @@ pub(crate) fn check_outputs(
             )));
         }
         metas.push(m);
+    }
+    // Every point entry of the inputs is written once or dropped.
+    let out_points: u64 = metas.iter().map(|f| points(f)).sum();
+    if out_points.checked_add(out.dropped) != Some(in_points) {
+        return Err(bad(format!(
+            "{out_points} entries written and {} dropped of the inputs' {in_points}",
+            out.dropped
+        )));
     }
     metas.sort_by(|a, b| crate::key::compare_internal(&a.smallest, &b.smallest));
     for w in metas.windows(2) {
@@ -516,6 +555,25 @@ mod tests {
     }
 
     #[test]
+    fn keys_without_a_group_prefix_ask_for_few_numbers() {
+        let mut f = (*meta(4, b"a", b"c")).clone();
+        // Keys of 1 to 8 bytes of any value span nearly every group id.
+        f.min_group = 0;
+        f.max_group = u64::MAX;
+        f.num_entries = 100;
+        let c = Compaction {
+            level: 0,
+            output_level: 1,
+            inputs: vec![Arc::new(f)],
+            next_inputs: Vec::new(),
+            bottommost: true,
+            reason: Reason::Manual,
+        };
+        let n = file_numbers_for(&c, 1 << 20);
+        assert!(n <= 2 * (100 + 1 + 8), "{n}");
+    }
+
+    #[test]
     fn a_job_and_its_output_travel_as_they_are() {
         let j = job();
         assert_eq!(CompactionJob::decode(&j.encode()).unwrap(), j);
@@ -547,6 +605,18 @@ mod tests {
         let mut no_numbers = job();
         no_numbers.file_numbers = 0;
         assert!(CompactionJob::decode(&no_numbers.encode()).is_err());
+        let mut over_inputs = job();
+        over_inputs.first_file_number = 5;
+        let e = CompactionJob::decode(&over_inputs.encode())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("input table 5"), "{e}");
+        let mut bad_levels = job();
+        bad_levels.output_level = 0;
+        assert!(CompactionJob::decode(&bad_levels.encode()).is_err());
+        let mut bad_snaps = job();
+        bad_snaps.snapshots = vec![9, 3];
+        assert!(CompactionJob::decode(&bad_snaps.encode()).is_err());
         let o = JobOutput::default().encode();
         let mut newer = o.clone();
         newer[0] = 9;

@@ -473,10 +473,10 @@ fn run_on_objects(seed: u64) {
         if on_worker {
             let own =
                 ObjectTableStore::new(Arc::clone(store) as Arc<dyn ObjectStore>, "db").unwrap();
-            opts.compaction_service = Some(support::worker::Worker::new(
-                Arc::new(own),
-                support::worker::Behaviour::default(),
-            ));
+            let worker =
+                support::worker::Worker::new(Arc::new(own), support::worker::Behaviour::default());
+            WORKERS.lock().unwrap().push(Arc::clone(&worker));
+            opts.compaction_service = Some(worker);
         }
         Db::open_with_store(Arc::clone(fs), dir, Arc::new(tables), opts).unwrap()
     };
@@ -530,6 +530,10 @@ fn run_on_objects(seed: u64) {
     verify(&out, wal, &|| open(&fs, &healed), &at);
 }
 
+/// The workers of the runs on a worker, to count what they did.
+static WORKERS: std::sync::Mutex<Vec<Arc<support::worker::Worker>>> =
+    std::sync::Mutex::new(Vec::new());
+
 #[test]
 fn crash_recovery_on_an_object_store_matches_model() {
     let base = env_u64("PHOENIX_ENGINE_CRASH_BASE_SEED", 1);
@@ -543,6 +547,16 @@ fn crash_recovery_on_an_object_store_matches_model() {
             );
             std::panic::resume_unwind(e);
         }
+    }
+    if seeds >= 10 {
+        let done: u64 = WORKERS
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|w| w.done.load(Ordering::SeqCst))
+            .sum();
+        assert!(done > 0, "no compaction of the runs on a worker ran there");
+        println!("compactions on the worker: {done}");
     }
 }
 

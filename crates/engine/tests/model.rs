@@ -253,12 +253,13 @@ fn run(seed: u64, tables: Tables) {
     let in_memory: Arc<dyn object_store::ObjectStore> =
         Arc::new(object_store::memory::InMemory::new());
     // The worker's own store over the same objects (it takes no writer's place).
+    let fail_every = rng.gen_range(0..6);
     let worker = matches!(tables, Tables::ObjectsWithWorker).then(|| {
         let store = ObjectTableStore::new(Arc::clone(&in_memory), "db/model").unwrap();
         support::worker::Worker::new(
             Arc::new(store),
             support::worker::Behaviour {
-                fail_every: rng.gen_range(0..6),
+                fail_every,
                 ..Default::default()
             },
         )
@@ -570,6 +571,11 @@ fn run(seed: u64, tables: Tables) {
         // Every job the worker finished was installed (none rejected); every other one
         // was compacted here instead.
         assert_eq!((ran, fell_back), (done, jobs - done), "seed {seed}");
+        assert!(jobs > 0, "seed {seed}: no compaction went to the worker");
+        assert!(
+            done > 0 || fail_every == 1,
+            "seed {seed}: the worker ran none"
+        );
     }
 }
 

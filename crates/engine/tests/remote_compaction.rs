@@ -123,6 +123,11 @@ fn a_failing_or_lying_worker_leaves_the_compaction_to_the_engine() {
             shift_numbers: 1 << 30,
             ..Default::default()
         },
+        // The answer leaves a table out: installed, it would lose its keys.
+        Behaviour {
+            omit_last_output: true,
+            ..Default::default()
+        },
     ] {
         let what = format!("{behaviour:?}");
         let mem = Arc::new(MemFs::new());
@@ -197,4 +202,56 @@ fn a_worker_running_past_a_crash_never_writes_over_the_engine_s_tables() {
     check(&db3, 0..300, "b");
     check(&db3, 300..1000, "a");
     db3.close().unwrap();
+}
+
+/// A job whose numbers cover a table that is not its own (a job built wrong, two
+/// engines on one prefix): the worker's upload of that number is refused (tables are
+/// created only if absent on an object store), the job fails, the engine compacts
+/// itself, and the job's cleanup leaves the other table alone.
+#[test]
+fn a_job_over_numbers_in_use_fails_and_leaves_their_tables_alone() {
+    let bucket: Arc<dyn object_store::ObjectStore> =
+        Arc::new(object_store::memory::InMemory::new());
+    let store = || -> SharedTableStore {
+        Arc::new(phoenix_engine::ObjectTableStore::new(Arc::clone(&bucket), "db").unwrap())
+    };
+    let worker = Worker::new(store(), Behaviour::default());
+    let (release, held) = std::sync::mpsc::channel();
+    *worker.hold.lock().unwrap() = Some(held);
+    let fs: SharedFs = Arc::new(MemFs::new());
+    let db = Db::open_with_store(fs, Path::new(DIR), store(), options(Some(&worker))).unwrap();
+    fill(&db, 0..1000, "a");
+    let compacting = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || db.compact_range(None, None))
+    };
+    while worker.jobs.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let first = worker.seen.lock().unwrap()[0].first_file_number;
+    // Someone else's table at the job's first number, written while the job waits.
+    let other = store();
+    let mut f = other.create_table(first).unwrap();
+    f.append(b"someone else's table").unwrap();
+    f.sync_all().unwrap();
+    release.send(()).unwrap();
+    compacting.join().unwrap().unwrap();
+    let st = db.stats();
+    // The first job failed; the compactions after it went to the worker as before.
+    let (jobs, done) = (
+        worker.jobs.load(Ordering::SeqCst),
+        worker.done.load(Ordering::SeqCst),
+    );
+    assert_eq!(
+        (jobs - done, st.remote_compaction_fallbacks),
+        (1, 1),
+        "{st:?}"
+    );
+    assert_eq!(st.levels[0].files, 0);
+    check(&db, 0..1000, "a");
+    let got = other.open_table(first).unwrap();
+    let mut buf = vec![0u8; 20];
+    got.read_exact_at(0, &mut buf).unwrap();
+    assert_eq!(&buf, b"someone else's table");
+    db.close().unwrap();
 }

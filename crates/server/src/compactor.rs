@@ -72,6 +72,7 @@ pub async fn serve(
         query,
         stores: Arc::new(Mutex::new(HashMap::new())),
         turns: Arc::new(tokio::sync::Semaphore::new(cfg.jobs.max(1))),
+        jobs: cfg.jobs.max(1),
     };
     let max = proto::limits::MESSAGE_BYTES_MAX;
     server
@@ -102,6 +103,32 @@ struct Worker {
     query: String,
     stores: Arc<Mutex<HashMap<String, Arc<Store>>>>,
     turns: Arc<tokio::sync::Semaphore>,
+    jobs: usize,
+}
+
+/// The store a request names, if the worker serves it: `bucket/prefix` under the
+/// worker's own, each part of plain characters (`A-Z a-z 0-9 . _ -`, not `.` or `..`),
+/// so that nothing in it reaches the URL's settings or another place.
+fn served(base: &str, requested: &str) -> std::result::Result<String, String> {
+    let location = requested.trim_end_matches('/');
+    let plain = |part: &str| {
+        !part.is_empty()
+            && part != "."
+            && part != ".."
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    };
+    let under = location == base
+        || location
+            .strip_prefix(base)
+            .is_some_and(|rest| rest.starts_with('/'));
+    if !under || !location.split('/').all(plain) {
+        return Err(format!(
+            "table store {location:?} is not under {base:?}, the one this worker serves"
+        ));
+    }
+    Ok(location.to_string())
 }
 
 impl Worker {
@@ -149,27 +176,28 @@ impl proto::compactor_server::Compactor for Worker {
         req: tonic::Request<proto::CompactRequest>,
     ) -> std::result::Result<tonic::Response<proto::CompactResponse>, tonic::Status> {
         let req = req.into_inner();
-        let location = req.table_store.trim_end_matches('/').to_string();
-        let under = location == self.base
-            || location
-                .strip_prefix(self.base.as_str())
-                .is_some_and(|rest| rest.starts_with('/'));
-        if !under || location.split('/').any(|p| p == ".." || p == ".") {
-            return Ok(Worker::refuse(format!(
-                "table store {location:?} is not under {:?}, the one this worker serves",
-                self.base
-            )));
-        }
+        let location = match served(&self.base, &req.table_store) {
+            Ok(l) => l,
+            Err(why) => return Ok(Worker::refuse(why)),
+        };
         let job = match CompactionJob::decode(&req.job) {
             Ok(j) => j,
             Err(e) => return Ok(Worker::refuse(e.to_string())),
         };
-        let Ok(_turn) = Arc::clone(&self.turns).acquire_owned().await else {
-            return Err(tonic::Status::unavailable("the compactor is stopping"));
+        // A job that would wait is refused: the node compacts itself at once rather
+        // than hold its compaction (and what waits on it) in this queue.
+        let Ok(turn) = Arc::clone(&self.turns).try_acquire_owned() else {
+            return Ok(Worker::refuse(format!(
+                "busy: {} compactions under way",
+                self.jobs
+            )));
         };
         let (stores, query) = (Arc::clone(&self.stores), self.query.clone());
         let started = std::time::Instant::now();
         let ran = tokio::task::spawn_blocking(move || {
+            // (Held by the task, not the call: a caller that gave up does not free the
+            // turn of a compaction still running.)
+            let _turn = turn;
             let s = Worker::store(&stores, &location, &query)?;
             phoenix_engine::remote_compaction::execute(&*s.store, &s.tables, &job)
                 .map_err(|e| e.to_string())
@@ -318,5 +346,31 @@ mod tests {
         assert_eq!(store_location("s3://b").unwrap().0, "b");
         assert!(store_location("file:///x").is_err());
         assert!(store_location("s3:///x").is_err());
+    }
+
+    #[test]
+    fn a_worker_serves_plain_prefixes_under_its_own_only() {
+        let base = "bucket/cluster";
+        for ok in [
+            "bucket/cluster",
+            "bucket/cluster/node-1",
+            "bucket/cluster/a.b_c/",
+        ] {
+            assert!(served(base, ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "bucket/clusterx",
+            "bucket",
+            "other/cluster",
+            "bucket/cluster/../x",
+            "bucket/cluster/./x",
+            "bucket/cluster//x",
+            "bucket/cluster/x?aws_bucket=other",
+            "bucket/cluster/x&endpoint=http://elsewhere",
+            "bucket/cluster/x%3F",
+            "bucket/cluster/x y",
+        ] {
+            assert!(served(base, bad).is_err(), "{bad}");
+        }
     }
 }

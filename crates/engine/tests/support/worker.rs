@@ -17,6 +17,8 @@ pub struct Behaviour {
     /// Answer with the outputs' numbers shifted by this much (a worker speaking
     /// nonsense); the outputs are written as the job said.
     pub shift_numbers: u64,
+    /// Answer without the last output (written all the same): a worker losing work.
+    pub omit_last_output: bool,
 }
 
 /// A worker over `store` (see the module docs).
@@ -65,6 +67,9 @@ impl CompactionService for Worker {
             .map_err(|e| e.to_string())?;
         for f in &mut out.files {
             f.0 += self.behaviour.shift_numbers;
+        }
+        if self.behaviour.omit_last_output {
+            out.files.pop();
         }
         self.done.fetch_add(1, Ordering::SeqCst);
         JobOutput::decode(&out.encode()).map_err(|e| e.to_string())

@@ -107,6 +107,37 @@ async fn a_node_s_compactions_run_on_a_worker_on_minio() {
     node.stop().await;
 }
 
+/// A job of one made-up input (the worker refuses or fails it before reading it).
+fn job() -> phoenix_engine::CompactionJob {
+    use phoenix_engine::key::{internal_key, ValueKind};
+    let input = phoenix_engine::version_edit::FileMeta {
+        number: 7,
+        size: 1000,
+        smallest: internal_key(b"a", 2, ValueKind::Put),
+        largest: internal_key(b"z", 1, ValueKind::Put),
+        smallest_seq: 1,
+        largest_seq: 2,
+        min_group: 0,
+        max_group: 0,
+        num_entries: 2,
+        num_range_deletions: 0,
+    };
+    phoenix_engine::CompactionJob {
+        level: 0,
+        output_level: 1,
+        inputs: vec![Arc::new(input)],
+        next_inputs: Vec::new(),
+        bottommost: true,
+        snapshots: Vec::new(),
+        first_file_number: 100,
+        file_numbers: 10,
+        target_file_size: 1 << 20,
+        min_group_file_size: 0,
+        readahead_bytes: 0,
+        table: Default::default(),
+    }
+}
+
 /// An engine whose worker refuses its store (not under the worker's prefix) or is not
 /// there at all compacts itself: every job falls back, none is installed from a worker,
 /// and every key reads back.
@@ -115,7 +146,7 @@ async fn a_worker_that_refuses_or_is_gone_leaves_the_compaction_to_the_engine() 
     let (refusing, _stop) =
         worker("s3://another-bucket/base?endpoint=http://127.0.0.1:9".into()).await;
     let gone = format!("127.0.0.1:{}", free_port());
-    for addr in [refusing, gone] {
+    for (addr, why) in [(refusing, "is not under"), (gone, "connecting")] {
         let client = RemoteCompactor::new(
             &addr,
             "s3://bucket/node-1",
@@ -125,6 +156,10 @@ async fn a_worker_that_refuses_or_is_gone_leaves_the_compaction_to_the_engine() 
         .unwrap();
         let addr2 = addr.clone();
         tokio::task::spawn_blocking(move || {
+            // Asked directly, it says why.
+            let e = phoenix_engine::CompactionService::compact(&client, &job())
+                .expect_err("a compaction done by a worker that cannot");
+            assert!(e.contains(why), "{addr2}: {e}");
             let fs: phoenix_storage::SharedFs = Arc::new(phoenix_storage::MemFs::new());
             let store = ObjectTableStore::new(
                 Arc::new(object_store::memory::InMemory::new()),
