@@ -1474,11 +1474,16 @@ impl Inner {
                         }
                     }
                     // Tables waiting out `obsolete_table_delay` go when it has passed.
+                    // (`take_deletable` moves the due time past now: no spin.)
                     match st.vset.next_deletion_due() {
                         Some(due) if due <= Instant::now() => {
-                            for n in st.vset.delete_obsolete_files() {
-                                self.tables.evict(n);
-                            }
+                            let gone = st.vset.take_deletable();
+                            MutexGuard::unlocked(&mut st, || {
+                                for n in gone {
+                                    crate::version_set::delete_table(&self.store, n);
+                                    self.tables.evict(n);
+                                }
+                            });
                         }
                         Some(due) => {
                             self.bg_cv.wait_until(&mut st, due);

@@ -118,6 +118,8 @@ pub struct VersionSet {
     /// `deletion_delay` has passed.
     pending_deletes: Vec<(u64, std::time::Instant)>,
     deletion_delay: std::time::Duration,
+    /// When the background should next look at `pending_deletes` (with a delay).
+    next_due: Option<std::time::Instant>,
     /// Files kept whatever the versions hold (an export's tables, until copied), with
     /// how many hold each.
     pinned: std::collections::HashMap<u64, usize>,
@@ -169,6 +171,7 @@ impl VersionSet {
             live: Vec::new(),
             pending_deletes: Vec::new(),
             deletion_delay: std::time::Duration::ZERO,
+            next_due: None,
             pinned: std::collections::HashMap::new(),
             broken: None,
             stale: None,
@@ -492,9 +495,15 @@ impl VersionSet {
         if let Some(n) = edit.log_number {
             self.log_number = n;
         }
-        let now = std::time::Instant::now();
-        self.pending_deletes
-            .extend(edit.deleted_files.iter().map(|&(_, n)| (n, now)));
+        // A table the edit also adds (a move down) is not obsolete. One queued before
+        // and removed again (moved, then compacted) waits from now.
+        let readded: std::collections::HashSet<u64> =
+            edit.new_files.iter().map(|(_, f)| f.number).collect();
+        for &(_, n) in &edit.deleted_files {
+            if !readded.contains(&n) {
+                self.queue_delete(n);
+            }
+        }
         let old = std::mem::replace(&mut self.current, Arc::new(next));
         self.live.retain(|w| w.strong_count() > 0);
         self.live.push(Arc::downgrade(&old));
@@ -534,10 +543,23 @@ impl VersionSet {
         }
     }
 
-    /// Deletes the files removed by earlier edits that no live version holds any more;
-    /// returns their numbers (for the table cache to forget).
+    /// Deletes the files removed by earlier edits that no live version holds any more
+    /// (and, with a deletion delay, that waited it out); returns their numbers (for the
+    /// table cache to forget).
     pub fn delete_obsolete_files(&mut self) -> Vec<u64> {
+        let deleted = self.take_deletable();
+        for &n in &deleted {
+            delete_table(&self.store, n);
+        }
+        deleted
+    }
+
+    /// Takes the tables [`VersionSet::delete_obsolete_files`] would delete off the
+    /// queue, for the caller to delete (without the engine's lock: no version holds
+    /// them and their numbers are never handed out again), and sets when to look next.
+    pub fn take_deletable(&mut self) -> Vec<u64> {
         let mut deleted = Vec::new();
+        self.next_due = None;
         if self.pending_deletes.is_empty() {
             return deleted;
         }
@@ -550,21 +572,28 @@ impl VersionSet {
                 held.extend(v.live_files());
             }
         }
+        let now = std::time::Instant::now();
         let mut keep = Vec::new();
+        let mut next: Option<std::time::Instant> = None;
         for (n, since) in std::mem::take(&mut self.pending_deletes) {
-            if held.contains(&n) || since.elapsed() < self.deletion_delay {
-                keep.push((n, since));
+            let due = since + self.deletion_delay;
+            let look = if held.contains(&n) {
+                // Released without an edit (an iterator dropped): looked at again
+                // later, not at once (the background must not spin on it).
+                now + self.deletion_delay.max(HELD_RECHECK)
+            } else if due > now {
+                due
+            } else {
+                deleted.push(n);
                 continue;
-            }
-            deleted.push(n);
-            if let Err(e) = self.store.delete_table(n) {
-                if !e.is_not_found() {
-                    let file = self.store.table_location(n);
-                    tracing::warn!(file = %file.display(), error = %e, "could not delete an obsolete table");
-                }
-            }
+            };
+            next = Some(next.map_or(look, |t| t.min(look)));
+            keep.push((n, since));
         }
         self.pending_deletes = keep;
+        if !self.deletion_delay.is_zero() {
+            self.next_due = next;
+        }
         deleted
     }
 
@@ -588,20 +617,40 @@ impl VersionSet {
         if number >= self.next_file_number {
             return false;
         }
-        self.pending_deletes
-            .push((number, std::time::Instant::now()));
+        self.queue_delete(number);
         true
     }
 
-    /// When the oldest table waiting out the deletion delay may go (`None`: none waits).
-    pub fn next_deletion_due(&self) -> Option<std::time::Instant> {
-        if self.deletion_delay.is_zero() {
-            return None;
+    /// Queues table `number` for deletion from now.
+    fn queue_delete(&mut self, number: u64) {
+        let now = std::time::Instant::now();
+        self.pending_deletes.retain(|&(n, _)| n != number);
+        self.pending_deletes.push((number, now));
+        if !self.deletion_delay.is_zero() {
+            let due = now + self.deletion_delay;
+            self.next_due = Some(self.next_due.map_or(due, |t| t.min(due)));
         }
-        self.pending_deletes
-            .iter()
-            .map(|&(_, since)| since + self.deletion_delay)
-            .min()
+    }
+
+    /// When the background should next take the tables whose deletion delay ran out
+    /// ([`VersionSet::take_deletable`]); `None`: no delay, or nothing waits. Always
+    /// later than the last take.
+    pub fn next_deletion_due(&self) -> Option<std::time::Instant> {
+        self.next_due
+    }
+}
+
+/// How soon a table waiting on a version that holds it is looked at again.
+const HELD_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Deletes table `n` (gone already is fine; a failure is said and left: the table is a
+/// stray the next open removes).
+pub(crate) fn delete_table(store: &SharedTableStore, n: u64) {
+    if let Err(e) = store.delete_table(n) {
+        if !e.is_not_found() {
+            let file = store.table_location(n);
+            tracing::warn!(file = %file.display(), error = %e, "could not delete an obsolete table");
+        }
     }
 }
 

@@ -85,7 +85,16 @@ impl Secondary {
     /// tables read so far stay in use.
     pub fn catch_up(&self) -> Result<bool> {
         let mut followed = self.followed.lock();
-        let Some(r) = replay(&self.store, self.opts.num_levels)? else {
+        // The primary may roll its manifest (name a new one, remove the old) between
+        // our reads of the pointer and of the manifest: read again.
+        let mut tries = 0;
+        let replayed = loop {
+            match replay(&self.store, self.opts.num_levels) {
+                Err(e) if e.is_not_found() && tries < 3 => tries += 1,
+                r => break r?,
+            }
+        };
+        let Some(r) = replayed else {
             return Ok(false);
         };
         if (r.number, r.len) == (followed.0, followed.1) {
