@@ -50,7 +50,7 @@ for run in $(seq 1 "$runs"); do
       --write_buffer_size 16777216 --db "$out/db-$config-$run" \
       --sst_store "s3://phoenix/c/$config-$run?endpoint=http://127.0.0.1:$port" \
       "${extra[@]}" 2>>"$out/bench.err" | tee -a "$out/bench.out" |
-      jq -c --arg c "$config" --argjson run "$run" --argjson w0 "$w0" --argjson w1 "$(cpu "$worker_pid")" \
+      jq -c --arg c "$config" --argjson run "$run" \
         '{config: $c, run: $run,
           ops: (.results[] | select(.name == "fillrandom") | .ops_per_sec),
           fill_cpu: (.results[] | select(.name == "fillrandom") | .cpu_secs),

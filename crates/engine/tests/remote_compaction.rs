@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use phoenix_engine::{
-    CompactionService, Db, FsTableStore, Options, ReadOptions, SharedTableStore, StoredFile,
-    TableStore, WalMode, WriteOptions,
+    CompactionService, Db, FsTableStore, Options, ReadOptions, SharedTableStore, TableStore,
+    WalMode, WriteOptions,
 };
 use phoenix_storage::{MemFs, SharedFs};
 
@@ -66,17 +66,7 @@ fn check(db: &Db, range: std::ops::Range<u32>, tag: &str) {
 }
 
 fn tables(store: &dyn TableStore) -> Vec<u64> {
-    let mut t: Vec<u64> = store
-        .list()
-        .unwrap()
-        .into_iter()
-        .filter_map(|f| match f {
-            StoredFile::Table(n) => Some(n),
-            _ => None,
-        })
-        .collect();
-    t.sort_unstable();
-    t
+    support::table_numbers(store)
 }
 
 fn live_tables(db: &Db) -> usize {

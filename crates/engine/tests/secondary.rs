@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 use object_store::memory::InMemory;
 use object_store::ObjectStore;
 use phoenix_engine::{
-    Db, ObjectTableStore, Options, ReadOptions, Secondary, SharedTableStore, StoredFile,
-    TableStore, WalMode, WriteOptions,
+    Db, ObjectTableStore, Options, ReadOptions, Secondary, SharedTableStore, TableStore, WalMode,
+    WriteOptions,
 };
 use phoenix_storage::{MemFs, SharedFs};
+
+mod support;
 
 fn opts(delay: Duration) -> Options {
     Options {
@@ -77,16 +79,7 @@ fn all(s: &Secondary) -> Vec<(Vec<u8>, Vec<u8>)> {
 }
 
 fn tables(bucket: &Arc<dyn ObjectStore>) -> Vec<u64> {
-    let store = ObjectTableStore::new(Arc::clone(bucket), "db").unwrap();
-    store
-        .list()
-        .unwrap()
-        .into_iter()
-        .filter_map(|f| match f {
-            StoredFile::Table(n) => Some(n),
-            _ => None,
-        })
-        .collect()
+    support::table_numbers(&ObjectTableStore::new(Arc::clone(bucket), "db").unwrap())
 }
 
 #[test]

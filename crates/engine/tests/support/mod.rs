@@ -9,3 +9,18 @@ pub mod minio;
 mod port;
 pub mod worker;
 pub use port::free_port;
+
+/// The numbers of the tables `store` holds, ascending.
+pub fn table_numbers(store: &dyn phoenix_engine::TableStore) -> Vec<u64> {
+    let mut t: Vec<u64> = store
+        .list()
+        .expect("listing the store")
+        .into_iter()
+        .filter_map(|f| match f {
+            phoenix_engine::StoredFile::Table(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    t.sort_unstable();
+    t
+}
