@@ -16,6 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/internal.proto",
         "proto/faults.proto",
         "proto/compactor.proto",
+        "proto/backup.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");

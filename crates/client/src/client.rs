@@ -526,10 +526,55 @@ struct Conn {
     link: BatchLink,
     /// The node behind this address runs in this process.
     local: Option<Arc<dyn LocalNode>>,
+    addr: Arc<str>,
 }
 
 type Req = pb::batch_request_item::Request;
 type Resp = pb::batch_response_item::Response;
+
+/// A group's backup under way ([`Client::backup_group`]): its head, then its files'
+/// chunks, as the leader sends them.
+pub struct BackupStream {
+    addr: String,
+    stream: tonic::Streaming<pb::BackupGroupChunk>,
+}
+
+impl std::fmt::Debug for BackupStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackupStream")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl BackupStream {
+    /// The node serving it.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The next message: a head or a file chunk (`None`: the stream ended). A failure of
+    /// the leader, or a message out of the protocol, is an error.
+    pub async fn next(&mut self) -> Result<Option<pb::BackupGroupChunk>> {
+        let broken = |why: String| ClientError::Protocol {
+            addr: self.addr.clone(),
+            why,
+        };
+        match self.stream.message().await {
+            Ok(Some(pb::BackupGroupChunk { error: Some(e), .. })) => Err(ClientError::Refused {
+                op: "backup_group",
+                addr: self.addr.clone(),
+                error: Box::new(e),
+            }),
+            Ok(Some(c)) if c.head.is_some() != c.file.is_some() => Ok(Some(c)),
+            Ok(Some(_)) => Err(broken(
+                "a backup message with neither or both of head and file".into(),
+            )),
+            Ok(None) => Ok(None),
+            Err(s) => Err(broken(format!("backup stream failed: {}", s.message()))),
+        }
+    }
+}
 
 /// A node answered a call with another method's response.
 fn mismatched() -> tonic::Status {
@@ -823,6 +868,7 @@ impl Client {
             link: BatchLink::new(channel.clone()),
             channel,
             local,
+            addr: addr.into(),
         };
         map.insert(addr.to_string(), conn.clone());
         Ok(conn)
@@ -2192,6 +2238,58 @@ impl Client {
             replicas: r.replicas.iter().map(scrub_from_wire).collect(),
             consistent: r.consistent,
         })
+    }
+
+    /// Starts the backup of the group that holds `key` (`Backup.BackupGroup` on its
+    /// leader, which passes a read barrier first: every write acknowledged before this
+    /// call is in the backup). Tables the leader's store can copy to `copy_store` go to
+    /// `copy_prefix(group)` there. Returns once the leader accepted; the head and the
+    /// files follow on the returned stream ([`BackupStream`]), as the leader builds them.
+    pub async fn backup_group(
+        &self,
+        key: &[u8],
+        copy_store: &str,
+        copy_prefix: impl Fn(u64) -> String,
+    ) -> Result<BackupStream> {
+        // (The empty key is the first group's start.)
+        if key.len() > limits::KEY_BYTES_MAX {
+            return Err(ClientError::KeyTooLarge {
+                size: key.len(),
+                limit: limits::KEY_BYTES_MAX,
+            });
+        }
+        let (store, copy_prefix) = (copy_store.to_string(), &copy_prefix);
+        self.execute(
+            "backup_group",
+            Retry::Read,
+            key,
+            &[],
+            self.deadline(),
+            |conn, header| {
+                let addr = conn.addr.to_string();
+                let req = pb::BackupGroupRequest {
+                    copy_store: store.clone(),
+                    copy_prefix: copy_prefix(header.group_id),
+                    header: Some(header),
+                };
+                async move {
+                    let mut rpc = pb::backup_client::BackupClient::new(conn.channel)
+                        .max_decoding_message_size(limits::MESSAGE_BYTES_MAX);
+                    let mut stream = rpc.backup_group(req).await?.into_inner();
+                    match stream.message().await? {
+                        Some(pb::BackupGroupChunk { error: Some(e), .. }) => Ok((Some(e), None)),
+                        Some(pb::BackupGroupChunk { accepted: true, .. }) => {
+                            Ok((None, Some(BackupStream { addr, stream })))
+                        }
+                        _ => Err(tonic::Status::unknown(
+                            "the node's backup stream did not start with its acceptance",
+                        )),
+                    }
+                }
+            },
+        )
+        .await?
+        .ok_or_else(|| ClientError::InvalidArgument("no backup stream".into()))
     }
 
     /// Adds a replica of `group` on node `node` (a learner that catches up, then a

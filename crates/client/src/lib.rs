@@ -24,9 +24,9 @@ mod local;
 pub mod routing;
 
 pub use crate::client::{
-    prefix_end, CasOutcome, Client, ClientOptions, ClientStats, ClusterStatus, ExpireAt, Expiry,
-    GroupStatus, IncrOutcome, KeyTtl, NodeStatus, OperatorStatus, ReplicaStatus, ScanPage,
-    ScrubMismatch, ScrubOutcome, ScrubReplica, WriteOp, DISK_FULL_PATIENCE,
+    prefix_end, BackupStream, CasOutcome, Client, ClientOptions, ClientStats, ClusterStatus,
+    ExpireAt, Expiry, GroupStatus, IncrOutcome, KeyTtl, NodeStatus, OperatorStatus, ReplicaStatus,
+    ScanPage, ScrubMismatch, ScrubOutcome, ScrubReplica, WriteOp, DISK_FULL_PATIENCE,
 };
 pub use crate::error::{ClientError, Result};
 pub use crate::local::{LocalCall, LocalNode, LocalRequest, LocalResponse};

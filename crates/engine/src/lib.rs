@@ -33,7 +33,7 @@ pub use db::{
 pub use db_iter::DbIterator;
 pub use error::{Error, Result};
 pub use flash_cache::{FlashCache, FlashCacheStats};
-pub use object_table_store::ObjectTableStore;
+pub use object_table_store::{ObjectTableStore, S3Prefix};
 pub use options::{Options, ReadOptions, WalMode, WriteOptions};
 pub use remote_compaction::{CompactionJob, CompactionService, JobOutput};
 pub use sst_writer::{sst_get, SstWriter};

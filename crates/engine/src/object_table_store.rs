@@ -192,95 +192,149 @@ impl ObjectTableStore {
     /// Past them a flush or compaction fails as unavailable and the engine tries it
     /// again later itself.
     pub fn from_url(url: &str) -> Result<ObjectTableStore> {
-        let bad = |why: &str| Error::InvalidArgument(format!("table store URL {url:?}: {why}"));
-        let rest = url
-            .strip_prefix("s3://")
-            .ok_or_else(|| bad("only s3://<bucket>/<prefix> is understood"))?;
-        let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (bucket, prefix) = location.split_once('/').unwrap_or((location, ""));
-        if bucket.is_empty() {
-            return Err(bad("no bucket"));
-        }
-        let mut builder = object_store::aws::AmazonS3Builder::from_env()
-            .with_bucket_name(bucket)
-            .with_region("us-east-1");
-        let mut allow_http = None;
-        let mut added_latency = std::time::Duration::ZERO;
-        let mut read_deadline = None;
-        let mut retry = object_store::RetryConfig::default();
-        let ms = |pair: &str, value: &str, max: f64| {
-            value
-                .parse()
-                .ok()
-                .filter(|ms: &f64| ms.is_finite() && *ms >= 0.0 && *ms <= max)
-                .map(|ms| std::time::Duration::from_secs_f64(ms / 1000.0))
-                .ok_or_else(|| bad(&format!("{pair:?}: milliseconds in 0..={max}")))
-        };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair
-                .split_once('=')
-                .ok_or_else(|| bad(&format!("{pair:?} is not key=value")))?;
-            let value =
-                percent_decode(value).ok_or_else(|| bad(&format!("{pair:?}: bad %-escape")))?;
-            match key {
-                "added_latency_ms" => {
-                    added_latency = ms(pair, &value, 60_000.0)?;
-                    continue;
-                }
-                "read_deadline_ms" => {
-                    read_deadline = Some(ms(pair, &value, 3_600_000.0)?);
-                    continue;
-                }
-                "retry_timeout_ms" => {
-                    retry.retry_timeout = ms(pair, &value, 3_600_000.0)?;
-                    continue;
-                }
-                "max_retries" => {
-                    retry.max_retries = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n <= 100)
-                        .ok_or_else(|| bad(&format!("{pair:?}: a count in 0..=100")))?;
-                    continue;
-                }
-                _ => {}
-            }
-            if key == "allow_http" {
-                allow_http = Some(value == "true");
-            }
-            if key == "endpoint" && allow_http.is_none() {
-                allow_http = Some(value.starts_with("http://"));
-            }
-            let config: object_store::aws::AmazonS3ConfigKey = key
-                .parse()
-                .map_err(|_| bad(&format!("unknown setting {key:?}")))?;
-            builder = builder.with_config(config, value);
-        }
-        if let Some(allow) = allow_http {
-            builder = builder.with_allow_http(allow);
-        }
-        // (The bucket on the endpoint: nodes whose URLs differ in prefix or in settings
-        // of their own still copy tables between them.)
-        let endpoint = builder
-            .get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint)
-            .unwrap_or_default();
-        let shared_id = format!("s3://{bucket}@{}", endpoint.trim_end_matches('/'));
-        let s3 = builder
-            .with_retry(retry)
-            .build()
-            .map_err(|e| bad(&e.to_string()))?;
+        let p = parse_s3_url(url)?;
         let store = ObjectTableStore::with_latency(
-            Arc::new(s3),
-            shared_id,
-            prefix.trim_matches('/'),
-            added_latency,
+            Arc::new(p.s3),
+            p.shared_id,
+            &p.prefix,
+            p.added_latency,
         )?;
-        if let Some(d) = read_deadline {
+        if let Some(d) = p.read_deadline {
             store.set_read_deadline(d);
         }
         Ok(store)
     }
+}
 
+/// A bucket prefix on an S3 server, from a URL as [`ObjectTableStore::from_url`] takes
+/// it (the settings of our own are checked and not used): for tools that write objects
+/// of their own next to engines' tables (backups).
+pub struct S3Prefix {
+    /// The bucket.
+    pub store: Arc<dyn ObjectStore>,
+    /// What [`TableStore::shared_id`] says of an engine's store in this bucket.
+    pub shared_id: String,
+    /// The prefix in the bucket (no leading or trailing `/`).
+    pub prefix: String,
+}
+
+impl std::fmt::Debug for S3Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Prefix")
+            .field("shared_id", &self.shared_id)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl S3Prefix {
+    /// Parses `url` (`s3://<bucket>/<prefix>?<key>=<value>&…`).
+    pub fn from_url(url: &str) -> Result<S3Prefix> {
+        let p = parse_s3_url(url)?;
+        Ok(S3Prefix {
+            store: Arc::new(p.s3),
+            shared_id: p.shared_id,
+            prefix: p.prefix,
+        })
+    }
+}
+
+/// What an `s3://` URL says.
+struct ParsedUrl {
+    s3: object_store::aws::AmazonS3,
+    shared_id: String,
+    prefix: String,
+    added_latency: std::time::Duration,
+    read_deadline: Option<std::time::Duration>,
+}
+
+fn parse_s3_url(url: &str) -> Result<ParsedUrl> {
+    let bad = |why: &str| Error::InvalidArgument(format!("table store URL {url:?}: {why}"));
+    let rest = url
+        .strip_prefix("s3://")
+        .ok_or_else(|| bad("only s3://<bucket>/<prefix> is understood"))?;
+    let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (bucket, prefix) = location.split_once('/').unwrap_or((location, ""));
+    if bucket.is_empty() {
+        return Err(bad("no bucket"));
+    }
+    let mut builder = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_region("us-east-1");
+    let mut allow_http = None;
+    let mut added_latency = std::time::Duration::ZERO;
+    let mut read_deadline = None;
+    let mut retry = object_store::RetryConfig::default();
+    let ms = |pair: &str, value: &str, max: f64| {
+        value
+            .parse()
+            .ok()
+            .filter(|ms: &f64| ms.is_finite() && *ms >= 0.0 && *ms <= max)
+            .map(|ms| std::time::Duration::from_secs_f64(ms / 1000.0))
+            .ok_or_else(|| bad(&format!("{pair:?}: milliseconds in 0..={max}")))
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| bad(&format!("{pair:?} is not key=value")))?;
+        let value = percent_decode(value).ok_or_else(|| bad(&format!("{pair:?}: bad %-escape")))?;
+        match key {
+            "added_latency_ms" => {
+                added_latency = ms(pair, &value, 60_000.0)?;
+                continue;
+            }
+            "read_deadline_ms" => {
+                read_deadline = Some(ms(pair, &value, 3_600_000.0)?);
+                continue;
+            }
+            "retry_timeout_ms" => {
+                retry.retry_timeout = ms(pair, &value, 3_600_000.0)?;
+                continue;
+            }
+            "max_retries" => {
+                retry.max_retries = value
+                    .parse()
+                    .ok()
+                    .filter(|n| *n <= 100)
+                    .ok_or_else(|| bad(&format!("{pair:?}: a count in 0..=100")))?;
+                continue;
+            }
+            _ => {}
+        }
+        if key == "allow_http" {
+            allow_http = Some(value == "true");
+        }
+        if key == "endpoint" && allow_http.is_none() {
+            allow_http = Some(value.starts_with("http://"));
+        }
+        let config: object_store::aws::AmazonS3ConfigKey = key
+            .parse()
+            .map_err(|_| bad(&format!("unknown setting {key:?}")))?;
+        builder = builder.with_config(config, value);
+    }
+    if let Some(allow) = allow_http {
+        builder = builder.with_allow_http(allow);
+    }
+    // (The bucket on the endpoint: nodes whose URLs differ in prefix or in settings
+    // of their own still copy tables between them.)
+    let endpoint = builder
+        .get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint)
+        .unwrap_or_default();
+    let shared_id = format!("s3://{bucket}@{}", endpoint.trim_end_matches('/'));
+    let s3 = builder
+        .with_retry(retry)
+        .build()
+        .map_err(|e| bad(&e.to_string()))?;
+    Ok(ParsedUrl {
+        s3,
+        shared_id,
+        prefix: prefix.trim_matches('/').to_string(),
+        added_latency,
+        read_deadline,
+    })
+}
+
+impl ObjectTableStore {
     /// How long a user's read of a table waits for the store before it fails as
     /// unavailable ([`DEFAULT_READ_DEADLINE`]); flushes and compactions are not cut
     /// short (they wait as long as the store's client tries).
@@ -849,6 +903,27 @@ impl TableStore for ObjectTableStore {
         let (f, t) = (from, to.clone());
         self.inner
             .wait(async move { store.copy(&f, &t).await })
+            .map_err(|e| self.inner.error(IoOp::Write, &to, e))?;
+        Ok(())
+    }
+
+    fn copy_table_out(&self, number: u64, object: &str) -> Result<()> {
+        let to = ObjectPath::parse(object)
+            .ok()
+            .filter(|p| p.filename().is_some())
+            .ok_or_else(|| Error::InvalidArgument(format!("{object:?} is not an object name")))?;
+        // (A copy over one of this engine's own objects would corrupt it.)
+        let own = self.inner.prefix.as_ref();
+        if own.is_empty() || to.as_ref() == own || to.as_ref().starts_with(&format!("{own}/")) {
+            return Err(Error::InvalidArgument(format!(
+                "{object:?} is inside this engine's own prefix {own:?}"
+            )));
+        }
+        let from = self.inner.object(&crate::table::table_file_name(number));
+        let store = Arc::clone(&self.inner.store);
+        let t = to.clone();
+        self.inner
+            .wait(async move { store.copy(&from, &t).await })
             .map_err(|e| self.inner.error(IoOp::Write, &to, e))?;
         Ok(())
     }

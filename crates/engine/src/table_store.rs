@@ -170,6 +170,17 @@ pub trait TableStore: Send + Sync + std::fmt::Debug {
             self.location().display()
         )))
     }
+
+    /// Copies table `number` out to `object`, elsewhere on the shared store (a backup),
+    /// by a copy the store makes itself. Refused for an object under this store's own
+    /// prefix, and where tables cannot be copied ([`TableStore::shared_id`] `None`).
+    fn copy_table_out(&self, number: u64, object: &str) -> Result<()> {
+        Err(Error::InvalidArgument(format!(
+            "{}: cannot copy table {number} out to {object:?}: \
+             tables are copied only on an object store",
+            self.location().display()
+        )))
+    }
 }
 
 /// How [`TableStore::import_table`] took a file in.

@@ -24,6 +24,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod apply;
+pub mod backup;
 pub mod batch;
 pub mod compactor;
 pub mod config;
@@ -452,6 +453,7 @@ async fn run_once(
         )),
         stop: stop_rx.clone(),
     };
+    let backups = backup::BackupService::new(kv.clone());
     requests.set(Some(kv.clone())).await;
     // Should this future be dropped or panic before the end, the handle stops serving
     // a node that is gone (the normal end clears it below, after the drain).
@@ -469,6 +471,11 @@ async fn run_once(
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
         .add_service(
             proto::kv_server::KvServer::new(kv)
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
+        .add_service(
+            proto::backup_server::BackupServer::new(backups)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
         )

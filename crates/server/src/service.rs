@@ -37,7 +37,7 @@ pub struct Services {
 }
 
 /// Where a validated request is served.
-enum Where {
+pub(crate) enum Where {
     /// Here: this node leads the group.
     Here(Ctx),
     /// By the group's leader on another node (forwarded).
@@ -51,9 +51,9 @@ fn in_range(route: &proto::Route, key: &[u8]) -> bool {
 }
 
 /// A validated request context: group, route and deadline.
-struct Ctx {
-    group: u64,
-    route: proto::Route,
+pub(crate) struct Ctx {
+    pub(crate) group: u64,
+    pub(crate) route: proto::Route,
     deadline: Instant,
     timeout_ms: u64,
     /// The writer's session (client id, sequence, acknowledged below), if it sent one.
@@ -78,7 +78,7 @@ impl Services {
     /// leads the group, else by the leader it knows (forwarded), else refused with
     /// NotLeader and the leader's address if known (also when the client asked for
     /// redirects, or the request was forwarded already).
-    fn locate(&self, h: Option<&proto::RequestHeader>) -> Result<Where, PErr> {
+    pub(crate) fn locate(&self, h: Option<&proto::RequestHeader>) -> Result<Where, PErr> {
         let h = h.ok_or_else(|| PErr::invalid_argument("request header missing"))?;
         let timeout = Self::check_timeout(h.timeout_ms)?;
         if h.group_id == META_GROUP {
@@ -244,7 +244,7 @@ impl Services {
         }
     }
 
-    async fn read_index(&self, c: &Ctx) -> Result<(), PErr> {
+    pub(crate) async fn read_index(&self, c: &Ctx) -> Result<(), PErr> {
         let (tx, rx) = oneshot::channel();
         self.shared
             .events

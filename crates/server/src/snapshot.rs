@@ -413,7 +413,7 @@ impl<'d> FileSink<'d> {
     }
 }
 
-fn build_files(
+pub(crate) fn build_files(
     shared: &Shared,
     g: u64,
     snap: &phoenix_engine::Snapshot,
@@ -441,7 +441,7 @@ fn build_files(
 /// The rest of a snapshot by copy: what the export's tables alone do not hold, and
 /// every system key of the group (the receiver checks the sentinel, and reads the range
 /// and membership, in these files).
-fn build_rest(
+pub(crate) fn build_rest(
     shared: &Shared,
     g: u64,
     export: &mut phoenix_engine::GroupExport,

@@ -1,5 +1,6 @@
 //! `phoenix` subcommands other than benchmarks: servers, client requests, cluster tools.
 
+pub mod backup;
 pub mod client;
 pub mod cluster;
 pub mod compactor;

@@ -119,6 +119,25 @@ impl GroupExport {
     pub fn bytes(&self) -> u64 {
         self.tables.iter().map(|t| t.size).sum()
     }
+
+    /// Copies the tables to `prefix/<table name>` on the shared store (a backup), by
+    /// copies the store makes itself, named `000001.sst`, `000002.sst`, … in the order of
+    /// [`GroupExport::tables`]. Returns them as [`SharedTable`]s naming the copies.
+    pub fn copy_tables_to(&self, prefix: &str) -> Result<Vec<SharedTable>> {
+        let _background = crate::io_class::Background::enter();
+        let prefix = prefix.trim_end_matches('/');
+        let mut out = Vec::with_capacity(self.tables.len());
+        for (i, ((_, f), t)) in self.files.iter().zip(&self.tables).enumerate() {
+            let object = format!("{prefix}/{}", crate::table::table_file_name(i as u64 + 1));
+            self._pins.inner.store.copy_table_out(f.number, &object)?;
+            out.push(SharedTable {
+                level: t.level,
+                object,
+                size: t.size,
+            });
+        }
+        Ok(out)
+    }
 }
 
 /// Tables copied into this engine's store for one group and not installed yet
