@@ -908,16 +908,39 @@ impl TableStore for ObjectTableStore {
     }
 
     fn copy_table_out(&self, number: u64, object: &str) -> Result<()> {
+        // Only to `…/tables/<table name>` (an engine's tables sit right under its
+        // prefix), never under this engine's own prefix, never over an object: a copy
+        // lands on no engine's table.
         let to = ObjectPath::parse(object)
             .ok()
-            .filter(|p| p.filename().is_some())
-            .ok_or_else(|| Error::InvalidArgument(format!("{object:?} is not an object name")))?;
-        // (A copy over one of this engine's own objects would corrupt it.)
+            .filter(|p| {
+                let parts: Vec<_> = p.parts().collect();
+                parts.len() >= 2
+                    && parts[parts.len() - 2].as_ref() == "tables"
+                    && filename::parse(parts[parts.len() - 1].as_ref())
+                        .is_some_and(|k| matches!(k, filename::FileKind::Table(_)))
+            })
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{object:?} is not a table name under a `tables` directory"
+                ))
+            })?;
         let own = self.inner.prefix.as_ref();
-        if own.is_empty() || to.as_ref() == own || to.as_ref().starts_with(&format!("{own}/")) {
+        if own.is_empty() || to.as_ref().starts_with(&format!("{own}/")) {
             return Err(Error::InvalidArgument(format!(
                 "{object:?} is inside this engine's own prefix {own:?}"
             )));
+        }
+        let store = Arc::clone(&self.inner.store);
+        let t = to.clone();
+        match self.inner.wait(async move { store.head(&t).await }) {
+            Ok(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{object:?} exists already: a copy is never written over an object"
+                )))
+            }
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(self.inner.error(IoOp::Read, &to, e).into()),
         }
         let from = self.inner.object(&crate::table::table_file_name(number));
         let store = Arc::clone(&self.inner.store);
@@ -1311,6 +1334,37 @@ impl ReadableFile for ObjectReader {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    /// A table copied out (a backup) goes only to a table name under a `tables`
+    /// directory outside the engine's own prefix, and never over an object.
+    #[test]
+    fn a_table_is_copied_out_only_to_a_fresh_table_name_elsewhere() {
+        let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let a = ObjectTableStore::new(Arc::clone(&bucket), "cluster/node-1").unwrap();
+        let mut t = a.create_table(7).unwrap();
+        t.append(b"table bytes").unwrap();
+        t.sync_all().unwrap();
+        drop(t);
+        let refused = |to: &str| a.copy_table_out(7, to).unwrap_err().to_string();
+        assert!(refused("cluster/node-1/tables/000001.sst").contains("own prefix"));
+        assert!(refused("backup/g1/000001.sst").contains("under a `tables` directory"));
+        assert!(refused("backup/g1/tables/MANIFEST-000001").contains("under a `tables`"));
+        a.copy_table_out(7, "backup/g1/tables/000001.sst").unwrap();
+        assert!(refused("backup/g1/tables/000001.sst").contains("exists already"));
+        let copied = a
+            .inner
+            .wait({
+                let b = Arc::clone(&bucket);
+                async move {
+                    b.get(&ObjectPath::from("backup/g1/tables/000001.sst"))
+                        .await?
+                        .bytes()
+                        .await
+                }
+            })
+            .unwrap();
+        assert_eq!(&copied[..], b"table bytes");
+    }
 
     fn record(edit: &VersionEdit) -> Vec<u8> {
         let mut p = Vec::new();

@@ -172,8 +172,9 @@ pub trait TableStore: Send + Sync + std::fmt::Debug {
     }
 
     /// Copies table `number` out to `object`, elsewhere on the shared store (a backup),
-    /// by a copy the store makes itself. Refused for an object under this store's own
-    /// prefix, and where tables cannot be copied ([`TableStore::shared_id`] `None`).
+    /// by a copy the store makes itself. `object` must be a table name under a
+    /// `tables` directory, outside this store's own prefix, and not exist. Refused where
+    /// tables cannot be copied ([`TableStore::shared_id`] `None`).
     fn copy_table_out(&self, number: u64, object: &str) -> Result<()> {
         Err(Error::InvalidArgument(format!(
             "{}: cannot copy table {number} out to {object:?}: \

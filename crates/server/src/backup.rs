@@ -95,6 +95,12 @@ impl proto::backup_server::Backup for BackupService {
             refuse(e);
             return Ok(answer);
         }
+        // Frozen for a merge: refused before accepting, so the caller's client retries
+        // (with backoff, within its deadline) as for any unavailable group.
+        if let Some(e) = merging(shared, c.group) {
+            refuse(e);
+            return Ok(answer);
+        }
         let accepted = proto::BackupGroupChunk {
             accepted: true,
             ..Default::default()
@@ -122,6 +128,33 @@ impl proto::backup_server::Backup for BackupService {
         });
         Ok(answer)
     }
+}
+
+/// How long a chunk waits for a caller that reads nothing before the backup gives up
+/// (its files and its turn are then freed).
+const SEND_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Why a group cannot be backed up now: it is merging (frozen or merged away).
+fn merging(shared: &Shared, g: u64) -> Option<proto::Error> {
+    let v = shared
+        .engine
+        .get(&ReadOptions::default(), &keys::range_key(g))
+        .ok()??;
+    let r = proto::GroupRange::decode(v.as_slice()).ok()?;
+    (r.merged_into != 0 || r.merging_into != 0).then(|| {
+        proto::Error::group_unavailable(
+            g,
+            "it is merging into its neighbour; retry once the merge is done",
+        )
+    })
+}
+
+/// Sends one message from a blocking thread; `false` if the caller went away or read
+/// nothing for [`SEND_WAIT`].
+fn send_chunk(tx: &mpsc::Sender<Chunk>, chunk: proto::BackupGroupChunk) -> bool {
+    tokio::runtime::Handle::current()
+        .block_on(tokio::time::timeout(SEND_WAIT, tx.send(Ok(chunk))))
+        .is_ok_and(|sent| sent.is_ok())
 }
 
 /// Numbers the directories of this process's backups.
@@ -157,6 +190,27 @@ fn send(
         }
         None => Source::Snapshot(engine.snapshot()),
     };
+    let mut tables = Vec::new();
+    if let Source::Export(export) = &source {
+        match export.copy_tables_to(&req.copy_prefix) {
+            Ok(copied) => {
+                for t in copied {
+                    let name = t.object.rsplit('/').next().unwrap_or_default().to_string();
+                    tables.push(proto::BackupTable {
+                        name,
+                        level: t.level,
+                        size: t.size,
+                    });
+                }
+            }
+            Err(e) => {
+                // (Copies made before the failure stay under a prefix no manifest
+                // names.) A later snapshot still follows the read barrier.
+                tracing::info!(group = g, "backup streamed, not copied: {e}");
+                source = Source::Snapshot(engine.snapshot());
+            }
+        }
+    }
     let snap = match &source {
         Source::Snapshot(s) => s,
         Source::Export(e) => e.snapshot(),
@@ -191,19 +245,9 @@ fn send(
         }
         None => (route.start_key.clone(), route.end_key.clone(), route.epoch),
     };
-    let mut tables = Vec::new();
-    if let Source::Export(export) = &source {
-        for t in export
-            .copy_tables_to(&req.copy_prefix)
-            .map_err(|e| failed("copying its tables", &e))?
-        {
-            let name = t.object.rsplit('/').next().unwrap_or_default().to_string();
-            tables.push(proto::BackupTable {
-                name,
-                level: t.level,
-                size: t.size,
-            });
-        }
+    let gone = || proto::Error::internal(format!("group {g}: the caller went away"));
+    if tx.is_closed() {
+        return Err(gone());
     }
     let files = match &mut source {
         Source::Export(export) => crate::snapshot::build_rest(shared, g, export, dir),
@@ -233,12 +277,16 @@ fn send(
             .collect(),
         node_id: shared.cfg.node_id,
     };
-    let gone = || proto::Error::internal(format!("group {g}: the caller went away"));
-    tx.blocking_send(Ok(proto::BackupGroupChunk {
-        head: Some(head),
-        ..Default::default()
-    }))
-    .map_err(|_| gone())?;
+    let sent = send_chunk(
+        tx,
+        proto::BackupGroupChunk {
+            head: Some(head),
+            ..Default::default()
+        },
+    );
+    if !sent {
+        return Err(gone());
+    }
     for (i, (path, _, _)) in files.iter().enumerate() {
         stream_file(i as u32, path, tx)
             .map_err(|e| failed(&format!("sending {}", path.display()), &e))?
@@ -274,7 +322,7 @@ fn stream_file(file: u32, path: &PathBuf, tx: &mpsc::Sender<Chunk>) -> std::io::
             }),
             ..Default::default()
         };
-        if tx.blocking_send(Ok(chunk)).is_err() {
+        if !send_chunk(tx, chunk) {
             return Ok(false);
         }
         offset += n as u64;

@@ -274,8 +274,9 @@ async fn run_once(
         into: run.log_unsynced,
     };
     // Snapshot files from before a restart serve nothing: a received one was never handed
-    // to raft in this process (raft asks again), a built one's stream is gone.
-    for d in ["snap-recv", "snap-send"] {
+    // to raft in this process (raft asks again), a built one's stream is gone (so is a
+    // backup's).
+    for d in ["snap-recv", "snap-send", "backup-send"] {
         snapshot::remove_dir(&data.join(d));
     }
 

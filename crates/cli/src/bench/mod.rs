@@ -1,5 +1,6 @@
 //! `phoenix bench ...`: benchmarks, each printing figures comparable with its peer tool.
 
+pub mod backup;
 pub mod cluster;
 pub mod common;
 pub mod engine;
@@ -35,6 +36,9 @@ pub enum BenchCmd {
     /// node by copying its tables on the S3 server, and by streaming them; time, bytes
     /// through the nodes and the nodes' CPU.
     Rebuild(rebuild::Args),
+    /// A backup of a 3-node cluster on an S3 server under writes, restored into a new
+    /// cluster and checked: every write acknowledged before the backup began is there.
+    Backup(backup::Args),
 }
 
 /// Runs the chosen benchmark. Its lines go to `report`; with `--output json` its
@@ -47,5 +51,6 @@ pub fn run(cmd: BenchCmd, report: Report) -> Result<(), BenchError> {
         BenchCmd::Cluster(args) => cluster::run(args, report),
         BenchCmd::Repair(args) => repair::run(args, report),
         BenchCmd::Rebuild(args) => rebuild::run(args, report),
+        BenchCmd::Backup(args) => backup::run(args, report),
     }
 }

@@ -342,7 +342,7 @@ async fn write_keys(
 }
 
 /// Key `i`'s value: `size` pseudo-random bytes (xorshift seeded by `i`).
-fn value(i: u64, size: usize) -> Vec<u8> {
+pub(super) fn value(i: u64, size: usize) -> Vec<u8> {
     let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut v = Vec::with_capacity(size + 8);
     while v.len() < size {
