@@ -422,6 +422,7 @@ impl Db {
         let mut vset =
             VersionSet::open(Arc::clone(&store), opts.num_levels, opts.create_if_missing)?;
         vset.set_deletion_delay(opts.obsolete_table_delay);
+        vset.set_reader_leases(store.supports_reader_leases());
         let version = vset.current();
 
         // Files not in the manifest are half-written flush or compaction outputs (or
@@ -1477,6 +1478,25 @@ impl Inner {
                     // (`take_deletable` moves the due time past now: no spin.)
                     match st.vset.next_deletion_due() {
                         Some(due) if due <= Instant::now() => {
+                            if st.vset.wants_reader_leases() {
+                                // (Read without the lock: requests to the store.) A
+                                // failed read leaves the last floor: tables wait.
+                                let read = MutexGuard::unlocked(&mut st, || {
+                                    let at = crate::reader_lease::now_ms();
+                                    self.store.reader_leases().map(|l| (l, at))
+                                });
+                                match read {
+                                    Ok((leases, at)) => st.vset.set_reader_floor(
+                                        crate::reader_lease::Floor::of(&leases, at),
+                                    ),
+                                    Err(e) => {
+                                        tracing::warn!(error = %e, "could not read the readers' leases; obsolete tables wait")
+                                    }
+                                }
+                                if st.closed {
+                                    return;
+                                }
+                            }
                             let gone = st.vset.take_deletable();
                             MutexGuard::unlocked(&mut st, || {
                                 for n in gone {

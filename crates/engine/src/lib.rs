@@ -16,6 +16,7 @@ pub mod merge;
 pub mod object_table_store;
 pub mod options;
 pub mod range_del;
+pub mod reader_lease;
 pub mod remote_compaction;
 pub mod sst_writer;
 pub mod table_store;

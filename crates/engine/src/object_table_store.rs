@@ -368,9 +368,29 @@ impl ObjectTableStore {
         for f in self.list()? {
             self.remove(&f)?;
         }
+        for (reader, _) in self.reader_leases()? {
+            self.delete_reader_lease(&reader)?;
+        }
         Ok(())
     }
+
+    /// The object of reader `reader`'s lease.
+    fn lease_object(&self, reader: &str) -> Result<ObjectPath> {
+        let plain = !reader.is_empty()
+            && reader
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !plain {
+            return Err(Error::InvalidArgument(format!(
+                "reader id {reader:?}: letters, digits, '-' and '_' only"
+            )));
+        }
+        Ok(self.inner.prefix.child(READERS).child(reader))
+    }
 }
+
+/// The directory of readers' leases under a store's prefix ([`crate::reader_lease`]).
+const READERS: &str = "readers";
 
 /// `s` with its `%XX` escapes decoded; `None` when one is malformed or the result is
 /// not UTF-8.
@@ -905,6 +925,56 @@ impl TableStore for ObjectTableStore {
             .wait(async move { store.copy(&f, &t).await })
             .map_err(|e| self.inner.error(IoOp::Write, &to, e))?;
         Ok(())
+    }
+
+    fn supports_reader_leases(&self) -> bool {
+        true
+    }
+
+    fn put_reader_lease(&self, reader: &str, lease: &[u8]) -> Result<()> {
+        let at = self.lease_object(reader)?;
+        let store = Arc::clone(&self.inner.store);
+        let (t, payload) = (at.clone(), PutPayload::from(lease.to_vec()));
+        self.inner
+            .wait(async move { store.put(&t, payload).await })
+            .map_err(|e| self.inner.error(IoOp::Write, &at, e))?;
+        Ok(())
+    }
+
+    fn delete_reader_lease(&self, reader: &str) -> Result<()> {
+        let at = self.lease_object(reader)?;
+        match self.inner.delete(&at) {
+            Err(e) if !e.is_not_found() => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    fn reader_leases(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let dir = self.inner.prefix.child(READERS);
+        let store = Arc::clone(&self.inner.store);
+        let d = dir.clone();
+        let metas = self
+            .inner
+            .wait(async move { store.list(Some(&d)).try_collect::<Vec<_>>().await })
+            .map_err(|e| self.inner.error(IoOp::List, &dir, e))?;
+        let mut out = Vec::with_capacity(metas.len());
+        for m in metas {
+            let Some(name) = m.location.filename().map(str::to_string) else {
+                continue;
+            };
+            let store = Arc::clone(&self.inner.store);
+            let at = m.location.clone();
+            // (Gone meanwhile: its reader left.)
+            match self
+                .inner
+                .wait(async move { store.get(&at).await?.bytes().await })
+            {
+                Ok(b) => out.push((name, b.to_vec())),
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.inner.error(IoOp::Read, &m.location, e).into()),
+            }
+        }
+        Ok(out)
     }
 
     fn copy_table_out(&self, number: u64, object: &str) -> Result<()> {

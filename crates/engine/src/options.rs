@@ -118,6 +118,11 @@ pub struct Options {
     /// that catch up more often than this never find a table of their version gone.
     /// 0: deleted once no version of this engine holds it.
     pub obsolete_table_delay: std::time::Duration,
+    /// How long a read-only follower's lease holds the tables of the versions it reads
+    /// without being renewed (`Secondary`; [`crate::reader_lease`]). On the primary,
+    /// with `obsolete_table_delay` set, on a store that keeps leases, a table also waits
+    /// for every live lease to have moved past it.
+    pub reader_lease: std::time::Duration,
 }
 
 impl Default for Options {
@@ -151,6 +156,7 @@ impl Default for Options {
             retry_backoff_max: std::time::Duration::from_secs(10),
             compaction_service: None,
             obsolete_table_delay: std::time::Duration::ZERO,
+            reader_lease: std::time::Duration::from_secs(60),
         }
     }
 }

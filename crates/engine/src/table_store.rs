@@ -171,6 +171,27 @@ pub trait TableStore: Send + Sync + std::fmt::Debug {
         )))
     }
 
+    /// Whether followers keep leases here ([`crate::reader_lease`]): a store others
+    /// read from elsewhere (an object store).
+    fn supports_reader_leases(&self) -> bool {
+        false
+    }
+
+    /// Writes (or replaces) reader `reader`'s lease. A no-op where leases are not kept.
+    fn put_reader_lease(&self, _reader: &str, _lease: &[u8]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Removes reader `reader`'s lease (gone already is fine).
+    fn delete_reader_lease(&self, _reader: &str) -> Result<()> {
+        Ok(())
+    }
+
+    /// Every reader's lease: `(reader, bytes)`.
+    fn reader_leases(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        Ok(Vec::new())
+    }
+
     /// Copies table `number` out to `object`, elsewhere on the shared store (a backup),
     /// by a copy the store makes itself. `object` must be a table name under a
     /// `tables` directory, outside this store's own prefix, and not exist. Refused where

@@ -116,8 +116,13 @@ pub struct VersionSet {
     /// Files removed from the current version, deleted once no live version holds them.
     /// Tables removed by edits, with when: deleted once no version holds them and
     /// `deletion_delay` has passed.
-    pending_deletes: Vec<(u64, std::time::Instant)>,
+    /// (With when by the wall clock, for readers' leases.)
+    pending_deletes: Vec<(u64, std::time::Instant, u64)>,
     deletion_delay: std::time::Duration,
+    /// Whether deletions also wait for readers' leases ([`crate::reader_lease`]).
+    reader_leases: bool,
+    /// What the leases read last said.
+    reader_floor: Option<crate::reader_lease::Floor>,
     /// When the background should next look at `pending_deletes` (with a delay).
     next_due: Option<std::time::Instant>,
     /// Files kept whatever the versions hold (an export's tables, until copied), with
@@ -171,6 +176,8 @@ impl VersionSet {
             live: Vec::new(),
             pending_deletes: Vec::new(),
             deletion_delay: std::time::Duration::ZERO,
+            reader_leases: false,
+            reader_floor: None,
             next_due: None,
             pinned: std::collections::HashMap::new(),
             broken: None,
@@ -575,11 +582,14 @@ impl VersionSet {
         let now = std::time::Instant::now();
         let mut keep = Vec::new();
         let mut next: Option<std::time::Instant> = None;
-        for (n, since) in std::mem::take(&mut self.pending_deletes) {
+        for (n, since, since_ms) in std::mem::take(&mut self.pending_deletes) {
             let due = since + self.deletion_delay;
-            let look = if held.contains(&n) {
-                // Released without an edit (an iterator dropped): looked at again
-                // later, not at once (the background must not spin on it).
+            let leased =
+                self.reader_leases && !self.reader_floor.is_some_and(|f| f.frees(since_ms));
+            let look = if held.contains(&n) || (due <= now && leased) {
+                // Released without an edit (an iterator dropped), or a reader's lease
+                // (or no lease read since) still covers it: looked at again later, not
+                // at once (the background must not spin on it).
                 now + self.deletion_delay.max(HELD_RECHECK)
             } else if due > now {
                 due
@@ -588,7 +598,7 @@ impl VersionSet {
                 continue;
             };
             next = Some(next.map_or(look, |t| t.min(look)));
-            keep.push((n, since));
+            keep.push((n, since, since_ms));
         }
         self.pending_deletes = keep;
         if !self.deletion_delay.is_zero() {
@@ -609,6 +619,24 @@ impl VersionSet {
         self.deletion_delay = delay;
     }
 
+    /// With a deletion delay, whether deletions also wait for the readers' leases
+    /// ([`crate::reader_lease`]): a table goes only once leases read after its removal
+    /// show no live reader that may still read it.
+    pub fn set_reader_leases(&mut self, on: bool) {
+        self.reader_leases = on && !self.deletion_delay.is_zero();
+    }
+
+    /// Whether the caller should read the readers' leases (and hand them to
+    /// [`VersionSet::set_reader_floor`]) before taking what is deletable.
+    pub fn wants_reader_leases(&self) -> bool {
+        self.reader_leases && !self.pending_deletes.is_empty()
+    }
+
+    /// What the readers' leases said when read.
+    pub fn set_reader_floor(&mut self, floor: crate::reader_lease::Floor) {
+        self.reader_floor = Some(floor);
+    }
+
     /// Deletes table `number`, which no version holds, once the deletion delay has
     /// passed (a stray found at open); `false` if the number is still to be handed out
     /// (the stray of a write that never reached the manifest): the caller deletes it
@@ -624,8 +652,9 @@ impl VersionSet {
     /// Queues table `number` for deletion from now.
     fn queue_delete(&mut self, number: u64) {
         let now = std::time::Instant::now();
-        self.pending_deletes.retain(|&(n, _)| n != number);
-        self.pending_deletes.push((number, now));
+        self.pending_deletes.retain(|&(n, _, _)| n != number);
+        self.pending_deletes
+            .push((number, now, crate::reader_lease::now_ms()));
         if !self.deletion_delay.is_zero() {
             let due = now + self.deletion_delay;
             self.next_due = Some(self.next_due.map_or(due, |t| t.min(due)));

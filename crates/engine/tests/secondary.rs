@@ -37,14 +37,27 @@ fn primary(bucket: &Arc<dyn ObjectStore>, delay: Duration) -> Arc<Db> {
 }
 
 fn secondary(bucket: &Arc<dyn ObjectStore>) -> Secondary {
+    secondary_with_lease(bucket, Options::default().reader_lease)
+}
+
+fn secondary_with_lease(bucket: &Arc<dyn ObjectStore>, lease: Duration) -> Secondary {
     let store: SharedTableStore =
         Arc::new(ObjectTableStore::new(Arc::clone(bucket), "db").unwrap());
     // No block cache: every read of a data block goes to the store.
     let opts = Options {
         block_cache_size: 0,
+        reader_lease: lease,
         ..opts(Duration::ZERO)
     };
     Secondary::open(store, opts).unwrap()
+}
+
+fn leases(bucket: &Arc<dyn ObjectStore>) -> usize {
+    ObjectTableStore::new(Arc::clone(bucket), "db")
+        .unwrap()
+        .reader_leases()
+        .unwrap()
+        .len()
 }
 
 fn key(i: u32) -> Vec<u8> {
@@ -122,6 +135,8 @@ fn a_secondary_reads_what_the_primary_flushed_once_it_catches_up() {
     db.close().unwrap();
 }
 
+/// A reader that stops renewing its lease: its tables wait out the delay and the
+/// lease, then go; it catches up by itself.
 #[test]
 fn a_secondary_keeps_its_tables_while_the_delay_lasts_then_catches_up_itself() {
     let bucket: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -129,7 +144,7 @@ fn a_secondary_keeps_its_tables_while_the_delay_lasts_then_catches_up_itself() {
     let delay = Duration::from_secs(2);
     let db = primary(&bucket, delay);
     fill(&db, "a");
-    let s = secondary(&bucket);
+    let s = secondary_with_lease(&bucket, Duration::from_secs(1));
     let before = tables(&bucket);
     let ro = ReadOptions::default();
 
@@ -166,6 +181,55 @@ fn a_secondary_keeps_its_tables_while_the_delay_lasts_then_catches_up_itself() {
         "an iterator over deleted tables read {n} keys and no error"
     );
     assert_eq!(all(&s)[7].1, b"b7".to_vec());
+    db.close().unwrap();
+}
+
+/// A reader's lease holds the tables of every version it still reads (a cursor's
+/// included) past the delay; once it moves past them (cursor dropped, caught up, lease
+/// renewed) they go. Its lease goes with it.
+#[test]
+fn a_reader_s_lease_holds_its_tables_until_it_moves_past_them() {
+    let bucket: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let delay = Duration::from_millis(100);
+    let db = primary(&bucket, delay);
+    fill(&db, "a");
+    let s = secondary(&bucket);
+    assert_eq!(leases(&bucket), 1);
+    let before = tables(&bucket);
+    let ro = ReadOptions::default();
+    let stale = s.iter(&ro).unwrap();
+
+    fill(&db, "b");
+    db.compact_range(None, None).unwrap();
+    // Well past the delay (and the clock skew allowed): the lease still holds them.
+    std::thread::sleep(Duration::from_millis(2500));
+    let t = tables(&bucket);
+    assert!(before.iter().all(|n| t.contains(n)), "{before:?} {t:?}");
+    let mut stale = stale;
+    stale.seek_to_first();
+    let mut n = 0;
+    while stale.valid() {
+        assert_eq!(stale.value(), format!("a{n}").as_bytes());
+        n += 1;
+        stale.next();
+    }
+    stale.status().unwrap();
+    assert_eq!(n, 1000);
+    // Caught up, the old cursor dropped, the lease renewed: they go.
+    drop(stale);
+    assert!(s.catch_up().unwrap());
+    s.renew_lease().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tables(&bucket).iter().any(|n| before.contains(n)) {
+        assert!(
+            Instant::now() < deadline,
+            "tables no reader holds still there"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(all(&s)[7].1, b"b7".to_vec());
+    drop(s);
+    assert_eq!(leases(&bucket), 0, "the lease left with its reader");
     db.close().unwrap();
 }
 

@@ -5,12 +5,15 @@
 //! It sees what the primary has flushed: the primary's memtables (and, on a node, the
 //! raft log that is its WAL) are not on the store. A table the primary's compactions
 //! replaced is deleted once no version of the primary holds it and
-//! `Options::obsolete_table_delay` has passed: a secondary that catches up more often
-//! than that always finds the tables of the version it reads. One that fell further
-//! behind finds a table gone; a point read then catches up by itself and reads again,
+//! `Options::obsolete_table_delay` has passed and, on a store that keeps leases, no
+//! secondary's lease covers it ([`crate::reader_lease`]): each secondary writes its
+//! lease (when the oldest version it still reads — its cursors' included — was read,
+//! and until when the lease holds: `Options::reader_lease`) before each read of the
+//! manifest, and renews it there and with [`Secondary::renew_lease`]. One whose lease
+//! ran out finds a table gone; a point read then catches up by itself and reads again,
 //! an iterator fails with the store's not-found error (catch up, then iterate again).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -34,6 +37,10 @@ pub struct Secondary {
     view: RwLock<Arc<View>>,
     /// The manifest read last: its number and length, and its last sequence.
     followed: Mutex<(u64, usize, SequenceNumber)>,
+    /// This reader's lease name, and the versions it handed out with when each was read
+    /// (ms since the epoch): the oldest still held is what its lease says.
+    reader: String,
+    views: Mutex<Vec<(u64, Weak<View>)>>,
 }
 
 impl std::fmt::Debug for Secondary {
@@ -67,6 +74,8 @@ impl Secondary {
                 version: Arc::new(crate::version::Version::empty(opts.num_levels)),
             })),
             followed: Mutex::new((0, 0, 0)),
+            reader: reader_id(),
+            views: Mutex::new(Vec::new()),
             store,
             opts,
             tables,
@@ -85,6 +94,10 @@ impl Secondary {
     /// tables read so far stay in use.
     pub fn catch_up(&self) -> Result<bool> {
         let mut followed = self.followed.lock();
+        // The lease first, dated before the manifest is read: whatever version that
+        // read finds is covered from the start.
+        let read_at = crate::reader_lease::now_ms();
+        self.write_lease(Some(read_at))?;
         // The primary may roll its manifest (name a new one, remove the old) between
         // our reads of the pointer and of the manifest: read again.
         let mut tries = 0;
@@ -103,17 +116,45 @@ impl Secondary {
         let old = self.view.read().version.live_files().collect::<Vec<_>>();
         let version = Arc::new(r.version);
         let live: std::collections::HashSet<u64> = version.live_files().collect();
-        *self.view.write() = Arc::new(View {
+        let view = Arc::new(View {
             mem: Arc::new(MemTable::new(0)),
             imms: Vec::new(),
             version,
         });
+        self.views.lock().push((read_at, Arc::downgrade(&view)));
+        *self.view.write() = view;
         // Tables the primary dropped are closed (readers holding them keep theirs).
         for n in old.into_iter().filter(|n| !live.contains(n)) {
             self.tables.evict(n);
         }
         *followed = (r.number, r.len, r.last_sequence);
         Ok(true)
+    }
+
+    /// Renews this reader's lease (the oldest version it still reads, for
+    /// `Options::reader_lease` from now). A reader that reads without catching up for
+    /// longer than that renews it so, or its tables may go.
+    pub fn renew_lease(&self) -> Result<()> {
+        self.write_lease(None)
+    }
+
+    /// Writes the lease: the oldest version still held (or `reading`, a read about to
+    /// start, if older).
+    fn write_lease(&self, reading: Option<u64>) -> Result<()> {
+        if !self.store.supports_reader_leases() {
+            return Ok(());
+        }
+        let oldest = {
+            let mut views = self.views.lock();
+            views.retain(|(_, w)| w.strong_count() > 0);
+            views.iter().map(|(t, _)| *t).chain(reading).min()
+        };
+        let now = crate::reader_lease::now_ms();
+        let lease = crate::reader_lease::Lease {
+            oldest_view_ms: oldest.unwrap_or(now),
+            expires_ms: now.saturating_add(self.opts.reader_lease.as_millis() as u64),
+        };
+        self.store.put_reader_lease(&self.reader, &lease.encode())
     }
 
     /// The primary's last sequence as of the manifest read last.
@@ -182,6 +223,27 @@ impl Secondary {
             r => r,
         }
     }
+}
+
+impl Drop for Secondary {
+    fn drop(&mut self) {
+        if let Err(e) = self.store.delete_reader_lease(&self.reader) {
+            tracing::warn!(reader = %self.reader, error = %e, "could not remove a reader's lease; it runs out by itself");
+        }
+    }
+}
+
+/// A name for this reader's lease, unique enough: the process, the time, a counter.
+fn reader_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!(
+        "{:x}-{nanos:x}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
 }
 
 fn refuse_snapshot(ro: &ReadOptions<'_>) -> Result<()> {
