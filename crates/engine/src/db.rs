@@ -1469,6 +1469,41 @@ impl Inner {
                     if st.closed {
                         return;
                     }
+                    // Readers' leases are read when a due table waits on them, flushes
+                    // waiting or not (a busy engine must not keep its tables forever).
+                    if st
+                        .vset
+                        .reader_leases_due()
+                        .is_some_and(|due| due <= Instant::now())
+                    {
+                        // (Read without the lock: requests to the store.) A failed read
+                        // leaves the last floor: tables wait.
+                        let read = MutexGuard::unlocked(&mut st, || {
+                            let (ms, at) = (crate::reader_lease::now_ms(), Instant::now());
+                            self.store.reader_leases().map(|l| (l, ms, at))
+                        });
+                        match read {
+                            Ok((leases, ms, at)) => st
+                                .vset
+                                .set_reader_floor(crate::reader_lease::Floor::of(&leases, ms, at)),
+                            Err(e) => {
+                                // (Looked at again a second later.)
+                                st.vset.set_reader_floor_failed();
+                                tracing::warn!(error = %e, "could not read the readers' leases; obsolete tables wait")
+                            }
+                        }
+                        if st.closed {
+                            return;
+                        }
+                        let gone = st.vset.take_deletable();
+                        MutexGuard::unlocked(&mut st, || {
+                            for n in gone {
+                                crate::version_set::delete_table(&self.store, n);
+                                self.tables.evict(n);
+                            }
+                        });
+                        continue;
+                    }
                     if !st.stopped() {
                         if let Some(m) = st.imm.front() {
                             break Arc::clone(m);
@@ -1478,25 +1513,6 @@ impl Inner {
                     // (`take_deletable` moves the due time past now: no spin.)
                     match st.vset.next_deletion_due() {
                         Some(due) if due <= Instant::now() => {
-                            if st.vset.wants_reader_leases() {
-                                // (Read without the lock: requests to the store.) A
-                                // failed read leaves the last floor: tables wait.
-                                let read = MutexGuard::unlocked(&mut st, || {
-                                    let at = crate::reader_lease::now_ms();
-                                    self.store.reader_leases().map(|l| (l, at))
-                                });
-                                match read {
-                                    Ok((leases, at)) => st.vset.set_reader_floor(
-                                        crate::reader_lease::Floor::of(&leases, at),
-                                    ),
-                                    Err(e) => {
-                                        tracing::warn!(error = %e, "could not read the readers' leases; obsolete tables wait")
-                                    }
-                                }
-                                if st.closed {
-                                    return;
-                                }
-                            }
                             let gone = st.vset.take_deletable();
                             MutexGuard::unlocked(&mut st, || {
                                 for n in gone {

@@ -368,10 +368,37 @@ impl ObjectTableStore {
         for f in self.list()? {
             self.remove(&f)?;
         }
-        for (reader, _) in self.reader_leases()? {
-            self.delete_reader_lease(&reader)?;
+        for (_, at) in self.lease_objects()? {
+            match self.inner.delete(&at) {
+                Err(e) if !e.is_not_found() => return Err(e.into()),
+                _ => {}
+            }
         }
         Ok(())
+    }
+
+    /// The leases under `readers/` (direct children only): names and objects.
+    fn lease_objects(&self) -> Result<Vec<(String, ObjectPath)>> {
+        let dir = self.inner.prefix.child(READERS);
+        let store = Arc::clone(&self.inner.store);
+        let d = dir.clone();
+        let metas = self
+            .inner
+            .wait(async move { store.list(Some(&d)).try_collect::<Vec<_>>().await })
+            .map_err(|e| self.inner.error(IoOp::List, &dir, e))?;
+        Ok(metas
+            .into_iter()
+            .filter_map(|m| {
+                let name = {
+                    let mut parts = m.location.prefix_match(&dir)?;
+                    match (parts.next(), parts.next()) {
+                        (Some(name), None) => name.as_ref().to_string(),
+                        _ => return None,
+                    }
+                };
+                Some((name, m.location))
+            })
+            .collect())
     }
 
     /// The object of reader `reader`'s lease.
@@ -950,31 +977,35 @@ impl TableStore for ObjectTableStore {
     }
 
     fn reader_leases(&self) -> Result<Vec<(String, Vec<u8>)>> {
-        let dir = self.inner.prefix.child(READERS);
+        let listed = self.lease_objects()?;
         let store = Arc::clone(&self.inner.store);
-        let d = dir.clone();
-        let metas = self
+        let ats: Vec<ObjectPath> = listed.iter().map(|(_, at)| at.clone()).collect();
+        // (Read at once: the flush thread waits for them.)
+        let got = self
             .inner
-            .wait(async move { store.list(Some(&d)).try_collect::<Vec<_>>().await })
-            .map_err(|e| self.inner.error(IoOp::List, &dir, e))?;
-        let mut out = Vec::with_capacity(metas.len());
-        for m in metas {
-            let Some(name) = m.location.filename().map(str::to_string) else {
-                continue;
-            };
-            let store = Arc::clone(&self.inner.store);
-            let at = m.location.clone();
-            // (Gone meanwhile: its reader left.)
-            match self
-                .inner
-                .wait(async move { store.get(&at).await?.bytes().await })
-            {
-                Ok(b) => out.push((name, b.to_vec())),
-                Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(self.inner.error(IoOp::Read, &m.location, e).into()),
-            }
-        }
-        Ok(out)
+            .wait(async move {
+                let reads = ats.into_iter().map(|at| {
+                    let store = Arc::clone(&store);
+                    async move {
+                        match store.get(&at).await {
+                            Ok(r) => r.bytes().await.map(Some),
+                            // (Gone meanwhile: its reader left.)
+                            Err(object_store::Error::NotFound { .. }) => Ok(None),
+                            Err(e) => Err(e),
+                        }
+                    }
+                });
+                futures_util::future::try_join_all(reads).await
+            })
+            .map_err(|e| {
+                self.inner
+                    .error(IoOp::Read, &self.inner.prefix.child(READERS), e)
+            })?;
+        Ok(listed
+            .into_iter()
+            .zip(got)
+            .filter_map(|((name, _), b)| b.map(|b| (name, b.to_vec())))
+            .collect())
     }
 
     fn copy_table_out(&self, number: u64, object: &str) -> Result<()> {

@@ -121,7 +121,8 @@ pub struct Options {
     /// How long a read-only follower's lease holds the tables of the versions it reads
     /// without being renewed (`Secondary`; [`crate::reader_lease`]). On the primary,
     /// with `obsolete_table_delay` set, on a store that keeps leases, a table also waits
-    /// for every live lease to have moved past it.
+    /// for every live lease to have moved past it. 0: a follower keeps no lease (it
+    /// reads with the deletion delay alone). At most a day.
     pub reader_lease: std::time::Duration,
 }
 
@@ -165,6 +166,9 @@ impl Options {
     /// Checks the options against each other.
     pub fn validate(&self) -> crate::Result<()> {
         let bad = |what: &str| Err(crate::Error::InvalidArgument(what.to_string()));
+        if self.reader_lease > std::time::Duration::from_secs(24 * 3600) {
+            return bad("reader_lease must be at most a day (a reader that died holds its tables that long)");
+        }
         if self.num_levels < 2 || self.num_levels > LEVELS_MAX {
             return bad("num_levels must be in 2..=16");
         }

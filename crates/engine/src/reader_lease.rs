@@ -62,21 +62,37 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// What the primary learned from the leases it read at `read_ms`: the oldest version a
-/// live reader still reads (`u64::MAX`: no live reader).
+/// What the primary learned from the leases it read at `read_ms` (and `read_at` by its
+/// monotonic clock): the oldest version a live reader still reads (`u64::MAX`: no live
+/// reader).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Floor {
     pub read_ms: u64,
+    pub read_at: std::time::Instant,
     pub oldest_view_ms: u64,
 }
 
 impl Floor {
-    /// The floor of `leases` (as stored: `(reader, bytes)`) read at `read_ms`.
-    pub fn of(leases: &[(String, Vec<u8>)], read_ms: u64) -> Floor {
+    /// The floor of `leases` (as stored: `(reader, bytes)`) read at `read_ms` /
+    /// `read_at`. A lease counts while its expiry plus the skew allowed is ahead (a
+    /// reader whose clock is behind keeps its tables); one that says it read a version
+    /// later than the skew allows is a reader whose clock is too far ahead, and holds
+    /// every table (reported), as one that does not decode.
+    pub fn of(leases: &[(String, Vec<u8>)], read_ms: u64, read_at: std::time::Instant) -> Floor {
         let mut oldest = u64::MAX;
         for (reader, bytes) in leases {
             match Lease::decode(bytes) {
-                Some(l) if l.expires_ms <= read_ms => {}
+                Some(l) if l.expires_ms.saturating_add(CLOCK_SKEW_MAX_MS) <= read_ms => {}
+                Some(l) if l.oldest_view_ms > read_ms.saturating_add(CLOCK_SKEW_MAX_MS) => {
+                    tracing::error!(
+                        reader,
+                        oldest_view_ms = l.oldest_view_ms,
+                        read_ms,
+                        "a reader's clock runs ahead of this engine's by more than the skew \
+                         allowed; its lease holds every table"
+                    );
+                    oldest = 0;
+                }
                 Some(l) => oldest = oldest.min(l.oldest_view_ms),
                 None => {
                     tracing::error!(
@@ -91,13 +107,18 @@ impl Floor {
         }
         Floor {
             read_ms,
+            read_at,
             oldest_view_ms: oldest,
         }
     }
 
-    /// Whether no live reader can read a table an edit removed at `since_ms`.
-    pub fn frees(&self, since_ms: u64) -> bool {
-        self.read_ms > since_ms && self.oldest_view_ms > since_ms.saturating_add(CLOCK_SKEW_MAX_MS)
+    /// Whether no live reader can read a table an edit removed at `since_ms` (`since`
+    /// by the monotonic clock: the leases must have been read after it by both clocks,
+    /// so a wall clock stepped back cannot order them wrong).
+    pub fn frees(&self, since_ms: u64, since: std::time::Instant) -> bool {
+        self.read_at > since
+            && self.read_ms > since_ms
+            && self.oldest_view_ms > since_ms.saturating_add(CLOCK_SKEW_MAX_MS)
     }
 }
 
@@ -118,19 +139,31 @@ mod tests {
         assert_eq!(Lease::decode(&later), None);
         assert_eq!(Lease::decode(&l.encode()[..19]), None);
 
+        let t0 = std::time::Instant::now();
+        let t1 = t0 + std::time::Duration::from_secs(1);
+        let floor = |leases: &[(String, Vec<u8>)], read_ms| Floor::of(leases, read_ms, t1);
         let leases = vec![("a".to_string(), l.encode())];
         // Read before the removal: tells nothing about it.
-        assert!(!Floor::of(&leases, 3_000).frees(3_500));
+        assert!(!floor(&leases, 3_000).frees(3_500, t0));
         // A live reader whose oldest version is older than the removal holds it.
-        assert!(!Floor::of(&leases, 10_000).frees(4_500));
+        assert!(!floor(&leases, 10_000).frees(4_500, t0));
         // Read within the skew after the removal: still held.
-        assert!(!Floor::of(&leases, 10_000).frees(4_000));
-        assert!(Floor::of(&leases, 10_000).frees(3_999));
-        // An expired lease holds nothing.
-        assert!(Floor::of(&leases, 70_000).frees(60_000));
+        assert!(!floor(&leases, 10_000).frees(4_000, t0));
+        assert!(floor(&leases, 10_000).frees(3_999, t0));
+        // Read before the removal by the monotonic clock (the wall clock stepped back):
+        // tells nothing.
+        assert!(!floor(&leases, 10_000).frees(3_999, t1));
+        // A lease counts until its expiry plus the skew.
+        assert!(!floor(&leases, 70_500).frees(60_000, t0));
+        assert!(floor(&leases, 71_000).frees(60_000, t0));
         // No lease: free once read after the removal.
-        assert!(Floor::of(&[], 10_000).frees(9_999));
-        // A lease that does not decode holds everything.
-        assert!(!Floor::of(&[("b".into(), later)], 10_000).frees(1));
+        assert!(floor(&[], 10_000).frees(9_999, t0));
+        // A lease that does not decode, or one from a clock too far ahead, holds all.
+        assert!(!floor(&[("b".into(), later)], 10_000).frees(1, t0));
+        let ahead = Lease {
+            oldest_view_ms: 12_000,
+            expires_ms: 70_000,
+        };
+        assert!(!floor(&[("c".into(), ahead.encode())], 10_000).frees(1, t0));
     }
 }

@@ -123,6 +123,10 @@ pub struct VersionSet {
     reader_leases: bool,
     /// What the leases read last said.
     reader_floor: Option<crate::reader_lease::Floor>,
+    /// When the leases should be read again: a due table waits on them. Only a read of
+    /// the leases moves it (other takes must not push it back, or a busy engine would
+    /// never read them).
+    lease_recheck: Option<std::time::Instant>,
     /// When the background should next look at `pending_deletes` (with a delay).
     next_due: Option<std::time::Instant>,
     /// Files kept whatever the versions hold (an export's tables, until copied), with
@@ -178,6 +182,7 @@ impl VersionSet {
             deletion_delay: std::time::Duration::ZERO,
             reader_leases: false,
             reader_floor: None,
+            lease_recheck: None,
             next_due: None,
             pinned: std::collections::HashMap::new(),
             broken: None,
@@ -584,13 +589,18 @@ impl VersionSet {
         let mut next: Option<std::time::Instant> = None;
         for (n, since, since_ms) in std::mem::take(&mut self.pending_deletes) {
             let due = since + self.deletion_delay;
-            let leased =
-                self.reader_leases && !self.reader_floor.is_some_and(|f| f.frees(since_ms));
-            let look = if held.contains(&n) || (due <= now && leased) {
-                // Released without an edit (an iterator dropped), or a reader's lease
-                // (or no lease read since) still covers it: looked at again later, not
-                // at once (the background must not spin on it).
+            let look = if held.contains(&n) {
+                // Released without an edit (an iterator dropped): looked at again
+                // later, not at once (the background must not spin on it).
                 now + self.deletion_delay.max(HELD_RECHECK)
+            } else if due <= now
+                && self.reader_leases
+                && !self.reader_floor.is_some_and(|f| f.frees(since_ms, since))
+            {
+                // A reader's lease (or no lease read since) may still cover it: the
+                // leases are read again a second from the first such wait.
+                let at = *self.lease_recheck.get_or_insert(now + HELD_RECHECK);
+                at.max(now + std::time::Duration::from_millis(1))
             } else if due > now {
                 due
             } else {
@@ -626,15 +636,22 @@ impl VersionSet {
         self.reader_leases = on && !self.deletion_delay.is_zero();
     }
 
-    /// Whether the caller should read the readers' leases (and hand them to
-    /// [`VersionSet::set_reader_floor`]) before taking what is deletable.
-    pub fn wants_reader_leases(&self) -> bool {
-        self.reader_leases && !self.pending_deletes.is_empty()
+    /// When the caller should read the readers' leases (and hand them to
+    /// [`VersionSet::set_reader_floor`], then take what is deletable): a due table
+    /// waits on them.
+    pub fn reader_leases_due(&self) -> Option<std::time::Instant> {
+        self.lease_recheck
     }
 
     /// What the readers' leases said when read.
     pub fn set_reader_floor(&mut self, floor: crate::reader_lease::Floor) {
         self.reader_floor = Some(floor);
+        self.lease_recheck = None;
+    }
+
+    /// The leases could not be read: read again a second from now.
+    pub fn set_reader_floor_failed(&mut self) {
+        self.lease_recheck = Some(std::time::Instant::now() + HELD_RECHECK);
     }
 
     /// Deletes table `number`, which no version holds, once the deletion delay has

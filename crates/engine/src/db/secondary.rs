@@ -41,6 +41,8 @@ pub struct Secondary {
     /// (ms since the epoch): the oldest still held is what its lease says.
     reader: String,
     views: Mutex<Vec<(u64, Weak<View>)>>,
+    /// Until when the lease written last holds (0: none written).
+    lease_until: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Secondary {
@@ -76,6 +78,7 @@ impl Secondary {
             followed: Mutex::new((0, 0, 0)),
             reader: reader_id(),
             views: Mutex::new(Vec::new()),
+            lease_until: std::sync::atomic::AtomicU64::new(0),
             store,
             opts,
             tables,
@@ -97,7 +100,7 @@ impl Secondary {
         // The lease first, dated before the manifest is read: whatever version that
         // read finds is covered from the start.
         let read_at = crate::reader_lease::now_ms();
-        self.write_lease(Some(read_at))?;
+        self.write_lease(Some(read_at));
         // The primary may roll its manifest (name a new one, remove the old) between
         // our reads of the pointer and of the manifest: read again.
         let mut tries = 0;
@@ -133,16 +136,28 @@ impl Secondary {
 
     /// Renews this reader's lease (the oldest version it still reads, for
     /// `Options::reader_lease` from now). A reader that reads without catching up for
-    /// longer than that renews it so, or its tables may go.
-    pub fn renew_lease(&self) -> Result<()> {
-        self.write_lease(None)
+    /// longer than that renews it so, or its tables may go. `Ok(false)`: the lease had
+    /// run out (or was never written) before this renewal, so tables of the versions it
+    /// reads may be gone: catch up, and open cursors again.
+    pub fn renew_lease(&self) -> Result<bool> {
+        let was = self.lease_until.load(std::sync::atomic::Ordering::Acquire);
+        let live = was > crate::reader_lease::now_ms();
+        if !self.write_lease(None) {
+            return Err(Error::InvalidArgument(format!(
+                "{}: the reader's lease could not be written (see the log)",
+                self.store.location().display()
+            )));
+        }
+        Ok(live)
     }
 
     /// Writes the lease: the oldest version still held (or `reading`, a read about to
-    /// start, if older).
-    fn write_lease(&self, reading: Option<u64>) -> Result<()> {
-        if !self.store.supports_reader_leases() {
-            return Ok(());
+    /// start, if older); whether it was written. A lease that cannot be written (a
+    /// reader with read-only credentials) is reported and reading goes on, protected by
+    /// the primary's deletion delay alone. `Options::reader_lease` of 0 keeps none.
+    fn write_lease(&self, reading: Option<u64>) -> bool {
+        if !self.store.supports_reader_leases() || self.opts.reader_lease.is_zero() {
+            return true;
         }
         let oldest = {
             let mut views = self.views.lock();
@@ -150,11 +165,22 @@ impl Secondary {
             views.iter().map(|(t, _)| *t).chain(reading).min()
         };
         let now = crate::reader_lease::now_ms();
+        let ttl = u64::try_from(self.opts.reader_lease.as_millis()).unwrap_or(u64::MAX);
         let lease = crate::reader_lease::Lease {
             oldest_view_ms: oldest.unwrap_or(now),
-            expires_ms: now.saturating_add(self.opts.reader_lease.as_millis() as u64),
+            expires_ms: now.saturating_add(ttl),
         };
-        self.store.put_reader_lease(&self.reader, &lease.encode())
+        match self.store.put_reader_lease(&self.reader, &lease.encode()) {
+            Ok(()) => {
+                self.lease_until
+                    .store(lease.expires_ms, std::sync::atomic::Ordering::Release);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(reader = %self.reader, error = %e, "could not write this reader's lease; its tables are kept only for the primary's deletion delay");
+                false
+            }
+        }
     }
 
     /// The primary's last sequence as of the manifest read last.
@@ -227,6 +253,21 @@ impl Secondary {
 
 impl Drop for Secondary {
     fn drop(&mut self) {
+        // Cursors may outlive their secondary: while one holds a version, the lease
+        // stays and runs out by itself.
+        *self.view.get_mut() = Arc::new(View {
+            mem: Arc::new(MemTable::new(0)),
+            imms: Vec::new(),
+            version: Arc::new(crate::version::Version::empty(self.opts.num_levels)),
+        });
+        if self
+            .views
+            .get_mut()
+            .iter()
+            .any(|(_, w)| w.strong_count() > 0)
+        {
+            return;
+        }
         if let Err(e) = self.store.delete_reader_lease(&self.reader) {
             tracing::warn!(reader = %self.reader, error = %e, "could not remove a reader's lease; it runs out by itself");
         }
