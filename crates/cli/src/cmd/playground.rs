@@ -55,6 +55,11 @@ pub struct Args {
     /// ~/go/bin/minio).
     #[arg(long = "minio", env = "PHOENIX_MINIO", value_name = "PATH")]
     pub minio: Option<PathBuf>,
+    /// Start a new cluster from a backup (`phoenix backup`, `s3://bucket/prefix?…`;
+    /// credentials from `AWS_*`): once the cluster is up, the backup's keys are written
+    /// into it (`phoenix restore`). Refused for a data directory that holds a cluster.
+    #[arg(long, value_name = "S3_URL")]
+    pub restore: Option<String>,
 }
 
 /// Number of nodes of a local cluster: the meta group needs three.
@@ -580,6 +585,13 @@ pub fn run(args: Args, report: Report) -> Result<(), BoxError> {
 
 async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
     let reused = args.data_dir.join(CONF_FILE).exists();
+    if reused && args.restore.is_some() {
+        return Err(format!(
+            "--restore starts a new cluster; {} holds one already",
+            args.data_dir.display()
+        )
+        .into());
+    }
     let mut spec = ClusterSpec::load_or_create(&args.data_dir, args.base_port)?;
     spec.server_args = args.server_args.clone();
     spec.status_pages = true;
@@ -634,6 +646,35 @@ async fn serve(args: Args, report: Report) -> Result<(), BoxError> {
             return Ok(());
         }
     };
+    if let Some(url) = &args.restore {
+        // (The URL is not printed: it may carry credentials.)
+        report.line(format_args!("restoring the backup into the new cluster..."));
+        let work = args.data_dir.join("restore-work");
+        let restorer = client.with_timeout(Duration::from_secs(10));
+        let restored = tokio::select! {
+            r = super::backup::restore(&restorer, url, &work, 16, false) => r,
+            _ = tokio::signal::ctrl_c() => {
+                report.line(format_args!("interrupted; stopping"));
+                cluster.stop();
+                return Ok(());
+            }
+            _ = sigterm.recv() => {
+                report.line(format_args!("terminated; stopping"));
+                cluster.stop();
+                return Ok(());
+            }
+        };
+        match restored {
+            Ok(r) => report.line(format_args!(
+                "restored {} keys ({} bytes) of {} groups in {:.1} s; {} had expired",
+                r.keys, r.bytes, r.groups, r.secs, r.expired
+            )),
+            Err(e) => {
+                cluster.stop();
+                return Err(format!("restoring the backup: {e}").into());
+            }
+        }
+    }
     // The client found each group's leader while probing readiness.
     let routes = client.cached_routes();
     drop(client);
