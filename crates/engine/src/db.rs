@@ -1495,13 +1495,7 @@ impl Inner {
                         if st.closed {
                             return;
                         }
-                        let gone = st.vset.take_deletable();
-                        MutexGuard::unlocked(&mut st, || {
-                            for n in gone {
-                                crate::version_set::delete_table(&self.store, n);
-                                self.tables.evict(n);
-                            }
-                        });
+                        self.delete_due_tables(&mut st);
                         continue;
                     }
                     if !st.stopped() {
@@ -1512,15 +1506,7 @@ impl Inner {
                     // Tables waiting out `obsolete_table_delay` go when it has passed.
                     // (`take_deletable` moves the due time past now: no spin.)
                     match st.vset.next_deletion_due() {
-                        Some(due) if due <= Instant::now() => {
-                            let gone = st.vset.take_deletable();
-                            MutexGuard::unlocked(&mut st, || {
-                                for n in gone {
-                                    crate::version_set::delete_table(&self.store, n);
-                                    self.tables.evict(n);
-                                }
-                            });
-                        }
+                        Some(due) if due <= Instant::now() => self.delete_due_tables(&mut st),
                         Some(due) => {
                             self.bg_cv.wait_until(&mut st, due);
                         }
@@ -1533,6 +1519,18 @@ impl Inner {
                 Err(e) => self.background_failed(Work::Flush, &e, &mut backoff),
             }
         }
+    }
+
+    /// Deletes the tables that may go now ([`VersionSet::take_deletable`]), without
+    /// the lock: no version holds them and their numbers are never handed out again.
+    fn delete_due_tables(&self, st: &mut MutexGuard<'_, State>) {
+        let gone = st.vset.take_deletable();
+        MutexGuard::unlocked(st, || {
+            for n in gone {
+                crate::version_set::delete_table(&self.store, n);
+                self.tables.evict(n);
+            }
+        });
     }
 
     /// Background work (`what`) failed: on a table store that was unavailable it is

@@ -140,7 +140,11 @@ fn merging(shared: &Shared, g: u64) -> Option<proto::Error> {
         .engine
         .get(&ReadOptions::default(), &keys::range_key(g))
         .ok()??;
-    let r = proto::GroupRange::decode(v.as_slice()).ok()?;
+    merge_refusal(g, &proto::GroupRange::decode(v.as_slice()).ok()?)
+}
+
+/// The refusal of a group whose applied range says it is merging (frozen or merged).
+fn merge_refusal(g: u64, r: &proto::GroupRange) -> Option<proto::Error> {
     (r.merged_into != 0 || r.merging_into != 0).then(|| {
         proto::Error::group_unavailable(
             g,
@@ -235,11 +239,8 @@ fn send(
         Some(v) => {
             let r = proto::GroupRange::decode(v.as_slice())
                 .map_err(|e| failed("decoding its range", &e))?;
-            if r.merged_into != 0 || r.merging_into != 0 {
-                return Err(proto::Error::group_unavailable(
-                    g,
-                    "it is merging into its neighbour; retry once the merge is done",
-                ));
+            if let Some(e) = merge_refusal(g, &r) {
+                return Err(e);
             }
             (r.start_key, r.end_key, r.epoch)
         }
