@@ -4,7 +4,9 @@
 //! Nothing appends, renames or syncs a directory there, so each call maps to whole-object
 //! requests:
 //! - a table's writer buffers its bytes and uploads them whole at `sync_all` (the table
-//!   is durable, and present, once the upload returns);
+//!   is durable, and present, once the upload returns); on an S3 server a table past
+//!   one part (`multipart_part_mib`, 8 MiB) goes up in parts as it is written, and is
+//!   present once the upload completes at `sync_all` (`multipart`);
 //! - a manifest's writer uploads the whole manifest again at each sync (each edit is a
 //!   replacement of the object; an edit that never reached the store is a lost append,
 //!   as a torn tail is on a file system);
@@ -43,9 +45,8 @@
 //!
 //! The manifest is rolled once it holds twice the state it started from (or 64 KiB):
 //! an edit uploads a few times the live state, not the history since the last roll.
-//! Not yet built (the issue "Data on shared storage"): multipart uploads for large
-//! tables, and manifest edits as objects of their own (an edit then uploads itself
-//! alone).
+//! Not built: manifest edits as objects of their own (an edit would then upload itself
+//! alone, not the live state).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -63,6 +64,9 @@ use crate::filename;
 use crate::flash_cache::{object_key, FlashCache, PAGE_BYTES};
 use crate::table_store::{parse_current, Imported, StoredFile, TableStore};
 use crate::version_edit::VersionEdit;
+
+mod multipart;
+use multipart::PartUpload;
 
 /// File numbers an engine that takes a store over skips (see the module docs).
 pub const FENCE_FILE_GAP: u64 = 1 << 20;
@@ -109,6 +113,9 @@ struct Remote {
     cache: std::sync::OnceLock<Arc<FlashCache>>,
     /// How long a user's read waits ([`DEFAULT_READ_DEADLINE`]), in microseconds.
     read_deadline_us: std::sync::atomic::AtomicU64,
+    /// A table past this many bytes goes up in parts of this size; 0: tables go up
+    /// whole (a store not known to complete uploads create-only, see `multipart`).
+    part_bytes: usize,
     /// Taken only by `drop`.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -138,7 +145,7 @@ impl ObjectTableStore {
     /// Stores made over the same `store` (one `Arc`) copy tables between them.
     pub fn new(store: Arc<dyn ObjectStore>, prefix: &str) -> Result<ObjectTableStore> {
         let shared_id = format!("{store}@{:p}", Arc::as_ptr(&store).cast::<()>());
-        ObjectTableStore::with_latency(store, shared_id, prefix, std::time::Duration::ZERO)
+        ObjectTableStore::with_latency(store, shared_id, prefix, std::time::Duration::ZERO, 0)
     }
 
     fn with_latency(
@@ -146,6 +153,7 @@ impl ObjectTableStore {
         shared_id: String,
         prefix: &str,
         added_latency: std::time::Duration,
+        part_bytes: usize,
     ) -> Result<ObjectTableStore> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -169,6 +177,7 @@ impl ObjectTableStore {
                 read_deadline_us: std::sync::atomic::AtomicU64::new(
                     DEFAULT_READ_DEADLINE.as_micros() as u64,
                 ),
+                part_bytes,
                 runtime: Some(runtime),
             }),
             fence: Mutex::new(Fence::default()),
@@ -190,7 +199,8 @@ impl ObjectTableStore {
     /// (default 10) and `retry_timeout_ms` (default 180000) bound how often and how long
     /// the client sends a request again after a refused connection, a timeout or a 5xx.
     /// Past them a flush or compaction fails as unavailable and the engine tries it
-    /// again later itself.
+    /// again later itself. `multipart_part_mib` (default 8; 5 to 5120, or 0 for whole
+    /// uploads only) is the part size of tables uploaded in parts.
     pub fn from_url(url: &str) -> Result<ObjectTableStore> {
         let p = parse_s3_url(url)?;
         let store = ObjectTableStore::with_latency(
@@ -198,6 +208,7 @@ impl ObjectTableStore {
             p.shared_id,
             &p.prefix,
             p.added_latency,
+            p.part_bytes,
         )?;
         if let Some(d) = p.read_deadline {
             store.set_read_deadline(d);
@@ -208,7 +219,8 @@ impl ObjectTableStore {
 
 /// A bucket prefix on an S3 server, from a URL as [`ObjectTableStore::from_url`] takes
 /// it (the settings of our own are checked and not used): for tools that write objects
-/// of their own next to engines' tables (backups).
+/// of their own next to engines' tables (backups). As the table store's, its client
+/// completes multipart uploads only where no object exists.
 pub struct S3Prefix {
     /// The bucket.
     pub store: Arc<dyn ObjectStore>,
@@ -246,6 +258,7 @@ struct ParsedUrl {
     prefix: String,
     added_latency: std::time::Duration,
     read_deadline: Option<std::time::Duration>,
+    part_bytes: usize,
 }
 
 fn parse_s3_url(url: &str) -> Result<ParsedUrl> {
@@ -264,6 +277,7 @@ fn parse_s3_url(url: &str) -> Result<ParsedUrl> {
     let mut allow_http = None;
     let mut added_latency = std::time::Duration::ZERO;
     let mut read_deadline = None;
+    let mut part_bytes = multipart::DEFAULT_PART_BYTES;
     let mut retry = object_store::RetryConfig::default();
     let ms = |pair: &str, value: &str, max: f64| {
         value
@@ -289,6 +303,18 @@ fn parse_s3_url(url: &str) -> Result<ParsedUrl> {
             }
             "retry_timeout_ms" => {
                 retry.retry_timeout = ms(pair, &value, 3_600_000.0)?;
+                continue;
+            }
+            "multipart_part_mib" => {
+                part_bytes = value
+                    .parse::<usize>()
+                    .ok()
+                    .map(|mib| mib << 20)
+                    .filter(|b| {
+                        *b == 0
+                            || (multipart::MIN_PART_BYTES..=multipart::MAX_PART_BYTES).contains(b)
+                    })
+                    .ok_or_else(|| bad(&format!("{pair:?}: 0, or MiB in 5..=5120")))?;
                 continue;
             }
             "max_retries" => {
@@ -322,6 +348,7 @@ fn parse_s3_url(url: &str) -> Result<ParsedUrl> {
         .unwrap_or_default();
     let shared_id = format!("s3://{bucket}@{}", endpoint.trim_end_matches('/'));
     let s3 = builder
+        .with_http_connector(multipart::CreateOnlyCompletions)
         .with_retry(retry)
         .build()
         .map_err(|e| bad(&e.to_string()))?;
@@ -331,6 +358,7 @@ fn parse_s3_url(url: &str) -> Result<ParsedUrl> {
         prefix: prefix.trim_matches('/').to_string(),
         added_latency,
         read_deadline,
+        part_bytes,
     })
 }
 
@@ -477,6 +505,16 @@ impl Remote {
         f: impl Future<Output = object_store::Result<T>> + Send + 'static,
         deadline: Option<std::time::Duration>,
     ) -> object_store::Result<T> {
+        Remote::answer(self.start(f, deadline))
+    }
+
+    /// Starts `f` on the store's runtime; its answer comes on the receiver
+    /// ([`Remote::answer`] waits for it).
+    fn start<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = object_store::Result<T>> + Send + 'static,
+        deadline: Option<std::time::Duration>,
+    ) -> std::sync::mpsc::Receiver<object_store::Result<T>> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         match &self.runtime {
             Some(rt) => {
@@ -500,13 +538,21 @@ impl Remote {
                             })
                         }),
                     };
-                    // The caller waits on the other end (it is gone only if it panicked).
+                    // The caller waits on the other end (it is gone only if it panicked,
+                    // or did not mean to wait: an abort of an unfinished upload).
                     let _ = tx.send(answer);
                 });
             }
             // (Only while dropping: the answer below says so.)
             None => drop(tx),
         }
+        rx
+    }
+
+    /// Waits for the answer of a request [`Remote::start`] started.
+    fn answer<T>(
+        rx: std::sync::mpsc::Receiver<object_store::Result<T>>,
+    ) -> object_store::Result<T> {
         rx.recv().unwrap_or_else(|_| {
             Err(object_store::Error::Generic {
                 store: "phoenix",
@@ -766,9 +812,18 @@ impl TableStore for ObjectTableStore {
     }
 
     fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<Imported> {
-        let data = from.read_all(src)?;
+        let data = Bytes::from(from.read_all(src)?);
         let object = self.inner.object(&crate::table::table_file_name(number));
-        self.inner.put_if(&object, Bytes::from(data), None, true)?;
+        let part = self.inner.part_bytes;
+        if part > 0 && data.len() > part {
+            let mut parts = PartUpload::start(&self.inner, &object, false)?;
+            for at in (0..data.len()).step_by(part) {
+                parts.put(data.slice(at..data.len().min(at + part)))?;
+            }
+            parts.finish()?;
+        } else {
+            self.inner.put_if(&object, data, None, true)?;
+        }
         Ok(Imported::Copied)
     }
 
@@ -1058,15 +1113,23 @@ impl TableStore for ObjectTableStore {
 }
 
 /// A table or manifest being written: the bytes are kept here and uploaded whole at each
-/// sync that has something new to upload.
+/// sync that has something new to upload; or, for a table past one part on a store
+/// that takes them, sent in parts as they come and completed at the sync.
 struct ObjectWriter {
     remote: Arc<Remote>,
     object: ObjectPath,
     location: PathBuf,
     kind: Kind,
+    /// The bytes not yet sent (all of them, but for a table going up in parts).
     buf: Vec<u8>,
-    /// Bytes of `buf` the last upload held and its ETag (none yet: `None`).
-    uploaded: Option<(usize, String)>,
+    /// Bytes the last upload held and its ETag (none yet: `None`).
+    uploaded: Option<(u64, String)>,
+    /// A table's upload in parts, once its bytes passed one part.
+    parts: Option<PartUpload>,
+    /// Bytes sent in parts (no longer in `buf`).
+    sent: u64,
+    /// A part failed, or the upload in parts completed: nothing more can be written.
+    closed: Option<&'static str>,
 }
 
 impl std::fmt::Debug for ObjectWriter {
@@ -1097,16 +1160,63 @@ impl ObjectWriter {
             kind,
             buf: Vec::new(),
             uploaded: None,
+            parts: None,
+            sent: 0,
+            closed: None,
         }
+    }
+
+    fn closed(&self, why: &str) -> phoenix_storage::Error {
+        phoenix_storage::Error::io(
+            IoOp::Write,
+            self.location.clone(),
+            std::io::Error::other(format!("the table's upload in parts {why}")),
+        )
+    }
+
+    /// A table never uploaded yet sends what fills whole parts (starting an upload in
+    /// parts once it has one).
+    fn send_parts(&mut self) -> phoenix_storage::Result<()> {
+        let part = self.remote.part_bytes;
+        if self.kind != Kind::Table || part == 0 || self.uploaded.is_some() {
+            return Ok(());
+        }
+        while self.buf.len() >= part {
+            if self.parts.is_none() {
+                self.parts = Some(PartUpload::start(&self.remote, &self.object, true)?);
+            }
+            let rest = self.buf.split_off(part);
+            let full = std::mem::replace(&mut self.buf, rest);
+            if let Some(parts) = self.parts.as_mut() {
+                parts.put(Bytes::from(full))?;
+                self.sent = parts.len();
+            }
+        }
+        Ok(())
     }
 
     /// Uploads the bytes so far: the first time only if no such object exists, then only
     /// over the version this writer uploaded last (see the module docs, fencing).
     fn upload(&mut self) -> phoenix_storage::Result<()> {
+        if let Some(why) = self.closed {
+            return Err(self.closed(why));
+        }
+        if let Some(mut parts) = self.parts.take() {
+            self.closed = Some("failed");
+            if !self.buf.is_empty() {
+                parts.put(Bytes::from(std::mem::take(&mut self.buf)))?;
+            }
+            let len = parts.len();
+            let tag = parts.finish()?;
+            self.sent = len;
+            self.uploaded = Some((len, tag));
+            self.closed = Some("completed: the table takes no more bytes");
+            return Ok(());
+        }
         if self
             .uploaded
             .as_ref()
-            .is_some_and(|(len, _)| *len == self.buf.len())
+            .is_some_and(|(len, _)| *len == self.buf.len() as u64)
         {
             return Ok(());
         }
@@ -1129,14 +1239,23 @@ impl ObjectWriter {
                 cache.insert(key, i as u64, chunk);
             }
         }
-        self.uploaded = Some((self.buf.len(), tag));
+        self.uploaded = Some((self.buf.len() as u64, tag));
         Ok(())
     }
 }
 
 impl WritableFile for ObjectWriter {
     fn append(&mut self, data: &[u8]) -> phoenix_storage::Result<()> {
+        if let Some(why) = self.closed {
+            return Err(self.closed(why));
+        }
         self.buf.extend_from_slice(data);
+        if let Err(e) = self.send_parts() {
+            // (Dropping the upload aborts it.)
+            self.parts = None;
+            self.closed = Some("failed");
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -1154,7 +1273,7 @@ impl WritableFile for ObjectWriter {
     }
 
     fn position(&self) -> u64 {
-        self.buf.len() as u64
+        self.sent + self.buf.len() as u64
     }
 
     fn path(&self) -> &Path {

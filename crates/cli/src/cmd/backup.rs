@@ -600,7 +600,8 @@ pub async fn restore(
         }
     }
     let run = format!("restore-{}-{}", std::process::id(), now_ms());
-    let scratch_url = with_prefix(from, &format!("{}/{run}", src.prefix))?;
+    let scratch_prefix = format!("{}/{run}", src.prefix);
+    let scratch_url = with_prefix(from, &scratch_prefix)?;
     let store = Arc::new(ObjectTableStore::from_url(&scratch_url)?);
     // (A directory of its own under `work`: only it is removed at the end.)
     let work = &work.join(&run);
@@ -618,16 +619,38 @@ pub async fn restore(
     };
     let src = Arc::new(src);
     let result = restore_groups(client, &src, &db, &m, work, parallel).await;
-    // The scratch engine and its objects go, whatever happened.
+    // The scratch engine and its objects go, whatever happened (a failed close does not
+    // keep them: nothing in them is needed).
     let closing = tokio::task::spawn_blocking(move || {
-        db.close()?;
+        let closed = db.close();
         drop(db);
-        store.destroy()
+        let destroyed = store.destroy();
+        closed.and(destroyed)
     })
     .await;
     let _ = std::fs::remove_dir_all(work);
-    let mut summary = result?;
-    closing??;
+    let cleanup = match closing {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) => Some(e.to_string()),
+    };
+    let mut summary = match (result, cleanup) {
+        (Ok(summary), None) => summary,
+        (Ok(_), Some(c)) => {
+            return Err(format!(
+                "the restore is done, but its scratch objects under {scratch_prefix:?} were not \
+                 all removed: {c}"
+            )
+            .into())
+        }
+        (Err(e), None) => return Err(e),
+        (Err(e), Some(c)) => {
+            return Err(format!(
+                "{e} (and its scratch objects under {scratch_prefix:?} were not all removed: {c})"
+            )
+            .into())
+        }
+    };
     summary.groups = m.groups.len();
     summary.secs = started.elapsed().as_secs_f64();
     Ok(summary)
@@ -1288,8 +1311,22 @@ mod tests {
         let work = dir.path().join("work");
         let r = restore(&c2, &backup_url, &work, 8, false).await.unwrap();
         assert_eq!(r.expired, 1, "{r:?}");
-        // Only what the restore made under the work directory is gone.
+        // Only what the restore made under the work directory is gone, and its scratch
+        // engine's objects.
         assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0);
+        let bucket = S3Prefix::from_url(&backup_url).unwrap();
+        let scratch: Vec<String> = {
+            use futures_util::TryStreamExt as _;
+            bucket
+                .store
+                .list(Some(&ObjectPath::from(bucket.prefix.as_str())))
+                .map_ok(|m| m.location.to_string())
+                .try_filter(|p| std::future::ready(p.contains("/restore-")))
+                .try_collect()
+                .await
+                .unwrap()
+        };
+        assert!(scratch.is_empty(), "the restore left {scratch:?}");
         let written: HashMap<String, u64> = acked.iter().map(|a| (a.0.clone(), a.1)).collect();
         let restored = c2.scan(b"", b"", 0).await.unwrap();
         let mut found = HashMap::new();
