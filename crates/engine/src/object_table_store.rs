@@ -116,6 +116,8 @@ struct Remote {
     /// A table past this many bytes goes up in parts of this size; 0: tables go up
     /// whole (a store not known to complete uploads create-only, see `multipart`).
     part_bytes: usize,
+    /// Whether the server was found to complete uploads create-only (`multipart::probe`).
+    create_only_completions: std::sync::OnceLock<bool>,
     /// Taken only by `drop`.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -123,7 +125,8 @@ struct Remote {
 impl Drop for Remote {
     fn drop(&mut self) {
         // Not the blocking shutdown: the last holder may be a thread of another runtime,
-        // where blocking is refused. Nothing is left running: every request was waited for.
+        // where blocking is refused. Every request was waited for but the abort of an
+        // upload in parts left unfinished (cut short here: see `multipart`).
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
         }
@@ -178,6 +181,7 @@ impl ObjectTableStore {
                     DEFAULT_READ_DEADLINE.as_micros() as u64,
                 ),
                 part_bytes,
+                create_only_completions: std::sync::OnceLock::new(),
                 runtime: Some(runtime),
             }),
             fence: Mutex::new(Fence::default()),
@@ -467,6 +471,36 @@ fn percent_decode(s: &str) -> Option<String> {
 }
 
 impl Remote {
+    /// The part size of uploads in parts, or `None`: tables go up whole (parts are
+    /// off, or the server does not complete them create-only). Probes the server once;
+    /// a probe that fails (the store unavailable) leaves this table whole and asks
+    /// again at the next.
+    fn parts(self: &Arc<Remote>) -> Option<usize> {
+        if self.part_bytes == 0 {
+            return None;
+        }
+        let ok = match self.create_only_completions.get() {
+            Some(ok) => *ok,
+            None => match multipart::probe(self) {
+                Ok(ok) => {
+                    if !ok {
+                        tracing::warn!(
+                            store = %self.store,
+                            "the object store completes multipart uploads over existing \
+                             objects (If-None-Match ignored): tables go up whole"
+                        );
+                    }
+                    *self.create_only_completions.get_or_init(|| ok)
+                }
+                Err(e) => {
+                    tracing::info!(error = %e, "probe of multipart completions failed; this table goes up whole");
+                    false
+                }
+            },
+        };
+        ok.then_some(self.part_bytes)
+    }
+
     fn object(&self, name: &str) -> ObjectPath {
         self.prefix.child(name)
     }
@@ -814,8 +848,12 @@ impl TableStore for ObjectTableStore {
     fn import_table(&self, from: &dyn FileSystem, src: &Path, number: u64) -> Result<Imported> {
         let data = Bytes::from(from.read_all(src)?);
         let object = self.inner.object(&crate::table::table_file_name(number));
-        let part = self.inner.part_bytes;
-        if part > 0 && data.len() > part {
+        let parts = (data.len() > self.inner.part_bytes)
+            .then(|| self.inner.parts())
+            .flatten();
+        if let Some(part) = parts {
+            // (At most S3's 10,000 parts: larger parts for a larger file, in whole MiB.)
+            let part = part.max(data.len().div_ceil(10_000).next_multiple_of(1 << 20));
             let mut parts = PartUpload::start(&self.inner, &object, false)?;
             for at in (0..data.len()).step_by(part) {
                 parts.put(data.slice(at..data.len().min(at + part)))?;
@@ -1128,8 +1166,19 @@ struct ObjectWriter {
     parts: Option<PartUpload>,
     /// Bytes sent in parts (no longer in `buf`).
     sent: u64,
-    /// A part failed, or the upload in parts completed: nothing more can be written.
-    closed: Option<&'static str>,
+    /// The upload in parts completed or failed: nothing more can be written.
+    closed: Option<Closed>,
+}
+
+/// Why an [`ObjectWriter`] takes no more bytes.
+#[derive(Debug)]
+enum Closed {
+    /// Its upload in parts completed: the table is whole.
+    Completed,
+    /// Its upload in parts failed (the parts are aborted): the table is to be written
+    /// again, as a new one. Whether the failure was the store being unavailable, and
+    /// what it said.
+    Failed { retryable: bool, why: String },
 }
 
 impl std::fmt::Debug for ObjectWriter {
@@ -1166,21 +1215,55 @@ impl ObjectWriter {
         }
     }
 
-    fn closed(&self, why: &str) -> phoenix_storage::Error {
-        phoenix_storage::Error::io(
-            IoOp::Write,
-            self.location.clone(),
-            std::io::Error::other(format!("the table's upload in parts {why}")),
-        )
+    /// The error of a write to a writer that takes no more bytes.
+    fn closed_error(&self, closed: &Closed) -> phoenix_storage::Error {
+        let source = std::io::Error::other(match closed {
+            Closed::Completed => "the table's upload in parts completed: it takes no more \
+                                  bytes"
+                .to_string(),
+            Closed::Failed { why, .. } => format!("the table's upload in parts failed: {why}"),
+        });
+        let path = self.location.clone();
+        match closed {
+            Closed::Failed {
+                retryable: true, ..
+            } => phoenix_storage::Error::Unavailable {
+                op: IoOp::Write,
+                path,
+                source,
+            },
+            _ => phoenix_storage::Error::io(IoOp::Write, path, source),
+        }
+    }
+
+    /// Records that the upload in parts failed with `e` (its parts are aborted as the
+    /// upload is dropped), and returns `e`.
+    fn fail(&mut self, e: phoenix_storage::Error) -> phoenix_storage::Error {
+        self.parts = None;
+        self.closed = Some(Closed::Failed {
+            retryable: e.is_retryable(),
+            why: e.to_string(),
+        });
+        e
     }
 
     /// A table never uploaded yet sends what fills whole parts (starting an upload in
     /// parts once it has one).
     fn send_parts(&mut self) -> phoenix_storage::Result<()> {
-        let part = self.remote.part_bytes;
-        if self.kind != Kind::Table || part == 0 || self.uploaded.is_some() {
+        if self.kind != Kind::Table
+            || self.uploaded.is_some()
+            || self.remote.part_bytes == 0
+            || self.buf.len() < self.remote.part_bytes
+        {
             return Ok(());
         }
+        let part = match &self.parts {
+            Some(_) => self.remote.part_bytes,
+            None => match self.remote.parts() {
+                Some(part) => part,
+                None => return Ok(()),
+            },
+        };
         while self.buf.len() >= part {
             if self.parts.is_none() {
                 self.parts = Some(PartUpload::start(&self.remote, &self.object, true)?);
@@ -1198,19 +1281,26 @@ impl ObjectWriter {
     /// Uploads the bytes so far: the first time only if no such object exists, then only
     /// over the version this writer uploaded last (see the module docs, fencing).
     fn upload(&mut self) -> phoenix_storage::Result<()> {
-        if let Some(why) = self.closed {
-            return Err(self.closed(why));
+        match &self.closed {
+            // (Appends are refused past it: nothing new to upload.)
+            Some(Closed::Completed) => return Ok(()),
+            Some(closed) => return Err(self.closed_error(closed)),
+            None => {}
         }
         if let Some(mut parts) = self.parts.take() {
-            self.closed = Some("failed");
-            if !self.buf.is_empty() {
-                parts.put(Bytes::from(std::mem::take(&mut self.buf)))?;
+            let rest = Bytes::from(std::mem::take(&mut self.buf));
+            let finished = match rest.is_empty() {
+                true => Ok(()),
+                false => parts.put(rest),
             }
-            let len = parts.len();
-            let tag = parts.finish()?;
+            .and_then(|()| {
+                let len = parts.len();
+                parts.finish().map(|tag| (len, tag))
+            });
+            let (len, tag) = finished.map_err(|e| self.fail(e))?;
             self.sent = len;
             self.uploaded = Some((len, tag));
-            self.closed = Some("completed: the table takes no more bytes");
+            self.closed = Some(Closed::Completed);
             return Ok(());
         }
         if self
@@ -1246,17 +1336,11 @@ impl ObjectWriter {
 
 impl WritableFile for ObjectWriter {
     fn append(&mut self, data: &[u8]) -> phoenix_storage::Result<()> {
-        if let Some(why) = self.closed {
-            return Err(self.closed(why));
+        if let Some(closed) = &self.closed {
+            return Err(self.closed_error(closed));
         }
         self.buf.extend_from_slice(data);
-        if let Err(e) = self.send_parts() {
-            // (Dropping the upload aborts it.)
-            self.parts = None;
-            self.closed = Some("failed");
-            return Err(e);
-        }
-        Ok(())
+        self.send_parts().map_err(|e| self.fail(e))
     }
 
     fn sync_data(&mut self) -> phoenix_storage::Result<()> {
@@ -1706,10 +1790,31 @@ mod tests {
             ("s3://b/p?endpoint", "not key=value"),
             ("s3://b/p?colour=red", "unknown setting"),
             ("s3://b/p?region=%zz", "bad %-escape"),
+            ("s3://b/p?multipart_part_mib=4", "0, or MiB in 5..=5120"),
+            ("s3://b/p?multipart_part_mib=x", "0, or MiB in 5..=5120"),
         ] {
             let err = ObjectTableStore::from_url(url).unwrap_err().to_string();
             assert!(err.contains(says), "{url}: {err}");
         }
+    }
+
+    /// A server that completes an upload in parts over an object that exists (the
+    /// in-memory store does) is found out by the probe, which leaves nothing behind; a
+    /// store given as it is never uploads in parts.
+    #[test]
+    fn a_server_that_completes_over_an_object_is_found_out() {
+        let bucket: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let s = ObjectTableStore::new(Arc::clone(&bucket), "p").unwrap();
+        assert!(!multipart::probe(&s.inner).unwrap());
+        let left: Vec<_> = s
+            .inner
+            .wait({
+                let bucket = Arc::clone(&bucket);
+                async move { bucket.list(None).try_collect::<Vec<_>>().await }
+            })
+            .unwrap();
+        assert!(left.is_empty(), "{left:?}");
+        assert_eq!(s.inner.parts(), None);
     }
 
     /// A replacement conditional on a version someone else changed is refused, and so is

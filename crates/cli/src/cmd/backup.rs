@@ -624,32 +624,32 @@ pub async fn restore(
     let closing = tokio::task::spawn_blocking(move || {
         let closed = db.close();
         drop(db);
-        let destroyed = store.destroy();
-        closed.and(destroyed)
+        (closed, store.destroy())
     })
     .await;
     let _ = std::fs::remove_dir_all(work);
-    let cleanup = match closing {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e.to_string()),
-        Err(e) => Some(e.to_string()),
-    };
-    let mut summary = match (result, cleanup) {
-        (Ok(summary), None) => summary,
-        (Ok(_), Some(c)) => {
-            return Err(format!(
-                "the restore is done, but its scratch objects under {scratch_prefix:?} were not \
-                 all removed: {c}"
-            )
-            .into())
+    let mut cleanup = Vec::new();
+    match closing {
+        Ok((closed, destroyed)) => {
+            if let Err(e) = closed {
+                cleanup.push(format!("its scratch engine did not close: {e}"));
+            }
+            if let Err(e) = destroyed {
+                cleanup.push(format!(
+                    "its scratch objects under {scratch_prefix:?} were not all removed: {e}"
+                ));
+            }
         }
-        (Err(e), None) => return Err(e),
-        (Err(e), Some(c)) => {
-            return Err(format!(
-                "{e} (and its scratch objects under {scratch_prefix:?} were not all removed: {c})"
-            )
-            .into())
-        }
+        Err(e) => cleanup.push(format!(
+            "its scratch engine and objects under {scratch_prefix:?} may remain: {e}"
+        )),
+    }
+    let cleanup = cleanup.join("; ");
+    let mut summary = match result {
+        Ok(summary) if cleanup.is_empty() => summary,
+        Ok(_) => return Err(format!("the restore is done, but {cleanup}").into()),
+        Err(e) if cleanup.is_empty() => return Err(e),
+        Err(e) => return Err(format!("{e} (and {cleanup})").into()),
     };
     summary.groups = m.groups.len();
     summary.secs = started.elapsed().as_secs_f64();

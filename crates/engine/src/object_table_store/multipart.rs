@@ -7,13 +7,16 @@
 //! API (its create-only completion is private to its copy-if-not-exists). S3 and MinIO
 //! honour `If-None-Match: *` on CompleteMultipartUpload, so the S3 client built from a
 //! URL sends its requests through [`CreateOnlyCompletions`], which adds that header to
-//! every completion: an object this client completes is created, never replaced.
-//! Stores handed over as they are ([`ObjectTableStore::new`](super::ObjectTableStore::new))
-//! are not known to do so and upload tables whole.
+//! every completion: an object this client completes is created, never replaced. A
+//! server that ignores the header would let a large table replace another's, so before
+//! its first upload in parts a store checks that its server refuses a completion over an
+//! object that exists ([`probe`]); a server that does not, and stores handed over as they
+//! are ([`ObjectTableStore::new`](super::ObjectTableStore::new)), upload tables whole.
 //!
-//! An upload that is not completed (the table failed or was dropped) is aborted; one cut
-//! short by a crash stays as parts without an object, which S3's lifecycle rules and
-//! MinIO's expiry of stale uploads remove: nothing reads them.
+//! An upload that is not completed (the table failed or was dropped) is aborted once its
+//! parts in flight are answered; one cut short by a crash (or by the store being dropped
+//! meanwhile) stays as parts without an object, which S3's lifecycle rules and MinIO's
+//! expiry of stale uploads remove: nothing reads them.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::Receiver;
@@ -37,6 +40,8 @@ pub(super) const DEFAULT_PART_BYTES: usize = 8 << 20;
 pub(super) const MIN_PART_BYTES: usize = 5 << 20;
 /// S3's greatest part size.
 pub(super) const MAX_PART_BYTES: usize = 5 << 30;
+/// S3's most parts in one upload.
+const MAX_PARTS: usize = 10_000;
 /// Parts of one table on their way at once: enough to keep a remote store's pipe full,
 /// few enough that a writer holds at most this many parts' bytes.
 const PARTS_IN_FLIGHT: usize = 4;
@@ -86,6 +91,7 @@ pub(super) struct PartUpload {
     /// Taken by `finish`; aborted on drop if still here.
     upload: Option<Box<dyn MultipartUpload>>,
     in_flight: VecDeque<Receiver<object_store::Result<()>>>,
+    parts: usize,
     len: u64,
     /// crc32c of every byte sent: what a read-back compares (see `finish`).
     crc: u32,
@@ -115,6 +121,7 @@ impl PartUpload {
             object: object.clone(),
             upload: Some(upload),
             in_flight: VecDeque::new(),
+            parts: 0,
             len: 0,
             crc: 0,
             kept: (for_cache && remote.cache.get().is_some()).then(Vec::new),
@@ -132,11 +139,17 @@ impl PartUpload {
         while self.in_flight.len() >= PARTS_IN_FLIGHT {
             self.wait_oldest()?;
         }
+        if self.parts == MAX_PARTS {
+            return Err(self.misuse(&format!(
+                "more than {MAX_PARTS} parts (S3's limit): a larger multipart_part_mib is needed"
+            )));
+        }
         let Some(upload) = self.upload.as_mut() else {
             return Err(self.misuse("a part after the upload finished"));
         };
         let sending = upload.put_part(PutPayload::from(part.clone()));
         self.in_flight.push_back(self.remote.start(sending, None));
+        self.parts += 1;
         self.len += part.len() as u64;
         self.crc = crc32c::crc32c_append(self.crc, &part);
         if let Some(kept) = &mut self.kept {
@@ -163,37 +176,69 @@ impl PartUpload {
         let Some(mut upload) = self.upload.take() else {
             return Err(self.misuse("the upload finished twice"));
         };
-        let done = self.remote.wait(async move {
-            let done = upload.complete().await;
-            if done.is_err() {
-                // (Its parts are of no use now; an abort of an upload that did complete
-                // fails, harmlessly.)
-                let _ = upload.abort().await;
-            }
-            done
-        });
+        let (done, upload) = self
+            .remote
+            .wait(async move {
+                let done = upload.complete().await;
+                Ok((done, upload))
+            })
+            .map_err(|e| self.remote.error(IoOp::Write, &self.object, e))?;
         let tag = match done {
-            Ok(r) => self.remote.need_tag(IoOp::Write, &self.object, r.e_tag)?,
+            Ok(r) => Ok(r.e_tag),
+            // A completion sent again (the client retries one whose answer was lost)
+            // finds the name taken (412) by its own first try, or that try still at
+            // work (409), or the upload gone into the object (404): read back.
             Err(
-                object_store::Error::Precondition { .. }
-                | object_store::Error::AlreadyExists { .. },
-            ) => match self.remote.get(&self.object) {
-                Ok((there, tag))
-                    if there.len() as u64 == self.len && crc32c::crc32c(&there) == self.crc =>
-                {
-                    self.remote.need_tag(IoOp::Write, &self.object, tag)?
-                }
-                Err(e) if e.is_retryable() => return Err(e),
-                _ => {
-                    return Err(phoenix_storage::Error::Fenced {
-                        path: self.remote.location(&self.object),
-                    })
-                }
-            },
-            Err(e) => return Err(self.remote.error(IoOp::Write, &self.object, e)),
+                e @ (object_store::Error::Precondition { .. }
+                | object_store::Error::AlreadyExists { .. }
+                | object_store::Error::NotFound { .. }),
+            ) => self.read_back(e),
+            Err(e) => Err(self.remote.error(IoOp::Write, &self.object, e)),
         };
+        match tag {
+            Ok(tag) => {
+                drop(upload);
+                let tag = self.remote.need_tag(IoOp::Write, &self.object, tag)?;
+                self.fill_cache(&tag);
+                Ok(tag)
+            }
+            Err(e) => {
+                // Its parts are of no use now (best effort).
+                self.upload = Some(upload);
+                Err(e)
+            }
+        }
+    }
+
+    /// After a refused completion: the object's ETag if it holds this upload's bytes
+    /// (same length and crc32c); `Fenced` if it holds others; unavailable if it is not
+    /// there (a completion of unknown outcome: the table is written again later).
+    fn read_back(&self, refused: object_store::Error) -> phoenix_storage::Result<Option<String>> {
+        let taken = matches!(refused, object_store::Error::Precondition { .. });
+        match self.remote.get(&self.object) {
+            Ok((there, tag))
+                if there.len() as u64 == self.len && crc32c::crc32c(&there) == self.crc =>
+            {
+                Ok(tag)
+            }
+            Err(e) if e.is_retryable() => Err(e),
+            Err(e) if e.is_not_found() && !taken => Err(phoenix_storage::Error::Unavailable {
+                op: IoOp::Write,
+                path: self.remote.location(&self.object),
+                source: std::io::Error::other(format!(
+                    "the upload's completion was refused ({refused}) and no object is there"
+                )),
+            }),
+            _ => Err(phoenix_storage::Error::Fenced {
+                path: self.remote.location(&self.object),
+            }),
+        }
+    }
+
+    /// Writes the kept parts to the flash cache under the object's ETag.
+    fn fill_cache(&mut self, tag: &str) {
         if let (Some(kept), Some(cache)) = (self.kept.take(), self.remote.cache.get()) {
-            let key = object_key(self.object.as_ref(), &tag);
+            let key = object_key(self.object.as_ref(), tag);
             let mut offset = 0u64;
             for part in kept {
                 debug_assert_eq!(offset % PAGE_BYTES, 0, "parts but the last fill pages");
@@ -203,7 +248,6 @@ impl PartUpload {
                 offset += part.len() as u64;
             }
         }
-        Ok(tag)
     }
 
     fn misuse(&self, what: &str) -> phoenix_storage::Error {
@@ -219,15 +263,59 @@ impl Drop for PartUpload {
     fn drop(&mut self) {
         if let Some(mut upload) = self.upload.take() {
             // Not completed: its parts are of no use (best effort; see the module docs).
+            // The abort waits for the parts still on their way: one landing after it
+            // would stay.
+            let in_flight = std::mem::take(&mut self.in_flight);
             drop(self.remote.start(
                 async move {
-                    upload.abort().await?;
-                    Ok(())
+                    for part in in_flight {
+                        let _ = tokio::task::spawn_blocking(move || part.recv()).await;
+                    }
+                    upload.abort().await
                 },
                 None,
             ));
         }
     }
+}
+
+/// Whether the store's server refuses to complete an upload over an object that exists
+/// (see the module docs): completes a one-part upload over a probe object of its own
+/// under `probes/` and looks at the answer. An error is the store's (not cached: asked
+/// again at the next upload).
+pub(super) fn probe(remote: &Arc<Remote>) -> phoenix_storage::Result<bool> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let object = remote.object(&format!("probes/multipart-{}-{nanos}", std::process::id()));
+    let store = Arc::clone(&remote.store);
+    let at = object.clone();
+    let refused = remote.wait(async move {
+        store.put(&at, PutPayload::from_static(b"there")).await?;
+        let mut upload = store
+            .put_multipart_opts(&at, PutMultipartOptions::default())
+            .await?;
+        let answer = async {
+            upload.put_part(PutPayload::from_static(b"over it")).await?;
+            upload.complete().await
+        }
+        .await;
+        let refused = match answer {
+            Ok(_) => Ok(false),
+            Err(object_store::Error::Precondition { .. }) => {
+                let _ = upload.abort().await;
+                Ok(true)
+            }
+            Err(e) => {
+                let _ = upload.abort().await;
+                Err(e)
+            }
+        };
+        let _ = store.delete(&at).await;
+        refused
+    });
+    refused.map_err(|e| remote.error(IoOp::Write, &object, e))
 }
 
 #[cfg(test)]
