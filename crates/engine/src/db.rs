@@ -1712,15 +1712,19 @@ impl Inner {
             self.counters.trivial_moves.fetch_add(1, AtOrd::Relaxed);
         } else {
             let remote = match self.opts.compaction_service.as_ref().filter(|_| remote) {
-                Some(service) => match self.compact_remotely(c, service.as_ref()) {
-                    Ok(files) => Some(files),
-                    Err(e) if matches!(e, Error::Closed) || e.is_fenced() => return Err(e),
-                    Err(e) => {
-                        tracing::warn!(error = %e, level = c.level, "a compaction worker failed; compacting here");
-                        self.counters.remote_fallbacks.fetch_add(1, AtOrd::Relaxed);
-                        None
+                // (The reservation is this engine's own manifest write: its failure is
+                // the engine's to report, not the worker's to fall back from.)
+                Some(service) => {
+                    match self.compact_remotely(c, service.as_ref(), self.reserve_job(c)?) {
+                        Ok(files) => Some(files),
+                        Err(e) if matches!(e, Error::Closed) || e.is_fenced() => return Err(e),
+                        Err(e) => {
+                            tracing::warn!(error = %e, level = c.level, "a compaction worker failed; compacting here");
+                            self.counters.remote_fallbacks.fetch_add(1, AtOrd::Relaxed);
+                            None
+                        }
                     }
-                },
+                }
                 None => None,
             };
             let files = match remote {
@@ -1787,13 +1791,9 @@ impl Inner {
         Ok(out.files)
     }
 
-    /// Has `service` merge the inputs of `c` (`remote_compaction`); the outputs, read
-    /// back and checked, to install.
-    fn compact_remotely(
-        &self,
-        c: &Compaction,
-        service: &dyn CompactionService,
-    ) -> Result<Vec<Arc<FileMeta>>> {
+    /// The job that has a worker merge the inputs of `c`, with file numbers reserved
+    /// for its outputs.
+    fn reserve_job(&self, c: &Compaction) -> Result<CompactionJob> {
         // Every job's numbers together stay far below the gap a newer writer of the
         // store leaves above this one's durable counter: numbers this engine takes
         // after a takeover it has not yet noticed never reach the newer writer's.
@@ -1814,7 +1814,7 @@ impl Inner {
             self.log_and_apply(&mut st, VersionEdit::default())?;
             first
         };
-        let job = CompactionJob {
+        Ok(CompactionJob {
             level: c.level,
             output_level: c.output_level,
             inputs: c.inputs.clone(),
@@ -1827,7 +1827,18 @@ impl Inner {
             min_group_file_size: self.opts.min_group_file_size,
             readahead_bytes: self.opts.compaction_readahead_bytes as u64,
             table: self.opts.table.clone(),
-        };
+        })
+    }
+
+    /// Has `service` run `job` (`remote_compaction`), the merge of the inputs of `c`;
+    /// the outputs, read back and checked, to install.
+    fn compact_remotely(
+        &self,
+        c: &Compaction,
+        service: &dyn CompactionService,
+        job: CompactionJob,
+    ) -> Result<Vec<Arc<FileMeta>>> {
+        let (first, count) = (job.first_file_number, job.file_numbers);
         let out = service.compact(&job).map_err(Error::Remote)?;
         let checked =
             remote_compaction::check_outputs(&job, &out, &self.tables).and_then(|files| {

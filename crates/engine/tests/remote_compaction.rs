@@ -245,3 +245,39 @@ fn a_job_over_numbers_in_use_fails_and_leaves_their_tables_alone() {
     assert_eq!(&buf, b"someone else's table");
     db.close().unwrap();
 }
+
+/// The reservation of a job's file numbers is the engine's own manifest write: when it
+/// fails, the compaction fails with that error. No worker failure is counted, and no
+/// compaction here is tried on a manifest that cannot be written; with the store back,
+/// the next compaction goes to the worker.
+#[test]
+fn a_failed_reservation_is_the_engine_s_error_not_the_worker_s() {
+    use support::flaky::{self, Flaky};
+    let flaky = Flaky::new(Arc::new(object_store::memory::InMemory::new()));
+    let bucket: Arc<dyn object_store::ObjectStore> = flaky.clone();
+    let store: SharedTableStore =
+        Arc::new(phoenix_engine::ObjectTableStore::new(bucket, "db").unwrap());
+    let worker = Worker::new(Arc::clone(&store), Behaviour::default());
+    let fs: SharedFs = Arc::new(MemFs::new());
+    let db = Db::open_with_store(
+        fs,
+        Path::new(DIR),
+        Arc::clone(&store),
+        options(Some(&worker)),
+    )
+    .unwrap();
+    fill(&db, 0..1000, "a");
+    flaky.only_uploads_to(Some("MANIFEST"));
+    flaky.set_down(flaky::PUT);
+    let err = db.compact_range(None, None).unwrap_err();
+    let st = db.stats();
+    assert_eq!(st.remote_compaction_fallbacks, 0, "{err}: {st:?}");
+    assert_eq!(worker.jobs.load(Ordering::SeqCst), 0, "{err}");
+    flaky.set_down(0);
+    db.compact_range(None, None).unwrap();
+    let st = db.stats();
+    assert!(st.remote_compactions >= 1, "{st:?}");
+    assert_eq!(st.remote_compaction_fallbacks, 0, "{st:?}");
+    check(&db, 0..1000, "a");
+    db.close().unwrap();
+}
