@@ -16,7 +16,9 @@
 //! The groups are walked in key order; the ranges kept tile the key space exactly
 //! (a group that split or merged while the backup ran is taken again where a range is
 //! missing), so no key is in two records. `BACKUP` is put only if absent: a prefix
-//! holds one backup, and a backup without it is not whole.
+//! holds one backup, and a backup without it is not whole. Once it is written, what
+//! the tries it does not name left under `g…/` (failed tries, records a later split or
+//! merge pushed out, a crashed backup's into the same prefix) is removed.
 //!
 //! A restore writes the backup's keys (and what is left of their expiries; keys
 //! expired by then are left out) into a running cluster through its write path, so
@@ -119,8 +121,21 @@ pub fn backup_cmd(args: BackupArgs, format: Format) -> Result<Outcome, CmdError>
             Format::Json => output::print_json(&s.json())?,
             Format::Text => output::note(format_args!(
                 "backed up {} groups in {:.1} s: {} tables copied by the store ({} bytes), \
-                 {} bytes streamed; every write acknowledged before {} ms is in it",
-                s.groups, s.secs, s.tables, s.copied_bytes, s.streamed_bytes, s.started_ms
+                 {} bytes streamed; every write acknowledged before {} ms is in it{}",
+                s.groups,
+                s.secs,
+                s.tables,
+                s.copied_bytes,
+                s.streamed_bytes,
+                s.started_ms,
+                match (s.pruned, s.not_pruned) {
+                    (0, 0) => String::new(),
+                    (p, 0) => format!("; {p} objects of unused tries removed"),
+                    (p, n) => format!(
+                        "; {p} objects of unused tries removed, {n} not (see the log; the \
+                         backup is whole)"
+                    ),
+                }
             )),
         }
         Ok(Outcome::Done)
@@ -171,6 +186,10 @@ pub struct BackupSummary {
     /// When it started (every write acknowledged before is in it).
     pub started_ms: u64,
     pub secs: f64,
+    /// Objects of tries the manifest does not name, removed; and those whose removal
+    /// failed (left in the bucket: the backup is whole all the same).
+    pub pruned: usize,
+    pub not_pruned: usize,
 }
 
 impl BackupSummary {
@@ -182,6 +201,8 @@ impl BackupSummary {
             "streamed_bytes": self.streamed_bytes,
             "started_ms": self.started_ms,
             "secs": self.secs,
+            "pruned": self.pruned,
+            "not_pruned": self.not_pruned,
         })
     }
 }
@@ -303,8 +324,75 @@ pub async fn backup(
         }
         Err(e) => return Err(format!("writing {manifest}: {e}").into()),
     }
+    (summary.pruned, summary.not_pruned) = prune(&dest, &m).await;
     summary.secs = started.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+/// Removes the objects under the backup's prefix that tries the manifest `m` does not
+/// name left (a try's directory is `g<group>-<run>-<try>`); nothing else is touched.
+/// Returns how many were removed and how many could not be (logged).
+async fn prune(dest: &S3Prefix, m: &pb::BackupManifest) -> (usize, usize) {
+    use futures_util::TryStreamExt as _;
+    let named: std::collections::HashSet<&str> =
+        m.groups.iter().map(|r| r.prefix.as_str()).collect();
+    let root = ObjectPath::from(dest.prefix.as_str());
+    let listed: Result<Vec<ObjectPath>, _> = dest
+        .store
+        .list(Some(&root))
+        .map_ok(|o| o.location)
+        .try_collect()
+        .await;
+    let listed = match listed {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("listing {root} to remove what failed tries left: {e}");
+            return (0, 1);
+        }
+    };
+    let (mut pruned, mut not_pruned) = (0, 0);
+    for at in listed {
+        let Some(dir) = at
+            .prefix_match(&root)
+            .and_then(|mut parts| parts.next())
+            .map(|p| p.as_ref().to_string())
+        else {
+            continue;
+        };
+        if !is_try_dir(&dir) || named.contains(dir.as_str()) {
+            continue;
+        }
+        match dest.store.delete(&at).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => pruned += 1,
+            Err(e) => {
+                tracing::warn!("removing {at}, left by a try the backup does not use: {e}");
+                not_pruned += 1;
+            }
+        }
+    }
+    (pruned, not_pruned)
+}
+
+/// Whether `dir` names a try's directory: `g<group>-<run>-<try>` (group and try in
+/// decimal, the run in hex).
+fn is_try_dir(dir: &str) -> bool {
+    let mut parts = dir.strip_prefix('g').unwrap_or("").split('-');
+    let (Some(g), Some(run), Some(t), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let digits = |s: &str, hex: bool| {
+        !s.is_empty()
+            && s.chars().all(|c| {
+                if hex {
+                    c.is_ascii_hexdigit()
+                } else {
+                    c.is_ascii_digit()
+                }
+            })
+    };
+    digits(g, false) && digits(run, true) && digits(t, false)
 }
 
 /// Keeps `rec`, taken again where no record started: the records it overlaps are
@@ -1110,6 +1198,27 @@ mod tests {
         assert_eq!(by.len(), 3);
     }
 
+    #[test]
+    fn only_a_try_s_directory_is_pruned() {
+        for dir in ["g1-18f0a-1", "g12345-abcdef0123-99"] {
+            assert!(is_try_dir(dir), "{dir}");
+        }
+        for dir in [
+            "BACKUP",
+            "g1",
+            "g1-2",
+            "g-1a-1",
+            "g1-zz-1",
+            "g1-1a-1-2",
+            "g1-1a-",
+            "restore-12-34",
+            "notes",
+            "x1-1a-1",
+        ] {
+            assert!(!is_try_dir(dir), "{dir}");
+        }
+    }
+
     /// A head that names objects outside its directories, twice, or of no known
     /// layout, or a range that is none, is refused; so is a manifest whose groups do not
     /// tile the key space.
@@ -1275,7 +1384,24 @@ mod tests {
             .await
             .unwrap();
         let backup_url = url("backups/one");
+        // What a crashed backup into the same prefix left, and an object not of a try.
+        let bucket = S3Prefix::from_url(&backup_url).unwrap();
+        let stray = ObjectPath::from(format!("{}/g99-1a2b-7/files/000001.sst", bucket.prefix));
+        let other = ObjectPath::from(format!("{}/notes/keep", bucket.prefix));
+        for at in [&stray, &other] {
+            bucket
+                .store
+                .put(at, PutPayload::from_static(b"x"))
+                .await
+                .unwrap();
+        }
         let s = backup(&c1, &backup_url, 4, 5).await.unwrap();
+        assert!(s.pruned >= 1 && s.not_pruned == 0, "{s:?}");
+        assert!(matches!(
+            bucket.store.head(&stray).await,
+            Err(object_store::Error::NotFound { .. })
+        ));
+        bucket.store.head(&other).await.unwrap();
         assert!(
             brief_until > Instant::now(),
             "the backup took too long: {s:?}"
@@ -1314,7 +1440,6 @@ mod tests {
         // Only what the restore made under the work directory is gone, and its scratch
         // engine's objects.
         assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0);
-        let bucket = S3Prefix::from_url(&backup_url).unwrap();
         let scratch: Vec<String> = {
             use futures_util::TryStreamExt as _;
             bucket
