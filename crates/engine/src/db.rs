@@ -187,6 +187,18 @@ struct SlotState {
     result: Option<Result<()>>,
 }
 
+/// Whether a compaction may go to a worker (`Options::compaction_service`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Remote {
+    /// It runs here.
+    No,
+    /// It may; the caller waits for the worker's answer.
+    Yes,
+    /// It may, and gives way to an exclusive holder of `compaction_lock` while it
+    /// waits (a background compaction: `Inner::compact_remotely`).
+    GivingWay,
+}
+
 #[derive(Default)]
 struct Counters {
     user_bytes: AtomicU64,
@@ -199,6 +211,7 @@ struct Counters {
     compaction_pieces: AtomicU64,
     remote_compactions: AtomicU64,
     remote_fallbacks: AtomicU64,
+    remote_given_way: AtomicU64,
     stalls: AtomicU64,
     stall_micros: AtomicU64,
     slowdowns: AtomicU64,
@@ -295,6 +308,9 @@ pub struct Stats {
     pub remote_compactions: u64,
     /// Compactions handed to a worker that failed or answered wrongly, then run here.
     pub remote_compaction_fallbacks: u64,
+    /// Background compactions whose wait for a worker gave way to a group drop, an
+    /// ingest or `close` (nothing installed; picked again later).
+    pub remote_compactions_given_way: u64,
     /// (flush + compaction bytes written) / user bytes written; the WAL is not counted.
     pub write_amplification: f64,
     /// Times a writer waited for a flush or an L0 compaction (stop conditions).
@@ -338,6 +354,9 @@ struct Inner {
     last_seq: AtomicU64,
     snapshots: Arc<SnapshotList>,
     compaction_lock: RwLock<()>,
+    /// Callers waiting for `compaction_lock` exclusively (`Inner::compaction_exclusive`):
+    /// a background compaction waiting on a worker gives way to them.
+    exclusive_waiting: AtomicU64,
     /// Held through a flush: in inline mode a writer and a `flush` caller may both
     /// flush, and one must not take the memtable the other is flushing (its manifest
     /// write runs without the state lock).
@@ -558,6 +577,7 @@ impl Db {
                 seqs: Mutex::new(BTreeMap::new()),
             }),
             compaction_lock: RwLock::new(()),
+            exclusive_waiting: AtomicU64::new(0),
             flush_lock: Mutex::new(()),
             write_gate: RwLock::new(()),
             write_delay: Mutex::new(crate::write_delay::WriteDelay::default()),
@@ -755,7 +775,7 @@ impl Db {
     /// Compacts every file overlapping `[start, end]` down level by level.
     pub fn compact_range(&self, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<()> {
         self.inner.flush()?;
-        let _c = self.inner.compaction_lock.write();
+        let _c = self.inner.compaction_exclusive();
         self.inner.refuse_once_closing()?;
         // (A compaction asked for: it reads with background work's patience.)
         let _background = crate::io_class::Background::enter();
@@ -905,7 +925,7 @@ impl Db {
         // refused at their manifest edit once closed, they would delete their output
         // tables after close returned. (Not held through the flush below, which may wait
         // on compactions.)
-        drop(self.inner.compaction_lock.write());
+        drop(self.inner.compaction_exclusive());
         if self.inner.opts.wal == WalMode::None || self.inner.unlogged.load(AtOrd::Acquire) {
             if let Err(e) = self.inner.flush() {
                 first_err = Some(e);
@@ -1374,14 +1394,14 @@ impl Inner {
         if self.opts.disable_auto_compactions {
             return Ok(());
         }
-        let _c = self.compaction_lock.write();
+        let _c = self.compaction_exclusive();
         loop {
             let c = {
                 let st = self.state.lock();
                 compaction::pick(&st.vset.current(), &self.opts, &st.pointers, &st.busy)
             };
             let Some(c) = c else { return Ok(()) };
-            if let Err(e) = self.run_compaction(&c, true) {
+            if let Err(e) = self.run_compaction(&c, Remote::Yes) {
                 if !e.is_retryable() {
                     self.set_bg_error("compaction", &e);
                 }
@@ -1674,7 +1694,7 @@ impl Inner {
                 c
             };
             if let Some(c) = c {
-                let r = self.run_compaction(&c, true);
+                let r = self.run_compaction(&c, Remote::GivingWay);
                 {
                     let mut st = self.state.lock();
                     for f in c.inputs.iter().chain(c.next_inputs.iter()) {
@@ -1693,16 +1713,26 @@ impl Inner {
         }
     }
 
+    /// `compaction_lock`, exclusively. A background compaction waiting on a worker
+    /// meanwhile gives way (`compact_remotely`): a group drop, an ingest or `close`
+    /// does not wait out a slow or hung worker.
+    fn compaction_exclusive(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        self.exclusive_waiting.fetch_add(1, AtOrd::SeqCst);
+        let held = self.compaction_lock.write();
+        self.exclusive_waiting.fetch_sub(1, AtOrd::SeqCst);
+        held
+    }
+
     fn live_snapshots(&self) -> Vec<SequenceNumber> {
         self.snapshots.seqs.lock().keys().copied().collect()
     }
 
     /// Executes `c` and installs its result, in pieces as it goes
     /// (`Options::compaction_piece_bytes`). Caller holds `compaction_lock`.
-    /// `remote`: the compaction may go to `Options::compaction_service` (background and
-    /// asked-for compactions; a drop's and a group replacement's run here: they hold
-    /// up writes or the group's install).
-    fn run_compaction(&self, c: &Compaction, remote: bool) -> Result<()> {
+    /// `remote`: whether the compaction may go to `Options::compaction_service`
+    /// (background and asked-for compactions; a drop's and a group replacement's run
+    /// here: they hold up writes or the group's install).
+    fn run_compaction(&self, c: &Compaction, remote: Remote) -> Result<()> {
         let mut edit = VersionEdit::default();
         // Inputs a piece already replaced.
         let mut gone = std::collections::HashSet::new();
@@ -1711,12 +1741,19 @@ impl Inner {
                 .push((c.output_level, Arc::clone(&c.inputs[0])));
             self.counters.trivial_moves.fetch_add(1, AtOrd::Relaxed);
         } else {
-            let remote = match self.opts.compaction_service.as_ref().filter(|_| remote) {
+            let service = self
+                .opts
+                .compaction_service
+                .as_ref()
+                .filter(|_| remote != Remote::No);
+            let remote = match service {
                 // (The reservation is this engine's own manifest write: its failure is
                 // the engine's to report, not the worker's to fall back from.)
                 Some(service) => {
-                    match self.compact_remotely(c, service.as_ref(), self.reserve_job(c)?) {
-                        Ok(files) => Some(files),
+                    match self.compact_remotely(c, service, self.reserve_job(c)?, remote) {
+                        Ok(Some(files)) => Some(files),
+                        // Given way to an exclusive operation: picked again after it.
+                        Ok(None) => return Ok(()),
                         Err(e) if matches!(e, Error::Closed) || e.is_fenced() => return Err(e),
                         Err(e) => {
                             tracing::warn!(error = %e, level = c.level, "a compaction worker failed; compacting here");
@@ -1832,14 +1869,53 @@ impl Inner {
 
     /// Has `service` run `job` (`remote_compaction`), the merge of the inputs of `c`;
     /// the outputs, read back and checked, to install.
+    /// With [`Remote::GivingWay`] (the caller holds `compaction_lock` shared), the wait
+    /// for the worker ends as soon as someone wants the lock exclusively or the engine
+    /// closes: `None`, nothing installed. The worker may still write the job's outputs
+    /// later, under numbers reserved for it: strays, removed at the next open.
     fn compact_remotely(
         &self,
         c: &Compaction,
-        service: &dyn CompactionService,
+        service: &Arc<dyn CompactionService>,
         job: CompactionJob,
-    ) -> Result<Vec<Arc<FileMeta>>> {
+        remote: Remote,
+    ) -> Result<Option<Vec<Arc<FileMeta>>>> {
         let (first, count) = (job.first_file_number, job.file_numbers);
-        let out = service.compact(&job).map_err(Error::Remote)?;
+        let out = match remote {
+            Remote::GivingWay => {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                let (service, sent) = (Arc::clone(service), job.clone());
+                std::thread::Builder::new()
+                    .name("phoenix-remote-job".into())
+                    .spawn(move || {
+                        // (The waiter may have given way: nobody reads the answer then.)
+                        let _ = tx.send(service.compact(&sent));
+                    })
+                    .map_err(|e| Error::Remote(format!("starting the job's thread: {e}")))?;
+                loop {
+                    match rx.recv_timeout(std::time::Duration::from_millis(20)) {
+                        Ok(answer) => break answer,
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                            if self.exclusive_waiting.load(AtOrd::SeqCst) > 0
+                                || self.closing.load(AtOrd::SeqCst)
+                            {
+                                tracing::info!(
+                                    level = c.level,
+                                    "a compaction waiting on its worker gives way"
+                                );
+                                self.counters.remote_given_way.fetch_add(1, AtOrd::Relaxed);
+                                return Ok(None);
+                            }
+                        }
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                            break Err("the job's thread ended without an answer".to_string())
+                        }
+                    }
+                }
+            }
+            Remote::Yes | Remote::No => service.compact(&job),
+        };
+        let out = out.map_err(Error::Remote)?;
         let checked =
             remote_compaction::check_outputs(&job, &out, &self.tables).and_then(|files| {
                 // The edit must apply to the tree as it is now (no output overlapping a file
@@ -1879,7 +1955,7 @@ impl Inner {
                 self.counters
                     .remote_compactions
                     .fetch_add(1, AtOrd::Relaxed);
-                Ok(files)
+                Ok(Some(files))
             }
             Err(e) => {
                 // None of them is installed: take back what the worker says it wrote.
@@ -1971,7 +2047,7 @@ impl Inner {
             }
             let c = compaction::complete(&v, level, inputs, Reason::Manual);
             drop(v);
-            self.run_compaction(&c, true)?;
+            self.run_compaction(&c, Remote::Yes)?;
         }
         self.purge_obsolete();
         Ok(())
@@ -2019,7 +2095,7 @@ impl Inner {
             result: None,
         })?;
         self.flush()?;
-        let _c = self.compaction_lock.write();
+        let _c = self.compaction_exclusive();
         self.refuse_once_closing()?;
         // L0 data of the groups goes to L1, where files are cut at group boundaries.
         let v = self.state.lock().vset.current();
@@ -2029,7 +2105,7 @@ impl Inner {
         {
             let c = compaction::complete(&v, 0, v.files(0).to_vec(), Reason::Manual);
             drop(v);
-            self.run_compaction(&c, false)?;
+            self.run_compaction(&c, Remote::No)?;
         }
         // Files mixing a group with other groups (ingested or tombstone-only ones):
         // rewrite them down so the group's data meets the tombstone and is dropped or
@@ -2077,7 +2153,7 @@ impl Inner {
         let _gate = self.write_gate.write();
         self.refuse_once_closing()?;
         let in_memtables = {
-            let _c = self.compaction_lock.write();
+            let _c = self.compaction_exclusive();
             let view = self.view()?;
             let in_memtables = prepared.iter().any(|p| memtables_overlap_file(&view, p));
             if !in_memtables && !self.tables_hold_data_in(&view, &prepared)? {
@@ -2147,7 +2223,7 @@ impl Inner {
         //    g, so the switch below rewrites at most a few files of L1 and below.
         self.flush()?;
         {
-            let _c = self.compaction_lock.write();
+            let _c = self.compaction_exclusive();
             self.refuse_once_closing()?;
             self.compact_l0_holding(g, &gs, &last_key_of_group)?;
         }
@@ -2162,7 +2238,7 @@ impl Inner {
             self.make_room(true, 0)?;
             self.wait_immutables_flushed()?;
         }
-        let _c = self.compaction_lock.write();
+        let _c = self.compaction_exclusive();
         self.compact_l0_holding(g, &gs, &last_key_of_group)?;
         let view = self.view()?;
         let mut edit = VersionEdit::default();
@@ -2329,7 +2405,7 @@ impl Inner {
         if holds {
             let c = compaction::complete(&v, 0, v.files(0).to_vec(), Reason::Manual);
             drop(v);
-            self.run_compaction(&c, false)?;
+            self.run_compaction(&c, Remote::No)?;
         }
         Ok(())
     }
@@ -2453,7 +2529,7 @@ impl Inner {
             self.make_room(true, 0)?;
             self.wait_immutables_flushed()?;
         }
-        let _c = self.compaction_lock.write();
+        let _c = self.compaction_exclusive();
         let view = self.view()?;
         debug_assert!(
             !prepared.iter().any(|p| memtables_overlap_file(&view, p)),
@@ -2612,6 +2688,7 @@ impl Inner {
             compaction_pieces: c.compaction_pieces.load(AtOrd::Relaxed),
             remote_compactions: c.remote_compactions.load(AtOrd::Relaxed),
             remote_compaction_fallbacks: c.remote_fallbacks.load(AtOrd::Relaxed),
+            remote_compactions_given_way: c.remote_given_way.load(AtOrd::Relaxed),
             write_amplification: if user == 0 {
                 0.0
             } else {

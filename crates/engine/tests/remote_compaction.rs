@@ -281,3 +281,49 @@ fn a_failed_reservation_is_the_engine_s_error_not_the_worker_s() {
     check(&db, 0..1000, "a");
     db.close().unwrap();
 }
+
+/// A background compaction waiting on a worker gives way to the engine's exclusive
+/// operations: `close` (as a group drop or an ingest) does not wait out a hung worker.
+/// The worker's late outputs, written after the engine gave up on them, are strays the
+/// next open removes; nothing of the data is lost.
+#[test]
+fn a_background_job_on_a_hung_worker_gives_way_to_close() {
+    let mem = Arc::new(MemFs::new());
+    let fs: SharedFs = mem.clone();
+    let store: SharedTableStore = Arc::new(FsTableStore::new(Arc::clone(&fs), Path::new(DIR)));
+    let worker = Worker::new(Arc::clone(&store), Behaviour::default());
+    let (release, held) = std::sync::mpsc::channel();
+    *worker.hold.lock().unwrap() = Some(held);
+    let opts = Options {
+        disable_auto_compactions: false,
+        level0_file_num_compaction_trigger: 4,
+        ..options(Some(&worker))
+    };
+    let db = Db::open(Arc::clone(&fs), Path::new(DIR), opts).unwrap();
+    fill(&db, 0..1000, "a");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while worker.jobs.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no job reached the worker"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let closing = std::thread::spawn(move || db.close());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !closing.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let closed_first = closing.is_finished();
+    // The worker goes on and writes its outputs.
+    release.send(()).unwrap();
+    closing.join().unwrap().unwrap();
+    assert!(closed_first, "close waited for the hung worker");
+    while worker.done.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let db = Db::open(Arc::clone(&fs), Path::new(DIR), options(None)).unwrap();
+    assert_eq!(tables(&*store).len(), live_tables(&db));
+    check(&db, 0..1000, "a");
+    db.close().unwrap();
+}

@@ -378,6 +378,12 @@ impl Collector for NodeCollector {
         )?;
         counter(
             &mut enc,
+            "engine_remote_compactions_given_way",
+            "Background compactions whose wait for the worker gave way to a group drop, an ingest or a close",
+            es.remote_compactions_given_way,
+        )?;
+        counter(
+            &mut enc,
             "engine_write_stalls",
             "Times an engine writer waited for a flush or an L0 compaction",
             es.stall_count,
