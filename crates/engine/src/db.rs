@@ -187,6 +187,20 @@ struct SlotState {
     result: Option<Result<()>>,
 }
 
+/// Where a job handed to a worker with [`Remote::GivingWay`] stands.
+enum JobSlot {
+    Waiting,
+    Answered(std::result::Result<remote_compaction::JobOutput, String>),
+    /// The engine gave way: the job's thread cleans up after the answer.
+    GivenUp,
+}
+
+/// A [`JobSlot`] and the wake-up of its waiter.
+struct JobWait {
+    slot: Mutex<JobSlot>,
+    answered: Condvar,
+}
+
 /// Whether a compaction may go to a worker (`Options::compaction_service`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Remote {
@@ -311,6 +325,9 @@ pub struct Stats {
     /// Background compactions whose wait for a worker gave way to a group drop, an
     /// ingest or `close` (nothing installed; picked again later).
     pub remote_compactions_given_way: u64,
+    /// Of those, the ones the worker has not answered yet (while any, background
+    /// compactions run here).
+    pub remote_compactions_given_way_pending: u64,
     /// (flush + compaction bytes written) / user bytes written; the WAL is not counted.
     pub write_amplification: f64,
     /// Times a writer waited for a flush or an L0 compaction (stop conditions).
@@ -357,6 +374,9 @@ struct Inner {
     /// Callers waiting for `compaction_lock` exclusively (`Inner::compaction_exclusive`):
     /// a background compaction waiting on a worker gives way to them.
     exclusive_waiting: AtomicU64,
+    /// Jobs given up on (`compact_remotely`) whose worker has not answered yet: while
+    /// there are any, background compactions run here.
+    given_up_pending: Arc<AtomicU64>,
     /// Held through a flush: in inline mode a writer and a `flush` caller may both
     /// flush, and one must not take the memtable the other is flushing (its manifest
     /// write runs without the state lock).
@@ -578,6 +598,7 @@ impl Db {
             }),
             compaction_lock: RwLock::new(()),
             exclusive_waiting: AtomicU64::new(0),
+            given_up_pending: Arc::new(AtomicU64::new(0)),
             flush_lock: Mutex::new(()),
             write_gate: RwLock::new(()),
             write_delay: Mutex::new(crate::write_delay::WriteDelay::default()),
@@ -1694,7 +1715,15 @@ impl Inner {
                 c
             };
             if let Some(c) = c {
-                let r = self.run_compaction(&c, Remote::GivingWay);
+                // A closing engine, or one whose worker has not answered a job it gave
+                // up on, sends it no more: what is left compacts here.
+                let remote = match self.closing.load(AtOrd::SeqCst)
+                    || self.given_up_pending.load(AtOrd::SeqCst) > 0
+                {
+                    true => Remote::No,
+                    false => Remote::GivingWay,
+                };
+                let r = self.run_compaction(&c, remote);
                 {
                     let mut st = self.state.lock();
                     for f in c.inputs.iter().chain(c.next_inputs.iter()) {
@@ -1871,8 +1900,9 @@ impl Inner {
     /// the outputs, read back and checked, to install.
     /// With [`Remote::GivingWay`] (the caller holds `compaction_lock` shared), the wait
     /// for the worker ends as soon as someone wants the lock exclusively or the engine
-    /// closes: `None`, nothing installed. The worker may still write the job's outputs
-    /// later, under numbers reserved for it: strays, removed at the next open.
+    /// closes: `None`, nothing installed. The job's thread waits on: what the worker
+    /// wrote under the numbers reserved for the job it deletes when the answer comes (a
+    /// crash first leaves them as strays for the next open).
     fn compact_remotely(
         &self,
         c: &Compaction,
@@ -1883,34 +1913,61 @@ impl Inner {
         let (first, count) = (job.first_file_number, job.file_numbers);
         let out = match remote {
             Remote::GivingWay => {
-                let (tx, rx) = std::sync::mpsc::sync_channel(1);
-                let (service, sent) = (Arc::clone(service), job.clone());
+                let wait = Arc::new(JobWait {
+                    slot: Mutex::new(JobSlot::Waiting),
+                    answered: Condvar::new(),
+                });
+                let (service, sent, store) =
+                    (Arc::clone(service), job.clone(), Arc::clone(&self.store));
+                let (theirs, pending) = (Arc::clone(&wait), Arc::clone(&self.given_up_pending));
                 std::thread::Builder::new()
                     .name("phoenix-remote-job".into())
                     .spawn(move || {
-                        // (The waiter may have given way: nobody reads the answer then.)
-                        let _ = tx.send(service.compact(&sent));
+                        let answer = service.compact(&sent);
+                        let mut slot = theirs.slot.lock();
+                        if matches!(*slot, JobSlot::GivenUp) {
+                            // Nobody installs these: the numbers were reserved for this
+                            // job alone (durably), so they are removed here, not left
+                            // to the next open.
+                            if let Ok(out) = &answer {
+                                let range = sent.first_file_number
+                                    ..sent.first_file_number + sent.file_numbers;
+                                for &(n, _) in out.files.iter().filter(|f| range.contains(&f.0)) {
+                                    let _ = store.delete_table(n);
+                                }
+                            }
+                            pending.fetch_sub(1, AtOrd::SeqCst);
+                        } else {
+                            *slot = JobSlot::Answered(answer);
+                            theirs.answered.notify_all();
+                        }
                     })
                     .map_err(|e| Error::Remote(format!("starting the job's thread: {e}")))?;
+                let mut slot = wait.slot.lock();
                 loop {
-                    match rx.recv_timeout(std::time::Duration::from_millis(20)) {
-                        Ok(answer) => break answer,
-                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                            if self.exclusive_waiting.load(AtOrd::SeqCst) > 0
-                                || self.closing.load(AtOrd::SeqCst)
-                            {
-                                tracing::info!(
-                                    level = c.level,
-                                    "a compaction waiting on its worker gives way"
-                                );
-                                self.counters.remote_given_way.fetch_add(1, AtOrd::Relaxed);
-                                return Ok(None);
-                            }
-                        }
-                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                            break Err("the job's thread ended without an answer".to_string())
+                    if matches!(*slot, JobSlot::Answered(_)) {
+                        if let JobSlot::Answered(answer) =
+                            std::mem::replace(&mut *slot, JobSlot::Waiting)
+                        {
+                            break answer;
                         }
                     }
+                    if self.exclusive_waiting.load(AtOrd::SeqCst) > 0
+                        || self.closing.load(AtOrd::SeqCst)
+                    {
+                        // Until the worker answers, compactions run here (see
+                        // `given_up_pending`).
+                        *slot = JobSlot::GivenUp;
+                        self.given_up_pending.fetch_add(1, AtOrd::SeqCst);
+                        self.counters.remote_given_way.fetch_add(1, AtOrd::Relaxed);
+                        tracing::info!(
+                            level = c.level,
+                            "a compaction waiting on its worker gives way"
+                        );
+                        return Ok(None);
+                    }
+                    wait.answered
+                        .wait_for(&mut slot, std::time::Duration::from_millis(20));
                 }
             }
             Remote::Yes | Remote::No => service.compact(&job),
@@ -2689,6 +2746,7 @@ impl Inner {
             remote_compactions: c.remote_compactions.load(AtOrd::Relaxed),
             remote_compaction_fallbacks: c.remote_fallbacks.load(AtOrd::Relaxed),
             remote_compactions_given_way: c.remote_given_way.load(AtOrd::Relaxed),
+            remote_compactions_given_way_pending: self.given_up_pending.load(AtOrd::SeqCst),
             write_amplification: if user == 0 {
                 0.0
             } else {

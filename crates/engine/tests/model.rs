@@ -561,8 +561,18 @@ fn run(seed: u64, tables: Tables) {
     drop(it);
     drop(snaps);
     db.close().unwrap();
-    let st = db.stats();
+    let mut st = db.stats();
     if let Some(w) = &worker {
+        // (A job given up on is counted by the worker once its thread reaches it.)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while st.remote_compactions_given_way_pending > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "seed {seed}: a job given up on never ended"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            st = db.stats();
+        }
         let (ran, fell_back, gave_way) = (
             remote.0 + st.remote_compactions,
             remote.1 + st.remote_compaction_fallbacks,
