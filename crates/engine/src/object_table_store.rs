@@ -1166,6 +1166,8 @@ struct ObjectWriter {
     parts: Option<PartUpload>,
     /// Bytes sent in parts (no longer in `buf`).
     sent: u64,
+    /// The table goes up whole (the store was found not to take parts for it).
+    uploaded_whole: bool,
     /// The upload in parts completed or failed: nothing more can be written.
     closed: Option<Closed>,
 }
@@ -1211,6 +1213,7 @@ impl ObjectWriter {
             uploaded: None,
             parts: None,
             sent: 0,
+            uploaded_whole: false,
             closed: None,
         }
     }
@@ -1251,6 +1254,7 @@ impl ObjectWriter {
     /// parts once it has one).
     fn send_parts(&mut self) -> phoenix_storage::Result<()> {
         if self.kind != Kind::Table
+            || self.uploaded_whole
             || self.uploaded.is_some()
             || self.remote.part_bytes == 0
             || self.buf.len() < self.remote.part_bytes
@@ -1261,7 +1265,12 @@ impl ObjectWriter {
             Some(_) => self.remote.part_bytes,
             None => match self.remote.parts() {
                 Some(part) => part,
-                None => return Ok(()),
+                None => {
+                    // This table goes up whole: asked once, not at every append (a
+                    // probe that failed is asked again for the next table only).
+                    self.uploaded_whole = true;
+                    return Ok(());
+                }
             },
         };
         while self.buf.len() >= part {
