@@ -10,6 +10,7 @@
 
 mod error;
 mod log;
+pub mod parallel;
 mod progress;
 pub mod quorum;
 mod raft;
