@@ -486,7 +486,7 @@ impl CeNode {
                     let Some(p) = self.peers.get(&to).cloned() else {
                         continue;
                     };
-                    if p.synced {
+                    if p.synced && self.role == CeRole::Leader {
                         self.send_commit(to);
                         let missing: Vec<CeEntry> = self
                             .log
@@ -497,6 +497,8 @@ impl CeNode {
                         for e in missing {
                             self.send_entries(to, vec![e]);
                         }
+                    } else if p.synced {
+                        // At our term already: nothing to send until we lead.
                     } else if p.holds_block && (self.role == CeRole::Leader || self.update_sent) {
                         self.send(to, CeBody::UpdateSync { sync: self.hs.term });
                     } else {
@@ -687,14 +689,15 @@ impl CeNode {
 
     /// What a voter hands a candidate at `sync`: under -CE its copies of block `sync`
     /// (nothing if it is at another sync: blocks below its own are final, and a voter
-    /// never holds entries of a later block); under the paper's rules every entry above
-    /// its commit floor.
+    /// never holds entries of a later block); under the paper's rules every entry it
+    /// holds.
     fn gather(&self, sync: u64) -> Vec<(CeEntry, bool)> {
         let from = match self.cfg.rules {
             Rules::Ce if self.hs.sync != sync => return Vec::new(),
             Rules::Ce => self.hs.final_end,
+            // Everything: the candidate may know less committed than this voter does.
             #[cfg(feature = "paper-rules")]
-            Rules::Paper => self.floor,
+            Rules::Paper => 0,
         };
         self.log
             .range(from + 1..)
@@ -1239,8 +1242,15 @@ impl CeNode {
     /// What index `j` touches, if this node knows: its own copy, or the look-behind of a
     /// copy at most N after it.
     fn known_conflicts(&self, j: u64) -> Option<&ConflictSet> {
+        // Every copy at an index of block s is the command its leader proposed there or a
+        // candidate's no-op filler, so a command's own set covers whatever commits there.
+        // A filler does not: a later candidate may put the command back (it found a copy
+        // this node's candidate did not). Trust a filler only once committed.
         if let Some(e) = self.log.get(&j) {
-            return Some(&e.conflicts);
+            let filler = e.data.is_empty() && e.date != e.term;
+            if !filler || self.is_committed(j) {
+                return Some(&e.conflicts);
+            }
         }
         let n = self.cfg.look_behind as u64;
         if n == 0 {
